@@ -1,0 +1,27 @@
+// Instruct-prompt formatting from the model's tokenizer.chat_template.
+//
+// specnode does not embed a Jinja interpreter: it recognises the template families it
+// supports (ChatML "<|im_start|>role\ncontent<|im_end|>\n", Llama-3 header ids, Zephyr)
+// by their markers and reproduces them, including a default system message that the
+// template inserts when the conversation has none (SmolLM2 does). Unknown templates give
+// an Unimplemented status naming the problem rather than a silently wrong prompt.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace specnode {
+
+struct ChatMessage {
+  std::string role;     // "system", "user", "assistant"
+  std::string content;
+};
+
+// Renders messages and, when add_generation_prompt, the assistant turn opener.
+absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
+                                              const std::vector<ChatMessage>& messages,
+                                              bool add_generation_prompt);
+
+}  // namespace specnode

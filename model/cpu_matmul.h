@@ -1,0 +1,50 @@
+// Fused dequantise-matmul on CPU: y = x · Wᵀ with W kept in its storage type.
+//
+// Weight layout (ggml): W has `rows` output features; each row holds `cols` input values
+// encoded in `type` and starts `row_stride` bytes after the previous one. A column slice
+// (tensor parallelism splitting the input dimension) is a view whose data points inside
+// each row at a block boundary, with row_stride still the full row's bytes.
+//
+// Batch invariance: y[t, r] is computed by the same instruction sequence whatever the
+// number of tokens n and however rows are split across threads, so a row's result is
+// bit-identical at batch 1 and batch 16 (speculative verification relies on this).
+//
+// For quantised W the activations are first quantised to 8-bit blocks of 32 with one f32
+// scale per block (as llama.cpp does with Q8_0/Q8_1 activations) and the dot products run
+// in integer SIMD; F32/F16/BF16 W use f32 activations.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/ggml_types.h"
+#include "model/thread_pool.h"
+
+namespace specnode {
+
+struct WeightView {
+  GgmlType type = GgmlType::kF32;
+  const void* data = nullptr;  // first byte of row 0 (of this slice)
+  int64_t rows = 0;            // output features
+  int64_t cols = 0;            // input features (multiple of 32 for quantised types)
+  size_t row_stride = 0;       // bytes between consecutive rows
+};
+
+// Scratch for quantised activations, reused between calls to avoid allocation.
+struct MatMulScratch {
+  std::vector<uint8_t> buffer;
+};
+
+// y[n, w.rows] = x[n, w.cols] · Wᵀ. `pool` may be nullptr (single thread).
+void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
+            MatMulScratch* scratch);
+
+// Reference implementation: dequantise each row with DequantizeRow and accumulate in
+// double. Used by tests only.
+void MatMulReference(const WeightView& w, const float* x, int64_t n, float* y);
+
+// Copy row `row` of an embedding matrix stored as W (any supported type) into dst[cols].
+void EmbeddingRow(const WeightView& w, int64_t row, float* dst);
+
+}  // namespace specnode
