@@ -1,1 +1,29 @@
-// placeholder: being written
+// Element-wise and per-row CPU operations of the Llama forward pass (the reference
+// Backend's small ops; the matmuls live in cpu_matmul.h). All functions are pure, work on
+// f32 row-major data and are batch-invariant: a row's result never depends on other rows.
+#pragma once
+
+#include <cstdint>
+
+namespace specnode {
+
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for n rows of dim values.
+// x, y: [n, dim] (may alias); weight: [dim]. Sum accumulated in double.
+void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* y);
+
+// Rotary position embedding in ggml "NORM" mode (adjacent pairs), in place.
+// x: [n, n_heads, head_dim]; positions: [n]. Pair (2i, 2i+1) of each head is rotated by
+// positions[t] * base^(-2i / rope_dim) for 2i < rope_dim; dims beyond rope_dim are untouched.
+void RopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
+              int rope_dim, float base);
+
+// out[i] = silu(gate[i]) * up[i] for n values; silu(g) = g / (1 + exp(-g)).
+void SwiGlu(const float* gate, const float* up, int64_t n, float* out);
+
+// y[i] += x[i] for n values.
+void AddInPlace(float* y, const float* x, int64_t n);
+
+// Numerically stable softmax of n values in place; returns nothing for n == 0.
+void SoftmaxInPlace(float* x, int64_t n);
+
+}  // namespace specnode

@@ -1,1 +1,44 @@
-// placeholder: being written
+// Hyper-parameters of a Llama-architecture model, read from GGUF metadata.
+// Immutable value type; everything downstream reads it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace specnode {
+
+class GgufFile;
+
+struct LlamaConfig {
+  std::string architecture;  // "llama"
+  std::string name;          // general.name, informational
+  int n_layers = 0;
+  int d_model = 0;           // embedding_length
+  int n_heads = 0;
+  int n_kv_heads = 0;        // GQA: n_heads is a multiple of n_kv_heads
+  int head_dim = 0;          // d_model / n_heads
+  int rope_dim = 0;          // rotated dims per head (<= head_dim, even)
+  int d_ff = 0;              // feed_forward_length
+  int vocab_size = 0;
+  int context_length = 0;
+  float rope_base = 10000.0f;
+  float rms_eps = 1e-5f;
+  bool tied_embeddings = false;  // no output.weight: the head reuses token_embd
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+  int gqa_group() const { return n_heads / n_kv_heads; }
+
+  // Reads "<arch>.*" keys. Unimplemented for architectures other than llama (naming it);
+  // InvalidArgument naming the key for missing or inconsistent values (e.g. heads not
+  // dividing d_model, kv heads not dividing heads, odd rope dims, vocab mismatch between
+  // the metadata and token_embd).
+  static absl::StatusOr<LlamaConfig> FromGguf(const GgufFile& file);
+
+  // One line for logs: "llama 30L d576 h9/3 ff1536 vocab49152 ctx8192".
+  std::string Summary() const;
+};
+
+}  // namespace specnode

@@ -1,1 +1,58 @@
-// placeholder: being written
+#include "model/llama_model.h"
+
+#include "absl/strings/str_cat.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+namespace {
+
+absl::Status WithPath(const absl::Status& s, const std::string& path) {
+  return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+}
+
+// Reads one byte per page of every tensor so the mapping is resident before serving.
+void PageIn(const GgufFile& file, const std::function<void(double)>& progress) {
+  uint64_t total = 0;
+  for (const GgufTensorInfo& t : file.tensors()) total += t.n_bytes;
+  uint64_t done = 0, next_report = 0;
+  volatile uint8_t sink = 0;
+  constexpr uint64_t kPage = 4096;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    const uint8_t* p = file.TensorData(t);
+    for (uint64_t off = 0; off < t.n_bytes; off += kPage) sink = sink + p[off];
+    done += t.n_bytes;
+    if (progress && (done >= next_report || done == total)) {
+      progress(total == 0 ? 1.0 : static_cast<double>(done) / total);
+      next_report = done + total / 100;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
+                                                             const LoadOptions& options) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  auto file = GgufFile::Open(path);
+  if (!file.ok()) return WithPath(file.status(), path);
+  m->file_ = std::move(file).value();
+  auto config = LlamaConfig::FromGguf(*m->file_);
+  if (!config.ok()) return WithPath(config.status(), path);
+  m->config_ = *config;
+  auto weights = LoadLlamaWeights(*m->file_, m->config_, options.shard, options.n_layers);
+  if (!weights.ok()) return WithPath(weights.status(), path);
+  m->weights_ = std::move(weights).value();
+  auto tokenizer = Tokenizer::FromGguf(*m->file_);
+  if (!tokenizer.ok()) return WithPath(tokenizer.status(), path);
+  m->tokenizer_ = std::move(tokenizer).value();
+  if (m->tokenizer_->vocab_size() > m->config_.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": tokenizer has ",
+                                                   m->tokenizer_->vocab_size(),
+                                                   " tokens but the model's vocabulary is ",
+                                                   m->config_.vocab_size));
+  }
+  PageIn(*m->file_, options.progress);
+  return m;
+}
+
+}  // namespace specnode

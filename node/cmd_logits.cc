@@ -1,1 +1,69 @@
-// placeholder: being written
+// specnode logits: run one forward pass over a token list and write every position's
+// logits as raw little-endian float32 [n_tokens, vocab] (no header) for the oracle tests.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "model/status_macros.h"
+#include "node/cli_args.h"
+#include "node/commands.h"
+#include "node/model_session.h"
+
+namespace specnode {
+namespace {
+
+constexpr char kHelp[] =
+    "usage: specnode logits [--model PATH] --tokens 1,2,3 --out FILE [--threads N]\n"
+    "       [--chunk N]\n"
+    "Writes float32 [n_tokens, vocab] logits of every position to FILE. --chunk N feeds the\n"
+    "tokens N at a time through the KV cache (default: all in one pass).\n";
+
+absl::Status Run(const CliArgs& args) {
+  SPECNODE_ASSIGN_OR_RETURN(std::vector<int64_t> ids64, args.GetIntList("tokens"));
+  if (!args.Has("out")) return absl::InvalidArgumentError("--out is required");
+  SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t chunk, args.GetInt("chunk", 1 << 30, 1, 1 << 30));
+  SPECNODE_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelSession> session,
+      ModelSession::Open(args.Get("model", DefaultModelPath()), static_cast<int>(threads), false));
+  std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(ids, 0));
+  std::vector<float> all, logits;
+  for (size_t begin = 0; begin < ids.size(); begin += chunk) {
+    const size_t count = std::min<size_t>(chunk, ids.size() - begin);
+    BatchEntry entry{0, std::span<const int32_t>(ids).subspan(begin, count), true};
+    SPECNODE_RETURN_IF_ERROR(session->forward().Forward({&entry, 1}, &session->cache(), &logits));
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  const std::string path = args.Get("out");
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", path));
+  const size_t written = std::fwrite(all.data(), sizeof(float), all.size(), f);
+  const bool closed = std::fclose(f) == 0;
+  if (written != all.size() || !closed) return absl::InternalError(absl::StrCat("short write to ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunLogits(int argc, char** argv) {
+  auto args = CliArgs::Parse(argc, argv, {"model", "tokens", "out", "threads", "chunk"}, {"help"});
+  if (!args.ok()) {
+    std::fprintf(stderr, "specnode logits: %s\n%s", std::string(args.status().message()).c_str(),
+                 kHelp);
+    return 2;
+  }
+  if (args->Has("help")) {
+    std::printf("%s", kHelp);
+    return 0;
+  }
+  absl::Status s = Run(*args);
+  if (!s.ok()) {
+    std::fprintf(stderr, "specnode logits: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace specnode

@@ -1,1 +1,119 @@
-// placeholder: being written
+#include "model/cpu_ops.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace specnode {
+namespace {
+
+std::vector<float> RandomVector(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+class RmsNormTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(RmsNormTest, MatchesDoubleReference) {
+  const int dim = GetParam();
+  const int n = 3;
+  auto x = RandomVector(n * dim, 1);
+  auto w = RandomVector(dim, 2);
+  std::vector<float> y(n * dim);
+  RmsNorm(x.data(), w.data(), n, dim, 1e-5f, y.data());
+  for (int r = 0; r < n; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+    const double scale = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int i = 0; i < dim; ++i) {
+      const double expected = x[r * dim + i] * scale * w[i];
+      EXPECT_NEAR(y[r * dim + i], expected, 1e-5 * (1 + std::abs(expected)));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, RmsNormTest, ::testing::Values(1, 7, 64, 576, 4096));
+
+TEST(RmsNorm, InPlaceEqualsOutOfPlace) {
+  auto x = RandomVector(2 * 96, 3);
+  auto w = RandomVector(96, 4);
+  std::vector<float> y(x.size());
+  RmsNorm(x.data(), w.data(), 2, 96, 1e-6f, y.data());
+  RmsNorm(x.data(), w.data(), 2, 96, 1e-6f, x.data());
+  EXPECT_EQ(x, y);
+}
+
+TEST(RopeNorm, RotatesAdjacentPairsByPositionTimesFrequency) {
+  const int n_heads = 2, head_dim = 8, rope_dim = 8;
+  const float base = 10000.0f;
+  auto x = RandomVector(3 * n_heads * head_dim, 5);
+  auto orig = x;
+  const int32_t pos[3] = {0, 1, 1000};
+  RopeNorm(x.data(), pos, 3, n_heads, head_dim, rope_dim, base);
+  for (int t = 0; t < 3; ++t) {
+    for (int h = 0; h < n_heads; ++h) {
+      for (int i = 0; i < rope_dim / 2; ++i) {
+        const double theta = pos[t] * std::pow(double(base), -2.0 * i / rope_dim);
+        const float* o = &orig[(t * n_heads + h) * head_dim + 2 * i];
+        const float* r = &x[(t * n_heads + h) * head_dim + 2 * i];
+        EXPECT_NEAR(r[0], o[0] * std::cos(theta) - o[1] * std::sin(theta), 1e-5);
+        EXPECT_NEAR(r[1], o[0] * std::sin(theta) + o[1] * std::cos(theta), 1e-5);
+      }
+    }
+  }
+}
+
+TEST(RopeNorm, LeavesDimsBeyondRopeDimAlone) {
+  auto x = RandomVector(16, 6);
+  auto orig = x;
+  const int32_t pos[1] = {17};
+  RopeNorm(x.data(), pos, 1, 1, 16, 8, 10000.0f);
+  for (int i = 8; i < 16; ++i) EXPECT_EQ(x[i], orig[i]);
+  EXPECT_NE(x[0], orig[0]);
+}
+
+TEST(RopeNorm, DotProductDependsOnlyOnRelativePosition) {
+  // The property attention relies on: <R(p)q, R(p+d)k> is independent of p.
+  auto q = RandomVector(64, 7), k = RandomVector(64, 8);
+  auto dot_at = [&](int32_t p, int32_t d) {
+    auto qq = q, kk = k;
+    RopeNorm(qq.data(), &p, 1, 1, 64, 64, 10000.0f);
+    int32_t pk = p + d;
+    RopeNorm(kk.data(), &pk, 1, 1, 64, 64, 10000.0f);
+    double s = 0;
+    for (int i = 0; i < 64; ++i) s += double(qq[i]) * kk[i];
+    return s;
+  };
+  EXPECT_NEAR(dot_at(0, 5), dot_at(300, 5), 1e-3);
+  EXPECT_NEAR(dot_at(10, 0), dot_at(2000, 0), 1e-3);
+}
+
+TEST(SoftmaxInPlace, SumsToOneAndIsShiftInvariant) {
+  std::vector<float> a = {1.0f, 2.0f, 3.0f, -1000.0f};
+  std::vector<float> b = {1001.0f, 1002.0f, 1003.0f, 0.0f};
+  SoftmaxInPlace(a.data(), 4);
+  SoftmaxInPlace(b.data(), 4);
+  double sum = 0;
+  for (int i = 0; i < 4; ++i) {
+    sum += a[i];
+    EXPECT_NEAR(a[i], b[i], 1e-6);
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-6);
+  EXPECT_NEAR(a[2] / a[1], std::exp(1.0), 1e-4);
+}
+
+TEST(SwiGlu, MatchesFormula) {
+  std::vector<float> g = {-3.0f, 0.0f, 0.5f, 4.0f}, u = {2.0f, 5.0f, -1.0f, 0.25f}, out(4);
+  SwiGlu(g.data(), u.data(), 4, out.data());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(out[i], g[i] / (1 + std::exp(-g[i])) * u[i], 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace specnode

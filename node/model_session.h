@@ -1,0 +1,55 @@
+// ModelSession: what a CLI command needs to run one model on this machine — the loaded
+// model, a thread pool, the forward pass and a dense KV cache — with prompt helpers.
+// Not thread-safe (one command drives it).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/dense_kv_cache.h"
+#include "model/llama_forward.h"
+#include "model/llama_model.h"
+#include "model/thread_pool.h"
+
+namespace specnode {
+
+class ModelSession {
+ public:
+  // Loads `path`; show_progress draws a load progress bar on stderr.
+  // kv_tokens bounds the dense cache (token positions over all sequences).
+  static absl::StatusOr<std::unique_ptr<ModelSession>> Open(const std::string& path, int threads,
+                                                            bool show_progress,
+                                                            int64_t kv_tokens = 1 << 16);
+
+  const LlamaModel& model() const { return *model_; }
+  LlamaForward& forward() { return *forward_; }
+  KvCache& cache() { return *cache_; }
+  std::string kernel_name() const;
+
+  // Text -> ids; with chat, the text becomes one user turn in the model's chat template
+  // (with the generation prompt) and special tokens in the template are parsed.
+  absl::StatusOr<std::vector<int32_t>> EncodePrompt(const std::string& text, bool chat) const;
+  // InvalidArgument when the prompt is empty, has ids outside the vocabulary, or prompt +
+  // max_new_tokens exceeds the model's context length.
+  absl::Status CheckPrompt(std::span<const int32_t> prompt, int64_t max_new_tokens) const;
+
+  // Feeds the prompt to sequence `seq` in chunks of at most kPrefillChunk tokens and
+  // returns the logits of its last token ([vocab], valid until the next call).
+  absl::StatusOr<std::span<const float>> Prefill(SeqId seq, std::span<const int32_t> prompt);
+  // Feeds one token; returns its logits ([vocab], valid until the next call).
+  absl::StatusOr<std::span<const float>> Decode(SeqId seq, int32_t token);
+
+  static constexpr int kPrefillChunk = 512;
+
+ private:
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<LlamaForward> forward_;
+  std::unique_ptr<DenseKvCache> cache_;
+  std::vector<float> logits_;
+};
+
+}  // namespace specnode
