@@ -1,0 +1,168 @@
+#include "cuda/cuda_matmul.h"
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_matmul_kernels.h"
+
+namespace specnode {
+namespace {
+
+bool IsQuantised(GgmlType type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
+}
+
+bool Aligned(const void* p, size_t alignment) {
+  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+}
+
+// Alignment the fused kernels' loads need for W's data and row_stride.
+size_t WeightAlignment(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_1:
+    case GgmlType::kF32:
+      return 4;
+    default:
+      return 2;
+  }
+}
+
+std::string TypeName(GgmlType type) {
+  return std::string(GgmlTypeName(static_cast<uint32_t>(type)));
+}
+
+absl::Status ValidateArgs(const WeightView& w, const float* x, int64_t n, const float* y) {
+  if (!IsSupportedGgmlType(static_cast<uint32_t>(w.type))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaMatMul: unsupported weight type ", TypeName(w.type)));
+  }
+  if (n < 0 || w.rows < 0 || w.cols <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaMatMul: bad shape n=", n, " rows=", w.rows, " cols=", w.cols));
+  }
+  if (w.cols % GgmlBlockSize(w.type) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaMatMul: cols=", w.cols,
+                                                   " is not a multiple of the ", TypeName(w.type),
+                                                   " block size"));
+  }
+  const size_t row_bytes = GgmlRowBytes(w.type, w.cols);
+  if (w.row_stride < row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaMatMul: row_stride ", w.row_stride, " < ",
+                                                   row_bytes, " bytes of one ", TypeName(w.type),
+                                                   " row"));
+  }
+  if (n > cuda_internal::kFusedMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaMatMul: n=", n, " exceeds one launch's ",
+                                                   cuda_internal::kFusedMaxTokens));
+  }
+  if (n == 0 || w.rows == 0) return absl::OkStatus();
+  if (w.data == nullptr || x == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("CudaMatMul: null weight, x or y pointer");
+  }
+  const size_t w_align = WeightAlignment(w.type);
+  if (!Aligned(w.data, w_align) || w.row_stride % w_align != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaMatMul: ", TypeName(w.type),
+                                                   " weight data and row_stride must be ", w_align,
+                                                   "-byte aligned"));
+  }
+  const size_t x_align = IsQuantised(w.type) ? 16 : 4;
+  if (!Aligned(x, x_align) || !Aligned(y, 4)) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaMatMul: x must be ", x_align,
+                                                   "-byte aligned and y 4-byte aligned for ",
+                                                   TypeName(w.type)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CublasMatMul(CudaMatMulContext& ctx, const WeightView& w, const float* x, int64_t n,
+                          float* y) {
+  cudaDataType_t ab_type;
+  size_t elem;
+  switch (w.type) {
+    case GgmlType::kF32:
+      ab_type = CUDA_R_32F;
+      elem = 4;
+      break;
+    case GgmlType::kF16:
+      ab_type = CUDA_R_16F;
+      elem = 2;
+      break;
+    case GgmlType::kBF16:
+      ab_type = CUDA_R_16BF;
+      elem = 2;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CudaMatMul: kCublas supports F32, F16 and BF16 weights, not ", TypeName(w.type)));
+  }
+  const int64_t lda = static_cast<int64_t>(w.row_stride / elem);
+  if (w.rows > INT_MAX || w.cols > INT_MAX || n > INT_MAX || lda > INT_MAX) {
+    return absl::InvalidArgumentError("CudaMatMul: shape exceeds cuBLAS's int dimensions");
+  }
+  const void* b = x;
+  if (w.type != GgmlType::kF32) {
+    // cuBLAS needs A and B of one type: round x to W's 16-bit type in the scratch buffer.
+    const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(w.cols) * elem;
+    absl::Status reserved = ctx.scratch().Reserve(bytes);
+    if (!reserved.ok()) return reserved;
+    SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchConvertFromF32(
+        x, ctx.scratch().data(), n * w.cols, w.type, ctx.stream()));
+    b = ctx.scratch().data();
+  }
+  // Column-major view: W is [cols x rows] with leading dimension lda, x is [cols x n] and
+  // y is [rows x n]; y = Wᵀ x is then one GEMM with A transposed.
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  SPECNODE_CUBLAS_RETURN_IF_ERROR(
+      cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+                   static_cast<int>(n), static_cast<int>(w.cols), &alpha, w.data, ab_type,
+                   static_cast<int>(lda), b, ab_type, static_cast<int>(w.cols), &beta, y,
+                   CUDA_R_32F, static_cast<int>(w.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaMatMulContext>> CudaMatMulContext::Create(cudaStream_t stream) {
+  std::unique_ptr<CudaMatMulContext> ctx(new CudaMatMulContext());
+  ctx->stream_ = stream;
+  // From here on the destructor releases whatever was created if a later step fails.
+  SPECNODE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx->cublas_));
+  SPECNODE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx->cublas_, stream));
+  // Default math never uses TF32 for CUBLAS_COMPUTE_32F (F32 results stay comparable with
+  // the CPU reference); also keep f32 reductions for the 16-bit inputs.
+  SPECNODE_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
+      ctx->cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  return ctx;
+}
+
+CudaMatMulContext::~CudaMatMulContext() {
+  if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+}
+
+absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float* x, int64_t n,
+                        float* y, CudaMatMulAlgo algo) {
+  absl::Status valid = ValidateArgs(w, x, n, y);
+  if (!valid.ok()) return valid;
+  if (algo == CudaMatMulAlgo::kCublas) {
+    if (ctx == nullptr) {
+      return absl::InvalidArgumentError("CudaMatMul: kCublas needs a CudaMatMulContext");
+    }
+    if (IsQuantised(w.type)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CudaMatMul: kCublas supports F32, F16 and BF16 weights, not ", TypeName(w.type)));
+    }
+  }
+  if (n == 0 || w.rows == 0) return absl::OkStatus();
+  if (algo == CudaMatMulAlgo::kCublas) return CublasMatMul(*ctx, w, x, n, y);
+  SPECNODE_CUDA_RETURN_IF_ERROR(
+      cuda_internal::LaunchFusedMatMul(w.type, w.data, w.row_stride, w.rows, w.cols, x, n, y,
+                                       ctx != nullptr ? ctx->stream() : nullptr));
+  return absl::OkStatus();
+}
+
+}  // namespace specnode

@@ -1,0 +1,85 @@
+// Matmul on the GPU with W kept in its GGUF storage type: y = x · Wᵀ.
+//
+// Same contract as model/cpu_matmul.h (read that first): W is a WeightView with `rows`
+// output features, each row of `cols` input values encoded in `type`, rows `row_stride`
+// bytes apart; a column slice (tensor parallelism splitting the input dimension) is a view
+// whose data points inside each row at a block boundary, row_stride still the full row's
+// bytes. The difference: WeightView::data, x and y are DEVICE pointers here.
+//
+// Two algorithms:
+//   kFused (default): one warp per output row dequantises W on the fly (Q4_0, Q4_1, Q8_0,
+//     F16, BF16, F32) and dots it with up to 8 tokens of x at a time, accumulating in f32.
+//     x stays f32 (it is not quantised to 8 bits as the CPU path does), so results match
+//     MatMulReference to f32 rounding. Batch-invariant like the CPU MatMul: y[t, r] is
+//     produced by the same instruction sequence whatever n is, so a token's output is
+//     bit-identical at batch 1 and batch 16 (speculative verification relies on it).
+//     Meant for decode / verification batches (n up to a few dozen); each further 8 tokens
+//     re-read W.
+//   kCublas: cublasGemmEx, for plain types only (F32, F16, BF16), meant for prefill. F16 and
+//     BF16 W need x rounded to that type first (cuBLAS has no mixed f16 x f32 GEMM), which
+//     costs precision (≈2^-11 resp. 2^-8 relative per product); accumulation is f32. NOT
+//     batch-invariant (cuBLAS picks kernels by shape). Needs a CudaMatMulContext.
+//
+// Alignment (checked; InvalidArgument otherwise): x 16-byte aligned for quantised W (rows of
+// x are read as float4), 4-byte otherwise; y 4-byte; W data and row_stride a multiple of 4
+// for Q4_1 and F32, of 2 for Q4_0, Q8_0, F16, BF16. cudaMalloc'd buffers and whole-block
+// column slices of ggml rows always satisfy this.
+//
+// Errors: argument problems return InvalidArgument before any CUDA call (so they are
+// reported the same with or without a GPU); launch / cuBLAS failures return Internal with
+// file:line (cuda/cuda_check.h). Kernels run asynchronously on the context's stream (the
+// legacy default stream without a context); errors while they run surface at the next
+// synchronising call.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cuda/device_buffer.h"
+#include "model/cpu_matmul.h"
+
+namespace specnode {
+
+enum class CudaMatMulAlgo {
+  kFused,   // own kernels, every supported type, batch-invariant
+  kCublas,  // cublasGemmEx, F32/F16/BF16 only
+};
+
+// Per-stream state for CudaMatMul: a cuBLAS handle bound to `stream` and a scratch buffer
+// (x converted to f16/bf16 for kCublas). Not thread-safe; one per stream. Owns neither the
+// stream nor the device: create it with the intended device current.
+class CudaMatMulContext {
+ public:
+  // `stream` may be nullptr (the legacy default stream). Fails (Internal, with cuBLAS's
+  // reason) when cuBLAS cannot be initialised, e.g. without a device.
+  static absl::StatusOr<std::unique_ptr<CudaMatMulContext>> Create(cudaStream_t stream);
+  ~CudaMatMulContext();
+  CudaMatMulContext(const CudaMatMulContext&) = delete;
+  CudaMatMulContext& operator=(const CudaMatMulContext&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  // Grown on demand; growing frees the old buffer first (cudaFree waits for the device, so
+  // kernels still reading it have finished).
+  DeviceBuffer& scratch() { return scratch_; }
+
+ private:
+  CudaMatMulContext() = default;
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer scratch_;
+};
+
+// y[n, w.rows] = x[n, w.cols] · Wᵀ, all device pointers (W through w.data).
+// `ctx` may be nullptr for kFused (launches on the legacy default stream); kCublas needs it.
+// n == 0 or w.rows == 0 is a no-op. The input is validated as described above.
+absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float* x, int64_t n,
+                        float* y, CudaMatMulAlgo algo = CudaMatMulAlgo::kFused);
+
+}  // namespace specnode

@@ -1,0 +1,32 @@
+// Internal to cuda/: launchers for the matmul kernels in cuda_matmul_kernels.cu. The
+// arguments are already validated by CudaMatMul (cuda_matmul.cc); these only launch and
+// return cudaGetLastError(). Kept free of absl and model/ so nvcc sees a small header.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/ggml_types.h"
+
+namespace specnode::cuda_internal {
+
+// Tokens processed per kernel pass: each group of this many tokens re-reads W.
+inline constexpr int kFusedTokenTile = 8;
+// Output rows per thread block (one warp each).
+inline constexpr int kFusedWarpsPerBlock = 4;
+// Largest n one launch handles (gridDim.y <= 65535).
+inline constexpr int64_t kFusedMaxTokens = int64_t{65535} * kFusedTokenTile;
+
+// y[n, rows] = x[n, cols] · Wᵀ; w: rows of `cols` values of `type`, `row_stride` bytes
+// apart; x: [n, cols]; y: [n, rows]. All device pointers; n >= 1, rows >= 1.
+cudaError_t LaunchFusedMatMul(GgmlType type, const void* w, size_t row_stride, int64_t rows,
+                              int64_t cols, const float* x, int64_t n, float* y,
+                              cudaStream_t stream);
+
+// dst[count] = src[count] rounded to nearest even in `dst_type` (kF16 or kBF16).
+cudaError_t LaunchConvertFromF32(const float* src, void* dst, int64_t count, GgmlType dst_type,
+                                 cudaStream_t stream);
+
+}  // namespace specnode::cuda_internal

@@ -1,0 +1,147 @@
+#include "cuda/cuda_ops.h"
+
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_check.h"
+
+namespace specnode {
+namespace {
+
+constexpr int kNormThreads = 256;
+constexpr int kElementwiseThreads = 256;
+// Grid-stride loops cap the grid; 65535 blocks keep every SM busy on any current GPU.
+constexpr int64_t kMaxElementwiseBlocks = 65535;
+
+unsigned ElementwiseBlocks(int64_t count) {
+  const int64_t blocks = (count + kElementwiseThreads - 1) / kElementwiseThreads;
+  return static_cast<unsigned>(blocks < kMaxElementwiseBlocks ? blocks : kMaxElementwiseBlocks);
+}
+
+// x and y are not __restrict__: the API allows y == x. Each element is read and then
+// written by the same thread, so in-place is safe.
+__global__ void __launch_bounds__(kNormThreads)
+    RmsNormKernel(const float* x, const float* __restrict__ weight, int64_t dim, float eps,
+                  float* y) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  // Double accumulation as in the CPU reference; FP64 throughput is ample for one row.
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < dim; i += kNormThreads) {
+    const double v = xr[i];
+    sum += v * v;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  __shared__ double warp_sums[kNormThreads / 32];
+  __shared__ float scale;
+  const int warp = threadIdx.x / 32;
+  if ((threadIdx.x & 31) == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
+    scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(dim) + eps));
+  }
+  __syncthreads();
+  const float s = scale;
+  for (int64_t i = threadIdx.x; i < dim; i += kNormThreads) yr[i] = xr[i] * s * weight[i];
+}
+
+// One thread per (token, head, pair). The angle is recomputed per head rather than shared
+// so that a single decode token still spreads over n_heads * rope_dim / 2 threads.
+__global__ void RopeNormKernel(float* x, const int32_t* __restrict__ positions, int64_t n,
+                               int n_heads, int head_dim, int half_rope, int rope_dim,
+                               double base) {
+  const int64_t total = n * n_heads * half_rope;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % half_rope);
+    const int64_t th = idx / half_rope;  // t * n_heads + h
+    const int64_t t = th / n_heads;
+    // Same expression as the CPU: pos * base^(-2i / rope_dim), all in double.
+    const double theta = static_cast<double>(positions[t]) * pow(base, -2.0 * i / rope_dim);
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    const float c = static_cast<float>(cd);
+    const float s = static_cast<float>(sd);
+    float* p = x + th * head_dim + 2 * i;
+    const float a = p[0];
+    const float b = p[1];
+    // __fmul_rn / __fadd_rn keep nvcc from contracting into FMAs the CPU does not use.
+    p[0] = __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, s));
+    p[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  }
+}
+
+__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void AddInPlaceKernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += x[i];
+  }
+}
+
+}  // namespace
+
+absl::Status CudaRmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
+                         float* y, cudaStream_t stream) {
+  if (n < 0 || dim <= 0 || n > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaRmsNorm: bad shape n=", n, " dim=", dim));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr || weight == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("CudaRmsNorm: null pointer");
+  }
+  RmsNormKernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, weight, dim, eps, y);
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RmsNormKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaRopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
+                          int rope_dim, float base, cudaStream_t stream) {
+  if (n < 0 || n_heads <= 0 || head_dim <= 0 || rope_dim < 0 || rope_dim > head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaRopeNorm: bad shape n=", n,
+                                                   " n_heads=", n_heads, " head_dim=", head_dim,
+                                                   " rope_dim=", rope_dim));
+  }
+  const int half_rope = rope_dim / 2;
+  if (n == 0 || half_rope == 0) return absl::OkStatus();
+  if (x == nullptr || positions == nullptr) {
+    return absl::InvalidArgumentError("CudaRopeNorm: null pointer");
+  }
+  const int64_t total = n * n_heads * half_rope;
+  RopeNormKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(
+      x, positions, n, n_heads, head_dim, half_rope, rope_dim, static_cast<double>(base));
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RopeNormKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaSwiGlu(const float* gate, const float* up, int64_t n, float* out,
+                        cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("CudaSwiGlu: bad n=", n));
+  if (n == 0) return absl::OkStatus();
+  if (gate == nullptr || up == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("CudaSwiGlu: null pointer");
+  }
+  SwiGluKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(gate, up, n, out);
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("SwiGluKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaAddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("CudaAddInPlace: bad n=", n));
+  if (n == 0) return absl::OkStatus();
+  if (y == nullptr || x == nullptr) {
+    return absl::InvalidArgumentError("CudaAddInPlace: null pointer");
+  }
+  AddInPlaceKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(y, x, n);
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("AddInPlaceKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace specnode

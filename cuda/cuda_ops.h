@@ -1,0 +1,47 @@
+// Element-wise and per-row operations of the Llama forward pass on the GPU: the CUDA
+// counterparts of model/cpu_ops.h, with the same semantics (read that header first) and the
+// same argument order. Every pointer is a DEVICE pointer; every tensor is f32 row-major.
+//
+// All functions launch asynchronously on `stream` (nullptr: the legacy default stream) and
+// return InvalidArgument for bad arguments (before any CUDA call) or Internal with file:line
+// when the launch fails. Errors while a kernel runs surface at the next synchronising call.
+// Like the CPU versions they are batch-invariant: a row's result never depends on n.
+//
+// Precision against the CPU reference:
+//   CudaRmsNorm   the sum of squares is accumulated in double as on the CPU (different
+//                 order), the scale is computed in double and rounded once: results agree
+//                 to about 1 ulp.
+//   CudaRopeNorm  angles, cos and sin in double as on the CPU (CUDA's double pow/sin/cos are
+//                 within 2 ulp of glibc's), then the same f32 rotation: ~1 ulp.
+//   CudaSwiGlu    expf is within 2 ulp of glibc's: a few ulp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace specnode {
+
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for n rows of dim values.
+// x, y: [n, dim] (may alias exactly); weight: [dim]. One thread block per row.
+absl::Status CudaRmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
+                         float* y, cudaStream_t stream = nullptr);
+
+// Rotary position embedding in ggml "NORM" mode (adjacent pairs), in place.
+// x: [n, n_heads, head_dim]; positions: [n] (device int32). Pair (2i, 2i+1) of each head is
+// rotated by positions[t] * base^(-2i / rope_dim) for 2i < rope_dim; the rest is untouched.
+// Requires n_heads >= 1, 0 <= rope_dim <= head_dim.
+absl::Status CudaRopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
+                          int rope_dim, float base, cudaStream_t stream = nullptr);
+
+// out[i] = silu(gate[i]) * up[i] for n values; silu(g) = g / (1 + exp(-g)).
+// gate, up, out: [n]; out may alias gate or up exactly.
+absl::Status CudaSwiGlu(const float* gate, const float* up, int64_t n, float* out,
+                        cudaStream_t stream = nullptr);
+
+// y[i] += x[i] for n values. x, y: [n].
+absl::Status CudaAddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);
+
+}  // namespace specnode

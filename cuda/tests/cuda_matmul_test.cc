@@ -1,0 +1,287 @@
+// CudaMatMul against the CPU reference (MatMulReference: dequantise + double accumulation).
+//
+// Tolerance: for output y[t, r] the test allows
+//     |y - ref| <= rtol * ||W[r]||_2 * ||x[t]||_2 + 1e-6
+// (Cauchy-Schwarz bounds Σ|w x| by the norms, so this is relative to the size of the terms,
+// not of their possibly cancelling sum). rtol per algorithm and type:
+//   kFused, every type   2e-5  W is dequantised exactly (f16 scale x small int is exact in
+//                              f32); only f32 accumulation over <= 1536 terms rounds.
+//   kCublas F32          2e-5  f32 GEMM (no TF32).
+//   kCublas F16          1e-3  x rounded to f16 first: 2^-11 relative per product.
+//   kCublas BF16         8e-3  x rounded to bf16 first: 2^-8 relative per product.
+// Every kernel test skips without a GPU; the argument-validation tests run everywhere.
+#include "cuda/cuda_matmul.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/tests/cuda_test_util.h"
+#include "gtest/gtest.h"
+#include "model/cpu_matmul.h"
+#include "model/ggml_types.h"
+
+namespace specnode {
+
+// Readable parameters in test listings (found by ADL; internal linkage, this file only).
+static void PrintTo(GgmlType type, std::ostream* os) {
+  *os << GgmlTypeName(static_cast<uint32_t>(type));
+}
+
+namespace {
+
+using cuda_test::CudaTestWithParam;
+using cuda_test::Download;
+using cuda_test::Upload;
+
+bool IsQuantised(GgmlType t) {
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
+}
+
+std::string Name(GgmlType t) { return std::string(GgmlTypeName(static_cast<uint32_t>(t))); }
+
+// rows x cols view of a rows x full_cols matrix, starting col_offset values into each row.
+struct Shape {
+  const char* name;
+  int64_t rows;
+  int64_t cols;
+  int64_t full_cols;
+  int64_t col_offset;
+};
+
+// SmolLM2-135M projections (rows = output features), odd row counts that leave warps of a
+// block idle, and column slices as tensor parallelism makes them. The slice at 32 columns
+// starts Q4_0 / Q8_0 rows at 2-byte (not 4-byte) alignment.
+const Shape kShapes[] = {
+    {"q_576x576", 576, 576, 576, 0},
+    {"up_1536x576", 1536, 576, 576, 0},
+    {"down_576x1536", 576, 1536, 1536, 0},
+    {"head_49152x576", 49152, 576, 576, 0},
+    {"odd_37x96", 37, 96, 96, 0},
+    {"odd_1x32", 1, 32, 32, 0},
+    {"odd_1023x64", 1023, 64, 64, 0},
+    {"slice_300x768_of_1536_at_32", 300, 768, 1536, 32},
+    {"slice_576x512_of_1536_at_1024", 576, 512, 1536, 1024},
+};
+
+void PrintTo(const Shape& s, std::ostream* os) { *os << s.name; }
+
+// A weight matrix in storage form on the host plus per-row L2 norms of its dequantised
+// values (for the tolerance).
+struct HostWeights {
+  std::vector<uint8_t> bytes;
+  WeightView view;  // host pointer
+  std::vector<double> row_norm;
+};
+
+HostWeights MakeWeights(GgmlType type, const Shape& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> row(s.full_cols);
+  HostWeights w;
+  const size_t row_bytes = GgmlRowBytes(type, s.full_cols);
+  w.bytes.resize(s.rows * row_bytes);
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const float scale = 0.02f * (1.0f + static_cast<float>(r % 5));  // rows differ in range
+    for (float& v : row) v = normal(rng) * scale + (r % 3 == 0 ? 0.01f : 0.0f);  // some offset
+    QuantizeRow(type, row.data(), w.bytes.data() + r * row_bytes, s.full_cols);
+  }
+  w.view = {type, w.bytes.data() + GgmlRowBytes(type, s.col_offset), s.rows, s.cols, row_bytes};
+  w.row_norm.resize(s.rows);
+  for (int64_t r = 0; r < s.rows; ++r) {
+    EmbeddingRow(w.view, r, row.data());
+    double ss = 0.0;
+    for (int64_t j = 0; j < s.cols; ++j) ss += static_cast<double>(row[j]) * row[j];
+    w.row_norm[r] = std::sqrt(ss);
+  }
+  return w;
+}
+
+std::vector<float> MakeActs(int64_t n, int64_t cols, uint32_t seed) {
+  std::vector<float> x = cuda_test::RandomVector(n * cols, seed);
+  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 20.0f;  // outliers, as real activations have
+  return x;
+}
+
+// Weights and activations on the device, with the reference result for n_max tokens.
+struct Problem {
+  HostWeights host;
+  std::vector<float> x;    // [n_max, cols]
+  std::vector<float> ref;  // [n_max, rows]
+  DeviceBuffer w_dev;
+  DeviceBuffer x_dev;
+  DeviceBuffer y_dev;
+  WeightView view_dev;
+};
+
+absl::Status MakeProblem(GgmlType type, const Shape& s, int64_t n_max, Problem* p) {
+  p->host = MakeWeights(type, s, 1234u + static_cast<uint32_t>(s.rows));
+  p->x = MakeActs(n_max, s.cols, 99u + static_cast<uint32_t>(s.cols));
+  p->ref.assign(n_max * s.rows, 0.0f);
+  MatMulReference(p->host.view, p->x.data(), n_max, p->ref.data());
+  absl::StatusOr<DeviceBuffer> w = Upload(p->host.bytes);
+  if (!w.ok()) return w.status();
+  p->w_dev = std::move(*w);
+  absl::StatusOr<DeviceBuffer> x = Upload(p->x);
+  if (!x.ok()) return x.status();
+  p->x_dev = std::move(*x);
+  absl::StatusOr<DeviceBuffer> y = DeviceBuffer::Allocate(n_max * s.rows * sizeof(float));
+  if (!y.ok()) return y.status();
+  p->y_dev = std::move(*y);
+  p->view_dev = p->host.view;
+  p->view_dev.data = p->w_dev.as<uint8_t>() + GgmlRowBytes(type, s.col_offset);
+  return absl::OkStatus();
+}
+
+// Runs n tokens and compares with the first n rows of the reference.
+void ExpectMatchesReference(CudaMatMulContext* ctx, Problem& p, int64_t n, CudaMatMulAlgo algo,
+                            double rtol) {
+  const WeightView& v = p.view_dev;
+  SPECNODE_ASSERT_OK(p.y_dev.Zero());
+  SPECNODE_ASSERT_OK(CudaMatMul(ctx, v, p.x_dev.as<float>(), n, p.y_dev.as<float>(), algo));
+  absl::StatusOr<std::vector<float>> y = Download<float>(p.y_dev, n * v.rows);
+  ASSERT_TRUE(y.ok()) << y.status();
+  int failures = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    double xs = 0.0;
+    for (int64_t j = 0; j < v.cols; ++j)
+      xs += static_cast<double>(p.x[t * v.cols + j]) * p.x[t * v.cols + j];
+    const double x_norm = std::sqrt(xs);
+    for (int64_t r = 0; r < v.rows; ++r) {
+      const double want = p.ref[t * v.rows + r];
+      const double got = (*y)[t * v.rows + r];
+      const double tol = rtol * p.host.row_norm[r] * x_norm + 1e-6;
+      if (!(std::abs(got - want) <= tol) && ++failures <= 5) {
+        ADD_FAILURE() << "n=" << n << " y[" << t << ", " << r << "] = " << got << ", want " << want
+                      << " (tol " << tol << ")";
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0) << "n=" << n;
+}
+
+using MatMulParam = std::tuple<GgmlType, Shape>;
+
+std::string ParamName(const ::testing::TestParamInfo<MatMulParam>& info) {
+  return Name(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
+}
+
+class CudaFusedMatMulTest : public CudaTestWithParam<MatMulParam> {};
+
+TEST_P(CudaFusedMatMulTest, MatchesReference) {
+  const auto& [type, shape] = GetParam();
+  Problem p;
+  SPECNODE_ASSERT_OK(MakeProblem(type, shape, 16, &p));
+  // 9 crosses a token-tile boundary (8); all n share one reference.
+  for (int64_t n : {1, 4, 9, 16}) {
+    ExpectMatchesReference(nullptr, p, n, CudaMatMulAlgo::kFused, 2e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, CudaFusedMatMulTest,
+                         ::testing::Combine(::testing::Values(GgmlType::kQ4_1, GgmlType::kQ4_0,
+                                                              GgmlType::kQ8_0, GgmlType::kF16,
+                                                              GgmlType::kBF16, GgmlType::kF32),
+                                            ::testing::ValuesIn(kShapes)),
+                         ParamName);
+
+class CudaFusedInvarianceTest : public CudaTestWithParam<GgmlType> {};
+
+// A token's output is bit-identical whether it runs alone or inside a batch (any position).
+TEST_P(CudaFusedInvarianceTest, BatchInvariant) {
+  const GgmlType type = GetParam();
+  const Shape shape = {"up", 1536, 576, 576, 0};
+  Problem p;
+  SPECNODE_ASSERT_OK(MakeProblem(type, shape, 16, &p));
+  const int64_t rows = shape.rows, cols = shape.cols;
+  SPECNODE_ASSERT_OK(CudaMatMul(nullptr, p.view_dev, p.x_dev.as<float>(), 16, p.y_dev.as<float>()));
+  absl::StatusOr<std::vector<float>> batch = Download<float>(p.y_dev, 16 * rows);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  absl::StatusOr<DeviceBuffer> single = DeviceBuffer::Allocate(4 * rows * sizeof(float));
+  ASSERT_TRUE(single.ok()) << single.status();
+  for (int64_t t : {0, 5, 9, 15}) {
+    SPECNODE_ASSERT_OK(
+        CudaMatMul(nullptr, p.view_dev, p.x_dev.as<float>() + t * cols, 1, single->as<float>()));
+    absl::StatusOr<std::vector<float>> alone = Download<float>(*single, rows);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(0, std::memcmp(alone->data(), batch->data() + t * rows, rows * sizeof(float)))
+        << "token " << t << " differs between batch 1 and batch 16";
+  }
+  // Tokens 9..12 as a batch of 4 starting mid-tile.
+  SPECNODE_ASSERT_OK(
+      CudaMatMul(nullptr, p.view_dev, p.x_dev.as<float>() + 9 * cols, 4, single->as<float>()));
+  absl::StatusOr<std::vector<float>> four = Download<float>(*single, 4 * rows);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(0, std::memcmp(four->data(), batch->data() + 9 * rows, 4 * rows * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, CudaFusedInvarianceTest,
+                         ::testing::Values(GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0,
+                                           GgmlType::kF16, GgmlType::kBF16, GgmlType::kF32),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return Name(info.param);
+                         });
+
+class CudaCublasMatMulTest : public CudaTestWithParam<MatMulParam> {};
+
+TEST_P(CudaCublasMatMulTest, MatchesReference) {
+  const auto& [type, shape] = GetParam();
+  const double rtol = type == GgmlType::kF32 ? 2e-5 : type == GgmlType::kF16 ? 1e-3 : 8e-3;
+  absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = CudaMatMulContext::Create(nullptr);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  Problem p;
+  SPECNODE_ASSERT_OK(MakeProblem(type, shape, 64, &p));
+  for (int64_t n : {1, 16, 64}) {
+    ExpectMatchesReference(ctx->get(), p, n, CudaMatMulAlgo::kCublas, rtol);
+  }
+}
+
+const Shape kCublasShapes[] = {
+    {"q_576x576", 576, 576, 576, 0},
+    {"down_576x1536", 576, 1536, 1536, 0},
+    {"odd_37x96", 37, 96, 96, 0},
+    {"slice_300x768_of_1536_at_32", 300, 768, 1536, 32},
+};
+
+INSTANTIATE_TEST_SUITE_P(PlainTypes, CudaCublasMatMulTest,
+                         ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kF16,
+                                                              GgmlType::kBF16),
+                                            ::testing::ValuesIn(kCublasShapes)),
+                         ParamName);
+
+// Argument checks happen before any CUDA call, so these run (and pass) without a GPU.
+// The pointers are never dereferenced: every case must be rejected.
+TEST(CudaMatMulArgs, RejectsBadArgumentsBeforeTouchingTheDevice) {
+  auto* fake = reinterpret_cast<float*>(uintptr_t{1} << 20);  // 16-byte aligned, never read
+  const WeightView q41{GgmlType::kQ4_1, fake, 4, 64, GgmlRowBytes(GgmlType::kQ4_1, 64)};
+  auto code = [](absl::Status s) { return s.code(); };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+
+  WeightView bad = q41;
+  bad.type = static_cast<GgmlType>(7);  // not a type this engine computes with
+  EXPECT_EQ(code(CudaMatMul(nullptr, bad, fake, 1, fake)), kInvalid);
+  bad = q41;
+  bad.cols = 48;  // not whole blocks
+  EXPECT_EQ(code(CudaMatMul(nullptr, bad, fake, 1, fake)), kInvalid);
+  bad = q41;
+  bad.row_stride = GgmlRowBytes(GgmlType::kQ4_1, 64) - 1;
+  EXPECT_EQ(code(CudaMatMul(nullptr, bad, fake, 1, fake)), kInvalid);
+  bad = q41;
+  bad.data = reinterpret_cast<const uint8_t*>(fake) + 2;  // Q4_1 needs 4-byte alignment
+  EXPECT_EQ(code(CudaMatMul(nullptr, bad, fake, 1, fake)), kInvalid);
+  EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake + 1, 1, fake)), kInvalid);  // x not 16-aligned
+  EXPECT_EQ(code(CudaMatMul(nullptr, q41, nullptr, 1, fake)), kInvalid);
+  EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake, -1, fake)), kInvalid);
+  // kCublas needs a context and a plain type.
+  EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake, 1, fake, CudaMatMulAlgo::kCublas)), kInvalid);
+  // Nothing to do: OK without touching the pointers or the device.
+  EXPECT_TRUE(CudaMatMul(nullptr, q41, nullptr, 0, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace specnode

@@ -1,0 +1,179 @@
+// cuda_ops.h against model/cpu_ops.h. Tolerances (relative to the CPU value, plus a tiny
+// absolute floor for values near zero):
+//   RmsNorm   1e-6 rel + 1e-7   double sum in another order, scale rounded once: ~1 ulp.
+//   RopeNorm  1e-6 abs          double angle / sincos within 2 ulp of glibc's, f32 rotation
+//                               of O(1) values with the same (unfused) operations.
+//   SwiGlu    2e-6 rel + 1e-12  expf within 2 ulp of glibc's.
+//   Add       exact.
+// Every test skips without a GPU (argument-validation tests run everywhere).
+#include "cuda/cuda_ops.h"
+
+#include <cmath>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/tests/cuda_test_util.h"
+#include "gtest/gtest.h"
+#include "model/cpu_ops.h"
+
+namespace specnode {
+namespace {
+
+using cuda_test::CudaTest;
+using cuda_test::CudaTestWithParam;
+using cuda_test::Download;
+using cuda_test::RandomVector;
+using cuda_test::Upload;
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double rtol,
+                 double atol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int failures = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = atol + rtol * std::abs(static_cast<double>(want[i]));
+    if (!(std::abs(static_cast<double>(got[i]) - want[i]) <= tol) && ++failures <= 5) {
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i];
+    }
+  }
+  EXPECT_EQ(failures, 0) << what;
+}
+
+// (rows n, dim)
+class CudaRmsNormTest : public CudaTestWithParam<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(CudaRmsNormTest, MatchesCpu) {
+  const auto [n, dim] = GetParam();
+  const std::vector<float> x = RandomVector(n * dim, 1, 3.0f);
+  const std::vector<float> w = RandomVector(dim, 2);
+  std::vector<float> want(x.size());
+  RmsNorm(x.data(), w.data(), n, dim, 1e-5f, want.data());
+
+  absl::StatusOr<DeviceBuffer> x_dev = Upload(x);
+  absl::StatusOr<DeviceBuffer> w_dev = Upload(w);
+  absl::StatusOr<DeviceBuffer> y_dev = DeviceBuffer::Allocate(x.size() * sizeof(float));
+  ASSERT_TRUE(x_dev.ok() && w_dev.ok() && y_dev.ok());
+  SPECNODE_ASSERT_OK(
+      CudaRmsNorm(x_dev->as<float>(), w_dev->as<float>(), n, dim, 1e-5f, y_dev->as<float>()));
+  absl::StatusOr<std::vector<float>> y = Download<float>(*y_dev, x.size());
+  ASSERT_TRUE(y.ok()) << y.status();
+  ExpectClose(*y, want, 1e-6, 1e-7, "rmsnorm");
+
+  // In place gives the same bits as out of place.
+  SPECNODE_ASSERT_OK(
+      CudaRmsNorm(x_dev->as<float>(), w_dev->as<float>(), n, dim, 1e-5f, x_dev->as<float>()));
+  absl::StatusOr<std::vector<float>> in_place = Download<float>(*x_dev, x.size());
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  EXPECT_EQ(*in_place, *y);
+}
+
+// SmolLM2's hidden size 576 at decode (1) and verify (16) batches; odd and large dims.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaRmsNormTest,
+                         ::testing::Values(std::make_tuple(1, 576), std::make_tuple(16, 576),
+                                           std::make_tuple(3, 1), std::make_tuple(5, 7),
+                                           std::make_tuple(2, 1000), std::make_tuple(4, 8192)));
+
+struct RopeCase {
+  const char* name;
+  int64_t n;
+  int n_heads;
+  int head_dim;
+  int rope_dim;
+  float base;
+};
+
+void PrintTo(const RopeCase& c, std::ostream* os) { *os << c.name; }
+
+class CudaRopeNormTest : public CudaTestWithParam<RopeCase> {};
+
+TEST_P(CudaRopeNormTest, MatchesCpu) {
+  const RopeCase c = GetParam();
+  std::vector<float> x = RandomVector(c.n * c.n_heads * c.head_dim, 5);
+  std::vector<int32_t> positions(c.n);
+  // Small, large and repeated positions (a verify batch can hold any).
+  const int32_t kPositions[] = {0, 1, 2, 17, 4095, 8191, 100000, 3};
+  for (int64_t t = 0; t < c.n; ++t) positions[t] = kPositions[t % 8] + static_cast<int32_t>(t / 8);
+  absl::StatusOr<DeviceBuffer> x_dev = Upload(x);
+  absl::StatusOr<DeviceBuffer> pos_dev = Upload(positions);
+  ASSERT_TRUE(x_dev.ok() && pos_dev.ok());
+  RopeNorm(x.data(), positions.data(), c.n, c.n_heads, c.head_dim, c.rope_dim, c.base);
+  SPECNODE_ASSERT_OK(CudaRopeNorm(x_dev->as<float>(), pos_dev->as<int32_t>(), c.n, c.n_heads,
+                                  c.head_dim, c.rope_dim, c.base));
+  absl::StatusOr<std::vector<float>> y = Download<float>(*x_dev, x.size());
+  ASSERT_TRUE(y.ok()) << y.status();
+  ExpectClose(*y, x, 0.0, 1e-6, "rope");
+}
+
+// SmolLM2: 9 query heads, 3 KV heads, head_dim 64, base 100000; a partial rotary dimension
+// (dims past rope_dim must stay untouched) and a verify-sized batch.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaRopeNormTest,
+                         ::testing::Values(RopeCase{"q_decode", 1, 9, 64, 64, 100000.0f},
+                                           RopeCase{"k_decode", 1, 3, 64, 64, 100000.0f},
+                                           RopeCase{"q_verify", 16, 9, 64, 64, 100000.0f},
+                                           RopeCase{"partial", 7, 2, 64, 32, 10000.0f},
+                                           RopeCase{"odd_rope_dim", 3, 2, 16, 9, 10000.0f}),
+                         [](const ::testing::TestParamInfo<RopeCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+class CudaSwiGluTest : public CudaTestWithParam<int64_t> {};
+
+TEST_P(CudaSwiGluTest, MatchesCpu) {
+  const int64_t n = GetParam();
+  std::vector<float> gate = RandomVector(n, 7, 4.0f);
+  const std::vector<float> up = RandomVector(n, 8);
+  // Saturating inputs: exp overflows / underflows.
+  const float kExtremes[] = {0.0f, -0.0f, 100.0f, -100.0f, 88.0f, -88.0f, 1e-30f};
+  for (size_t i = 0; i < sizeof(kExtremes) / sizeof(float) && i < gate.size(); ++i) {
+    gate[i] = kExtremes[i];
+  }
+  std::vector<float> want(n);
+  SwiGlu(gate.data(), up.data(), n, want.data());
+  absl::StatusOr<DeviceBuffer> g_dev = Upload(gate);
+  absl::StatusOr<DeviceBuffer> u_dev = Upload(up);
+  absl::StatusOr<DeviceBuffer> o_dev = DeviceBuffer::Allocate(n * sizeof(float));
+  ASSERT_TRUE(g_dev.ok() && u_dev.ok() && o_dev.ok());
+  SPECNODE_ASSERT_OK(CudaSwiGlu(g_dev->as<float>(), u_dev->as<float>(), n, o_dev->as<float>()));
+  absl::StatusOr<std::vector<float>> out = Download<float>(*o_dev, n);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectClose(*out, want, 2e-6, 1e-12, "swiglu");
+}
+
+// SmolLM2's FFN width 1536 at batch 1 and 16, and sizes off the block size.
+INSTANTIATE_TEST_SUITE_P(Sizes, CudaSwiGluTest, ::testing::Values(1, 7, 1536, 16 * 1536 + 3));
+
+class CudaAddInPlaceTest : public CudaTest {};
+
+TEST_F(CudaAddInPlaceTest, MatchesCpuExactly) {
+  const int64_t n = 576 * 16 + 5;
+  std::vector<float> y = RandomVector(n, 9);
+  const std::vector<float> x = RandomVector(n, 10);
+  absl::StatusOr<DeviceBuffer> y_dev = Upload(y);
+  absl::StatusOr<DeviceBuffer> x_dev = Upload(x);
+  ASSERT_TRUE(y_dev.ok() && x_dev.ok());
+  AddInPlace(y.data(), x.data(), n);
+  SPECNODE_ASSERT_OK(CudaAddInPlace(y_dev->as<float>(), x_dev->as<float>(), n));
+  absl::StatusOr<std::vector<float>> got = Download<float>(*y_dev, n);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, y);
+}
+
+// Validation precedes any CUDA call: these run (and pass) without a GPU.
+TEST(CudaOpsArgs, RejectBadArgumentsAndAcceptEmptyWork) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(CudaRmsNorm(nullptr, nullptr, 1, 0, 1e-5f, nullptr).code(), kInvalid);
+  EXPECT_EQ(CudaRmsNorm(nullptr, nullptr, 1, 8, 1e-5f, nullptr).code(), kInvalid);
+  EXPECT_EQ(CudaRopeNorm(nullptr, nullptr, 1, 2, 8, 10, 1e4f).code(), kInvalid);  // rope > head
+  EXPECT_EQ(CudaRopeNorm(nullptr, nullptr, 1, 2, 8, 8, 1e4f).code(), kInvalid);   // null x
+  EXPECT_EQ(CudaSwiGlu(nullptr, nullptr, -1, nullptr).code(), kInvalid);
+  EXPECT_EQ(CudaAddInPlace(nullptr, nullptr, 3).code(), kInvalid);
+  EXPECT_TRUE(CudaRmsNorm(nullptr, nullptr, 0, 8, 1e-5f, nullptr).ok());
+  EXPECT_TRUE(CudaRopeNorm(nullptr, nullptr, 0, 2, 8, 8, 1e4f).ok());
+  EXPECT_TRUE(CudaSwiGlu(nullptr, nullptr, 0, nullptr).ok());
+  EXPECT_TRUE(CudaAddInPlace(nullptr, nullptr, 0).ok());
+}
+
+}  // namespace
+}  // namespace specnode
