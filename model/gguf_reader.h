@@ -8,8 +8,14 @@
 // what the file could hold; every string length and array length fits in the remaining
 // bytes; metadata value types known; tensor dims 1..4, each > 0, element count without
 // overflow and a multiple of the type's block size along dim 0; tensor type known to
-// this engine; data offsets aligned to general.alignment (default 32, power of two) and
-// [offset, offset+size) inside the file; duplicate keys or tensor names rejected.
+// this engine; data offsets aligned to general.alignment (default 32; a power of two
+// >= 8) and [offset, offset+size) inside the file, tensors not overlapping; duplicate keys
+// or tensor names rejected. Truncation is DataLoss, bad values InvalidArgument.
+//
+// Beyond the spec, to bound work and memory on hostile input: arrays of arrays are
+// rejected (no model uses them); keys are at most 65535 bytes, tensor names 1..63 bytes
+// (as ggml); an array holds at most 2^22 elements and all arrays together 2^23; bool
+// bytes must be 0 or 1. Tensor data is at least 8-byte aligned in memory.
 #pragma once
 
 #include <cstdint>

@@ -15,7 +15,7 @@ namespace specnode {
 
 class GgufWriter {
  public:
-  explicit GgufWriter(uint32_t alignment = 32);
+  explicit GgufWriter(uint32_t alignment = 32);  // a power of two >= 8
 
   void AddUint32(const std::string& key, uint32_t v);
   void AddInt32(const std::string& key, int32_t v);
