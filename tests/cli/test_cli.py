@@ -1,0 +1,111 @@
+"""The specnode CLI as a user runs it: real text from the real model, and clear errors
+(never a crash) for bad files, prompts and parameters."""
+import json
+import os
+import subprocess
+
+import pytest
+
+
+def run(cmd, timeout=600):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_clean_error(res, *needles):
+    """Failed with exit 1 or 2, not a signal, and stderr names the problem."""
+    assert res.returncode in (1, 2), (res.returncode, res.stderr)
+    for needle in needles:
+        assert needle in res.stderr, res.stderr
+
+
+def test_help_lists_commands(specnode):
+    res = run([specnode, "--help"])
+    assert res.returncode == 0
+    for cmd in ("generate", "tokenize", "logits", "bench", "tiny-model"):
+        assert cmd in res.stdout
+
+
+def test_unknown_command_and_option(specnode, tiny_model):
+    assert_clean_error(run([specnode, "frobnicate"]), "unknown command")
+    assert_clean_error(run([specnode, "generate", "--model", tiny_model, "--promt", "x"]),
+                       "unknown option --promt")
+
+
+def test_generate_on_tiny_model_is_deterministic(specnode, tiny_model):
+    cmd = [specnode, "generate", "--model", tiny_model, "--prompt", "hello there",
+           "--max-tokens", "12", "--temperature", "0.9", "--seed", "5", "--ignore-eos",
+           "--json", "--quiet"]
+    a = json.loads(run(cmd).stdout.strip().splitlines()[-1])
+    b = json.loads(run(cmd).stdout.strip().splitlines()[-1])
+    assert a["generated_ids"] == b["generated_ids"]
+    assert len(a["generated_ids"]) == 12
+    c = json.loads(run(cmd[:-4] + ["7", "--ignore-eos", "--json", "--quiet"]).stdout
+                   .strip().splitlines()[-1])
+    assert c["generated_ids"] != a["generated_ids"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature", "-1"], "--temperature"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--top-k", "-3"], "--top-k"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--max-tokens", "abc"], "--max-tokens"),
+    (["--threads", "0"], "--threads"),
+])
+def test_invalid_sampling_and_limits(specnode, tiny_model, args, needle):
+    res = run([specnode, "generate", "--model", tiny_model, "--prompt", "hi"] + args)
+    assert_clean_error(res, needle)
+
+
+def test_empty_and_overlong_prompts(specnode, tiny_model):
+    assert_clean_error(run([specnode, "generate", "--model", tiny_model, "--prompt", ""]),
+                       "empty")
+    long_prompt = "word " * 2000  # the tiny model's context is 512 tokens
+    assert_clean_error(run([specnode, "generate", "--model", tiny_model, "--prompt", long_prompt]),
+                       "context length")
+    assert_clean_error(run([specnode, "generate", "--model", tiny_model, "--prompt-ids",
+                            "1,2,999999"]), "999999")
+
+
+def test_bad_model_files(specnode, tmp_path):
+    assert_clean_error(run([specnode, "generate", "--model", str(tmp_path / "missing.gguf"),
+                            "--prompt", "x"]), "missing.gguf")
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"this is not a gguf file at all" * 10)
+    assert_clean_error(run([specnode, "generate", "--model", str(garbage), "--prompt", "x"]),
+                       "garbage.gguf")
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    assert_clean_error(run([specnode, "generate", "--model", str(empty), "--prompt", "x"]),
+                       "empty.gguf")
+
+
+def test_truncated_real_model(specnode, real_model, tmp_path):
+    with open(real_model, "rb") as f:
+        head = f.read(5_000_000)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(head)
+    assert_clean_error(run([specnode, "generate", "--model", str(cut), "--prompt", "x"]),
+                       "cut.gguf")
+
+
+def test_real_model_chat_is_coherent_english(specnode, real_model):
+    res = run([specnode, "generate", "--model", real_model, "--chat", "--prompt",
+               "What is the capital of France? Answer in one sentence.", "--max-tokens", "32",
+               "--temperature", "0", "--json"])
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert "Paris" in summary["text"], summary["text"]
+    assert "tokens/s" in res.stderr
+    assert "loading" in res.stderr  # the load progress indication
+
+
+def test_bench_json(specnode, tiny_model):
+    res = run([specnode, "bench", "--model", tiny_model, "--batch", "1,4", "--prompt-tokens", "8",
+               "--decode-tokens", "4", "--json"])
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [r["batch"] for r in out["results"]] == [1, 4]
+    assert all(r["decode_tokens_per_s"] > 0 for r in out["results"])
