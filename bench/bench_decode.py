@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Decode benchmark: specnode vs llama.cpp (llama-cpp-python) on the same GGUF.
+
+One run measures, in interleaved rounds (specnode, llama.cpp, specnode, llama.cpp, ...):
+  * specnode prefill and decode tokens/s at batch 1, 4, 16, via
+      specnode bench --model M --threads T --batch 1,4,16 --prompt-tokens P --decode-tokens D --json
+  * llama.cpp decode tokens/s at batch 1 through llama-cpp-python (n_threads =
+    n_threads_batch = T): a P-token prompt, then D greedy tokens; only the decode loop is
+    timed (prefill is reported separately). Each llama.cpp round runs in a fresh child
+    process so its worker threads cannot linger into specnode's turn.
+It reports medians and the median of the per-round ratio specnode/llama.cpp (decode,
+batch 1), writes JSON to bench/results/decode-<date>.json and prints a table.
+
+llama-cpp-python is installed by bench/setup-llama-cpp (benchmarks only, never tests).
+Run with the venv's python:  ~/.cache/specnode/venv/bin/python bench/bench_decode.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------ llama.cpp side
+
+
+def llama_worker(model: str, threads: int, prompt_tokens: int, decode_tokens: int) -> dict:
+    """Runs in a child process: one llama.cpp prefill + greedy decode, timed."""
+    import numpy as np
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=model, n_ctx=prompt_tokens + decode_tokens + 16,
+                          n_batch=max(prompt_tokens, 32), n_threads=threads, n_threads_batch=threads,
+                          logits_all=False, verbose=False)
+    prompt = synthetic_prompt(llm, prompt_tokens)
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    t1 = time.perf_counter()
+    n_vocab = llm.n_vocab()
+    generated = []
+    for _ in range(decode_tokens):
+        # Last position's logits straight from the context (llm.scores is only filled
+        # when logits_all=True, which would also make prefill compute every row's head).
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+        tok = int(np.argmax(logits))
+        generated.append(tok)
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    return {"prefill_tokens_per_s": prompt_tokens / (t1 - t0),
+            "decode_tokens_per_s": decode_tokens / (t2 - t1),
+            "llama_cpp_python_version": llama_cpp.__version__,
+            "generated_head": generated[:8]}
+
+
+def synthetic_prompt(llm, n: int) -> list[int]:
+    """n tokens of ordinary English (repeated), so prefill behaves like a real prompt."""
+    text = ("A key-value cache stores the attention keys and values of tokens already seen, "
+            "so each new token attends to them without recomputing the whole prefix. ")
+    ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def run_llama(args) -> dict:
+    cmd = [sys.executable, __file__, "--_llama-worker", "--model", args.model,
+           "--threads", str(args.threads), "--prompt-tokens", str(args.prompt_tokens),
+           "--decode-tokens", str(args.decode_tokens)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"llama.cpp worker failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ specnode side
+
+
+def run_specnode(args) -> list[dict]:
+    cmd = [args.specnode, "bench", "--model", args.model, "--threads", str(args.threads),
+           "--batch", ",".join(map(str, args.batch)), "--prompt-tokens", str(args.prompt_tokens),
+           "--decode-tokens", str(args.decode_tokens), "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    obj = json.loads(lines[-1])
+    rows = find_rows(obj)
+    if not rows:
+        raise RuntimeError(f"specnode bench JSON has no list of {{batch, ...}} rows: {lines[-1][:500]}")
+    return [{"batch": int(r["batch"]), "prefill_tokens_per_s": float(r["prefill_tokens_per_s"]),
+             "decode_tokens_per_s": float(r["decode_tokens_per_s"])} for r in rows]
+
+
+def find_rows(obj) -> list[dict]:
+    """The list of per-batch rows, whatever key the engine puts it under."""
+    if isinstance(obj, list) and obj and all(isinstance(r, dict) and "batch" in r for r in obj):
+        return obj
+    if isinstance(obj, dict):
+        for v in obj.values():
+            rows = find_rows(v)
+            if rows:
+                return rows
+    return []
+
+
+# ------------------------------------------------------------------ driver
+
+
+def default_model() -> str:
+    env = os.environ.get("SPECNODE_MODEL")
+    if env:
+        return env
+    out = subprocess.run([str(ROOT / "scripts" / "fetch-model")], check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def summarise(rounds: list[dict], batches: list[int]) -> dict:
+    summary: dict = {"specnode": {}, "llama_cpp": {}}
+    for b in batches:
+        rows = [r for rd in rounds for r in rd.get("specnode") or [] if r["batch"] == b]
+        summary["specnode"][str(b)] = {
+            "prefill_tokens_per_s": median([r["prefill_tokens_per_s"] for r in rows]),
+            "decode_tokens_per_s": median([r["decode_tokens_per_s"] for r in rows])}
+    ll = [rd["llama_cpp"] for rd in rounds if rd.get("llama_cpp")]
+    summary["llama_cpp"]["1"] = {
+        "prefill_tokens_per_s": median([r["prefill_tokens_per_s"] for r in ll]),
+        "decode_tokens_per_s": median([r["decode_tokens_per_s"] for r in ll])}
+    ratios = []
+    for rd in rounds:
+        sn = [r for r in rd.get("specnode") or [] if r["batch"] == 1]
+        if sn and rd.get("llama_cpp"):
+            ratios.append(sn[0]["decode_tokens_per_s"] / rd["llama_cpp"]["decode_tokens_per_s"])
+    summary["decode_ratio_specnode_over_llama_cpp_batch1"] = {"per_round": ratios, "median": median(ratios)}
+    return summary
+
+
+def fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(summary: dict, args) -> None:
+    print(f"\nmodel {Path(args.model).name}, threads {args.threads}, prompt {args.prompt_tokens}, "
+          f"decode {args.decode_tokens}, rounds {args.rounds} (medians)")
+    print(f"{'engine':<12}{'batch':>6}{'prefill tok/s':>16}{'decode tok/s':>15}")
+    for b, r in summary["specnode"].items():
+        if r["decode_tokens_per_s"] is None and r["prefill_tokens_per_s"] is None:
+            continue
+        print(f"{'specnode':<12}{b:>6}{fmt(r['prefill_tokens_per_s']):>16}{fmt(r['decode_tokens_per_s']):>15}")
+    r = summary["llama_cpp"]["1"]
+    if r["decode_tokens_per_s"] is not None:
+        print(f"{'llama.cpp':<12}{1:>6}{fmt(r['prefill_tokens_per_s']):>16}{fmt(r['decode_tokens_per_s']):>15}")
+    ratio = summary["decode_ratio_specnode_over_llama_cpp_batch1"]["median"]
+    print(f"decode ratio specnode/llama.cpp at batch 1 (median of per-round ratios): {fmt(ratio, '.3f')}")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="GGUF file (default: $SPECNODE_MODEL, else scripts/fetch-model)")
+    ap.add_argument("--specnode", default=str(ROOT / "build" / "node" / "specnode"), help="engine binary")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--batch", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16],
+                    help="specnode batch sizes, comma-separated (default 1,4,16)")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--skip-specnode", action="store_true", help="measure llama.cpp only")
+    ap.add_argument("--skip-llama", action="store_true", help="measure specnode only")
+    ap.add_argument("--out", help="JSON output (default bench/results/decode-<date>.json)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per engine run")
+    ap.add_argument("--_llama-worker", dest="llama_worker", action="store_true", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.llama_worker:
+        print(json.dumps(llama_worker(args.model, args.threads, args.prompt_tokens, args.decode_tokens)))
+        return 0
+    args.model = args.model or default_model()
+    if not args.skip_llama:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print("llama-cpp-python is not installed in this interpreter; run bench/setup-llama-cpp "
+                  "and use the venv's python (or pass --skip-llama)", file=sys.stderr)
+            return 2
+    if not args.skip_specnode and not os.access(args.specnode, os.X_OK):
+        print(f"no specnode binary at {args.specnode} (build first, or --specnode PATH / --skip-specnode)",
+              file=sys.stderr)
+        return 2
+
+    rounds, errors = [], []
+    for i in range(args.rounds):
+        rd: dict = {"round": i + 1}
+        for side in ("specnode", "llama_cpp"):
+            if (side == "specnode" and args.skip_specnode) or (side == "llama_cpp" and args.skip_llama):
+                continue
+            try:
+                rd[side] = run_specnode(args) if side == "specnode" else run_llama(args)
+            except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+                errors.append(f"round {i + 1} {side}: {e}")
+                print(f"error: round {i + 1} {side}: {e}", file=sys.stderr)
+        print(f"round {i + 1}: " + json.dumps({k: v for k, v in rd.items() if k != "round"}), file=sys.stderr)
+        rounds.append(rd)
+
+    summary = summarise(rounds, args.batch)
+    now = dt.datetime.now()
+    result = {
+        "date": now.isoformat(timespec="seconds"),
+        "host": {"cpu": cpu_name(), "nproc": os.cpu_count(), "platform": platform.platform()},
+        "model": args.model,
+        "threads": args.threads, "batches": args.batch,
+        "prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,
+        "rounds": rounds, "summary": summary, "errors": errors,
+    }
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"decode-{now:%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(summary, args)
+    print(f"wrote {out}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""pytest wiring for the oracle tests.
+
+  --specnode PATH   the engine binary (ctest passes $<TARGET_FILE:specnode>). Without it,
+                    tests that run the engine are skipped; the oracle's own tests still run.
+  SPECNODE_MODEL    path of SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-model). Unset:
+                    SmolLM2 tests skip, or fail when SPECNODE_REQUIRE_MODEL=1 (scripts/test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from numpy_llama import load_cached  # noqa: E402
+
+ENGINE_TIMEOUT_S = 600
+
+
+def pytest_addoption(parser):
+    parser.addoption("--specnode", action="store", default=None,
+                     help="path of the specnode binary to test against the oracle")
+
+
+class Specnode:
+    """Runs the engine's CLI and reports failures with its output."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def run(self, *args, timeout: float = ENGINE_TIMEOUT_S) -> str:
+        cmd = [self.path, *map(str, args)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}")
+        if p.returncode != 0:
+            pytest.fail(f"exit {p.returncode}: {' '.join(cmd)}\n--- stdout\n{p.stdout[-4000:]}"
+                        f"\n--- stderr\n{p.stderr[-4000:]}")
+        return p.stdout
+
+    def json(self, *args, **kw) -> dict:
+        """Run and parse the last non-empty stdout line as JSON."""
+        out = self.run(*args, **kw)
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        if not lines:
+            pytest.fail(f"no output from specnode {' '.join(map(str, args))}")
+        try:
+            return json.loads(lines[-1])
+        except json.JSONDecodeError as e:
+            pytest.fail(f"last stdout line is not JSON ({e}): {lines[-1][:500]!r}")
+
+    def logits(self, model: str, tokens, out_path: Path) -> np.ndarray:
+        """`specnode logits` -> float32 little-endian [n_tokens, vocab], raw, no header."""
+        self.run("logits", "--model", model, "--tokens", ",".join(map(str, tokens)), "--out", out_path)
+        raw = np.fromfile(out_path, dtype="<f4")
+        n = len(tokens)
+        if raw.size == 0 or raw.size % n:
+            pytest.fail(f"{out_path}: {raw.size} floats is not a multiple of {n} tokens")
+        return raw.reshape(n, raw.size // n).astype(np.float64)
+
+    def tokenize(self, model: str, text: str, chat: bool = False) -> dict:
+        args = ["tokenize", "--model", model, "--text", text] + (["--chat"] if chat else [])
+        return self.json(*args)
+
+
+@pytest.fixture(scope="session")
+def specnode(request) -> Specnode:
+    path = request.config.getoption("--specnode")
+    if not path:
+        pytest.skip("no --specnode PATH given (ctest passes it); engine comparisons skipped")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"--specnode {path} is not an executable file")
+    return Specnode(os.path.abspath(path))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    path = os.environ.get("SPECNODE_MODEL", "")
+    required = os.environ.get("SPECNODE_REQUIRE_MODEL", "") == "1"
+    if not path:
+        msg = "SPECNODE_MODEL is unset (run scripts/fetch-model and export its path)"
+        if required:
+            pytest.fail(msg + " but SPECNODE_REQUIRE_MODEL=1")
+        pytest.skip(msg)
+    if not os.path.isfile(path):
+        pytest.fail(f"SPECNODE_MODEL={path} does not exist")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_oracle(smollm2_path):
+    """The dequantised SmolLM2 oracle, loaded once per session (~0.6 GB in float32)."""
+    return load_cached(smollm2_path, "float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(specnode, tmp_path_factory):
+    """tiny_model(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1) -> path.
+
+    Written once per argument set by `specnode tiny-model` into a session temp dir."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    made: dict[tuple, str] = {}
+
+    def make(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1) -> str:
+        key = (layers, d_model, heads, kv_heads, ff, type, seed)
+        if key not in made:
+            out = root / ("tiny-" + "-".join(map(str, key)) + ".gguf")
+            specnode.run("tiny-model", "--out", out, "--layers", layers, "--d-model", d_model,
+                         "--heads", heads, "--kv-heads", kv_heads, "--ff", ff, "--type", type,
+                         "--seed", seed)
+            if not out.is_file():
+                pytest.fail(f"specnode tiny-model did not write {out}")
+            made[key] = str(out)
+        return made[key]
+
+    return make
