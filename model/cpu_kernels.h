@@ -1,1 +1,123 @@
-// placeholder: being written
+// Internal to the CPU backend: the per-instruction-set kernels behind MatMul.
+//
+// Each of cpu_kernels_{scalar,avx2,avx512}.cc is compiled for its own ISA and exports one
+// or two KernelTables. Only cpu_matmul.cc (and tests) call them, and only after
+// GetCpuFeatures() confirmed the CPU has the ISA; the tables themselves are plain constant
+// data, so merely linking them executes nothing.
+//
+// Quantised weights (Q4_0, Q4_1, Q8_0) multiply 8-bit activations: each token's row of
+// `cols` floats is quantised once per MatMul call to blocks of 32 int8 values
+//   qs[j] = round_nearest_even(x[j] / d_b),  d_b = max|x| over block b / 127,
+// with two f32 side values per block: d_b and s_b = d_b * Σ_j qs[j] (llama.cpp's Q8_1).
+// A weight block then contributes
+//   Q4_1: d_w d_b Σ q_w qs + m_w s_b        (q_w = nibble, 0..15)
+//   Q4_0: d_w d_b Σ q_w qs - 8 d_w s_b      (the same unsigned-nibble dot)
+//   Q8_0: d_w d_b Σ q_w qs                  (q_w signed)
+// F32/F16/BF16 weights use the f32 activations directly.
+//
+// Batch invariance contract, for every kernel: y[t, r] depends only on row r and token t's
+// activations, through an instruction sequence that does not depend on n, the token tile
+// the token fell in, or [row_begin, row_end). Kernels may process several tokens per weight
+// load (tiles), but each token keeps its own accumulators in a fixed order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/ggml_types.h"
+#include "model/thread_pool.h"
+
+namespace specnode {
+
+struct WeightView;
+struct MatMulScratch;
+
+namespace cpu_kernels {
+
+// Token rows of quantised activations, laid out by the dispatcher:
+//   qs[t * qs_stride + j]  int8, j < cols, in the order the table's `quantize` writes
+//                          for weights of type `weight_type` (block order; within a
+//                          block natural order, except in the avx512 tables, which
+//                          transpose each group of 4 blocks (Q4) or pair of blocks (Q8_0)
+//                          by dwords);
+//                          zero from cols up to qs_stride (a multiple of 128) so a kernel
+//                          may read whole 128-byte groups of 4 blocks
+//   d[t * ds_stride + b], s[t * ds_stride + b]  f32, b < cols/32; zero up to ds_stride (a
+//                          multiple of 16) so a kernel may load whole 16-block chunks
+struct QuantActs {
+  const int8_t* qs = nullptr;  // [n, qs_stride]
+  const float* d = nullptr;    // [n, ds_stride]
+  const float* s = nullptr;    // [n, ds_stride]
+  int64_t qs_stride = 0;
+  int64_t ds_stride = 0;
+};
+
+// y[t * ldy + r] = Σ over the row's blocks, for r in [row_begin, row_end), t < n.
+struct QuantMatMulArgs {
+  GgmlType type = GgmlType::kQ4_1;  // kQ4_0, kQ4_1 or kQ8_0
+  const uint8_t* w = nullptr;       // row 0's first block
+  size_t row_stride = 0;            // bytes between rows (>= blocks * block bytes)
+  int64_t blocks = 0;               // blocks of 32 per row (cols / 32)
+  QuantActs x;
+  int64_t n = 0;
+  float* y = nullptr;  // [n, ldy]
+  int64_t ldy = 0;
+};
+
+// y[t * ldy + r] = Σ_j W[r, j] x[t * ldx + j] for F32/F16/BF16 weights.
+struct FloatMatMulArgs {
+  GgmlType type = GgmlType::kF32;  // kF32, kF16 or kBF16
+  const uint8_t* w = nullptr;
+  size_t row_stride = 0;
+  int64_t cols = 0;          // any count, no block constraint
+  const float* x = nullptr;  // [n, ldx]
+  int64_t ldx = 0;
+  int64_t n = 0;
+  float* y = nullptr;  // [n, ldy]
+  int64_t ldy = 0;
+};
+
+struct KernelTable {
+  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni"
+  // Quantises one token for weights of `weight_type`: x[blocks * 32] -> qs[blocks * 32],
+  // d[blocks], s[blocks]. qs, d and s arrive zeroed past `blocks`; the quantiser may write
+  // up to the next 128 bytes of qs.
+  void (*quantize)(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
+                   float* s);
+  void (*matmul_quant)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+  void (*matmul_float)(const FloatMatMulArgs& args, int64_t row_begin, int64_t row_end);
+};
+
+// Weight rows are streamed once per call; hardware prefetch alone leaves the kernels
+// waiting on DRAM between rows. Kernels prefetch the row this many bytes ahead.
+inline constexpr size_t kPrefetchDistance = 4096;
+
+// Rows a kernel should look ahead (at least 1).
+inline int64_t PrefetchRowsAhead(size_t row_bytes) {
+  return static_cast<int64_t>(kPrefetchDistance / (row_bytes == 0 ? 1 : row_bytes)) + 1;
+}
+
+// Prefetches `bytes` from `p` into cache (a hint; never faults).
+inline void PrefetchBytes(const uint8_t* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+}
+
+// Defined one per ISA file. Calling a table's functions needs the matching CPU support:
+// avx2: CpuFeatures::avx2; avx512: avx512; avx512-vnni: avx512_vnni.
+extern const KernelTable kScalarKernels;
+extern const KernelTable kAvx2Kernels;
+extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpmaddubsw
+extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpbusd
+
+// The best table GetCpuFeatures() allows (honours SPECNODE_CPU), chosen once.
+const KernelTable& SelectedKernels();
+// Every table this CPU can run, scalar first (tests iterate over these).
+std::vector<const KernelTable*> SupportedKernels();
+
+// MatMul (see cpu_matmul.h) forced onto one kernel table.
+void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x /*[n, cols]*/,
+                int64_t n, float* y /*[n, rows]*/, ThreadPool* pool, MatMulScratch* scratch);
+
+}  // namespace cpu_kernels
+}  // namespace specnode

@@ -1,1 +1,428 @@
-// placeholder: being written
+// AVX-512 kernels (compiled with avx512f/bw/vl/dq/vnni; run only when CpuFeatures::avx512,
+// and the VNNI table only when avx512_vnni). The integer dot is vpdpbusd (VNNI) or
+// vpmaddubsw + vpmaddwd: a compile-time branch of one template, giving two tables so one
+// machine can test both.
+//
+// Q4 blocks go in groups of 4 (128 activation bytes), transposed by dwords so that int32
+// lane j of a group's dot holds products of block j % 4 only:
+//   part A (64 bytes): dword j = values 4*(j/4) .. 4*(j/4)+3 of block j % 4 (values 0..15)
+//   part B (64 bytes): the same for values 16..31
+// Two vpdpbusd (A, B) then accumulate a whole group into one int32 vector, whose scales are
+// the 128-bit pattern (s_0, s_1, s_2, s_3) repeated: a plain broadcast load. Per group and
+// token that is 2 dot instructions, one conversion and one FMA; the weights are transposed
+// once per group with one two-source word permute (vpermt2w) per part. This file's Quantize
+// writes activations in that order; missing blocks of a last partial group are zero.
+// Q8_0 blocks (34 bytes, too far apart for one permute per part) go in pairs instead: lane
+// i = values 4*(i/2) .. 4*(i/2)+3 of block b + (i & 1), scales (s_b, s_b+1) repeated; an
+// odd last block is paired with zeros. Quantize picks the order from the weight type.
+//
+// Float rule for batch invariance: every float add here takes an FMA result or a sum, never
+// a bare product, so -ffp-contract cannot fuse anything differently between tile sizes.
+
+// GCC 12's AVX-512 headers build their "undefined" vectors as self-initialised locals, which
+// -Wuninitialized reports at every inlined use; the diagnostics are spurious.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "model/cpu_kernels.h"
+
+namespace specnode::cpu_kernels {
+namespace {
+
+constexpr int kBlock = kQuantBlock;
+constexpr int kTile = 4;    // tokens per weight load when n >= 4
+constexpr int kChunk = 16;  // blocks whose scales are converted together
+// Loops over a tile's tokens carry `#pragma GCC unroll`: -O2 does not unroll them on its
+// own, and rolled they keep the per-token accumulators in memory.
+
+// One block: 32 values rounded to int8 (natural order), its d and s.
+inline __m256i QuantizeBlock(const float* xb, float* d, float* s) {
+  const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const float db = amax / 127.0f;
+  const float id = db != 0.0f ? 1.0f / db : 0.0f;
+  const __m512 vid = _mm512_set1_ps(id);
+  // Round to nearest even (default MXCSR), as the scalar nearbyint.
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+  const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+  *d = db;
+  *s = db * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
+                                 _mm512_cvtepi32_epi8(q1), 1);
+}
+
+// Writes whole 128-byte groups (Q4: parts A, B) or 64-byte pairs (Q8_0); blocks past
+// `blocks` are zero.
+void Quantize(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
+              float* s) {
+  const int per = weight_type == GgmlType::kQ8_0 ? 2 : 4;
+  // Q4, lane j = 4m + k: dword m (A) or m + 4 (B) of block k, from [q0|q1] and [q2|q3].
+  // Q8_0, lane i: dword i/2 of block i & 1, from [q0|q1].
+  const __m512i part_a =
+      per == 4 ? _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27)
+               : _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m512i part_b = _mm512_add_epi32(part_a, _mm512_set1_epi32(4));
+  for (int64_t g = 0; g < blocks; g += per) {
+    __m256i q[4] = {};
+    for (int k = 0; k < per; ++k) {
+      const int64_t b = g + k;
+      q[k] = b < blocks ? QuantizeBlock(x + b * kBlock, d + b, s + b) : _mm256_setzero_si256();
+    }
+    const __m512i q01 = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+    if (per == 2) {
+      _mm512_storeu_si512(qs + g * kBlock, _mm512_permutexvar_epi32(part_a, q01));
+      continue;
+    }
+    const __m512i q23 = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
+    _mm512_storeu_si512(qs + g * kBlock, _mm512_permutex2var_epi32(q01, part_a, q23));
+    _mm512_storeu_si512(qs + g * kBlock + 64, _mm512_permutex2var_epi32(q01, part_b, q23));
+  }
+}
+
+// u8 x s8 dot, 4 products per int32 lane. maddubs cannot saturate for our operands.
+template <bool kVnni>
+inline __m512i DotU8S8(__m512i u, __m512i s) {
+  if constexpr (kVnni) {
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+  } else {
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+  }
+}
+
+struct TileActs {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+};
+
+inline TileActs ActsFor(const QuantActs& x, int64_t t) {
+  return {x.qs + t * x.qs_stride, x.d + t * x.ds_stride, x.s + t * x.ds_stride};
+}
+
+inline __mmask16 FirstLanes(int k) {
+  return static_cast<__mmask16>(k >= 16 ? 0xFFFFu : (1u << k) - 1u);
+}
+
+// The 16 blocks' first 4 bytes (f16 d, then f16 m or quants) with one masked gather; masked
+// lanes read nothing, so a short last chunk never touches memory past the row.
+inline __m512i GatherHeads(const uint8_t* chunk, __m512i offsets, int nbc) {
+  return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), FirstLanes(nbc), offsets, chunk, 1);
+}
+
+inline __m512i HeadOffsets(size_t block_bytes) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(static_cast<int>(block_bytes)));
+}
+
+inline __m512 LowHalvesToPs(__m512i g) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)); }
+
+// (s_g, s_g+1, s_g+2, s_g+3) repeated over 16 lanes, from a stored scale vector.
+inline __m512 GroupScales(const float* scales) {
+  return _mm512_broadcast_f32x4(_mm_load_ps(scales));
+}
+
+// (s_j, s_j+1) repeated over 16 lanes, from a stored scale vector.
+inline __m512 PairScales(const float* scales) {
+  double pair;
+  std::memcpy(&pair, scales, sizeof(pair));
+  return _mm512_castpd_ps(_mm512_set1_pd(pair));
+}
+
+// Q8_0 quants of blocks (j, j+1) at p, p + 34 (or j alone, zeros for j+1), dword-interleaved.
+template <bool kSecond>
+inline __m512i PairWeightsQ8(const uint8_t* p) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i hi = kSecond ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 34))
+                             : _mm256_setzero_si256();
+  return _mm512_permutex2var_epi32(
+      _mm512_castsi256_si512(lo),
+      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+      _mm512_castsi256_si512(hi));
+}
+
+inline __mmask64 FirstBytes(int64_t k) { return k >= 64 ? ~0ULL : k <= 0 ? 0ULL : (1ULL << k) - 1; }
+
+// Word permutation transposing 4 blocks' quants by dwords: output dword j = 4m + k is bytes
+// 4m .. 4m+3 of block k, which starts bb*k bytes after the first block's quants.
+template <size_t kBlockBytes>
+inline __m512i TransposeIndex() {
+  alignas(64) int16_t idx[32];
+  for (int w = 0; w < 32; ++w) {
+    const int j = w / 2, m = j / 4, k = j % 4;
+    idx[w] = static_cast<int16_t>((kBlockBytes * k + 4 * m) / 2 + w % 2);
+  }
+  return _mm512_load_si512(idx);
+}
+
+// A group's quants transposed (16 bytes per block): `base` points at the first block's
+// quants; `valid` bytes from base belong to the group's blocks (the rest is masked, never
+// read, and comes out zero).
+inline __m512i GroupPart(const uint8_t* base, int64_t valid, __m512i index) {
+  const __m512i lo = _mm512_maskz_loadu_epi8(FirstBytes(valid), base);
+  const __m512i hi = _mm512_maskz_loadu_epi8(FirstBytes(valid - 64), base + 64);
+  return _mm512_permutex2var_epi16(lo, index, hi);
+}
+
+// Blocks per segment: a row is processed in segments whose per-token scales fit on the
+// stack (one segment for every SmolLM2-sized row). A multiple of the chunk and group sizes.
+constexpr int kSegment = 256;
+
+// Row `row` against tokens [t0, t0 + T), segment by segment:
+//  1. scales: 16 blocks' d (and m) per masked gather; per token d_w*d_x is stored, and the
+//     min term m_w*s_x (Q4_1) or -8 d_w*s_x (Q4_0) accumulated;
+//  2. Q4: groups of 4 blocks, integer dots of parts A and B into one int32 vector; Q8_0:
+//     pairs of blocks. Converted and scaled by the stored scales (a broadcast load), groups
+//     (pairs) alternating between two accumulators per token (two FMA chains).
+// Q4 weights are unsigned nibbles (Q4_0's -8 is folded into the min term); Q8_0's signed
+// ones become |w| times x negated where w < 0 (AVX-512 has no vpsignb).
+template <GgmlType kType, bool kVnni, int T>
+void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512* sums,
+               int sums_stride) {
+  constexpr bool kQ8 = kType == GgmlType::kQ8_0;
+  constexpr size_t bb = kQ8                        ? sizeof(BlockQ8_0)
+                        : kType == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
+                                                   : sizeof(BlockQ4_0);
+  constexpr int qoff = kType == GgmlType::kQ4_1 ? 4 : 2;
+  const __m512i offsets = HeadOffsets(bb);
+  const __m512i transpose = TransposeIndex<bb>();  // unused for Q8_0
+  TileActs x[T];
+  __m512 acc0[T], acc1[T], acc_min[T];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    x[t] = ActsFor(a.x, t0 + t);
+    acc0[t] = acc1[t] = acc_min[t] = _mm512_setzero_ps();
+  }
+  alignas(64) float scales[T][kSegment];
+
+  // Q4: group of blocks [g, g + 4) of the segment, `valid` quant bytes from its first
+  // block's.
+  auto group = [&](const uint8_t* q, const int8_t* const* xq, int g, int64_t valid, __m512* acc)
+      __attribute__((always_inline)) {
+    const __m512i t = GroupPart(q, valid, transpose);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i wa = _mm512_and_si512(t, low);
+    const __m512i wb = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
+#pragma GCC unroll 4
+    for (int tt = 0; tt < T; ++tt) {
+      const __m512i xa = _mm512_loadu_si512(xq[tt] + g * kBlock);
+      const __m512i xb = _mm512_loadu_si512(xq[tt] + g * kBlock + 64);
+      __m512i dot;
+      if constexpr (kVnni) {
+        dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, xa), wb, xb);
+      } else {
+        dot = _mm512_add_epi32(DotU8S8<false>(wa, xa), DotU8S8<false>(wb, xb));
+      }
+      acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), GroupScales(&scales[tt][g]), acc[tt]);
+    }
+  };
+  // Q8_0: blocks (j, j+1) of the segment (or j alone) at q.
+  auto pair = [&]<bool kSecond>(const uint8_t* q, const int8_t* const* xq, int j, __m512* acc)
+      __attribute__((always_inline)) {
+    const __m512i wv = PairWeightsQ8<kSecond>(q);
+    const __m512i w_abs = _mm512_abs_epi8(wv);
+    const __mmask64 neg = _mm512_movepi8_mask(wv);
+#pragma GCC unroll 4
+    for (int tt = 0; tt < T; ++tt) {
+      __m512i xv = _mm512_loadu_si512(xq[tt] + j * kBlock);
+      xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+      const __m512 dot = _mm512_cvtepi32_ps(DotU8S8<kVnni>(w_abs, xv));
+      acc[tt] = _mm512_fmadd_ps(dot, PairScales(&scales[tt][j]), acc[tt]);
+    }
+  };
+
+  for (int64_t s0 = 0; s0 < a.blocks; s0 += kSegment) {
+    const int nseg = static_cast<int>(std::min<int64_t>(kSegment, a.blocks - s0));
+    const uint8_t* seg = row + s0 * bb;
+    for (int c = 0; c < nseg; c += kChunk) {
+      const __m512i heads = GatherHeads(seg + c * bb, offsets, nseg - c);
+      const __m512 dw = LowHalvesToPs(heads);
+      __m512 mw = _mm512_setzero_ps();
+      if constexpr (kType == GgmlType::kQ4_1) {
+        mw = LowHalvesToPs(_mm512_srli_epi32(heads, 16));
+      } else if constexpr (kType == GgmlType::kQ4_0) {
+        mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        _mm512_store_ps(&scales[t][c], _mm512_mul_ps(dw, _mm512_loadu_ps(x[t].d + s0 + c)));
+        if constexpr (!kQ8) {
+          acc_min[t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(x[t].s + s0 + c), acc_min[t]);
+        }
+      }
+    }
+    const int8_t* xq[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) xq[t] = x[t].q + s0 * kBlock;
+    const uint8_t* q = seg + qoff;
+    if constexpr (kQ8) {
+      int j = 0;
+      for (; j + 4 <= nseg; j += 4, q += 4 * bb) {
+        pair.template operator()<true>(q, xq, j, acc0);
+        pair.template operator()<true>(q + 2 * bb, xq, j + 2, acc1);
+      }
+      if (j + 2 <= nseg) {
+        pair.template operator()<true>(q, xq, j, acc0);
+        j += 2;
+        q += 2 * bb;
+      }
+      if (j < nseg) pair.template operator()<false>(q, xq, j, acc0);
+    } else {
+      constexpr int64_t kFull = bb * 3 + 16;  // quant bytes of a whole group from its first
+      int g = 0;
+      for (; g + 8 <= nseg; g += 8, q += 8 * bb) {
+        group(q, xq, g, kFull, acc0);
+        group(q + 4 * bb, xq, g + 4, kFull, acc1);
+      }
+      if (g + 4 <= nseg) {
+        group(q, xq, g, kFull, acc0);
+        g += 4;
+        q += 4 * bb;
+      }
+      if (g < nseg) group(q, xq, g, bb * (nseg - g - 1) + 16, acc0);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    sums[t * sums_stride] = _mm512_add_ps(_mm512_add_ps(acc0[t], acc1[t]), acc_min[t]);
+  }
+}
+
+// Rows are reduced 16 at a time: lane sums of rows i = 0..15 go to out[i]. A transpose-add
+// tree whose shape is the same for every row (within each 128-bit quarter l0+l2, l1+l3,
+// then their sum; then quarters (q0+q1)+(q2+q3)), so a row's result does not depend on its
+// slot or on the other rows. About 3 instructions per row instead of ~12 for a lone
+// horizontal sum.
+constexpr int kRowBlock = 16;
+
+void ReduceRows16(const __m512* v, float* out, int rows) {
+  __m512 quad[4];  // quad[k]: quarter q of rows 4k..4k+3 in 128-bit lane q
+  for (int k = 0; k < 4; ++k) {
+    const __m512* r = v + 4 * k;
+    const __m512 s01 =
+        _mm512_add_ps(_mm512_unpacklo_ps(r[0], r[1]), _mm512_unpackhi_ps(r[0], r[1]));
+    const __m512 s23 =
+        _mm512_add_ps(_mm512_unpacklo_ps(r[2], r[3]), _mm512_unpackhi_ps(r[2], r[3]));
+    const __m512d a = _mm512_castps_pd(s01), b = _mm512_castps_pd(s23);
+    quad[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // Per 128-bit lane q of quad[k]: rows 4k+0, 4k+1, 4k+2, 4k+3 (partial sums of quarter q).
+  const __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0], quad[1], 0x88),
+                                   _mm512_shuffle_f32x4(quad[0], quad[1], 0xDD));
+  const __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2], quad[3], 0x88),
+                                   _mm512_shuffle_f32x4(quad[2], quad[3], 0xDD));
+  const __m512 all =
+      _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xDD));
+  _mm512_mask_storeu_ps(out, FirstLanes(rows), all);
+}
+
+template <GgmlType kType, bool kVnni>
+void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  const size_t row_bytes = a.blocks * (kType == GgmlType::kQ8_0    ? sizeof(BlockQ8_0)
+                                       : a.type == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
+                                                                   : sizeof(BlockQ4_0));
+  const int64_t ahead = PrefetchRowsAhead(row_bytes);
+  for (int64_t r = row_begin; r < std::min(row_begin + ahead, row_end); ++r) {
+    PrefetchBytes(a.w + r * a.row_stride, row_bytes);
+  }
+  __m512 sums[kTile][kRowBlock];
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRowBlock) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRowBlock, row_end - r0));
+    for (int i = nr; i < kRowBlock; ++i) {
+      for (int t = 0; t < kTile; ++t) sums[t][i] = _mm512_setzero_ps();
+    }
+    // Token tiles over the block's rows (which stay in L1 between tiles).
+    for (int64_t t0 = 0; t0 < a.n;) {
+      const int tile = a.n - t0 >= kTile ? kTile : 1;
+      for (int i = 0; i < nr; ++i) {
+        const int64_t r = r0 + i;
+        const uint8_t* row = a.w + r * a.row_stride;
+        if (t0 == 0 && r + ahead < row_end) PrefetchBytes(row + ahead * a.row_stride, row_bytes);
+        if (tile == kTile) {
+          TileQuant<kType, kVnni, kTile>(a, row, t0, &sums[0][i], kRowBlock);
+        } else {
+          TileQuant<kType, kVnni, 1>(a, row, t0, &sums[0][i], kRowBlock);
+        }
+      }
+      for (int t = 0; t < tile; ++t) ReduceRows16(sums[t], a.y + (t0 + t) * a.ldy + r0, nr);
+      t0 += tile;
+    }
+  }
+}
+
+template <bool kVnni>
+void MatMulQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  if (a.type == GgmlType::kQ8_0) {
+    RowsQuant<GgmlType::kQ8_0, kVnni>(a, row_begin, row_end);
+  } else if (a.type == GgmlType::kQ4_1) {
+    RowsQuant<GgmlType::kQ4_1, kVnni>(a, row_begin, row_end);
+  } else {
+    RowsQuant<GgmlType::kQ4_0, kVnni>(a, row_begin, row_end);
+  }
+}
+
+// Up to 16 weights of a float-type row as f32; masked lanes are zero and not read.
+template <GgmlType kType>
+inline __m512 Load16(const uint8_t* p, __mmask16 m) {
+  if constexpr (kType == GgmlType::kF32) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else if constexpr (kType == GgmlType::kF16) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  } else {
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  }
+}
+
+template <GgmlType kType, int T>
+void TileFloat(const FloatMatMulArgs& a, const uint8_t* row, int64_t r, int64_t t0) {
+  constexpr size_t elem = kType == GgmlType::kF32 ? 4 : 2;
+  __m512 acc[T];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < a.cols; j += 16) {
+    const __mmask16 m = FirstLanes(static_cast<int>(std::min<int64_t>(16, a.cols - j)));
+    const __m512 wv = Load16<kType>(row + j * elem, m);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, a.x + (t0 + t) * a.ldx + j), acc[t]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r] = _mm512_reduce_add_ps(acc[t]);
+}
+
+template <GgmlType kType>
+void RowsFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = a.w + r * a.row_stride;
+    int64_t t = 0;
+    for (; t + kTile <= a.n; t += kTile) TileFloat<kType, kTile>(a, row, r, t);
+    for (; t < a.n; ++t) TileFloat<kType, 1>(a, row, r, t);
+  }
+}
+
+void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  switch (a.type) {
+    case GgmlType::kF16:
+      return RowsFloat<GgmlType::kF16>(a, row_begin, row_end);
+    case GgmlType::kBF16:
+      return RowsFloat<GgmlType::kBF16>(a, row_begin, row_end);
+    default:
+      return RowsFloat<GgmlType::kF32>(a, row_begin, row_end);
+  }
+}
+
+}  // namespace
+
+const KernelTable kAvx512Kernels = {"avx512", &Quantize, &MatMulQuant<false>, &MatMulFloat};
+const KernelTable kAvx512VnniKernels = {"avx512-vnni", &Quantize, &MatMulQuant<true>, &MatMulFloat};
+
+}  // namespace specnode::cpu_kernels

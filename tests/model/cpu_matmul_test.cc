@@ -1,1 +1,348 @@
-// placeholder: being written
+// MatMul against MatMulReference for every weight type, a spread of shapes, and every
+// kernel table this CPU runs (SPECNODE_CPU=scalar|avx2 narrows the set); plus the batch-
+// and thread-count invariance that speculative verification relies on.
+//
+// Tolerances, with S = Σ_j |w_j||x_j| for the output in question:
+//  * F32/F16/BF16 weights: only f32 accumulation order differs from the double reference:
+//      |y - ref| <= 1e-5 S.
+//  * Quantised weights: activations are rounded to 8 bits, at most d_b/2 per value
+//    (d_b = max|x| in block b / 127), so the exact reference is within
+//      Σ_b (d_b / 2) Σ_{j in b} |w_j| + 1e-5 S.
+//    That bound is loose, so each path is also compared with the reference run on the
+//    activations quantised and dequantised by the documented rule (cpu_kernels.h), which
+//    leaves only float rounding: |y - ref_q| <= 1e-5 S.
+#include <cmath>
+#include <cstring>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "model/cpu_features.h"
+#include "model/cpu_kernels.h"
+#include "model/cpu_matmul.h"
+#include "model/ggml_types.h"
+#include "model/thread_pool.h"
+
+namespace specnode {
+namespace {
+
+using cpu_kernels::KernelTable;
+
+bool IsQuantised(GgmlType t) {
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
+}
+
+// A weight matrix in storage form; `view` may be a column slice of the stored rows.
+struct TestWeights {
+  std::vector<uint8_t> bytes;
+  WeightView view;
+};
+
+// rows x full_cols values, quantised row by row; the view starts `col_offset` values into
+// each row (a block boundary) and spans `cols`.
+TestWeights MakeWeights(GgmlType type, int64_t rows, int64_t cols, int64_t full_cols,
+                        int64_t col_offset, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> row(full_cols);
+  TestWeights w;
+  const size_t row_bytes = GgmlRowBytes(type, full_cols);
+  w.bytes.resize(rows * row_bytes);  // no slack: ASan catches reads past the matrix
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = 0.02f * (1.0f + static_cast<float>(r % 5));  // rows differ in range
+    for (float& v : row) v = normal(rng) * scale;
+    QuantizeRow(type, row.data(), w.bytes.data() + r * row_bytes, full_cols);
+  }
+  w.view.type = type;
+  w.view.data = w.bytes.data() + GgmlRowBytes(type, col_offset);
+  w.view.rows = rows;
+  w.view.cols = cols;
+  w.view.row_stride = row_bytes;
+  return w;
+}
+
+std::vector<float> MakeActs(int64_t n, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n * cols);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = normal(rng);
+    if (i % 97 == 0) x[i] *= 20.0f;  // outliers, as real activations have
+  }
+  return x;
+}
+
+// The documented activation rounding (cpu_kernels.h), dequantised back to floats.
+std::vector<float> RoundTripActs(const std::vector<float>& x, int64_t n, int64_t cols,
+                                 std::vector<float>* half_step) {
+  std::vector<float> out(x.size());
+  half_step->assign(x.size(), 0.0f);
+  for (int64_t i0 = 0; i0 < n * cols; i0 += kQuantBlock) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(x[i0 + j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < kQuantBlock; ++j) {
+      out[i0 + j] = std::nearbyint(x[i0 + j] * id) * d;
+      (*half_step)[i0 + j] = d / 2;
+    }
+  }
+  return out;
+}
+
+// Σ_j |w_j| a_j per (token, row), from the dequantised weights.
+std::vector<double> AbsDot(const WeightView& w, const std::vector<float>& a, int64_t n) {
+  std::vector<double> out(n * w.rows);
+  std::vector<float> row(w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    DequantizeRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_stride, row.data(),
+                  w.cols);
+    for (int64_t t = 0; t < n; ++t) {
+      double s = 0.0;
+      for (int64_t j = 0; j < w.cols; ++j) s += std::fabs(row[j]) * std::fabs(a[t * w.cols + j]);
+      out[t * w.rows + r] = s;
+    }
+  }
+  return out;
+}
+
+struct Shape {
+  int64_t rows, cols, n;
+  int64_t full_cols = 0;   // > cols: a column-slice view of wider rows
+  int64_t col_offset = 0;  // where the slice starts (block boundary)
+};
+
+std::string ShapeName(const Shape& s) {
+  std::string name =
+      std::to_string(s.rows) + "x" + std::to_string(s.cols) + "x" + std::to_string(s.n);
+  if (s.full_cols > s.cols) name += "_slice" + std::to_string(s.col_offset);
+  return name;
+}
+
+// Readable parameters in gtest's failure messages.
+void PrintTo(const Shape& s, std::ostream* os) { *os << ShapeName(s); }
+
+using Param = std::tuple<GgmlType, Shape>;
+
+class MatMulTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(MatMulTest, MatchesReferenceOnEveryKernel) {
+  const auto [type, shape] = GetParam();
+  if (IsQuantised(type) && shape.cols % kQuantBlock != 0) GTEST_SKIP() << "not blockable";
+  const int64_t full = std::max(shape.full_cols, shape.cols);
+  const TestWeights w = MakeWeights(type, shape.rows, shape.cols, full, shape.col_offset, 7);
+  const std::vector<float> x = MakeActs(shape.n, shape.cols, 11);
+  const int64_t outs = shape.n * shape.rows;
+
+  std::vector<float> ref(outs);
+  MatMulReference(w.view, x.data(), shape.n, ref.data());
+  const std::vector<double> abs_x = AbsDot(w.view, x, shape.n);
+  std::vector<float> ref_q, xq;
+  std::vector<double> quant_bound(outs, 0.0);
+  if (IsQuantised(type)) {
+    std::vector<float> half_step;
+    xq = RoundTripActs(x, shape.n, shape.cols, &half_step);
+    ref_q.resize(outs);
+    MatMulReference(w.view, xq.data(), shape.n, ref_q.data());
+    quant_bound = AbsDot(w.view, half_step, shape.n);
+  }
+
+  ThreadPool pool(2);
+  MatMulScratch scratch;
+  for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+    SCOPED_TRACE(k->name);
+    std::vector<float> y(outs, NAN);
+    cpu_kernels::MatMulWith(*k, w.view, x.data(), shape.n, y.data(), &pool, &scratch);
+    int bad = 0;
+    for (int64_t i = 0; i < outs && bad < 5; ++i) {
+      const double s = abs_x[i];
+      const double tol = 1e-5 * s + quant_bound[i] + 1e-30;
+      if (!(std::fabs(y[i] - ref[i]) <= tol)) {
+        ADD_FAILURE() << "out " << i << " y=" << y[i] << " ref=" << ref[i] << " tol=" << tol;
+        ++bad;
+      }
+      if (IsQuantised(type)) {
+        const double tol_q = 1e-5 * s + 1e-30;
+        if (!(std::fabs(y[i] - ref_q[i]) <= tol_q)) {
+          ADD_FAILURE() << "out " << i << " y=" << y[i] << " ref_q=" << ref_q[i]
+                        << " tol=" << tol_q;
+          ++bad;
+        }
+      }
+    }
+  }
+}
+
+const Shape kShapes[] = {
+    {1, 32, 1},     {7, 64, 3},     {5, 37, 3},           {3, 96, 5},
+    {33, 544, 6},   {576, 576, 1},  {192, 576, 4},        {1536, 576, 16},
+    {576, 1536, 5}, {49152, 64, 2}, {40, 64, 3, 160, 32}, {24, 96, 9, 576, 64},
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    AllTypes, MatMulTest,
+    ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
+                                         GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1),
+                       ::testing::ValuesIn(kShapes)),
+    [](const ::testing::TestParamInfo<Param>& info) {
+      return std::string(GgmlTypeName(static_cast<uint32_t>(std::get<0>(info.param)))) + "_" +
+             ShapeName(std::get<1>(info.param));
+    });
+
+// y[t, :] at batch n must equal, bit for bit, the same token run alone, and the result must
+// not depend on the thread count: for every type and every kernel table.
+class InvarianceTest : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(InvarianceTest, BatchAndThreadInvariant) {
+  const GgmlType type = GetParam();
+  const int64_t rows = 200, cols = 576;
+  const TestWeights w = MakeWeights(type, rows, cols, cols, 0, 3);
+  for (const int64_t n : {16, 7, 2}) {
+    const std::vector<float> x = MakeActs(n, cols, 9);
+    for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+      SCOPED_TRACE(std::string(k->name) + " n=" + std::to_string(n));
+      std::vector<float> batch(n * rows);
+      cpu_kernels::MatMulWith(*k, w.view, x.data(), n, batch.data(), nullptr, nullptr);
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<float> one(rows);
+        cpu_kernels::MatMulWith(*k, w.view, x.data() + t * cols, 1, one.data(), nullptr, nullptr);
+        ASSERT_EQ(0, std::memcmp(one.data(), batch.data() + t * rows, rows * sizeof(float)))
+            << "token " << t;
+      }
+      // Dropping the first rows shifts every row's position inside the kernels' row blocks;
+      // results must not move.
+      WeightView shifted = w.view;
+      shifted.data = static_cast<const uint8_t*>(w.view.data) + 5 * w.view.row_stride;
+      shifted.rows = rows - 5;
+      std::vector<float> tail(n * (rows - 5));
+      cpu_kernels::MatMulWith(*k, shifted, x.data(), n, tail.data(), nullptr, nullptr);
+      for (int64_t t = 0; t < n; ++t) {
+        ASSERT_EQ(0, std::memcmp(tail.data() + t * (rows - 5), batch.data() + t * rows + 5,
+                                 (rows - 5) * sizeof(float)))
+            << "row offset, token " << t;
+      }
+      for (int threads : {2, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> y(n * rows);
+        cpu_kernels::MatMulWith(*k, w.view, x.data(), n, y.data(), &pool, nullptr);
+        ASSERT_EQ(0, std::memcmp(y.data(), batch.data(), y.size() * sizeof(float)))
+            << threads << " threads";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, InvarianceTest,
+                         ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
+                                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
+                         });
+
+TEST(CpuFeaturesTest, SelectedKernelsMatchFeatures) {
+  const CpuFeatures& f = GetCpuFeatures();
+  EXPECT_EQ(CpuKernelName(), cpu_kernels::SelectedKernels().name);
+  EXPECT_EQ(cpu_kernels::SupportedKernels().back(), &cpu_kernels::SelectedKernels());
+  // The levels nest: no AVX-512 without AVX2, no VNNI without AVX-512.
+  EXPECT_TRUE(!f.avx512 || f.avx2);
+  EXPECT_TRUE(!f.avx512_vnni || f.avx512);
+  EXPECT_TRUE(!f.avx_vnni || f.avx2);
+}
+
+TEST(MatMulDispatchTest, MatMulUsesSelectedKernels) {
+  const TestWeights w = MakeWeights(GgmlType::kQ4_1, 64, 576, 576, 0, 1);
+  const std::vector<float> x = MakeActs(3, 576, 2);
+  std::vector<float> a(3 * 64), b(3 * 64);
+  ThreadPool pool(2);
+  MatMul(w.view, x.data(), 3, a.data(), &pool, nullptr);
+  cpu_kernels::MatMulWith(cpu_kernels::SelectedKernels(), w.view, x.data(), 3, b.data(), nullptr,
+                          nullptr);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+// A column slice must compute exactly what the same bytes copied out compactly compute.
+TEST(MatMulSliceTest, SliceEqualsCompactCopy) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                        GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+    for (const Shape& shape : {Shape{40, 64, 3, 160, 32}, Shape{24, 96, 9, 576, 64}}) {
+      SCOPED_TRACE(std::string(GgmlTypeName(static_cast<uint32_t>(type))) + " " + ShapeName(shape));
+      const TestWeights w =
+          MakeWeights(type, shape.rows, shape.cols, shape.full_cols, shape.col_offset, 7);
+      const size_t row_bytes = GgmlRowBytes(type, shape.cols);
+      std::vector<uint8_t> compact(shape.rows * row_bytes);
+      for (int64_t r = 0; r < shape.rows; ++r) {
+        std::memcpy(compact.data() + r * row_bytes,
+                    static_cast<const uint8_t*>(w.view.data) + r * w.view.row_stride, row_bytes);
+      }
+      WeightView cv = w.view;
+      cv.data = compact.data();
+      cv.row_stride = row_bytes;
+      const std::vector<float> x = MakeActs(shape.n, shape.cols, 5);
+      for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+        SCOPED_TRACE(k->name);
+        std::vector<float> a(shape.n * shape.rows), b(a.size());
+        cpu_kernels::MatMulWith(*k, w.view, x.data(), shape.n, a.data(), nullptr, nullptr);
+        cpu_kernels::MatMulWith(*k, cv, x.data(), shape.n, b.data(), nullptr, nullptr);
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+      }
+    }
+  }
+}
+
+// Edge values: all-zero activations give exact zeros; Q8_0 weights of -128 (legal in the
+// format though ggml never writes it) and 127, Q4 nibbles 0 and 15, activations at ±max.
+TEST(MatMulEdgeTest, ZerosAndExtremes) {
+  const int64_t rows = 6, cols = 96, n = 2;
+  for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+    SCOPED_TRACE(k->name);
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+      const size_t row_bytes = GgmlRowBytes(type, cols);
+      std::vector<uint8_t> w(rows * row_bytes);
+      std::mt19937 rng(3);
+      for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(rng());
+      // Sane scales (random bytes could make inf/nan halves), extreme quants.
+      const size_t bb = GgmlBlockBytes(type);
+      for (size_t b = 0; b < w.size() / bb; ++b) {
+        uint8_t* blk = w.data() + b * bb;
+        const uint16_t d = Fp32ToFp16(0.01f * static_cast<float>(1 + b % 3));
+        std::memcpy(blk, &d, 2);
+        if (type == GgmlType::kQ4_1) {
+          const uint16_t m = Fp32ToFp16(-0.05f);
+          std::memcpy(blk + 2, &m, 2);
+        }
+        const size_t qoff = type == GgmlType::kQ4_1 ? 4 : 2;
+        const uint8_t extreme =
+            type == GgmlType::kQ8_0 ? (b % 2 ? 0x80 : 0x7F) : (b % 2 ? 0x00 : 0xFF);
+        for (size_t j = qoff; j < qoff + 4; ++j) blk[j] = extreme;
+      }
+      const WeightView view{type, w.data(), rows, cols, row_bytes};
+      std::vector<float> x(n * cols, 0.0f), y(n * rows, NAN), ref(n * rows);
+      cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr);
+      for (float v : y) EXPECT_EQ(v, 0.0f);
+      for (int64_t i = 0; i < n * cols; ++i) x[i] = (i % 3 == 0) ? -1000.0f : 1000.0f;
+      MatMulReference(view, x.data(), n, ref.data());
+      const std::vector<double> s = AbsDot(view, x, n);
+      cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr);
+      for (int64_t i = 0; i < n * rows; ++i) {
+        EXPECT_NEAR(y[i], ref[i], 1e-5 * s[i]) << GgmlTypeName(static_cast<uint32_t>(type));
+      }
+    }
+  }
+}
+
+TEST(EmbeddingRowTest, MatchesDequantizeRow) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                        GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+    const TestWeights w = MakeWeights(type, 10, 64, 128, 32, 4);
+    std::vector<float> got(64), want(64);
+    EmbeddingRow(w.view, 7, got.data());
+    DequantizeRow(type, static_cast<const uint8_t*>(w.view.data) + 7 * w.view.row_stride,
+                  want.data(), 64);
+    EXPECT_EQ(got, want);
+  }
+}
+
+}  // namespace
+}  // namespace specnode

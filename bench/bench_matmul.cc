@@ -1,0 +1,194 @@
+// MatMul throughput over SmolLM2-135M's matrix shapes, per weight type, token count n and
+// thread count, reporting weight bytes read per second ("GB/s") and tokens per second.
+//
+// A decode step streams ~98 MB of weights, more than any L2 and comparable to an L3, so
+// each benchmark cycles through copies of its matrix totalling at least
+// SPECNODE_BENCH_WORKING_SET_MB (default 128) to read from the same level of the memory
+// hierarchy a real decode does. Run e.g.
+//   bench_matmul --benchmark_filter='Q4_1/1536x576/n:1/threads:2'
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/cpu_features.h"
+#include "model/cpu_matmul.h"
+#include "model/ggml_types.h"
+#include "model/thread_pool.h"
+
+namespace specnode {
+namespace {
+
+struct MatShape {
+  const char* name;
+  int64_t rows, cols;
+};
+
+// out x in: q/o projections, k/v, gate/up, down, tied output head.
+constexpr MatShape kShapes[] = {
+    {"576x576", 576, 576},   {"192x576", 192, 576},     {"1536x576", 1536, 576},
+    {"576x1536", 576, 1536}, {"49152x576", 49152, 576},
+};
+
+constexpr GgmlType kTypes[] = {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0,
+                               GgmlType::kF16,  GgmlType::kBF16, GgmlType::kF32};
+
+size_t WorkingSetBytes() {
+  const char* env = std::getenv("SPECNODE_BENCH_WORKING_SET_MB");
+  const long mb = env != nullptr ? std::atol(env) : 128;
+  return static_cast<size_t>(std::max(1L, mb)) << 20;
+}
+
+// One matrix quantised once, then replicated `copies` times back to back.
+struct Weights {
+  std::vector<uint8_t> bytes;
+  size_t matrix_bytes = 0;
+  int copies = 1;
+};
+
+Weights MakeWeights(GgmlType type, int64_t rows, int64_t cols) {
+  Weights w;
+  const size_t row_bytes = GgmlRowBytes(type, cols);
+  w.matrix_bytes = row_bytes * rows;
+  w.copies = static_cast<int>(std::max<size_t>(1, WorkingSetBytes() / w.matrix_bytes + 1));
+  w.bytes.resize(w.matrix_bytes * w.copies);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> row(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& v : row) v = normal(rng);
+    QuantizeRow(type, row.data(), w.bytes.data() + r * row_bytes, cols);
+  }
+  for (int c = 1; c < w.copies; ++c) {
+    std::copy_n(w.bytes.data(), w.matrix_bytes, w.bytes.data() + c * w.matrix_bytes);
+  }
+  return w;
+}
+
+void BM_MatMul(benchmark::State& state, GgmlType type, MatShape shape) {
+  const int64_t n = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  const Weights w = MakeWeights(type, shape.rows, shape.cols);
+  std::vector<float> x(n * shape.cols), y(n * shape.rows);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  auto pool = std::make_unique<ThreadPool>(threads);
+  MatMulScratch scratch;
+  WeightView view{type, nullptr, shape.rows, shape.cols, GgmlRowBytes(type, shape.cols)};
+  int copy = 0;
+  for (auto _ : state) {
+    view.data = w.bytes.data() + copy * w.matrix_bytes;
+    copy = copy + 1 == w.copies ? 0 : copy + 1;
+    MatMul(view, x.data(), n, y.data(), pool.get(), &scratch);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(w.matrix_bytes) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tok/s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(CpuKernelName());
+}
+
+// Every matmul of one SmolLM2-135M decode step, in forward order, on distinct buffers:
+// 30 layers x (q, k, v, o, gate, up, down) in Q4_1, then the Q8_0 output head (~96 MB).
+// Activations are not chained (each matmul reads a fixed x): this times the weight stream
+// and the per-call overhead (quantising x, the thread hand-off), nothing else.
+void BM_DecodeStep(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  struct Mat {
+    WeightView view;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Mat> mats;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  auto add = [&](GgmlType type, int64_t rows, int64_t cols) {
+    Mat m;
+    const size_t row_bytes = GgmlRowBytes(type, cols);
+    m.bytes.resize(row_bytes * rows);
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (float& v : row) v = normal(rng);
+      QuantizeRow(type, row.data(), m.bytes.data() + r * row_bytes, cols);
+    }
+    m.view = WeightView{type, nullptr, rows, cols, row_bytes};
+    mats.push_back(std::move(m));
+  };
+  for (int layer = 0; layer < 30; ++layer) {
+    add(GgmlType::kQ4_1, 576, 576);   // q
+    add(GgmlType::kQ4_1, 192, 576);   // k
+    add(GgmlType::kQ4_1, 192, 576);   // v
+    add(GgmlType::kQ4_1, 576, 576);   // o
+    add(GgmlType::kQ4_1, 1536, 576);  // gate
+    add(GgmlType::kQ4_1, 1536, 576);  // up
+    add(GgmlType::kQ4_1, 576, 1536);  // down
+  }
+  add(GgmlType::kQ8_0, 49152, 576);  // output head (tied embedding)
+  size_t total = 0;
+  for (Mat& m : mats) {
+    m.view.data = m.bytes.data();
+    total += m.bytes.size();
+  }
+  std::vector<float> x(n * 1536), y(n * 49152);
+  for (float& v : x) v = normal(rng) * 20.0f;
+  auto pool = std::make_unique<ThreadPool>(threads);
+  MatMulScratch scratch;
+  for (auto _ : state) {
+    for (const Mat& m : mats) MatMul(m.view, x.data(), n, y.data(), pool.get(), &scratch);
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(total) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tok/s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["MB"] = static_cast<double>(total) / 1e6;
+  state.SetLabel(CpuKernelName());
+}
+
+// Only the shapes that matter for each type, to keep a full run short: every shape for
+// Q4_1 (the SmolLM2 file's matrices) and the head for Q8_0 (its output/embedding matrix).
+bool Wanted(GgmlType type, const MatShape& shape) {
+  if (type == GgmlType::kQ4_1) return true;
+  if (type == GgmlType::kQ8_0) return shape.rows == 49152 || shape.rows == 1536;
+  return shape.rows == 1536;
+}
+
+void RegisterAll() {
+  benchmark::RegisterBenchmark("DecodeStep/SmolLM2", BM_DecodeStep)
+      ->ArgNames({"n", "threads"})
+      ->ArgsProduct({{1, 4, 16}, {1, 2}})
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  for (GgmlType type : kTypes) {
+    for (const MatShape& shape : kShapes) {
+      if (!Wanted(type, shape)) continue;
+      const std::string name = std::string("MatMul/") +
+                               std::string(GgmlTypeName(static_cast<uint32_t>(type))) + "/" +
+                               shape.name;
+      benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, type, shape)
+          ->ArgNames({"n", "threads"})
+          ->ArgsProduct({{1, 4, 16}, {1, 2}})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specnode
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  specnode::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
