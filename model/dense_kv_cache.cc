@@ -64,7 +64,7 @@ void DenseKvCache::Write(SeqId seq, int layer, int32_t pos0, int32_t n, const fl
 }
 
 void DenseKvCache::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
-                          const float* q, float scale, float* out) const {
+                          const float* q, float scale, float* out) {
   const Sequence& s = seqs_.at(seq);
   const size_t row = static_cast<size_t>(n_kv_heads_) * head_dim_;
   const int n_heads = n_kv_heads_ * group_;

@@ -46,7 +46,7 @@ class KvCache {
   //   out: [n, n_heads, head_dim]  (only that head range is written)
   // scale multiplies q·k before the softmax.
   virtual void Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
-                      const float* q, float scale, float* out) const = 0;
+                      const float* q, float scale, float* out) = 0;
 
   // Sets the committed length after a step (new_length <= reserved length).
   virtual void Commit(SeqId seq, int32_t new_length) = 0;

@@ -1,0 +1,42 @@
+// Storage formats of one cached K or V row (one token, one kv head, `head_dim` values) in
+// the KV store, and the math on them that attention needs, without dequantising a whole
+// cache. Pure functions, thread-safe.
+//
+// Precision classes and their row layouts (head_dim d, even, <= 256):
+//   kFull  d x f16 (IEEE half)                                  2d bytes
+//   kInt8  f32 scale, then d x int8; value = scale * q         4 + d bytes
+//          symmetric: scale = max|x| / 127, q = round(x / scale) in [-127, 127]
+//   kInt4  f16 scale, f16 min, then d/2 bytes of nibbles;       4 + d/2 bytes
+//          value = min + scale * q, q in [0, 15]; asymmetric per row:
+//          scale = (max - min) / 15, q = round((x - min) / scale);
+//          byte i holds q[2i] in its low nibble and q[2i+1] in its high nibble
+// Rows are written with memcpy-safe layouts: no alignment is required of `row`.
+// Full precision is f16 (not f32) so that byte ratios compare against what a GPU engine
+// stores; CPU math converts on the fly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace specnode {
+
+enum class KvPrecision : uint8_t { kFull = 0, kInt8 = 1, kInt4 = 2 };
+inline constexpr int kNumKvPrecisions = 3;
+
+std::string_view KvPrecisionName(KvPrecision p);  // "f16", "int8", "int4"
+
+// Bytes of one row of head_dim values.
+size_t KvRowBytes(KvPrecision p, int head_dim);
+
+// Encodes x[head_dim] into row[KvRowBytes(p, head_dim)].
+void KvEncodeRow(KvPrecision p, const float* x, int head_dim, uint8_t* row);
+
+// Decodes row into out[head_dim].
+void KvDecodeRow(KvPrecision p, const uint8_t* row, int head_dim, float* out);
+
+// Worst-case absolute error of one decoded value for a row whose values span [lo, hi]
+// (used by tests and the accuracy report): f16 relative rounding, int8 scale/2, int4 scale/2.
+double KvMaxAbsError(KvPrecision p, double lo, double hi);
+
+}  // namespace specnode

@@ -1,0 +1,54 @@
+// Private to kvstore/: KvStore's page and sequence records and helpers shared by its
+// implementation files.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "kvstore/kv_store.h"
+
+namespace specnode {
+
+struct KvStore::Page {
+  KvPrecision prec = KvPrecision::kFull;
+  int32_t ref = 0;   // sequences using any slot + 1 if the prefix cache holds it
+  int32_t used = 0;  // slots handed out (a prefix of [0, page_tokens))
+  bool cached = false;
+  std::vector<uint8_t> data;
+};
+
+struct KvStore::Sequence {
+  int32_t length = 0;           // committed positions
+  std::vector<Loc> loc;         // per position with storage (>= length after Reserve)
+  std::array<int32_t, kNumKvPrecisions> open{-1, -1, -1};  // page being filled, per class
+  std::unordered_map<int32_t, int32_t> live;  // page -> slots of this sequence in it
+  // Attention mass, per kv head and position: Σ (weight * n_ctx) and observation count.
+  std::vector<std::vector<float>> mass_sum, mass_cnt;
+  int32_t demoted_upto = 0;  // positions below have been considered for demotion
+  int32_t evicted_upto = 0;
+  int64_t step = 0;
+  bool track = false;            // observe attention mass in the current step
+  int64_t pending_bytes = 0;     // reserved for the next Commit's demotions
+  // Swap tier: per position the class (or 255 = evicted) and the rows, in Row() order.
+  bool swapped = false;
+  std::vector<uint8_t> host_class;
+  std::vector<uint8_t> host_rows;
+};
+
+namespace kvstore_internal {
+
+// Marks an evicted position in a swapped-out sequence's class list.
+inline constexpr uint8_t kEvictedClass = 255;
+
+// 64-bit hash mixing step (prefix-cache keys).
+inline uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  return h ^ (h >> 29);
+}
+
+}  // namespace kvstore_internal
+}  // namespace specnode

@@ -1,0 +1,64 @@
+#include "kvstore/kv_precision.h"
+
+#include <cmath>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace specnode {
+namespace {
+
+using Param = std::tuple<KvPrecision, int, float>;  // class, head_dim, value scale
+
+class KvPrecisionTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(KvPrecisionTest, RoundTripWithinStatedBound) {
+  const auto [prec, hd, scale] = GetParam();
+  std::mt19937 gen(hd * 7 + static_cast<int>(prec));
+  std::normal_distribution<float> dist(0.3f, scale);
+  std::vector<uint8_t> row(KvRowBytes(prec, hd) + 3);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<float> x(hd), y(hd);
+    for (float& v : x) v = dist(gen);
+    if (trial == 0) std::fill(x.begin(), x.end(), 0.0f);         // all zero
+    if (trial == 1) std::fill(x.begin(), x.end(), -scale);      // constant
+    // Unaligned rows must work (pages pack rows of odd sizes).
+    uint8_t* r = row.data() + (trial % 3);
+    KvEncodeRow(prec, x.data(), hd, r);
+    KvDecodeRow(prec, r, hd, y.data());
+    const double lo = *std::min_element(x.begin(), x.end());
+    const double hi = *std::max_element(x.begin(), x.end());
+    const double bound = KvMaxAbsError(prec, lo, hi);
+    for (int i = 0; i < hd; ++i) {
+      ASSERT_LE(std::abs(double(y[i]) - x[i]), bound)
+          << KvPrecisionName(prec) << " hd=" << hd << " i=" << i << " x=" << x[i];
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Classes, KvPrecisionTest,
+    ::testing::Combine(::testing::Values(KvPrecision::kFull, KvPrecision::kInt8,
+                                         KvPrecision::kInt4),
+                       ::testing::Values(2, 64, 128, 256), ::testing::Values(0.01f, 1.0f, 40.0f)));
+
+TEST(KvPrecision, RowBytesAndOrdering) {
+  EXPECT_EQ(KvRowBytes(KvPrecision::kFull, 64), 128u);
+  EXPECT_EQ(KvRowBytes(KvPrecision::kInt8, 64), 68u);
+  EXPECT_EQ(KvRowBytes(KvPrecision::kInt4, 64), 36u);
+  EXPECT_EQ(KvPrecisionName(KvPrecision::kInt4), "int4");
+}
+
+TEST(KvPrecision, Int4UsesAllSixteenLevels) {
+  std::vector<float> x(32), y(32);
+  for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(i % 16);
+  std::vector<uint8_t> row(KvRowBytes(KvPrecision::kInt4, 32));
+  KvEncodeRow(KvPrecision::kInt4, x.data(), 32, row.data());
+  KvDecodeRow(KvPrecision::kInt4, row.data(), 32, y.data());
+  for (int i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(y[i], x[i]);
+}
+
+}  // namespace
+}  // namespace specnode

@@ -1,0 +1,268 @@
+#include "kvstore/kv_store.h"
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "model/dense_kv_cache.h"
+#include "model/llama_forward.h"
+#include "model/llama_model.h"
+#include "model/tiny_model.h"
+#include "tests/kvstore/kv_store_test_util.h"
+
+namespace specnode {
+namespace {
+
+using kvtest::Feed;
+using kvtest::Query;
+using kvtest::SmallConfig;
+
+std::unique_ptr<KvStore> Make(const KvStoreConfig& c) {
+  auto s = KvStore::Create(c);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(s).value();
+}
+
+DenseKvCache MakeDense(const KvStoreConfig& c) {
+  return DenseKvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.gqa_group, c.max_seq_len, 1 << 20);
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
+// Attention over each class equals dense attention on the original values within a
+// tolerance set by that class's rounding; outputs are averages of unit-normal values, so
+// absolute tolerances apply.
+class StoreVsDense : public ::testing::TestWithParam<std::pair<KvMode, double>> {};
+
+TEST_P(StoreVsDense, AttentionMatchesDenseReference) {
+  const auto [mode, tol] = GetParam();
+  KvStoreConfig c = SmallConfig(mode);
+  auto store = Make(c);
+  DenseKvCache dense = MakeDense(c);
+  std::mt19937 g1(11), g2(11);
+  for (int chunk : {5, 1, 1, 30, 1, 7, 1, 1, 60}) {
+    ASSERT_TRUE(Feed(*store, c, 1, chunk, g1).ok());
+    ASSERT_TRUE(Feed(dense, c, 1, chunk, g2).ok());
+    const double diff = MaxAbsDiff(Query(*store, c, 1, chunk), Query(dense, c, 1, chunk));
+    EXPECT_LT(diff, tol) << KvModeName(mode) << " after chunk " << chunk;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, StoreVsDense,
+                         ::testing::Values(std::make_pair(KvMode::kFull, 2e-3),
+                                           std::make_pair(KvMode::kInt8, 3e-2),
+                                           std::make_pair(KvMode::kInt4, 0.35),
+                                           std::make_pair(KvMode::kMixed, 0.35)),
+                         [](const auto& info) { return std::string(KvModeName(info.param.first)); });
+
+TEST(KvStore, MixedKeepsSinksAndWindowFullAndDemotesTheRest) {
+  KvStoreConfig c = SmallConfig(KvMode::kMixed);
+  auto store = Make(c);
+  std::mt19937 gen(3);
+  ASSERT_TRUE(Feed(*store, c, 1, 40, gen).ok());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(Feed(*store, c, 1, 1, gen).ok());
+  auto t = store->SequenceTokens(1);
+  EXPECT_EQ(t[0], c.sink_tokens + c.window_tokens);
+  EXPECT_EQ(t[1] + t[2], 50 - c.sink_tokens - c.window_tokens);
+  EXPECT_GT(t[2], 0);  // most tokens are not critical
+  KvUsage u = store->Usage();
+  EXPECT_EQ(u.tokens, t);
+  EXPECT_LE(u.used_bytes, u.capacity_bytes);
+  EXPECT_EQ(u.used_bytes, u.bytes[0] + u.bytes[1] + u.bytes[2]);
+}
+
+TEST(KvStore, CriticalTokensGoToInt8) {
+  // A key aligned with every query gets most of the attention mass: it must be kept INT8.
+  KvStoreConfig c = SmallConfig(KvMode::kMixed);
+  c.n_layers = 1;
+  c.n_kv_heads = 1;
+  c.gqa_group = 1;
+  auto store = Make(c);
+  const int hd = c.head_dim;
+  std::vector<float> k(hd), v(hd, 0.5f), q(hd, 1.0f), out(hd);
+  for (int pos = 0; pos < 40; ++pos) {
+    ASSERT_TRUE(store->Reserve(1, 1).ok());
+    for (int d = 0; d < hd; ++d) k[d] = pos == 5 ? 3.0f : 0.01f * ((pos * 7 + d) % 5 - 2);
+    store->Write(1, 0, pos, 1, k.data(), v.data());
+    store->Attend(1, 0, pos, 1, 0, q.data(), 0.25f, out.data());
+    store->Commit(1, pos + 1);
+  }
+  auto t = store->SequenceTokens(1);
+  EXPECT_EQ(t[1], 1) << "only position 5 is critical";
+}
+
+TEST(KvStore, ReserveFailureChangesNothing) {
+  KvStoreConfig c = SmallConfig(KvMode::kFull);
+  auto probe = Make(c);
+  const int64_t page = probe->BytesForTokens(1) / 2;  // one full page
+  c.capacity_bytes = 3 * page;
+  auto store = Make(c);
+  std::mt19937 gen(5);
+  ASSERT_TRUE(Feed(*store, c, 1, 16, gen).ok());  // two pages
+  const KvUsage before = store->Usage();
+  const auto q_before = Query(*store, c, 1, 9);
+  absl::Status s = Feed(*store, c, 2, 16, gen);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(store->Length(2), 0);
+  EXPECT_EQ(store->Usage().used_bytes, before.used_bytes);
+  EXPECT_EQ(Query(*store, c, 1, 9), q_before);
+  EXPECT_FALSE(KvStore::Create([&] {
+                 KvStoreConfig bad = c;
+                 bad.capacity_bytes = page;
+                 return bad;
+               }())
+                   .ok());
+}
+
+TEST(KvStore, SwapRoundTripIsBitExact) {
+  for (KvMode mode : {KvMode::kFull, KvMode::kMixed, KvMode::kInt4}) {
+    KvStoreConfig c = SmallConfig(mode);
+    auto store = Make(c);
+    std::mt19937 gen(8);
+    ASSERT_TRUE(Feed(*store, c, 1, 37, gen).ok());
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(Feed(*store, c, 1, 1, gen).ok());
+    const auto before = Query(*store, c, 1, 4);
+    const auto tokens = store->SequenceTokens(1);
+    const int64_t used = store->Usage().used_bytes;
+    ASSERT_TRUE(store->SwapOut(1).ok());
+    EXPECT_TRUE(store->IsSwapped(1));
+    EXPECT_EQ(store->Usage().used_bytes, 0);
+    EXPECT_GT(store->Usage().host_bytes, 0);
+    EXPECT_EQ(store->Reserve(1, 1).code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(store->SwapIn(1).ok());
+    EXPECT_EQ(store->Usage().host_bytes, 0);
+    EXPECT_EQ(store->SequenceTokens(1), tokens);
+    EXPECT_LE(store->Usage().used_bytes, used);
+    EXPECT_EQ(Query(*store, c, 1, 4), before) << KvModeName(mode);
+  }
+}
+
+// Rollback is exact at full precision. (In mixed mode a rejected speculative step may
+// already have demoted a few tokens early and added attention-mass observations; the
+// policy is a heuristic, so that is allowed.)
+TEST(KvStore, TruncateThenRegrowMatchesFreshSequence) {
+  KvStoreConfig c = SmallConfig(KvMode::kFull);
+  auto store = Make(c);
+  std::mt19937 a(21), b(21), junk(99);
+  ASSERT_TRUE(Feed(*store, c, 1, 30, a).ok());
+  ASSERT_TRUE(Feed(*store, c, 2, 30, b).ok());
+  ASSERT_TRUE(Feed(*store, c, 1, 4, junk).ok());  // speculative tokens, then rejected
+  ASSERT_TRUE(store->Truncate(1, 30).ok());
+  EXPECT_FALSE(store->Truncate(1, 31).ok());
+  ASSERT_TRUE(Feed(*store, c, 1, 3, a).ok());
+  ASSERT_TRUE(Feed(*store, c, 2, 3, b).ok());
+  EXPECT_EQ(Query(*store, c, 1, 2), Query(*store, c, 2, 2));
+}
+
+TEST(KvStore, ForkSharesPagesAndDivergesSafely) {
+  KvStoreConfig c = SmallConfig(KvMode::kFull);
+  auto store = Make(c);
+  std::mt19937 gen(2);
+  ASSERT_TRUE(Feed(*store, c, 1, 20, gen).ok());
+  const int64_t used = store->Usage().used_bytes;
+  ASSERT_TRUE(store->Fork(1, 2).ok());
+  EXPECT_EQ(store->Usage().used_bytes, used);  // shared, not copied
+  EXPECT_EQ(Query(*store, c, 2, 6), Query(*store, c, 1, 6));
+  const auto parent_before = Query(*store, c, 1, 6);
+  std::mt19937 other(50);
+  ASSERT_TRUE(Feed(*store, c, 2, 9, other).ok());
+  ASSERT_TRUE(store->Truncate(2, 15).ok());
+  EXPECT_EQ(Query(*store, c, 1, 6), parent_before);
+  store->Free(1);
+  EXPECT_EQ(store->Length(2), 15);
+  EXPECT_EQ(store->Fork(2, 2).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store->Fork(7, 8).code(), absl::StatusCode::kNotFound);
+  store->Free(2);
+  EXPECT_EQ(store->Usage().used_bytes, 0);
+}
+
+TEST(KvStore, PrefixCacheReusesWholeBlocks) {
+  KvStoreConfig c = SmallConfig(KvMode::kFull);
+  auto store = Make(c);
+  std::vector<int32_t> tokens(21);
+  for (int i = 0; i < 21; ++i) tokens[i] = 100 + i;
+  std::mt19937 gen(4);
+  std::vector<float> kv;
+  ASSERT_TRUE(Feed(*store, c, 1, 21, gen, &kv).ok());
+  store->PublishPrefix(1, tokens);
+  EXPECT_EQ(store->Usage().cached_prefix_pages, 2);
+  EXPECT_EQ(store->MatchPrefix(2, tokens), 16);
+  EXPECT_EQ(store->Length(2), 16);
+  std::vector<int32_t> other = tokens;
+  other[9] = 7;
+  EXPECT_EQ(store->MatchPrefix(3, other), 8);  // diverges inside the second block
+  store->Free(1);
+  store->Free(2);
+  store->Free(3);
+  // Cache-only pages are evicted when a reservation needs the room.
+  const int64_t page = store->BytesForTokens(1) / 2;
+  KvStoreConfig small = c;
+  small.capacity_bytes = 3 * page;
+  auto tight = Make(small);
+  std::mt19937 g2(4);
+  ASSERT_TRUE(Feed(*tight, small, 1, 16, g2).ok());
+  tight->PublishPrefix(1, std::span<const int32_t>(tokens).subspan(0, 16));
+  tight->Free(1);
+  EXPECT_EQ(tight->Usage().cached_prefix_pages, 2);
+  ASSERT_TRUE(Feed(*tight, small, 5, 20, g2).ok());
+  EXPECT_LT(tight->Usage().cached_prefix_pages, 2);
+}
+
+TEST(KvStore, SlidingWindowEvictionIsOptIn) {
+  KvStoreConfig c = SmallConfig(KvMode::kFull);
+  c.evict = true;
+  c.evict_window = 16;
+  auto store = Make(c);
+  std::mt19937 gen(1);
+  ASSERT_TRUE(Feed(*store, c, 1, 40, gen).ok());
+  auto t = store->SequenceTokens(1);
+  EXPECT_EQ(t[0], c.sink_tokens + 16);
+  EXPECT_EQ(store->Usage().evicted_tokens, 40 - 16 - c.sink_tokens);
+  EXPECT_EQ(Query(*store, c, 1, 3).size(), size_t(c.n_layers * c.n_kv_heads * c.gqa_group * c.head_dim));
+}
+
+TEST(KvStore, ForwardPassWithFullPrecisionStoreMatchesDenseCache) {
+  TinyModelOptions o;
+  o.n_layers = 2;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "specnode_kvstore_fwd.gguf").string();
+  ASSERT_TRUE(WriteTinyModel(o, path).ok());
+  auto m = LlamaModel::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const LlamaConfig& mc = (*m)->config();
+  ThreadPool pool(2);
+  LlamaForward fwd(mc, (*m)->weights(), &pool);
+  KvStoreConfig c;
+  c.n_layers = mc.n_layers;
+  c.n_kv_heads = mc.n_kv_heads;
+  c.head_dim = mc.head_dim;
+  c.gqa_group = mc.gqa_group();
+  c.max_seq_len = mc.context_length;
+  c.capacity_bytes = 16 << 20;
+  c.mode = KvMode::kFull;
+  auto store = Make(c);
+  DenseKvCache dense(mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.gqa_group(), mc.context_length,
+                     1 << 16);
+  std::vector<int32_t> toks(24);
+  for (int i = 0; i < 24; ++i) toks[i] = (i * 13 + 5) % 200 + 3;
+  std::vector<float> a, b;
+  BatchEntry e{1, toks, true};
+  ASSERT_TRUE(fwd.Forward({&e, 1}, store.get(), &a).ok());
+  ASSERT_TRUE(fwd.Forward({&e, 1}, &dense, &b).ok());
+  ASSERT_EQ(a.size(), b.size());
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(double(a[i]) - b[i]));
+    max_abs = std::max(max_abs, std::abs(double(b[i])));
+  }
+  EXPECT_LT(max_diff, 1e-2 * max_abs);  // f16 K/V rounding
+}
+
+}  // namespace
+}  // namespace specnode
