@@ -69,10 +69,12 @@ absl::Status Run(const CliArgs& args) {
   for (int64_t b : batches) {
     if (b < 1 || b > 256) return absl::InvalidArgumentError("--batch sizes must be in [1, 256]");
   }
+  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
+  if (!args.Has("kv-capacity-mb")) kv.capacity_bytes = int64_t{4} << 30;
   SPECNODE_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelSession> s,
       ModelSession::Open(args.Get("model", DefaultModelPath()), static_cast<int>(threads),
-                         false, /*kv_tokens=*/int64_t{1} << 22));
+                         false, kv));
   SPECNODE_RETURN_IF_ERROR(s->CheckPrompt(std::vector<int32_t>(prompt_tokens, 0), decode_tokens));
   // Warm-up: touches code paths and scratch buffers once.
   SPECNODE_RETURN_IF_ERROR(RunBatch(*s, 1, 8, 4, 99).status());
@@ -95,6 +97,7 @@ absl::Status Run(const CliArgs& args) {
     j["model"] = args.Get("model", DefaultModelPath());
     j["threads"] = threads;
     j["kernels"] = s->kernel_name();
+    j["kv_mode"] = kv.mode;
     j["prompt_tokens"] = prompt_tokens;
     j["decode_tokens"] = decode_tokens;
     j["results"] = results;
@@ -106,16 +109,17 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunBench(int argc, char** argv) {
-  auto args = CliArgs::Parse(
-      argc, argv, {"model", "threads", "batch", "prompt-tokens", "decode-tokens", "repeats"},
-      {"json", "help"});
+  std::set<std::string> keys = {"model", "threads", "batch", "prompt-tokens", "decode-tokens",
+                                "repeats"};
+  keys.merge(KvValueKeys());
+  auto args = CliArgs::Parse(argc, argv, keys, {"json", "help"});
   if (!args.ok()) {
     std::fprintf(stderr, "specnode bench: %s\n%s", std::string(args.status().message()).c_str(),
                  kHelp);
     return 2;
   }
   if (args->Has("help")) {
-    std::printf("%s", kHelp);
+    std::printf("%s%s", kHelp, kKvFlagsHelp);
     return 0;
   }
   absl::Status s = Run(*args);

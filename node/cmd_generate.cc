@@ -57,9 +57,10 @@ absl::Status Run(const CliArgs& args) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-ids");
   }
 
+  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
-                                               static_cast<int>(threads), !quiet));
+                                               static_cast<int>(threads), !quiet, kv));
   const Tokenizer& tok = session->model().tokenizer();
 
   std::vector<int32_t> prompt;
@@ -111,6 +112,8 @@ absl::Status Run(const CliArgs& args) {
                "%lld threads, %s kernels\n",
                prompt.size(), prompt_tps, generated.size(), decode_tps,
                static_cast<long long>(threads), session->kernel_name().c_str());
+  const std::string kv_summary = session->KvSummary(seq);
+  if (!kv_summary.empty()) std::fprintf(stderr, "%s\n", kv_summary.c_str());
   if (json) {
     nlohmann::json j;
     j["prompt_ids"] = prompt;
@@ -127,17 +130,17 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunGenerate(int argc, char** argv) {
-  auto args = CliArgs::Parse(argc, argv,
-                             {"model", "prompt", "prompt-ids", "max-tokens", "temperature",
-                              "top-k", "top-p", "seed", "threads"},
-                             {"chat", "ignore-eos", "json", "quiet", "help"});
+  std::set<std::string> keys = {"model", "prompt", "prompt-ids", "max-tokens", "temperature",
+                                "top-k", "top-p", "seed", "threads"};
+  keys.merge(KvValueKeys());
+  auto args = CliArgs::Parse(argc, argv, keys, {"chat", "ignore-eos", "json", "quiet", "help"});
   if (!args.ok()) {
-    std::fprintf(stderr, "specnode generate: %s\n%s", std::string(args.status().message()).c_str(),
-                 kHelp);
+    std::fprintf(stderr, "specnode generate: %s\n%s%s",
+                 std::string(args.status().message()).c_str(), kHelp, kKvFlagsHelp);
     return 2;
   }
   if (args->Has("help")) {
-    std::printf("%s", kHelp);
+    std::printf("%s%s", kHelp, kKvFlagsHelp);
     return 0;
   }
   absl::Status s = Run(*args);

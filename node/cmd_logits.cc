@@ -24,9 +24,12 @@ absl::Status Run(const CliArgs& args) {
   if (!args.Has("out")) return absl::InvalidArgumentError("--out is required");
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(int64_t chunk, args.GetInt("chunk", 1 << 30, 1, 1 << 30));
+  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
+  if (!args.Has("kv-mode")) kv.mode = "dense";  // oracle comparisons default to f32 KV
   SPECNODE_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelSession> session,
-      ModelSession::Open(args.Get("model", DefaultModelPath()), static_cast<int>(threads), false));
+      ModelSession::Open(args.Get("model", DefaultModelPath()), static_cast<int>(threads), false,
+                         kv));
   std::vector<int32_t> ids(ids64.begin(), ids64.end());
   SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(ids, 0));
   std::vector<float> all, logits;
@@ -48,14 +51,16 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunLogits(int argc, char** argv) {
-  auto args = CliArgs::Parse(argc, argv, {"model", "tokens", "out", "threads", "chunk"}, {"help"});
+  std::set<std::string> keys = {"model", "tokens", "out", "threads", "chunk"};
+  keys.merge(KvValueKeys());
+  auto args = CliArgs::Parse(argc, argv, keys, {"help"});
   if (!args.ok()) {
     std::fprintf(stderr, "specnode logits: %s\n%s", std::string(args.status().message()).c_str(),
                  kHelp);
     return 2;
   }
   if (args->Has("help")) {
-    std::printf("%s", kHelp);
+    std::printf("%s%s", kHelp, kKvFlagsHelp);
     return 0;
   }
   absl::Status s = Run(*args);

@@ -43,6 +43,7 @@ void Usage(FILE* out) {
                "  tokenize    encode text or decode ids with a model's tokenizer\n"
                "  logits      write the logits of a token list to a file\n"
                "  bench       prefill/decode tokens/s at several batch sizes\n"
+               "  kv-eval     KV cache precision modes: bytes per token vs accuracy\n"
                "  tiny-model  write a small deterministic Llama GGUF\n"
                "\n"
                "Run 'specnode <command> --help' for its options.\n");
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
   if (cmd == "tokenize") return specnode::RunTokenize(sub_argc, sub_argv);
   if (cmd == "logits") return specnode::RunLogits(sub_argc, sub_argv);
   if (cmd == "bench") return specnode::RunBench(sub_argc, sub_argv);
+  if (cmd == "kv-eval") return specnode::RunKvEval(sub_argc, sub_argv);
   if (cmd == "tiny-model") return specnode::RunTinyModel(sub_argc, sub_argv);
   std::fprintf(stderr, "specnode: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);

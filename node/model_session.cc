@@ -11,7 +11,7 @@ namespace specnode {
 
 absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::string& path,
                                                                  int threads, bool show_progress,
-                                                                 int64_t kv_tokens) {
+                                                                 const KvCacheOptions& kv) {
   auto s = std::make_unique<ModelSession>();
   LoadOptions options;
   if (show_progress) {
@@ -24,8 +24,8 @@ absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::stri
   const LlamaConfig& c = s->model_->config();
   s->pool_ = std::make_unique<ThreadPool>(threads);
   s->forward_ = std::make_unique<LlamaForward>(c, s->model_->weights(), s->pool_.get());
-  s->cache_ = std::make_unique<DenseKvCache>(c.n_layers, c.n_kv_heads, c.head_dim, c.gqa_group(),
-                                             c.context_length, kv_tokens);
+  SPECNODE_ASSIGN_OR_RETURN(s->cache_,
+                            MakeKvCache(c, s->model_->weights().n_kv_heads_local, kv));
   return s;
 }
 
@@ -73,6 +73,56 @@ absl::StatusOr<std::span<const float>> ModelSession::Decode(SeqId seq, int32_t t
   BatchEntry entry{seq, {&token, 1}, false};
   SPECNODE_RETURN_IF_ERROR(forward_->Forward({&entry, 1}, cache_.get(), &logits_));
   return std::span<const float>(logits_);
+}
+
+std::string ModelSession::KvSummary(SeqId seq) const {
+  const auto* store = dynamic_cast<const KvStore*>(cache_.get());
+  if (store == nullptr) return "";
+  const KvUsage u = store->Usage();
+  const auto t = store->SequenceTokens(seq);
+  const int64_t tokens = t[0] + t[1] + t[2];
+  return absl::StrFormat("kv (%s): %.1f KiB/token over %d tokens; f16 %d, int8 %d, int4 %d",
+                         KvModeName(store->config().mode),
+                         tokens == 0 ? 0.0 : u.used_bytes / 1024.0 / tokens, tokens, t[0], t[1],
+                         t[2]);
+}
+
+const char kKvFlagsHelp[] =
+    "  --kv-mode MODE      KV cache: mixed (default: f16 sinks + recent window, older tokens\n"
+    "                      INT8 if critical else INT4), full (f16), int8, int4, dense (f32)\n"
+    "  --kv-capacity-mb N  KV memory budget in MiB (default 1024)\n"
+    "  --kv-window N       recent tokens kept full precision in mixed mode (default 64)\n"
+    "  --kv-sinks N        leading tokens kept full precision (default 4)\n"
+    "  --kv-critical-threshold X  relative attention mass that keeps a token INT8 (default 2)\n"
+    "  --kv-sample-every N observe attention mass on 1 decode step in N (default 4)\n"
+    "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n";
+
+std::set<std::string> KvValueKeys() {
+  return {"kv-mode",  "kv-capacity-mb",        "kv-window",      "kv-sinks",
+          "kv-critical-threshold", "kv-sample-every", "kv-evict-window"};
+}
+
+absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args) {
+  KvCacheOptions o;
+  o.mode = args.Get("kv-mode", o.mode);
+  SPECNODE_ASSIGN_OR_RETURN(int64_t mb, args.GetInt("kv-capacity-mb", 1024, 1, 1 << 24));
+  o.capacity_bytes = mb << 20;
+  SPECNODE_ASSIGN_OR_RETURN(int64_t window, args.GetInt("kv-window", o.window_tokens, 1, 1 << 20));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t sinks, args.GetInt("kv-sinks", o.sink_tokens, 0, 1 << 20));
+  SPECNODE_ASSIGN_OR_RETURN(double thr, args.GetDouble("kv-critical-threshold",
+                                                       o.critical_threshold, 0.0, 1e6));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t every,
+                            args.GetInt("kv-sample-every", o.mass_sample_every, 1, 1 << 20));
+  o.window_tokens = static_cast<int>(window);
+  o.sink_tokens = static_cast<int>(sinks);
+  o.critical_threshold = static_cast<float>(thr);
+  o.mass_sample_every = static_cast<int>(every);
+  if (args.Has("kv-evict-window")) {
+    SPECNODE_ASSIGN_OR_RETURN(int64_t ew, args.GetInt("kv-evict-window", 0, 1, 1 << 24));
+    o.evict = true;
+    o.evict_window = static_cast<int>(ew);
+  }
+  return o;
 }
 
 }  // namespace specnode

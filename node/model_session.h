@@ -1,5 +1,5 @@
 // ModelSession: what a CLI command needs to run one model on this machine — the loaded
-// model, a thread pool, the forward pass and a dense KV cache — with prompt helpers.
+// model, a thread pool, the forward pass and a KV cache (kvstore/) — with prompt helpers.
 // Not thread-safe (one command drives it).
 #pragma once
 
@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/dense_kv_cache.h"
+#include "kvstore/kv_cache_factory.h"
+#include "node/cli_args.h"
 #include "model/llama_forward.h"
 #include "model/llama_model.h"
 #include "model/thread_pool.h"
@@ -19,10 +20,9 @@ namespace specnode {
 class ModelSession {
  public:
   // Loads `path`; show_progress draws a load progress bar on stderr.
-  // kv_tokens bounds the dense cache (token positions over all sequences).
   static absl::StatusOr<std::unique_ptr<ModelSession>> Open(const std::string& path, int threads,
                                                             bool show_progress,
-                                                            int64_t kv_tokens = 1 << 16);
+                                                            const KvCacheOptions& kv = {});
 
   const LlamaModel& model() const { return *model_; }
   LlamaForward& forward() { return *forward_; }
@@ -42,14 +42,26 @@ class ModelSession {
   // Feeds one token; returns its logits ([vocab], valid until the next call).
   absl::StatusOr<std::span<const float>> Decode(SeqId seq, int32_t token);
 
+  // One line on the KV cache's use by seq ("" for the dense cache): bytes per token and
+  // tokens per precision class.
+  std::string KvSummary(SeqId seq) const;
+
   static constexpr int kPrefillChunk = 512;
 
  private:
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<LlamaForward> forward_;
-  std::unique_ptr<DenseKvCache> cache_;
+  std::unique_ptr<KvCache> cache_;
   std::vector<float> logits_;
 };
+
+// The KV flags every model-running subcommand accepts, and their parsing:
+//   --kv-mode dense|full|int8|int4|mixed   --kv-capacity-mb N   --kv-window N
+//   --kv-sinks N   --kv-critical-threshold X   --kv-sample-every N   --kv-evict-window N
+//   (--kv-evict-window turns on lossy sliding-window eviction)
+extern const char kKvFlagsHelp[];
+std::set<std::string> KvValueKeys();
+absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args);
 
 }  // namespace specnode
