@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, 
   c.mass_sample_every = o.mass_sample_every;
   c.evict = o.evict;
   c.evict_window = o.evict_window;
+  c.rotate = o.rotate;
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> store, KvStore::Create(c));
   return std::unique_ptr<KvCache>(std::move(store));
 }

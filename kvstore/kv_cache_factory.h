@@ -24,6 +24,7 @@ struct KvCacheOptions {
   int mass_sample_every = 4;
   bool evict = false;
   int evict_window = 1024;
+  bool rotate = true;
 };
 
 // n_kv_heads: the kv heads this process holds (a tensor-parallel shard's). InvalidArgument

@@ -138,4 +138,21 @@ double KvMaxAbsError(KvPrecision p, double lo, double hi) {
   return 0.0;
 }
 
+bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+void HadamardInPlace(float* x, int n) {
+  assert(IsPowerOfTwo(n));
+  for (int len = 1; len < n; len <<= 1) {
+    for (int i = 0; i < n; i += 2 * len) {
+      for (int j = i; j < i + len; ++j) {
+        const float a = x[j], b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+    }
+  }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int i = 0; i < n; ++i) x[i] *= norm;
+}
+
 }  // namespace specnode

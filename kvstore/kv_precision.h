@@ -39,4 +39,12 @@ void KvDecodeRow(KvPrecision p, const uint8_t* row, int head_dim, float* out);
 // (used by tests and the accuracy report): f16 relative rounding, int8 scale/2, int4 scale/2.
 double KvMaxAbsError(KvPrecision p, double lo, double hi);
 
+// In-place orthonormal Walsh-Hadamard transform of x[n] (n a power of two), scaled by
+// 1/sqrt(n) so that it is its own inverse. Rotating K and V rows before quantising spreads
+// outlier channels over the whole row, which shrinks per-row INT4/INT8 scales (as in
+// QuaRot); attention is unchanged when queries are rotated too: (Hq)·(Hk) = q·k, and
+// Σ w·Hv = H(Σ w·v).
+void HadamardInPlace(float* x, int n);
+bool IsPowerOfTwo(int n);
+
 }  // namespace specnode

@@ -57,7 +57,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c)
   return s;
 }
 
-KvStore::KvStore(const KvStoreConfig& c) : config_(c) {
+KvStore::KvStore(const KvStoreConfig& c) : config_(c), rotate_(c.rotate && IsPowerOfTwo(c.head_dim)) {
   for (int p = 0; p < kNumKvPrecisions; ++p) {
     row_bytes_[p] = KvRowBytes(static_cast<KvPrecision>(p), c.head_dim);
     page_bytes_[p] = row_bytes_[p] * 2 * c.n_kv_heads * c.page_tokens * c.n_layers;
@@ -269,13 +269,24 @@ void KvStore::Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* 
                     const float* v) {
   Sequence& s = *seqs_.at(seq);
   const int hd = config_.head_dim;
+  std::vector<float> rk(hd), rv(hd);
   for (int32_t i = 0; i < n; ++i) {
     const Loc loc = s.loc[pos0 + i];
     const KvPrecision p = pages_[loc.page]->prec;
     for (int h = 0; h < config_.n_kv_heads; ++h) {
       const size_t off = (static_cast<size_t>(i) * config_.n_kv_heads + h) * hd;
-      KvEncodeRow(p, k + off, hd, Row(loc.page, loc.slot, layer, h, false));
-      KvEncodeRow(p, v + off, hd, Row(loc.page, loc.slot, layer, h, true));
+      const float* kr = k + off;
+      const float* vr = v + off;
+      if (rotate_) {
+        std::copy(kr, kr + hd, rk.begin());
+        std::copy(vr, vr + hd, rv.begin());
+        HadamardInPlace(rk.data(), hd);
+        HadamardInPlace(rv.data(), hd);
+        kr = rk.data();
+        vr = rv.data();
+      }
+      KvEncodeRow(p, kr, hd, Row(loc.page, loc.slot, layer, h, false));
+      KvEncodeRow(p, vr, hd, Row(loc.page, loc.slot, layer, h, true));
     }
   }
 }
@@ -289,11 +300,17 @@ void KvStore::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
   const int n_heads = config_.n_kv_heads * g;
   const int32_t n_ctx_max = pos0 + n;
   std::vector<float> scores(static_cast<size_t>(g) * n_ctx_max);
-  std::vector<float> row(hd);
+  std::vector<float> row(hd), rq;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int32_t min_distance = config_.window_tokens / 2;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t n_ctx = pos0 + i + 1;
     const float* qi = q + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
+    if (rotate_) {
+      rq.assign(qi, qi + static_cast<size_t>(g) * hd);
+      for (int h = 0; h < g; ++h) HadamardInPlace(rq.data() + h * hd, hd);
+      qi = rq.data();
+    }
     for (int32_t j = 0; j < n_ctx; ++j) {
       const Loc loc = s.loc[j];
       if (loc.page < 0) {
@@ -313,7 +330,7 @@ void KvStore::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
     if (s.track) {
       float* sum = s.mass_sum[kv_head].data();
       float* cnt = s.mass_cnt[kv_head].data();
-      for (int32_t j = 0; j < n_ctx; ++j) {
+      for (int32_t j = 0; j < n_ctx - min_distance; ++j) {
         float w = 0.0f;
         for (int h = 0; h < g; ++h) w += scores[h * n_ctx_max + j];
         sum[j] += w * n_ctx;
@@ -332,6 +349,9 @@ void KvStore::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
         float* oh = oi + h * hd;
         for (int d = 0; d < hd; ++d) oh[d] += w * row[d];
       }
+    }
+    if (rotate_) {
+      for (int h = 0; h < g; ++h) HadamardInPlace(oi + h * hd, hd);
     }
   }
 }

@@ -16,7 +16,9 @@
 // fell out of the recent window (all but the last `window_tokens`), except the first
 // `sink_tokens` (attention sinks), are demoted: to INT8 if critical — the attention mass
 // they received, relative to a uniform share, averaged over the layers, heads and queries
-// that observed them, is at least `critical_threshold` — else to INT4. Demotion moves a
+// that observed them from at least window_tokens / 2 positions away (a token's weight
+// while it is recent says little about whether later tokens will need it), is at least
+// `critical_threshold` — else to INT4. Demotion moves a
 // token to a page of the lower class (never rewrites a row in place), so pages shared
 // with other sequences stay intact. Attention mass is observed on prefill steps and on one
 // decode step in `mass_sample_every` (its cost is extra adds in the attention loop).
@@ -73,6 +75,9 @@ struct KvStoreConfig {
   int mass_sample_every = 4;
   bool evict = false;     // sliding-window eviction with sinks (lossy)
   int evict_window = 1024;
+  // Store K and V rotated by an orthonormal Hadamard transform (head_dim a power of two;
+  // ignored otherwise). See HadamardInPlace in kv_precision.h.
+  bool rotate = true;
 };
 
 struct KvUsage {
@@ -163,6 +168,7 @@ class KvStore : public KvCache {
   int64_t host_bytes_ = 0;
   int64_t evicted_tokens_ = 0;
   bool warned_evict_ = false;
+  bool rotate_ = false;
   // Prefix cache: hash of token ids [0, (b + 1) * page_tokens) -> page, with LRU order.
   struct CacheEntry {
     int32_t page;

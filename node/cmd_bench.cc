@@ -112,7 +112,7 @@ int RunBench(int argc, char** argv) {
   std::set<std::string> keys = {"model", "threads", "batch", "prompt-tokens", "decode-tokens",
                                 "repeats"};
   keys.merge(KvValueKeys());
-  auto args = CliArgs::Parse(argc, argv, keys, {"json", "help"});
+  auto args = CliArgs::Parse(argc, argv, keys, WithKvFlags({"json", "help"}));
   if (!args.ok()) {
     std::fprintf(stderr, "specnode bench: %s\n%s", std::string(args.status().message()).c_str(),
                  kHelp);

@@ -133,7 +133,7 @@ int RunGenerate(int argc, char** argv) {
   std::set<std::string> keys = {"model", "prompt", "prompt-ids", "max-tokens", "temperature",
                                 "top-k", "top-p", "seed", "threads"};
   keys.merge(KvValueKeys());
-  auto args = CliArgs::Parse(argc, argv, keys, {"chat", "ignore-eos", "json", "quiet", "help"});
+  auto args = CliArgs::Parse(argc, argv, keys, WithKvFlags({"chat", "ignore-eos", "json", "quiet", "help"}));
   if (!args.ok()) {
     std::fprintf(stderr, "specnode generate: %s\n%s%s",
                  std::string(args.status().message()).c_str(), kHelp, kKvFlagsHelp);

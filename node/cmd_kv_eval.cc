@@ -213,7 +213,7 @@ int RunKvEval(int argc, char** argv) {
   std::set<std::string> keys = {"model", "texts", "modes", "max-tokens", "prefill", "generate",
                                 "threads"};
   keys.merge(KvValueKeys());
-  auto args = CliArgs::Parse(argc, argv, keys, {"json", "help"});
+  auto args = CliArgs::Parse(argc, argv, keys, WithKvFlags({"json", "help"}));
   if (!args.ok()) {
     std::fprintf(stderr, "specnode kv-eval: %s\n%s%s", std::string(args.status().message()).c_str(),
                  kHelp, kKvFlagsHelp);

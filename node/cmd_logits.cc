@@ -53,7 +53,7 @@ absl::Status Run(const CliArgs& args) {
 int RunLogits(int argc, char** argv) {
   std::set<std::string> keys = {"model", "tokens", "out", "threads", "chunk"};
   keys.merge(KvValueKeys());
-  auto args = CliArgs::Parse(argc, argv, keys, {"help"});
+  auto args = CliArgs::Parse(argc, argv, keys, WithKvFlags({"help"}));
   if (!args.ok()) {
     std::fprintf(stderr, "specnode logits: %s\n%s", std::string(args.status().message()).c_str(),
                  kHelp);

@@ -93,13 +93,20 @@ const char kKvFlagsHelp[] =
     "  --kv-capacity-mb N  KV memory budget in MiB (default 1024)\n"
     "  --kv-window N       recent tokens kept full precision in mixed mode (default 64)\n"
     "  --kv-sinks N        leading tokens kept full precision (default 4)\n"
+    "  --kv-page-tokens N  token slots per KV page (default 16)\n"
     "  --kv-critical-threshold X  relative attention mass that keeps a token INT8 (default 2)\n"
     "  --kv-sample-every N observe attention mass on 1 decode step in N (default 4)\n"
-    "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n";
+    "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
+    "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n";
 
 std::set<std::string> KvValueKeys() {
   return {"kv-mode",  "kv-capacity-mb",        "kv-window",      "kv-sinks",
-          "kv-critical-threshold", "kv-sample-every", "kv-evict-window"};
+          "kv-critical-threshold", "kv-sample-every", "kv-evict-window", "kv-page-tokens"};
+}
+
+std::set<std::string> WithKvFlags(std::set<std::string> flags) {
+  flags.insert("kv-no-rotate");
+  return flags;
 }
 
 absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args) {
@@ -113,10 +120,13 @@ absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args) {
                                                        o.critical_threshold, 0.0, 1e6));
   SPECNODE_ASSIGN_OR_RETURN(int64_t every,
                             args.GetInt("kv-sample-every", o.mass_sample_every, 1, 1 << 20));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t page, args.GetInt("kv-page-tokens", o.page_tokens, 1, 4096));
+  o.page_tokens = static_cast<int>(page);
   o.window_tokens = static_cast<int>(window);
   o.sink_tokens = static_cast<int>(sinks);
   o.critical_threshold = static_cast<float>(thr);
   o.mass_sample_every = static_cast<int>(every);
+  o.rotate = !args.Has("kv-no-rotate");
   if (args.Has("kv-evict-window")) {
     SPECNODE_ASSIGN_OR_RETURN(int64_t ew, args.GetInt("kv-evict-window", 0, 1, 1 << 24));
     o.evict = true;

@@ -62,6 +62,8 @@ class ModelSession {
 //   (--kv-evict-window turns on lossy sliding-window eviction)
 extern const char kKvFlagsHelp[];
 std::set<std::string> KvValueKeys();
+// `flags` plus the boolean KV flags (--kv-no-rotate).
+std::set<std::string> WithKvFlags(std::set<std::string> flags);
 absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args);
 
 }  // namespace specnode
