@@ -2,23 +2,19 @@
 
 (a) logits of the first 16 positions of 5 plain-text prompts (ids from the reference
     tokenizer, so this does not depend on the engine's tokenizer);
-(b) 64 greedy tokens (--temperature 0 --ignore-eos) after 5 chat prompts (ids from
-    `specnode tokenize --chat`). The oracle scores the engine's own sequence in one
-    batched forward ("teacher forcing"); at every one of the 5 x 64 steps the engine's
-    token must be the oracle's argmax or within GREEDY_TIE_TOL of the oracle's top logit
-    on the same prefix. At the first step where the engine departs from the oracle's
-    greedy continuation the prefixes are identical, so this includes "departures happen
-    only at near-ties", and it keeps checking every step after a departure too.
+(b) 64 greedy tokens (--temperature 0 --ignore-eos --kv-mode dense, i.e. an f32 KV cache
+    like the oracle's) after 5 chat prompts (ids from `specnode tokenize --chat`). The
+    oracle scores the engine's own sequence in one batched forward ("teacher forcing"), so
+    a step's margin is the oracle's top logit minus its logit of the engine's token on the
+    same prefix. Asserted, as the foundation issue states it: at least 4 of 5
+    continuations are identical to the oracle's greedy continuation, and wherever one
+    departs, the oracle's margin there (which bounds its top-2 gap from above) is below
+    GREEDY_TIE_TOL: a near-tie. Every later step is held to the same bound.
 
-Why not "4 of 5 continuations identical": the oracle runs float activations, an engine
-that (like llama.cpp) feeds 8-bit-quantised activations to its Q4_1/Q8_0 matmuls moves
-logits by ~0.3 RMS, and 64-token chat continuations of this model pass through many
-near-ties (top-2 margins of 0.001-0.1). llama.cpp 0.3.36 itself (greedy, 1 or 2 threads)
-departs from the oracle on 5 of 5 of these prompts (at steps 0, 9, 13, 9, 0, margins
-0.08, 0.20, 0.06, 0.03, 0.25), while every one of its 320 choices is within 0.26 of the
-oracle's top logit and 94% are the oracle's argmax. The oracle with simulated 8-bit
-activations (act_sim=True) behaves the same: worst margin 0.29, 95% agreement. The
-identical count is reported, and MIN_AGREEMENT asserts a step-level agreement rate instead.
+Why this holds: the engine quantises matmul activations to int16 blocks (relative error
+~1e-5), not to int8 as llama.cpp does (~0.3 RMS logit error, which departs from this
+oracle on 5 of 5 of these prompts at margins up to 0.25). Measured with int16 activations:
+3-5/5 identical depending on the build, departures only at margins 0.001-0.031.
 
 Tolerances (logit units; SmolLM2's logits have a std of ~6.5-8 over these prompts),
 measured on the (a) prompts:
@@ -60,8 +56,9 @@ NEAR_TIE = 0.5           # argmax may differ only where the oracle's top-2 margi
 # Greedy: the engine's token may trail the oracle's top logit by at most this. Flipping a
 # choice needs the two logits' errors to exceed the margin together; with ~0.3 RMS
 # per-logit error, llama.cpp's worst over 320 steps was 0.26 (act_sim oracle: 0.29).
-GREEDY_TIE_TOL = 0.5
-MIN_AGREEMENT = 0.85     # share of greedy steps equal to the oracle's argmax (llama.cpp: 0.94)
+GREEDY_TIE_TOL = 0.1    # a departure must be a near-tie: oracle margin below this (logits)
+MIN_IDENTICAL = 4        # of 5 continuations identical to the oracle's
+MIN_AGREEMENT = 0.95     # share of greedy steps equal to the oracle's argmax
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +90,8 @@ def greedy_runs(specnode, smollm2_path, smollm2_oracle):
     for prompt in CHAT_PROMPTS:
         prompt_ids = [int(i) for i in specnode.tokenize(smollm2_path, prompt, chat=True)["ids"]]
         reply = specnode.json("generate", "--model", smollm2_path, "--prompt-ids", ",".join(map(str, prompt_ids)),
-                              "--max-tokens", N_GREEDY, "--temperature", 0, "--ignore-eos", "--json")
+                              "--max-tokens", N_GREEDY, "--temperature", 0, "--ignore-eos", "--kv-mode", "dense",
+                              "--json")
         runs.append({"prompt": prompt, "prompt_ids": prompt_ids, "reply": reply})
     return runs
 
@@ -136,8 +134,9 @@ def test_greedy_matches_oracle(greedy_runs, smollm2_oracle, ref_tok, capsys):
             problems.append(line)
     assert not problems, f"engine picked tokens the oracle ranks >= {GREEDY_TIE_TOL} below its top:\n" + \
         "\n".join(problems)
-    assert agree / steps >= MIN_AGREEMENT, f"only {agree}/{steps} greedy steps equal the oracle's argmax"
     print(f"{identical}/{len(greedy_runs)} continuations identical; {agree}/{steps} steps agree")
+    assert identical >= MIN_IDENTICAL, f"only {identical}/{len(greedy_runs)} continuations identical"
+    assert agree / steps >= MIN_AGREEMENT, f"only {agree}/{steps} greedy steps equal the oracle's argmax"
 
 
 def test_oracle_continuation_is_coherent(smollm2_oracle, ref_tok):
