@@ -5,14 +5,19 @@
 // GetCpuFeatures() confirmed the CPU has the ISA; the tables themselves are plain constant
 // data, so merely linking them executes nothing.
 //
-// Quantised weights (Q4_0, Q4_1, Q8_0) multiply 8-bit activations: each token's row of
-// `cols` floats is quantised once per MatMul call to blocks of 32 int8 values
-//   qs[j] = round_nearest_even(x[j] / d_b),  d_b = max|x| over block b / 127,
-// with two f32 side values per block: d_b and s_b = d_b * Σ_j qs[j] (llama.cpp's Q8_1).
+// Quantised weights (Q4_0, Q4_1, Q8_0) multiply 16-bit activations: each token's row of
+// `cols` floats is quantised once per MatMul call to blocks of 32 int16 values
+//   qs[j] = round_nearest_even(x[j] * (1 / d_b)),  d_b = max|x| over block b / 32767,
+// (|qs| <= 32767: the rounding error of x * (1/d_b) is far below 1/2), with two f32 side
+// values per block: d_b and s_b = d_b * Σ_j qs[j]. That is llama.cpp's Q8_1 with 258x
+// finer steps: with 8 bits, SmolLM2's logits moved ~0.3 RMS and greedy decoding left a
+// float reference's path; with 16 it follows it.
 // A weight block then contributes
 //   Q4_1: d_w d_b Σ q_w qs + m_w s_b        (q_w = nibble, 0..15)
 //   Q4_0: d_w d_b Σ q_w qs - 8 d_w s_b      (the same unsigned-nibble dot)
 //   Q8_0: d_w d_b Σ q_w qs                  (q_w signed)
+// The integer sums fit int32 (|Σ| <= 128 * 32767 * 32) and are products of int16 pairs:
+// vpmaddwd / vpdpwssd after widening the weights to int16.
 // F32/F16/BF16 weights use the f32 activations directly.
 //
 // Batch invariance contract, for every kernel: y[t, r] depends only on row r and token t's
@@ -36,17 +41,25 @@ struct MatMulScratch;
 namespace cpu_kernels {
 
 // Token rows of quantised activations, laid out by the dispatcher:
-//   qs[t * qs_stride + j]  int8, j < cols, in the order the table's `quantize` writes
-//                          for weights of type `weight_type` (block order; within a
-//                          block natural order, except in the avx512 tables, which
-//                          transpose each group of 4 blocks (Q4) or pair of blocks (Q8_0)
-//                          by dwords);
-//                          zero from cols up to qs_stride (a multiple of 128) so a kernel
-//                          may read whole 128-byte groups of 4 blocks
+//   qs[t * qs_stride + j]  int16, j < cols, in the order the table's `quantize` writes
+//                          for weights of type `weight_type`: block order and, within a
+//                          block, natural order, except in the avx512 tables, which order
+//                          values the way their kernels widen the weights (a fixed shuffle,
+//                          so weights need one permute and no per-token work):
+//                          Q4_0/Q4_1: groups of 4 blocks b..b+3 (256 bytes), as 4 planes
+//                            of 32 values: value p*32 + 2*(4m + k) + h (p, m, k < 4, h < 2)
+//                            is block b+k's value v_p(2m + h), with v_0(i) = 2i,
+//                            v_1(i) = 2i + 16, v_2(i) = 2i + 1, v_3(i) = 2i + 17: nibble p of
+//                            the block's quant bytes 2i, 2i+1 read as a little-endian word;
+//                          Q8_0: pairs of blocks b, b+1, dword-interleaved: value 2e + h
+//                            (e < 32, h < 2) is block b + (e & 1)'s value 2*(e/2) + h;
+//                          blocks past the last one of a group or pair are zero;
+//                          zero from cols up to qs_stride (a multiple of 128 values) so a
+//                          kernel may read whole 256-byte groups of 4 blocks
 //   d[t * ds_stride + b], s[t * ds_stride + b]  f32, b < cols/32; zero up to ds_stride (a
 //                          multiple of 16) so a kernel may load whole 16-block chunks
 struct QuantActs {
-  const int8_t* qs = nullptr;  // [n, qs_stride]
+  const int16_t* qs = nullptr;  // [n, qs_stride]
   const float* d = nullptr;    // [n, ds_stride]
   const float* s = nullptr;    // [n, ds_stride]
   int64_t qs_stride = 0;
@@ -82,8 +95,8 @@ struct KernelTable {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni"
   // Quantises one token for weights of `weight_type`: x[blocks * 32] -> qs[blocks * 32],
   // d[blocks], s[blocks]. qs, d and s arrive zeroed past `blocks`; the quantiser may write
-  // up to the next 128 bytes of qs.
-  void (*quantize)(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
+  // up to the next 128 values of qs.
+  void (*quantize)(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs, float* d,
                    float* s);
   void (*matmul_quant)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
   void (*matmul_float)(const FloatMatMulArgs& args, int64_t row_begin, int64_t row_end);
@@ -107,8 +120,8 @@ inline void PrefetchBytes(const uint8_t* p, size_t bytes) {
 // avx2: CpuFeatures::avx2; avx512: avx512; avx512-vnni: avx512_vnni.
 extern const KernelTable kScalarKernels;
 extern const KernelTable kAvx2Kernels;
-extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpmaddubsw
-extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpbusd
+extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpmaddwd
+extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpwssd
 
 // The best table GetCpuFeatures() allows (honours SPECNODE_CPU), chosen once.
 const KernelTable& SelectedKernels();

@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c; run only when
-// CpuFeatures::avx2). One 32-value block per 256-bit step; integer dots with
-// vpmaddubsw (u8 x s8 -> s16 pairs, cannot saturate here: |15*127*2| and |128*127*2| fit)
-// then vpmaddwd against ones.
+// CpuFeatures::avx2). Activations stay in natural order; a block's 32 weights are widened
+// to int16 (Q4: one vpmovzxbw of its 16 bytes, then the low and high nibbles are values
+// 0..15 and 16..31; Q8_0: two vpmovsxbw) and dotted by two vpmaddwd (int16 pairs -> int32).
 //
 // Float rule for batch invariance: every float add here takes an FMA result or a sum, never
 // a bare product, so -ffp-contract cannot fuse anything differently between tile sizes.
@@ -35,10 +35,9 @@ inline int HsumEpi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int8_t* qs, float* d,
+void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int16_t* qs, float* d,
               float* s) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kBlock;
     __m256 v[4];
@@ -49,29 +48,26 @@ void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int8_t* 
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm_cvtss_f32(m4);
-    const float db = amax / 127.0f;
+    const float db = amax / 32767.0f;
     const float id = db != 0.0f ? 1.0f / db : 0.0f;
     const __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];  // round to nearest even (default MXCSR), as the scalar nearbyint
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
     const int sum =
         HsumEpi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-    // packs interleave 128-bit lanes; the permute restores element order.
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    p = _mm256_permutevar8x32_epi32(p, order);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * kBlock), p);
+    // packs interleaves 128-bit lanes; the 64-bit permute restores element order.
+    for (int h = 0; h < 2; ++h) {
+      const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2 * h], q[2 * h + 1]), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * kBlock + 16 * h), p);
+    }
     d[b] = db;
     s[b] = db * static_cast<float>(sum);
   }
 }
 
-inline __m256i DotU8S8(__m256i u, __m256i s) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
 // Pointers to token t's activations for a tile starting at t0.
 struct TileActs {
-  const int8_t* q;
+  const int16_t* q;
   const float* d;
   const float* s;
 };
@@ -111,7 +107,6 @@ constexpr int kSegment = 256;
 //     (Q4_1) or -8 d_w*s_x (Q4_0) accumulated;
 //  2. blocks: integer dot, converted and scaled by the stored scale (a broadcast load),
 //     alternating between two accumulators per token (two FMA chains).
-// Q4 weights are unsigned nibbles; Q8_0's signed ones are |w| times sign(w)*x.
 template <GgmlType kType, int T>
 void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t r, int64_t t0) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
@@ -129,22 +124,24 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t r, int64_t 
                                              _mm256_set1_epi32(static_cast<int>(bb)));
   alignas(32) float scales[T][kSegment];
 
-  auto block = [&](const uint8_t* p, const int8_t* const* xq, int j, __m256* acc)
+  auto block = [&](const uint8_t* p, const int16_t* const* xq, int j, __m256* acc)
       __attribute__((always_inline)) {
-    __m256i wv, w_abs;
+    __m256i w0, w1;  // weights for values 0..15 and 16..31
     if constexpr (kQ8) {
-      wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      w_abs = _mm256_abs_epi8(wv);
+      w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
     } else {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      w_abs = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+      const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      w0 = _mm256_and_si256(q, _mm256_set1_epi16(0x0F));
+      w1 = _mm256_srli_epi16(q, 4);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {
-      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + j * kBlock));
-      if constexpr (kQ8) xv = _mm256_sign_epi8(xv, wv);
-      const __m256 dot = _mm256_cvtepi32_ps(DotU8S8(w_abs, xv));
-      acc[t] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&scales[t][j]), acc[t]);
+      const int16_t* xb = xq[t] + j * kBlock;
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
+      const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(&scales[t][j]), acc[t]);
     }
   };
 
@@ -166,7 +163,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t r, int64_t 
         }
       }
     }
-    const int8_t* xq[T];
+    const int16_t* xq[T];
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) xq[t] = x[t].q + s0 * kBlock;
     const uint8_t* p = seg + qoff;

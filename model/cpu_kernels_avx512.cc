@@ -1,20 +1,20 @@
 // AVX-512 kernels (compiled with avx512f/bw/vl/dq/vnni; run only when CpuFeatures::avx512,
-// and the VNNI table only when avx512_vnni). The integer dot is vpdpbusd (VNNI) or
-// vpmaddubsw + vpmaddwd: a compile-time branch of one template, giving two tables so one
+// and the VNNI table only when avx512_vnni). The integer dot is vpdpwssd (VNNI) or
+// vpmaddwd + vpaddd: a compile-time branch of one template, giving two tables so one
 // machine can test both.
 //
-// Q4 blocks go in groups of 4 (128 activation bytes), transposed by dwords so that int32
-// lane j of a group's dot holds products of block j % 4 only:
-//   part A (64 bytes): dword j = values 4*(j/4) .. 4*(j/4)+3 of block j % 4 (values 0..15)
-//   part B (64 bytes): the same for values 16..31
-// Two vpdpbusd (A, B) then accumulate a whole group into one int32 vector, whose scales are
-// the 128-bit pattern (s_0, s_1, s_2, s_3) repeated: a plain broadcast load. Per group and
-// token that is 2 dot instructions, one conversion and one FMA; the weights are transposed
-// once per group with one two-source word permute (vpermt2w) per part. This file's Quantize
-// writes activations in that order; missing blocks of a last partial group are zero.
-// Q8_0 blocks (34 bytes, too far apart for one permute per part) go in pairs instead: lane
-// i = values 4*(i/2) .. 4*(i/2)+3 of block b + (i & 1), scales (s_b, s_b+1) repeated; an
-// odd last block is paired with zeros. Quantize picks the order from the weight type.
+// Q4 blocks go in groups of 4. One two-source permute (vpermt2d; Q4_0: vpermt2w) of the group's quant
+// bytes puts in dword j = 4m + k bytes 4m .. 4m+3 of block k = j % 4; read as words, nibble
+// p of each word (a shift and a mask) is then plane p, 32 int16 weights in which int32 lane
+// j holds values of block j % 4 only. This file's Quantize writes the activations in the
+// matching order (cpu_kernels.h): four vpmaddwd/vpdpwssd then accumulate the whole group
+// into one int32 vector, whose scales are the 128-bit pattern (s_0, s_1, s_2, s_3)
+// repeated: a plain broadcast load. Per group and token that is 4 dot instructions, one
+// conversion and one FMA; per group, one permute and 6 shifts/masks for the weights.
+// Q8_0 blocks (34 bytes, too far apart for one permute) go in pairs instead: each block is
+// sign-extended (vpmovsxbw), then two dword permutes interleave them so that int32 lane i
+// holds values of block b + (i & 1), scales (s_b, s_b+1) repeated; an odd last block is
+// paired with zeros. Quantize picks the order from the weight type.
 //
 // Float rule for batch invariance: every float add here takes an FMA result or a sum, never
 // a bare product, so -ffp-contract cannot fuse anything differently between tile sizes.
@@ -42,11 +42,11 @@ constexpr int kChunk = 16;  // blocks whose scales are converted together
 // Loops over a tile's tokens carry `#pragma GCC unroll`: -O2 does not unroll them on its
 // own, and rolled they keep the per-token accumulators in memory.
 
-// One block: 32 values rounded to int8 (natural order), its d and s.
-inline __m256i QuantizeBlock(const float* xb, float* d, float* s) {
+// One block: 32 values rounded to int16 (natural order), its d and s.
+inline __m512i QuantizeBlock(const float* xb, float* d, float* s) {
   const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-  const float db = amax / 127.0f;
+  const float db = amax / 32767.0f;
   const float id = db != 0.0f ? 1.0f / db : 0.0f;
   const __m512 vid = _mm512_set1_ps(id);
   // Round to nearest even (default MXCSR), as the scalar nearbyint.
@@ -54,50 +54,66 @@ inline __m256i QuantizeBlock(const float* xb, float* d, float* s) {
   const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
   *d = db;
   *s = db * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
-                                 _mm512_cvtepi32_epi8(q1), 1);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtsepi32_epi16(q0)),
+                            _mm512_cvtsepi32_epi16(q1), 1);
 }
 
-// Writes whole 128-byte groups (Q4: parts A, B) or 64-byte pairs (Q8_0); blocks past
-// `blocks` are zero.
-void Quantize(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
+// Word indices into a pair of natural-order blocks (a, b) (index 32 + i is b's value i)
+// producing the cpu_kernels.h activation order: Q4 plane p (for blocks k = 0, 1 of the
+// pair; blocks 2, 3 use the same indices on the other pair), or Q8_0 half `p` (0, 1).
+struct ActOrder {
+  alignas(64) int16_t q4[4][32];
+  alignas(64) int16_t q8[2][32];
+  constexpr ActOrder() : q4(), q8() {
+    for (int p = 0; p < 4; ++p) {
+      for (int w = 0; w < 32; ++w) {  // w = 2 * (4m + k) + h
+        const int j = w / 2, m = j / 4, k = j % 4, i = 2 * m + w % 2;
+        const int v = p == 0 ? 2 * i : p == 1 ? 2 * i + 16 : p == 2 ? 2 * i + 1 : 2 * i + 17;
+        q4[p][w] = static_cast<int16_t>((k & 1) * 32 + v);
+      }
+    }
+    for (int p = 0; p < 2; ++p) {
+      for (int w = 0; w < 32; ++w) {  // value 2e + h of the pair, e = 16p + w / 2
+        const int e = 16 * p + w / 2;
+        q8[p][w] = static_cast<int16_t>((e & 1) * 32 + 2 * (e / 2) + w % 2);
+      }
+    }
+  }
+};
+constexpr ActOrder kActOrder;
+
+// Writes whole 128-value groups (Q4) or 64-value pairs (Q8_0); blocks past `blocks` are
+// zero.
+void Quantize(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs, float* d,
               float* s) {
   const int per = weight_type == GgmlType::kQ8_0 ? 2 : 4;
-  // Q4, lane j = 4m + k: dword m (A) or m + 4 (B) of block k, from [q0|q1] and [q2|q3].
-  // Q8_0, lane i: dword i/2 of block i & 1, from [q0|q1].
-  const __m512i part_a =
-      per == 4 ? _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27)
-               : _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  const __m512i part_b = _mm512_add_epi32(part_a, _mm512_set1_epi32(4));
   for (int64_t g = 0; g < blocks; g += per) {
-    __m256i q[4] = {};
+    __m512i q[4] = {};
     for (int k = 0; k < per; ++k) {
       const int64_t b = g + k;
-      q[k] = b < blocks ? QuantizeBlock(x + b * kBlock, d + b, s + b) : _mm256_setzero_si256();
+      q[k] = b < blocks ? QuantizeBlock(x + b * kBlock, d + b, s + b) : _mm512_setzero_si512();
     }
-    const __m512i q01 = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+    int16_t* out = qs + g * kBlock;
     if (per == 2) {
-      _mm512_storeu_si512(qs + g * kBlock, _mm512_permutexvar_epi32(part_a, q01));
+      for (int p = 0; p < 2; ++p) {
+        const __m512i idx = _mm512_load_si512(kActOrder.q8[p]);
+        _mm512_storeu_si512(out + 32 * p, _mm512_permutex2var_epi16(q[0], idx, q[1]));
+      }
       continue;
     }
-    const __m512i q23 = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
-    _mm512_storeu_si512(qs + g * kBlock, _mm512_permutex2var_epi32(q01, part_a, q23));
-    _mm512_storeu_si512(qs + g * kBlock + 64, _mm512_permutex2var_epi32(q01, part_b, q23));
-  }
-}
-
-// u8 x s8 dot, 4 products per int32 lane. maddubs cannot saturate for our operands.
-template <bool kVnni>
-inline __m512i DotU8S8(__m512i u, __m512i s) {
-  if constexpr (kVnni) {
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
-  } else {
-    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+    // Dwords j with j % 4 >= 2 (words w with w & 4) come from blocks 2, 3.
+    constexpr __mmask32 kHighPair = 0xF0F0F0F0u;
+    for (int p = 0; p < 4; ++p) {
+      const __m512i idx = _mm512_load_si512(kActOrder.q4[p]);
+      _mm512_storeu_si512(out + 32 * p,
+                          _mm512_mask_blend_epi16(kHighPair, _mm512_permutex2var_epi16(q[0], idx, q[1]),
+                                                  _mm512_permutex2var_epi16(q[2], idx, q[3])));
+    }
   }
 }
 
 struct TileActs {
-  const int8_t* q;
+  const int16_t* q;
   const float* d;
   const float* s;
 };
@@ -121,7 +137,15 @@ inline __m512i HeadOffsets(size_t block_bytes) {
                             _mm512_set1_epi32(static_cast<int>(block_bytes)));
 }
 
-inline __m512 LowHalvesToPs(__m512i g) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)); }
+// The 16 gathered dwords' low f16 halves (words 0..15) then high halves (words 16..31):
+// one word permute, where two vpmovdw cost two uops each.
+inline __m512i SplitHalves(__m512i g) {
+  const __m512i idx = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000A0008, 0x000E000C,
+                                        0x00120010, 0x00160014, 0x001A0018, 0x001E001C,
+                                        0x00030001, 0x00070005, 0x000B0009, 0x000F000D,
+                                        0x00130011, 0x00170015, 0x001B0019, 0x001F001D);
+  return _mm512_permutexvar_epi16(idx, g);
+}
 
 // (s_g, s_g+1, s_g+2, s_g+3) repeated over 16 lanes, from a stored scale vector.
 inline __m512 GroupScales(const float* scales) {
@@ -135,38 +159,50 @@ inline __m512 PairScales(const float* scales) {
   return _mm512_castpd_ps(_mm512_set1_pd(pair));
 }
 
-// Q8_0 quants of blocks (j, j+1) at p, p + 34 (or j alone, zeros for j+1), dword-interleaved.
+// Q8_0 quants of blocks (j, j+1) at p, p + 34 (or j alone, zeros for j+1), widened and
+// dword-interleaved: w[h] holds values 16h .. 16h+15 of both blocks.
 template <bool kSecond>
-inline __m512i PairWeightsQ8(const uint8_t* p) {
-  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i hi = kSecond ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 34))
-                             : _mm256_setzero_si256();
-  return _mm512_permutex2var_epi32(
-      _mm512_castsi256_si512(lo),
-      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
-      _mm512_castsi256_si512(hi));
+inline void PairWeightsQ8(const uint8_t* p, __m512i* w) {
+  const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i b =
+      kSecond ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 34)))
+              : _mm512_setzero_si512();
+  w[0] = _mm512_permutex2var_epi32(
+      a, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), b);
+  w[1] = _mm512_permutex2var_epi32(
+      a, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), b);
 }
 
 inline __mmask64 FirstBytes(int64_t k) { return k >= 64 ? ~0ULL : k <= 0 ? 0ULL : (1ULL << k) - 1; }
 
-// Word permutation transposing 4 blocks' quants by dwords: output dword j = 4m + k is bytes
-// 4m .. 4m+3 of block k, which starts bb*k bytes after the first block's quants.
+// Permutation transposing 4 blocks' quants by dwords: output dword j = 4m + k is bytes
+// 4m .. 4m+3 of block k, which starts bb*k bytes after the first block's quants. Q4_1's
+// 20-byte blocks keep quants dword-aligned, so a dword permute (one uop, where the word
+// permute Q4_0's 18-byte blocks need is two) does it.
 template <size_t kBlockBytes>
 inline __m512i TransposeIndex() {
-  alignas(64) int16_t idx[32];
-  for (int w = 0; w < 32; ++w) {
-    const int j = w / 2, m = j / 4, k = j % 4;
-    idx[w] = static_cast<int16_t>((kBlockBytes * k + 4 * m) / 2 + w % 2);
+  if constexpr (kBlockBytes % 4 == 0) {
+    alignas(64) int32_t idx[16];
+    for (int j = 0; j < 16; ++j) idx[j] = static_cast<int32_t>((kBlockBytes * (j % 4)) / 4 + j / 4);
+    return _mm512_load_si512(idx);
+  } else {
+    alignas(64) int16_t idx[32];
+    for (int w = 0; w < 32; ++w) {
+      const int j = w / 2, m = j / 4, k = j % 4;
+      idx[w] = static_cast<int16_t>((kBlockBytes * k + 4 * m) / 2 + w % 2);
+    }
+    return _mm512_load_si512(idx);
   }
-  return _mm512_load_si512(idx);
 }
 
 // A group's quants transposed (16 bytes per block): `base` points at the first block's
 // quants; `valid` bytes from base belong to the group's blocks (the rest is masked, never
 // read, and comes out zero).
+template <size_t kBlockBytes>
 inline __m512i GroupPart(const uint8_t* base, int64_t valid, __m512i index) {
   const __m512i lo = _mm512_maskz_loadu_epi8(FirstBytes(valid), base);
   const __m512i hi = _mm512_maskz_loadu_epi8(FirstBytes(valid - 64), base + 64);
+  if constexpr (kBlockBytes % 4 == 0) return _mm512_permutex2var_epi32(lo, index, hi);
   return _mm512_permutex2var_epi16(lo, index, hi);
 }
 
@@ -174,14 +210,30 @@ inline __m512i GroupPart(const uint8_t* base, int64_t valid, __m512i index) {
 // stack (one segment for every SmolLM2-sized row). A multiple of the chunk and group sizes.
 constexpr int kSegment = 256;
 
+// Σ_p w[p] · x[p] over `kParts` int16 vectors, as int32 pairs.
+template <bool kVnni, int kParts>
+inline __m512i DotI16(const __m512i* w, const int16_t* x) {
+  auto xv = [x](int p) { return _mm512_loadu_si512(x + 32 * p); };
+  if constexpr (kVnni && kParts == 2) {
+    return _mm512_dpwssd_epi32(_mm512_madd_epi16(w[0], xv(0)), w[1], xv(1));
+  } else if constexpr (kVnni) {
+    return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_madd_epi16(w[0], xv(0)), w[1], xv(1)), w[2], xv(2)), w[3], xv(3));
+  } else if constexpr (kParts == 2) {
+    return _mm512_add_epi32(_mm512_madd_epi16(w[0], xv(0)), _mm512_madd_epi16(w[1], xv(1)));
+  } else {
+    return _mm512_add_epi32(
+        _mm512_add_epi32(_mm512_madd_epi16(w[0], xv(0)), _mm512_madd_epi16(w[1], xv(1))),
+        _mm512_add_epi32(_mm512_madd_epi16(w[2], xv(2)), _mm512_madd_epi16(w[3], xv(3))));
+  }
+}
+
 // Row `row` against tokens [t0, t0 + T), segment by segment:
 //  1. scales: 16 blocks' d (and m) per masked gather; per token d_w*d_x is stored, and the
 //     min term m_w*s_x (Q4_1) or -8 d_w*s_x (Q4_0) accumulated;
-//  2. Q4: groups of 4 blocks, integer dots of parts A and B into one int32 vector; Q8_0:
+//  2. Q4: groups of 4 blocks, integer dots of the 4 planes into one int32 vector; Q8_0:
 //     pairs of blocks. Converted and scaled by the stored scales (a broadcast load), groups
 //     (pairs) alternating between two accumulators per token (two FMA chains).
-// Q4 weights are unsigned nibbles (Q4_0's -8 is folded into the min term); Q8_0's signed
-// ones become |w| times x negated where w < 0 (AVX-512 has no vpsignb).
+// Q4 weights are unsigned nibbles (Q4_0's -8 is folded into the min term).
 template <GgmlType kType, bool kVnni, int T>
 void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512* sums,
                int sums_stride) {
@@ -203,36 +255,26 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
 
   // Q4: group of blocks [g, g + 4) of the segment, `valid` quant bytes from its first
   // block's.
-  auto group = [&](const uint8_t* q, const int8_t* const* xq, int g, int64_t valid, __m512* acc)
+  auto group = [&](const uint8_t* q, const int16_t* const* xq, int g, int64_t valid, __m512* acc)
       __attribute__((always_inline)) {
-    const __m512i t = GroupPart(q, valid, transpose);
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    const __m512i wa = _mm512_and_si512(t, low);
-    const __m512i wb = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
+    const __m512i t = GroupPart<bb>(q, valid, transpose);
+    const __m512i low = _mm512_set1_epi16(0x0F);
+    const __m512i w[4] = {_mm512_and_si512(t, low), _mm512_and_si512(_mm512_srli_epi16(t, 4), low),
+                          _mm512_and_si512(_mm512_srli_epi16(t, 8), low), _mm512_srli_epi16(t, 12)};
 #pragma GCC unroll 4
     for (int tt = 0; tt < T; ++tt) {
-      const __m512i xa = _mm512_loadu_si512(xq[tt] + g * kBlock);
-      const __m512i xb = _mm512_loadu_si512(xq[tt] + g * kBlock + 64);
-      __m512i dot;
-      if constexpr (kVnni) {
-        dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, xa), wb, xb);
-      } else {
-        dot = _mm512_add_epi32(DotU8S8<false>(wa, xa), DotU8S8<false>(wb, xb));
-      }
+      const __m512i dot = DotI16<kVnni, 4>(w, xq[tt] + g * kBlock);
       acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), GroupScales(&scales[tt][g]), acc[tt]);
     }
   };
   // Q8_0: blocks (j, j+1) of the segment (or j alone) at q.
-  auto pair = [&]<bool kSecond>(const uint8_t* q, const int8_t* const* xq, int j, __m512* acc)
+  auto pair = [&]<bool kSecond>(const uint8_t* q, const int16_t* const* xq, int j, __m512* acc)
       __attribute__((always_inline)) {
-    const __m512i wv = PairWeightsQ8<kSecond>(q);
-    const __m512i w_abs = _mm512_abs_epi8(wv);
-    const __mmask64 neg = _mm512_movepi8_mask(wv);
+    __m512i w[2];
+    PairWeightsQ8<kSecond>(q, w);
 #pragma GCC unroll 4
     for (int tt = 0; tt < T; ++tt) {
-      __m512i xv = _mm512_loadu_si512(xq[tt] + j * kBlock);
-      xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-      const __m512 dot = _mm512_cvtepi32_ps(DotU8S8<kVnni>(w_abs, xv));
+      const __m512 dot = _mm512_cvtepi32_ps(DotI16<kVnni, 2>(w, xq[tt] + j * kBlock));
       acc[tt] = _mm512_fmadd_ps(dot, PairScales(&scales[tt][j]), acc[tt]);
     }
   };
@@ -242,10 +284,11 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
     const uint8_t* seg = row + s0 * bb;
     for (int c = 0; c < nseg; c += kChunk) {
       const __m512i heads = GatherHeads(seg + c * bb, offsets, nseg - c);
-      const __m512 dw = LowHalvesToPs(heads);
+      const __m512i halves = SplitHalves(heads);
+      const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(halves));
       __m512 mw = _mm512_setzero_ps();
       if constexpr (kType == GgmlType::kQ4_1) {
-        mw = LowHalvesToPs(_mm512_srli_epi32(heads, 16));
+        mw = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1));
       } else if constexpr (kType == GgmlType::kQ4_0) {
         mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
       }
@@ -257,7 +300,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
         }
       }
     }
-    const int8_t* xq[T];
+    const int16_t* xq[T];
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) xq[t] = x[t].q + s0 * kBlock;
     const uint8_t* q = seg + qoff;

@@ -22,18 +22,18 @@ float LoadF16(const uint8_t* p) {
 
 // Same arithmetic as the SIMD versions (division for d and 1/d, round-to-nearest-even of
 // x * (1/d)), so every path sees identical quantised activations.
-void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int8_t* qs, float* d,
+void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int16_t* qs, float* d,
               float* s) {
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.0f;
     for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float db = amax / 127.0f;
+    const float db = amax / 32767.0f;
     const float id = db != 0.0f ? 1.0f / db : 0.0f;
     int sum = 0;
     for (int j = 0; j < kBlock; ++j) {
       const int q = static_cast<int>(std::nearbyint(xb[j] * id));
-      qs[b * kBlock + j] = static_cast<int8_t>(q);
+      qs[b * kBlock + j] = static_cast<int16_t>(q);
       sum += q;
     }
     d[b] = db;
@@ -42,7 +42,7 @@ void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int8_t* 
 }
 
 // Integer dot of one weight block with 32 activation values.
-int DotQ4(const uint8_t* qs, const int8_t* x, int offset) {
+int DotQ4(const uint8_t* qs, const int16_t* x, int offset) {
   int sum = 0;
   for (int j = 0; j < 16; ++j) {
     sum += ((qs[j] & 15) - offset) * x[j];
@@ -51,7 +51,7 @@ int DotQ4(const uint8_t* qs, const int8_t* x, int offset) {
   return sum;
 }
 
-int DotQ8(const int8_t* qs, const int8_t* x) {
+int DotQ8(const int8_t* qs, const int16_t* x) {
   int sum = 0;
   for (int j = 0; j < kBlock; ++j) sum += qs[j] * x[j];
   return sum;
@@ -59,11 +59,11 @@ int DotQ8(const int8_t* qs, const int8_t* x) {
 
 // One (row, token) result. Q4_0 subtracts its offset inside the integer dot here; the SIMD
 // kernels use the unsigned dot plus -8 d_w s_b, which is equal up to float rounding.
-float RowDot(GgmlType type, const uint8_t* row, int64_t blocks, const int8_t* xq, const float* xd,
-             const float* xs) {
+float RowDot(GgmlType type, const uint8_t* row, int64_t blocks, const int16_t* xq,
+             const float* xd, const float* xs) {
   float acc = 0.0f, acc_min = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int8_t* xb = xq + b * kBlock;
+    const int16_t* xb = xq + b * kBlock;
     switch (type) {
       case GgmlType::kQ4_0: {
         const uint8_t* blk = row + b * sizeof(BlockQ4_0);

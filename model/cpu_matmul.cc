@@ -72,27 +72,27 @@ void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x,
 
   assert(w.cols % kQuantBlock == 0);
   const int64_t blocks = w.cols / kQuantBlock;
-  // Scratch: [n, qs_stride] int8, then d and s as [n, ds_stride] f32 each, 64-byte aligned.
+  // Scratch: [n, qs_stride] int16, then d and s as [n, ds_stride] f32 each, 64-byte aligned.
   const int64_t qs_stride = RoundUp(w.cols, 128);
   const int64_t ds_stride = RoundUp(blocks, 16);
-  const size_t bytes = static_cast<size_t>(n * qs_stride + 2 * n * ds_stride * 4 + 64);
+  const size_t bytes = static_cast<size_t>(n * qs_stride * 2 + 2 * n * ds_stride * 4 + 64);
   thread_local MatMulScratch fallback;
   if (scratch == nullptr) scratch = &fallback;
   if (scratch->buffer.size() < bytes) scratch->buffer.resize(bytes);
   uint8_t* base = scratch->buffer.data();
   base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
-  auto* qs = reinterpret_cast<int8_t*>(base);
-  auto* d = reinterpret_cast<float*>(base + n * qs_stride);
+  auto* qs = reinterpret_cast<int16_t*>(base);
+  auto* d = reinterpret_cast<float*>(base + n * qs_stride * 2);
   float* s = d + n * ds_stride;
 
   auto quantize = [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t) {
-      int8_t* qt = qs + t * qs_stride;
+      int16_t* qt = qs + t * qs_stride;
       float* dt = d + t * ds_stride;
       float* st = s + t * ds_stride;
       // Zero padding first (kernels read whole 4-block groups and 16-block chunks); a
       // quantiser may then write past `cols` within a group.
-      std::memset(qt + w.cols, 0, qs_stride - w.cols);
+      std::fill(qt + w.cols, qt + qs_stride, int16_t{0});
       std::fill(dt + blocks, dt + ds_stride, 0.0f);
       std::fill(st + blocks, st + ds_stride, 0.0f);
       kernels.quantize(x + t * w.cols, blocks, w.type, qt, dt, st);

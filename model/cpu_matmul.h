@@ -9,9 +9,10 @@
 // number of tokens n and however rows are split across threads, so a row's result is
 // bit-identical at batch 1 and batch 16 (speculative verification relies on this).
 //
-// For quantised W the activations are first quantised to 8-bit blocks of 32 with one f32
-// scale per block (as llama.cpp does with Q8_0/Q8_1 activations) and the dot products run
-// in integer SIMD; F32/F16/BF16 W use f32 activations.
+// For quantised W the activations are first quantised to 16-bit blocks of 32 with one f32
+// scale per block (llama.cpp's Q8_1 scheme with int16 instead of int8, which keeps greedy
+// decoding on a float reference's path) and the dot products run in integer SIMD;
+// F32/F16/BF16 W use f32 activations.
 #pragma once
 
 #include <cstddef>

@@ -5,12 +5,13 @@
 // Tolerances, with S = Σ_j |w_j||x_j| for the output in question:
 //  * F32/F16/BF16 weights: only f32 accumulation order differs from the double reference:
 //      |y - ref| <= 1e-5 S.
-//  * Quantised weights: activations are rounded to 8 bits, at most d_b/2 per value
-//    (d_b = max|x| in block b / 127), so the exact reference is within
-//      Σ_b (d_b / 2) Σ_{j in b} |w_j| + 1e-5 S.
-//    That bound is loose, so each path is also compared with the reference run on the
-//    activations quantised and dequantised by the documented rule (cpu_kernels.h), which
-//    leaves only float rounding: |y - ref_q| <= 1e-5 S.
+//  * Quantised weights: activations are rounded to 16 bits, at most d_b/2 per value
+//    (d_b = max|x| in block b / 32767, 258x finer than 8-bit's / 127), so the exact
+//    reference is within
+//      Σ_b (d_b / 2) Σ_{j in b} |w_j| + 1e-5 S   (<= (1/65534 + 1e-5) S).
+//    Each path is also compared with the reference run on the activations quantised and
+//    dequantised by the documented rule (cpu_kernels.h), which leaves only float rounding:
+//    |y - ref_q| <= 1e-5 S.
 #include <cmath>
 #include <cstring>
 #include <ostream>
@@ -82,7 +83,7 @@ std::vector<float> RoundTripActs(const std::vector<float>& x, int64_t n, int64_t
   for (int64_t i0 = 0; i0 < n * cols; i0 += kQuantBlock) {
     float amax = 0.0f;
     for (int j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(x[i0 + j]));
-    const float d = amax / 127.0f;
+    const float d = amax / 32767.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int j = 0; j < kQuantBlock; ++j) {
       out[i0 + j] = std::nearbyint(x[i0 + j] * id) * d;
