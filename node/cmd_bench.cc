@@ -71,10 +71,9 @@ absl::Status Run(const CliArgs& args) {
   }
   SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
   if (!args.Has("kv-capacity-mb")) kv.capacity_bytes = int64_t{4} << 30;
-  SPECNODE_ASSIGN_OR_RETURN(
-      std::unique_ptr<ModelSession> s,
-      ModelSession::Open(args.Get("model", DefaultModelPath()), static_cast<int>(threads),
-                         false, kv));
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> s,
+                            ModelSession::Open(args.Get("model", DefaultModelPath()),
+                                               static_cast<int>(threads), false, kv));
   SPECNODE_RETURN_IF_ERROR(s->CheckPrompt(std::vector<int32_t>(prompt_tokens, 0), decode_tokens));
   // Warm-up: touches code paths and scratch buffers once.
   SPECNODE_RETURN_IF_ERROR(RunBatch(*s, 1, 8, 4, 99).status());
@@ -109,25 +108,9 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunBench(int argc, char** argv) {
-  std::set<std::string> keys = {"model", "threads", "batch", "prompt-tokens", "decode-tokens",
-                                "repeats"};
-  keys.merge(KvValueKeys());
-  auto args = CliArgs::Parse(argc, argv, keys, WithKvFlags({"json", "help"}));
-  if (!args.ok()) {
-    std::fprintf(stderr, "specnode bench: %s\n%s", std::string(args.status().message()).c_str(),
-                 kHelp);
-    return 2;
-  }
-  if (args->Has("help")) {
-    std::printf("%s%s", kHelp, kKvFlagsHelp);
-    return 0;
-  }
-  absl::Status s = Run(*args);
-  if (!s.ok()) {
-    std::fprintf(stderr, "specnode bench: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return RunModelCommand("bench", kHelp, argc, argv,
+                         {"model", "threads", "batch", "prompt-tokens", "decode-tokens", "repeats"},
+                         {"json"}, Run);
 }
 
 }  // namespace specnode

@@ -130,25 +130,10 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunGenerate(int argc, char** argv) {
-  std::set<std::string> keys = {"model", "prompt", "prompt-ids", "max-tokens", "temperature",
-                                "top-k", "top-p", "seed", "threads"};
-  keys.merge(KvValueKeys());
-  auto args = CliArgs::Parse(argc, argv, keys, WithKvFlags({"chat", "ignore-eos", "json", "quiet", "help"}));
-  if (!args.ok()) {
-    std::fprintf(stderr, "specnode generate: %s\n%s%s",
-                 std::string(args.status().message()).c_str(), kHelp, kKvFlagsHelp);
-    return 2;
-  }
-  if (args->Has("help")) {
-    std::printf("%s%s", kHelp, kKvFlagsHelp);
-    return 0;
-  }
-  absl::Status s = Run(*args);
-  if (!s.ok()) {
-    std::fprintf(stderr, "specnode generate: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return RunModelCommand("generate", kHelp, argc, argv,
+                         {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k",
+                          "top-p", "seed", "threads"},
+                         {"chat", "ignore-eos", "json", "quiet"}, Run);
 }
 
 }  // namespace specnode

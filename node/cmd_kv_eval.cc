@@ -61,12 +61,13 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
   if (!args.Has("texts")) return absl::InvalidArgumentError("--texts is required");
   std::vector<std::string> modes = {"full"};
-  for (absl::string_view m : absl::StrSplit(args.Get("modes", "int8,int4,mixed"), ',', absl::SkipEmpty())) {
+  for (absl::string_view m :
+       absl::StrSplit(args.Get("modes", "int8,int4,mixed"), ',', absl::SkipEmpty())) {
     if (m != "full") modes.emplace_back(m);
   }
-  SPECNODE_ASSIGN_OR_RETURN(
-      std::unique_ptr<ModelSession> session,
-      ModelSession::Open(args.Get("model", DefaultModelPath()), static_cast<int>(threads), false, kv));
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
+                            ModelSession::Open(args.Get("model", DefaultModelPath()),
+                                               static_cast<int>(threads), false, kv));
   const LlamaModel& model = session->model();
   const int vocab = model.config().vocab_size;
 
@@ -120,7 +121,8 @@ absl::Status Run(const CliArgs& args) {
     for (size_t a = 0; a < active.size(); ++a) {
       const int32_t target = texts[active[a]][pos];
       for (size_t m = 0; m < modes.size(); ++m) {
-        LogSoftmax(std::span<const float>(logits[m]).subspan(a * vocab, vocab), m == 0 ? &ref_lp : &lp);
+        LogSoftmax(std::span<const float>(logits[m]).subspan(a * vocab, vocab),
+                   m == 0 ? &ref_lp : &lp);
         const std::vector<double>& mine = m == 0 ? ref_lp : lp;
         stats[m].nll -= mine[target];
         ++stats[m].scored;
@@ -161,7 +163,8 @@ absl::Status Run(const CliArgs& args) {
       SPECNODE_RETURN_IF_ERROR(session->forward().Forward(batch, stats[m].cache.get(), &logits[m]));
       for (size_t i = 0; i < texts.size(); ++i) {
         next[m][i] = ArgMax(std::span<const float>(logits[m]).subspan(i * vocab, vocab));
-        if (m == 0) ref_tokens[i].push_back(next[m][i]);
+        if (m == 0)
+          ref_tokens[i].push_back(next[m][i]);
         else {
           stats[m].agree += next[m][i] == ref_tokens[i].back();
           ++stats[m].generated;
@@ -189,9 +192,11 @@ absl::Status Run(const CliArgs& args) {
     const double ppl = std::exp(s.nll / s.scored);
     const double kl = s.mode == "full" ? 0.0 : s.kl / s.scored;
     const double agree = s.generated == 0 ? 1.0 : static_cast<double>(s.agree) / s.generated;
-    const double ratio = s.bytes_per_token_sum > 0 ? stats[0].bytes_per_token_sum / s.bytes_per_token_sum : 0;
+    const double ratio =
+        s.bytes_per_token_sum > 0 ? stats[0].bytes_per_token_sum / s.bytes_per_token_sum : 0;
     std::printf("%-6s %12.0f %9.2fx %9.4f %+11.3f%% %10.5f %21.1f%%\n", s.mode.c_str(),
-                s.bytes_per_token_sum, ratio, ppl, 100.0 * (ppl / ref_ppl - 1.0), kl, 100.0 * agree);
+                s.bytes_per_token_sum, ratio, ppl, 100.0 * (ppl / ref_ppl - 1.0), kl,
+                100.0 * agree);
     out["modes"].push_back({{"mode", s.mode},
                             {"kv_bytes_per_token", s.bytes_per_token_sum},
                             {"bytes_ratio_vs_full", ratio},
@@ -210,25 +215,9 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunKvEval(int argc, char** argv) {
-  std::set<std::string> keys = {"model", "texts", "modes", "max-tokens", "prefill", "generate",
-                                "threads"};
-  keys.merge(KvValueKeys());
-  auto args = CliArgs::Parse(argc, argv, keys, WithKvFlags({"json", "help"}));
-  if (!args.ok()) {
-    std::fprintf(stderr, "specnode kv-eval: %s\n%s%s", std::string(args.status().message()).c_str(),
-                 kHelp, kKvFlagsHelp);
-    return 2;
-  }
-  if (args->Has("help")) {
-    std::printf("%s%s", kHelp, kKvFlagsHelp);
-    return 0;
-  }
-  absl::Status s = Run(*args);
-  if (!s.ok()) {
-    std::fprintf(stderr, "specnode kv-eval: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return RunModelCommand(
+      "kv-eval", kHelp, argc, argv,
+      {"model", "texts", "modes", "max-tokens", "prefill", "generate", "threads"}, {"json"}, Run);
 }
 
 }  // namespace specnode

@@ -26,10 +26,9 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t chunk, args.GetInt("chunk", 1 << 30, 1, 1 << 30));
   SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
   if (!args.Has("kv-mode")) kv.mode = "dense";  // oracle comparisons default to f32 KV
-  SPECNODE_ASSIGN_OR_RETURN(
-      std::unique_ptr<ModelSession> session,
-      ModelSession::Open(args.Get("model", DefaultModelPath()), static_cast<int>(threads), false,
-                         kv));
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
+                            ModelSession::Open(args.Get("model", DefaultModelPath()),
+                                               static_cast<int>(threads), false, kv));
   std::vector<int32_t> ids(ids64.begin(), ids64.end());
   SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(ids, 0));
   std::vector<float> all, logits;
@@ -44,31 +43,16 @@ absl::Status Run(const CliArgs& args) {
   if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", path));
   const size_t written = std::fwrite(all.data(), sizeof(float), all.size(), f);
   const bool closed = std::fclose(f) == 0;
-  if (written != all.size() || !closed) return absl::InternalError(absl::StrCat("short write to ", path));
+  if (written != all.size() || !closed)
+    return absl::InternalError(absl::StrCat("short write to ", path));
   return absl::OkStatus();
 }
 
 }  // namespace
 
 int RunLogits(int argc, char** argv) {
-  std::set<std::string> keys = {"model", "tokens", "out", "threads", "chunk"};
-  keys.merge(KvValueKeys());
-  auto args = CliArgs::Parse(argc, argv, keys, WithKvFlags({"help"}));
-  if (!args.ok()) {
-    std::fprintf(stderr, "specnode logits: %s\n%s", std::string(args.status().message()).c_str(),
-                 kHelp);
-    return 2;
-  }
-  if (args->Has("help")) {
-    std::printf("%s%s", kHelp, kKvFlagsHelp);
-    return 0;
-  }
-  absl::Status s = Run(*args);
-  if (!s.ok()) {
-    std::fprintf(stderr, "specnode logits: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return RunModelCommand("logits", kHelp, argc, argv,
+                         {"model", "tokens", "out", "threads", "chunk"}, {}, Run);
 }
 
 }  // namespace specnode

@@ -24,8 +24,7 @@ absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::stri
   const LlamaConfig& c = s->model_->config();
   s->pool_ = std::make_unique<ThreadPool>(threads);
   s->forward_ = std::make_unique<LlamaForward>(c, s->model_->weights(), s->pool_.get());
-  SPECNODE_ASSIGN_OR_RETURN(s->cache_,
-                            MakeKvCache(c, s->model_->weights().n_kv_heads_local, kv));
+  SPECNODE_ASSIGN_OR_RETURN(s->cache_, MakeKvCache(c, s->model_->weights().n_kv_heads_local, kv));
   return s;
 }
 
@@ -35,9 +34,9 @@ absl::StatusOr<std::vector<int32_t>> ModelSession::EncodePrompt(const std::strin
                                                                 bool chat) const {
   const Tokenizer& tok = model_->tokenizer();
   if (!chat) return tok.Encode(text, /*parse_special=*/false);
-  SPECNODE_ASSIGN_OR_RETURN(
-      std::string rendered,
-      ApplyChatTemplate(tok.spec().chat_template, {{"user", text}}, /*add_generation_prompt=*/true));
+  SPECNODE_ASSIGN_OR_RETURN(std::string rendered,
+                            ApplyChatTemplate(tok.spec().chat_template, {{"user", text}},
+                                              /*add_generation_prompt=*/true));
   return tok.Encode(rendered, /*parse_special=*/true);
 }
 
@@ -52,9 +51,9 @@ absl::Status ModelSession::CheckPrompt(std::span<const int32_t> prompt,
     }
   }
   if (static_cast<int64_t>(prompt.size()) + max_new_tokens > c.context_length) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "prompt of %d tokens plus %d new tokens exceeds the context length %d", prompt.size(),
-        max_new_tokens, c.context_length));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("prompt of %d tokens plus %d new tokens exceeds the context length %d",
+                        prompt.size(), max_new_tokens, c.context_length));
   }
   return absl::OkStatus();
 }
@@ -100,8 +99,9 @@ const char kKvFlagsHelp[] =
     "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n";
 
 std::set<std::string> KvValueKeys() {
-  return {"kv-mode",  "kv-capacity-mb",        "kv-window",      "kv-sinks",
-          "kv-critical-threshold", "kv-sample-every", "kv-evict-window", "kv-page-tokens"};
+  return {"kv-mode",         "kv-capacity-mb",        "kv-window",
+          "kv-sinks",        "kv-critical-threshold", "kv-sample-every",
+          "kv-evict-window", "kv-page-tokens"};
 }
 
 std::set<std::string> WithKvFlags(std::set<std::string> flags) {
@@ -116,8 +116,8 @@ absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args) {
   o.capacity_bytes = mb << 20;
   SPECNODE_ASSIGN_OR_RETURN(int64_t window, args.GetInt("kv-window", o.window_tokens, 1, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t sinks, args.GetInt("kv-sinks", o.sink_tokens, 0, 1 << 20));
-  SPECNODE_ASSIGN_OR_RETURN(double thr, args.GetDouble("kv-critical-threshold",
-                                                       o.critical_threshold, 0.0, 1e6));
+  SPECNODE_ASSIGN_OR_RETURN(
+      double thr, args.GetDouble("kv-critical-threshold", o.critical_threshold, 0.0, 1e6));
   SPECNODE_ASSIGN_OR_RETURN(int64_t every,
                             args.GetInt("kv-sample-every", o.mass_sample_every, 1, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t page, args.GetInt("kv-page-tokens", o.page_tokens, 1, 4096));
@@ -133,6 +133,29 @@ absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args) {
     o.evict_window = static_cast<int>(ew);
   }
   return o;
+}
+
+int RunModelCommand(const char* name, const char* help, int argc, char** argv,
+                    std::set<std::string> value_keys, std::set<std::string> flag_keys,
+                    absl::Status (*run)(const CliArgs&)) {
+  value_keys.merge(KvValueKeys());
+  flag_keys.insert("help");
+  auto args = CliArgs::Parse(argc, argv, value_keys, WithKvFlags(std::move(flag_keys)));
+  if (!args.ok()) {
+    std::fprintf(stderr, "specnode %s: %s\n%s%s", name,
+                 std::string(args.status().message()).c_str(), help, kKvFlagsHelp);
+    return 2;
+  }
+  if (args->Has("help")) {
+    std::printf("%s%s", help, kKvFlagsHelp);
+    return 0;
+  }
+  absl::Status s = run(*args);
+  if (!s.ok()) {
+    std::fprintf(stderr, "specnode %s: %s\n", name, std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace specnode

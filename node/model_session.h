@@ -4,16 +4,17 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kvstore/kv_cache_factory.h"
-#include "node/cli_args.h"
 #include "model/llama_forward.h"
 #include "model/llama_model.h"
 #include "model/thread_pool.h"
+#include "node/cli_args.h"
 
 namespace specnode {
 
@@ -65,5 +66,13 @@ std::set<std::string> KvValueKeys();
 // `flags` plus the boolean KV flags (--kv-no-rotate).
 std::set<std::string> WithKvFlags(std::set<std::string> flags);
 absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args);
+
+// The shared entry of the model-running subcommands: parses argv with `value_keys` and
+// `flag_keys` plus the KV keys and --help, prints usage (`help` + the KV flags) on a
+// usage error (returns 2) or --help (0), otherwise runs `run`, printing
+// "specnode <name>: <message>" and returning 1 when it fails.
+int RunModelCommand(const char* name, const char* help, int argc, char** argv,
+                    std::set<std::string> value_keys, std::set<std::string> flag_keys,
+                    absl::Status (*run)(const CliArgs&));
 
 }  // namespace specnode
