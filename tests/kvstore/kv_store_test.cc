@@ -1,6 +1,8 @@
 #include "kvstore/kv_store.h"
 
 #include <cmath>
+#include <unistd.h>
+
 #include <filesystem>
 #include <random>
 
@@ -231,7 +233,7 @@ TEST(KvStore, ForwardPassWithFullPrecisionStoreMatchesDenseCache) {
   TinyModelOptions o;
   o.n_layers = 2;
   const std::string path =
-      (std::filesystem::temp_directory_path() / "specnode_kvstore_fwd.gguf").string();
+      (std::filesystem::temp_directory_path() / ("specnode_kvstore_fwd_" + std::to_string(getpid()) + ".gguf")).string();
   ASSERT_TRUE(WriteTinyModel(o, path).ok());
   auto m = LlamaModel::Load(path);
   ASSERT_TRUE(m.ok()) << m.status();

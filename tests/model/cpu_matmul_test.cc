@@ -200,7 +200,7 @@ TEST_P(InvarianceTest, BatchAndThreadInvariant) {
   const GgmlType type = GetParam();
   const int64_t rows = 200, cols = 576;
   const TestWeights w = MakeWeights(type, rows, cols, cols, 0, 3);
-  for (const int64_t n : {16, 7, 2}) {
+  for (const int64_t n : {16, 13, 7, 2}) {  // tiles of 8, 4 and 1 tokens
     const std::vector<float> x = MakeActs(n, cols, 9);
     for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
       SCOPED_TRACE(std::string(k->name) + " n=" + std::to_string(n));

@@ -4,6 +4,8 @@
 #include "model/llama_forward.h"
 
 #include <barrier>
+#include <unistd.h>
+
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -19,7 +21,7 @@ namespace {
 
 std::string WriteModel(const TinyModelOptions& o, const std::string& name) {
   const std::string path =
-      (std::filesystem::temp_directory_path() / ("specnode_fwd_" + name + ".gguf")).string();
+      (std::filesystem::temp_directory_path() / ("specnode_fwd_" + std::to_string(getpid()) + "_" + name + ".gguf")).string();
   EXPECT_TRUE(WriteTinyModel(o, path).ok());
   return path;
 }

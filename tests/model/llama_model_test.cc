@@ -1,6 +1,8 @@
 // Loading a model from GGUF: every defect gives a clear status naming the problem.
 #include "model/llama_model.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "gtest/gtest.h"
@@ -11,7 +13,7 @@ namespace specnode {
 namespace {
 
 std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("specnode_model_" + name + ".gguf")).string();
+  return (std::filesystem::temp_directory_path() / ("specnode_model_" + std::to_string(getpid()) + "_" + name + ".gguf")).string();
 }
 
 // Copies every key/tensor of `src` into a writer, letting the test edit on the way.
