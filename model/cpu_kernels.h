@@ -60,8 +60,8 @@ namespace cpu_kernels {
 //                          multiple of 16) so a kernel may load whole 16-block chunks
 struct QuantActs {
   const int16_t* qs = nullptr;  // [n, qs_stride]
-  const float* d = nullptr;    // [n, ds_stride]
-  const float* s = nullptr;    // [n, ds_stride]
+  const float* d = nullptr;     // [n, ds_stride]
+  const float* s = nullptr;     // [n, ds_stride]
   int64_t qs_stride = 0;
   int64_t ds_stride = 0;
 };

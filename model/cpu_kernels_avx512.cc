@@ -3,8 +3,8 @@
 // vpmaddwd + vpaddd: a compile-time branch of one template, giving two tables so one
 // machine can test both.
 //
-// Q4 blocks go in groups of 4. One two-source permute (vpermt2d; Q4_0: vpermt2w) of the group's quant
-// bytes puts in dword j = 4m + k bytes 4m .. 4m+3 of block k = j % 4; read as words, nibble
+// Q4 blocks go in groups of 4. One two-source permute (vpermt2d; Q4_0: vpermt2w) of the group's
+// quant bytes puts in dword j = 4m + k bytes 4m .. 4m+3 of block k = j % 4; read as words, nibble
 // p of each word (a shift and a mask) is then plane p, 32 int16 weights in which int32 lane
 // j holds values of block j % 4 only. This file's Quantize writes the activations in the
 // matching order (cpu_kernels.h): four vpmaddwd/vpdpwssd then accumulate the whole group
@@ -37,8 +37,9 @@ namespace specnode::cpu_kernels {
 namespace {
 
 constexpr int kBlock = kQuantBlock;
-constexpr int kTile = 4;    // tokens per weight load when n >= 4
-constexpr int kChunk = 16;  // blocks whose scales are converted together
+constexpr int kTile = 4;       // tokens per weight load when n >= 4
+constexpr int kQuantTile = 8;  // quantised weights: 8 tokens per load when n >= 8, then 4
+constexpr int kChunk = 16;     // blocks whose scales are converted together
 // Loops over a tile's tokens carry `#pragma GCC unroll`: -O2 does not unroll them on its
 // own, and rolled they keep the per-token accumulators in memory.
 
@@ -105,9 +106,9 @@ void Quantize(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs,
     constexpr __mmask32 kHighPair = 0xF0F0F0F0u;
     for (int p = 0; p < 4; ++p) {
       const __m512i idx = _mm512_load_si512(kActOrder.q4[p]);
-      _mm512_storeu_si512(out + 32 * p,
-                          _mm512_mask_blend_epi16(kHighPair, _mm512_permutex2var_epi16(q[0], idx, q[1]),
-                                                  _mm512_permutex2var_epi16(q[2], idx, q[3])));
+      _mm512_storeu_si512(out + 32 * p, _mm512_mask_blend_epi16(
+                                            kHighPair, _mm512_permutex2var_epi16(q[0], idx, q[1]),
+                                            _mm512_permutex2var_epi16(q[2], idx, q[3])));
     }
   }
 }
@@ -139,12 +140,19 @@ inline __m512i HeadOffsets(size_t block_bytes) {
 
 // The 16 gathered dwords' low f16 halves (words 0..15) then high halves (words 16..31):
 // one word permute, where two vpmovdw cost two uops each.
+struct HalvesOrder {
+  alignas(64) int16_t idx[32];
+  constexpr HalvesOrder() : idx() {
+    for (int i = 0; i < 16; ++i) {
+      idx[i] = static_cast<int16_t>(2 * i);
+      idx[16 + i] = static_cast<int16_t>(2 * i + 1);
+    }
+  }
+};
+constexpr HalvesOrder kHalvesOrder;
+
 inline __m512i SplitHalves(__m512i g) {
-  const __m512i idx = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000A0008, 0x000E000C,
-                                        0x00120010, 0x00160014, 0x001A0018, 0x001E001C,
-                                        0x00030001, 0x00070005, 0x000B0009, 0x000F000D,
-                                        0x00130011, 0x00170015, 0x001B0019, 0x001F001D);
-  return _mm512_permutexvar_epi16(idx, g);
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kHalvesOrder.idx), g);
 }
 
 // (s_g, s_g+1, s_g+2, s_g+3) repeated over 16 lanes, from a stored scale vector.
@@ -214,10 +222,11 @@ constexpr int kSegment = 256;
 template <bool kVnni, int kParts>
 inline __m512i DotI16(const __m512i* w, const int16_t* x) {
   auto xv = [x](int p) { return _mm512_loadu_si512(x + 32 * p); };
-  if constexpr (kVnni && kParts == 2) {
-    return _mm512_dpwssd_epi32(_mm512_madd_epi16(w[0], xv(0)), w[1], xv(1));
-  } else if constexpr (kVnni) {
-    return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_madd_epi16(w[0], xv(0)), w[1], xv(1)), w[2], xv(2)), w[3], xv(3));
+  if constexpr (kVnni) {
+    __m512i dot = _mm512_madd_epi16(w[0], xv(0));
+#pragma GCC unroll 4
+    for (int p = 1; p < kParts; ++p) dot = _mm512_dpwssd_epi32(dot, w[p], xv(p));
+    return dot;
   } else if constexpr (kParts == 2) {
     return _mm512_add_epi32(_mm512_madd_epi16(w[0], xv(0)), _mm512_madd_epi16(w[1], xv(1)));
   } else {
@@ -231,8 +240,9 @@ inline __m512i DotI16(const __m512i* w, const int16_t* x) {
 //  1. scales: 16 blocks' d (and m) per masked gather; per token d_w*d_x is stored, and the
 //     min term m_w*s_x (Q4_1) or -8 d_w*s_x (Q4_0) accumulated;
 //  2. Q4: groups of 4 blocks, integer dots of the 4 planes into one int32 vector; Q8_0:
-//     pairs of blocks. Converted and scaled by the stored scales (a broadcast load), groups
-//     (pairs) alternating between two accumulators per token (two FMA chains).
+//     pairs of blocks. Converted and scaled by the stored scales (a broadcast load) into
+//     the token's accumulator. One FMA chain per token is enough: a group's other work
+//     outlasts the FMA's latency, and several tokens' chains interleave.
 // Q4 weights are unsigned nibbles (Q4_0's -8 is folded into the min term).
 template <GgmlType kType, bool kVnni, int T>
 void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512* sums,
@@ -245,34 +255,34 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
   const __m512i offsets = HeadOffsets(bb);
   const __m512i transpose = TransposeIndex<bb>();  // unused for Q8_0
   TileActs x[T];
-  __m512 acc0[T], acc1[T], acc_min[T];
-#pragma GCC unroll 4
+  __m512 acc[T];
+#pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     x[t] = ActsFor(a.x, t0 + t);
-    acc0[t] = acc1[t] = acc_min[t] = _mm512_setzero_ps();
+    acc[t] = _mm512_setzero_ps();
   }
   alignas(64) float scales[T][kSegment];
 
   // Q4: group of blocks [g, g + 4) of the segment, `valid` quant bytes from its first
   // block's.
-  auto group = [&](const uint8_t* q, const int16_t* const* xq, int g, int64_t valid, __m512* acc)
+  auto group = [&](const uint8_t* q, const int16_t* const* xq, int g, int64_t valid)
       __attribute__((always_inline)) {
     const __m512i t = GroupPart<bb>(q, valid, transpose);
     const __m512i low = _mm512_set1_epi16(0x0F);
     const __m512i w[4] = {_mm512_and_si512(t, low), _mm512_and_si512(_mm512_srli_epi16(t, 4), low),
                           _mm512_and_si512(_mm512_srli_epi16(t, 8), low), _mm512_srli_epi16(t, 12)};
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int tt = 0; tt < T; ++tt) {
       const __m512i dot = DotI16<kVnni, 4>(w, xq[tt] + g * kBlock);
       acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), GroupScales(&scales[tt][g]), acc[tt]);
     }
   };
   // Q8_0: blocks (j, j+1) of the segment (or j alone) at q.
-  auto pair = [&]<bool kSecond>(const uint8_t* q, const int16_t* const* xq, int j, __m512* acc)
+  auto pair = [&]<bool kSecond>(const uint8_t* q, const int16_t* const* xq, int j)
       __attribute__((always_inline)) {
     __m512i w[2];
     PairWeightsQ8<kSecond>(q, w);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int tt = 0; tt < T; ++tt) {
       const __m512 dot = _mm512_cvtepi32_ps(DotI16<kVnni, 2>(w, xq[tt] + j * kBlock));
       acc[tt] = _mm512_fmadd_ps(dot, PairScales(&scales[tt][j]), acc[tt]);
@@ -292,49 +302,48 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
       } else if constexpr (kType == GgmlType::kQ4_0) {
         mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
       }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         _mm512_store_ps(&scales[t][c], _mm512_mul_ps(dw, _mm512_loadu_ps(x[t].d + s0 + c)));
         if constexpr (!kQ8) {
-          acc_min[t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(x[t].s + s0 + c), acc_min[t]);
+          acc[t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(x[t].s + s0 + c), acc[t]);
         }
       }
     }
     const int16_t* xq[T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < T; ++t) xq[t] = x[t].q + s0 * kBlock;
     const uint8_t* q = seg + qoff;
+    // Loops step two groups (pairs) at a time: measurably faster than one at a time.
     if constexpr (kQ8) {
       int j = 0;
       for (; j + 4 <= nseg; j += 4, q += 4 * bb) {
-        pair.template operator()<true>(q, xq, j, acc0);
-        pair.template operator()<true>(q + 2 * bb, xq, j + 2, acc1);
+        pair.template operator()<true>(q, xq, j);
+        pair.template operator()<true>(q + 2 * bb, xq, j + 2);
       }
       if (j + 2 <= nseg) {
-        pair.template operator()<true>(q, xq, j, acc0);
+        pair.template operator()<true>(q, xq, j);
         j += 2;
         q += 2 * bb;
       }
-      if (j < nseg) pair.template operator()<false>(q, xq, j, acc0);
+      if (j < nseg) pair.template operator()<false>(q, xq, j);
     } else {
       constexpr int64_t kFull = bb * 3 + 16;  // quant bytes of a whole group from its first
       int g = 0;
       for (; g + 8 <= nseg; g += 8, q += 8 * bb) {
-        group(q, xq, g, kFull, acc0);
-        group(q + 4 * bb, xq, g + 4, kFull, acc1);
+        group(q, xq, g, kFull);
+        group(q + 4 * bb, xq, g + 4, kFull);
       }
       if (g + 4 <= nseg) {
-        group(q, xq, g, kFull, acc0);
+        group(q, xq, g, kFull);
         g += 4;
         q += 4 * bb;
       }
-      if (g < nseg) group(q, xq, g, bb * (nseg - g - 1) + 16, acc0);
+      if (g < nseg) group(q, xq, g, bb * (nseg - g - 1) + 16);
     }
   }
-#pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) {
-    sums[t * sums_stride] = _mm512_add_ps(_mm512_add_ps(acc0[t], acc1[t]), acc_min[t]);
-  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) sums[t * sums_stride] = acc[t];
 }
 
 // Rows are reduced 16 at a time: lane sums of rows i = 0..15 go to out[i]. A transpose-add
@@ -375,20 +384,22 @@ void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t r = row_begin; r < std::min(row_begin + ahead, row_end); ++r) {
     PrefetchBytes(a.w + r * a.row_stride, row_bytes);
   }
-  __m512 sums[kTile][kRowBlock];
+  __m512 sums[kQuantTile][kRowBlock];
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRowBlock) {
     const int nr = static_cast<int>(std::min<int64_t>(kRowBlock, row_end - r0));
     for (int i = nr; i < kRowBlock; ++i) {
-      for (int t = 0; t < kTile; ++t) sums[t][i] = _mm512_setzero_ps();
+      for (int t = 0; t < kQuantTile; ++t) sums[t][i] = _mm512_setzero_ps();
     }
     // Token tiles over the block's rows (which stay in L1 between tiles).
     for (int64_t t0 = 0; t0 < a.n;) {
-      const int tile = a.n - t0 >= kTile ? kTile : 1;
+      const int tile = a.n - t0 >= kQuantTile ? kQuantTile : a.n - t0 >= kTile ? kTile : 1;
       for (int i = 0; i < nr; ++i) {
         const int64_t r = r0 + i;
         const uint8_t* row = a.w + r * a.row_stride;
         if (t0 == 0 && r + ahead < row_end) PrefetchBytes(row + ahead * a.row_stride, row_bytes);
-        if (tile == kTile) {
+        if (tile == kQuantTile) {
+          TileQuant<kType, kVnni, kQuantTile>(a, row, t0, &sums[0][i], kRowBlock);
+        } else if (tile == kTile) {
           TileQuant<kType, kVnni, kTile>(a, row, t0, &sums[0][i], kRowBlock);
         } else {
           TileQuant<kType, kVnni, 1>(a, row, t0, &sums[0][i], kRowBlock);

@@ -59,8 +59,8 @@ int DotQ8(const int8_t* qs, const int16_t* x) {
 
 // One (row, token) result. Q4_0 subtracts its offset inside the integer dot here; the SIMD
 // kernels use the unsigned dot plus -8 d_w s_b, which is equal up to float rounding.
-float RowDot(GgmlType type, const uint8_t* row, int64_t blocks, const int16_t* xq,
-             const float* xd, const float* xs) {
+float RowDot(GgmlType type, const uint8_t* row, int64_t blocks, const int16_t* xq, const float* xd,
+             const float* xs) {
   float acc = 0.0f, acc_min = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
     const int16_t* xb = xq + b * kBlock;
