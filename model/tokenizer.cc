@@ -371,6 +371,14 @@ bool Tokenizer::IsEndOfGeneration(int32_t id) const {
   return id >= 0 && id < vocab_size() && is_eog_[id];
 }
 
+std::vector<int32_t> Tokenizer::EndOfGenerationIds() const {
+  std::vector<int32_t> ids;
+  for (int32_t i = 0; i < vocab_size(); ++i) {
+    if (is_eog_[i]) ids.push_back(i);
+  }
+  return ids;
+}
+
 int32_t Tokenizer::FindToken(std::string_view text) const {
   const auto it = token_to_id_.find(std::string(text));
   return it == token_to_id_.end() ? -1 : it->second;

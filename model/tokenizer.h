@@ -95,6 +95,8 @@ class Tokenizer {
   int32_t eos_id() const { return spec_.eos_id; }
   // End-of-generation: eos, and control tokens such as <|im_end|>, <|endoftext|>, <|eot_id|>.
   bool IsEndOfGeneration(int32_t id) const;
+  // Every id IsEndOfGeneration accepts, ascending.
+  std::vector<int32_t> EndOfGenerationIds() const;
   // Id of an exact token text, -1 if absent.
   int32_t FindToken(std::string_view text) const;
   const TokenizerSpec& spec() const { return spec_; }

@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "coordinator/domain_router.h"
+#include "coordinator/drafter_factory.h"
+#include "coordinator/spec_controller.h"
+#include "coordinator/spec_engine.h"
 #include "model/chat_template.h"
-#include "model/dense_kv_cache.h"
-#include "model/llama_forward.h"
 #include "model/llama_model.h"
 #include "model/sampling.h"
 #include "model/status_macros.h"
@@ -35,6 +37,13 @@ constexpr char kHelp[] =
     "  --seed S            sampling seed (default 0); same seed, same output\n"
     "  --threads N         CPU threads (default: all cores available)\n"
     "  --ignore-eos        keep generating past end-of-generation tokens\n"
+    "  --draft SPEC        speculative decoding with a drafter: ngram[:N] (prompt lookup,\n"
+    "                      suffixes up to N tokens), self:L (the model's first L layers),\n"
+    "                      or a GGUF file with the same vocabulary (default: none)\n"
+    "  --spec-k K          most tokens drafted per step (default 4); the controller adapts\n"
+    "                      K in [1, K] per domain, or turns speculation off where it loses\n"
+    "  --spec-fixed        always draft K tokens (no adaptation)\n"
+    "  --domain NAME       the request's domain, for per-domain acceptance (default: default)\n"
     "  --json              print a JSON summary as the last line of stdout\n"
     "  --quiet             do not stream text or show load progress\n";
 
@@ -72,31 +81,64 @@ absl::Status Run(const CliArgs& args) {
   }
   SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(prompt, max_tokens));
 
-  Sampler sampler(sp);
+  // Every generation runs on the speculative engine; without --draft it is target-only.
+  std::unique_ptr<Drafter> drafter;
+  std::unique_ptr<SpecController> controller;
+  std::vector<DraftGroup> groups;
+  SPECNODE_ASSIGN_OR_RETURN(int64_t spec_k, args.GetInt("spec-k", 4, 1, SpecController::kMaxK));
+  SpecEngineOptions options;
+  options.adaptive = !args.Has("spec-fixed");
+  options.fixed_k = static_cast<int>(spec_k);
+  const std::string domain = args.Get("domain", "default");
+  SPECNODE_RETURN_IF_ERROR(DomainRouter::ValidateDomainName(domain));
+  if (args.Has("draft")) {
+    SPECNODE_ASSIGN_OR_RETURN(
+        drafter, MakeDrafter(args.Get("draft"), session->model(), session->pool(), kv));
+    SpecControllerConfig cc;
+    cc.k_max = static_cast<int>(spec_k);
+    cc.k_initial = std::min(cc.k_max, 4);
+    cc.probe_k = std::min(cc.probe_k, cc.k_max);
+    SPECNODE_ASSIGN_OR_RETURN(controller, SpecController::Create(cc));
+    groups.push_back({drafter.get(), controller.get()});
+  }
+  const std::vector<int32_t> eog = tok.EndOfGenerationIds();
+  options.stop_tokens.insert(eog.begin(), eog.end());
+  SpeculativeEngine engine(&session->runner(), groups, options);
+
+  SpecRequest request;
+  request.id = 0;
+  request.prompt = prompt;
+  request.sampling = sp;
+  request.max_new_tokens = static_cast<int32_t>(max_tokens);
+  request.domain = domain;
+  request.ignore_stop = args.Has("ignore-eos");
+  SPECNODE_RETURN_IF_ERROR(engine.Start(request));
+
   Utf8StreamDecoder utf8;
   std::string text;
   std::vector<int32_t> generated;
-  const SeqId seq = 0;
   using Clock = std::chrono::steady_clock;
-
   auto t0 = Clock::now();
-  SPECNODE_ASSIGN_OR_RETURN(std::span<const float> logits, session->Prefill(seq, prompt));
-  auto t1 = Clock::now();
-  const bool ignore_eos = args.Has("ignore-eos");
-  while (static_cast<int64_t>(generated.size()) < max_tokens) {
-    const int32_t next = sampler.Sample(logits);
-    if (!ignore_eos && tok.IsEndOfGeneration(next)) break;
-    generated.push_back(next);
-    std::string piece = utf8.Push(tok.TokenToBytes(next));
-    text += piece;
-    if (!quiet) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
+  auto t1 = t0;
+  std::vector<SeqStepResult> results;
+  const SeqId ids[] = {request.id};
+  while (true) {
+    const bool prefilling = engine.Prefilling(request.id);
+    SPECNODE_RETURN_IF_ERROR(engine.Step(ids, &results));
+    // The first token comes from the prefill's logits: decode timing starts after it.
+    if (prefilling) t1 = Clock::now();
+    for (int32_t t : results[0].tokens) {
+      generated.push_back(t);
+      std::string piece = utf8.Push(tok.TokenToBytes(t));
+      text += piece;
+      if (!quiet) std::fwrite(piece.data(), 1, piece.size(), stdout);
     }
-    if (static_cast<int64_t>(generated.size()) == max_tokens) break;
-    SPECNODE_ASSIGN_OR_RETURN(logits, session->Decode(seq, next));
+    if (!quiet) std::fflush(stdout);
+    if (results[0].finish != FinishReason::kNone) break;
   }
   auto t2 = Clock::now();
+  const SpecSeqStats stats = engine.Stats(request.id);
+  engine.Finish(request.id);
   std::string tail = utf8.Flush();
   text += tail;
   if (!quiet) std::printf("%s\n", tail.c_str());
@@ -112,7 +154,19 @@ absl::Status Run(const CliArgs& args) {
                "%lld threads, %s kernels\n",
                prompt.size(), prompt_tps, generated.size(), decode_tps,
                static_cast<long long>(threads), session->kernel_name().c_str());
-  const std::string kv_summary = session->KvSummary(seq);
+  const double tokens_per_pass =
+      stats.steps == 0 ? 0.0 : static_cast<double>(generated.size() - 1) / stats.steps;
+  const double acceptance = stats.drafted == 0 ? 0.0 : double(stats.accepted) / stats.drafted;
+  if (drafter != nullptr) {
+    const DomainSnapshot snap = controller->Snapshot(domain);
+    std::fprintf(stderr,
+                 "speculation (%s, domain %s): %d of %d drafts accepted (%.1f%%), %.2f tokens "
+                 "per target pass (%d passes, %d speculative), next K %d (%s)\n",
+                 drafter->name().c_str(), domain.c_str(), stats.accepted, stats.drafted,
+                 100.0 * acceptance, tokens_per_pass, stats.steps, stats.spec_steps, snap.k,
+                 std::string(SpecModeName(snap.mode)).c_str());
+  }
+  const std::string kv_summary = session->KvSummary(request.id);
   if (!kv_summary.empty()) std::fprintf(stderr, "%s\n", kv_summary.c_str());
   if (json) {
     nlohmann::json j;
@@ -122,6 +176,13 @@ absl::Status Run(const CliArgs& args) {
     j["prompt_tokens_per_s"] = prompt_tps;
     j["decode_tokens_per_s"] = decode_tps;
     j["threads"] = threads;
+    j["drafter"] = drafter ? drafter->name() : "";
+    j["domain"] = domain;
+    j["drafted"] = stats.drafted;
+    j["accepted"] = stats.accepted;
+    j["acceptance"] = acceptance;
+    j["target_passes"] = stats.steps;
+    j["tokens_per_pass"] = tokens_per_pass;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
   return absl::OkStatus();
@@ -132,8 +193,8 @@ absl::Status Run(const CliArgs& args) {
 int RunGenerate(int argc, char** argv) {
   return RunModelCommand("generate", kHelp, argc, argv,
                          {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k",
-                          "top-p", "seed", "threads"},
-                         {"chat", "ignore-eos", "json", "quiet"}, Run);
+                          "top-p", "seed", "threads", "draft", "spec-k", "domain"},
+                         {"chat", "ignore-eos", "json", "quiet", "spec-fixed"}, Run);
 }
 
 }  // namespace specnode

@@ -11,6 +11,7 @@ int RunGenerate(int argc, char** argv);   // stream text from a prompt
 int RunLogits(int argc, char** argv);     // dump logits of a token list (oracle tests)
 int RunBench(int argc, char** argv);      // prefill/decode throughput at several batch sizes
 int RunKvEval(int argc, char** argv);     // KV precision modes: bytes vs accuracy on texts
+int RunSpecBench(int argc, char** argv);  // speculative decoding per drafter and domain
 int RunTokenize(int argc, char** argv);   // encode/decode text with a model's tokenizer
 int RunTinyModel(int argc, char** argv);  // write a small deterministic Llama GGUF
 

@@ -44,6 +44,7 @@ void Usage(FILE* out) {
                "  logits      write the logits of a token list to a file\n"
                "  bench       prefill/decode tokens/s at several batch sizes\n"
                "  kv-eval     KV cache precision modes: bytes per token vs accuracy\n"
+               "  spec-bench  speculative decoding per drafter and domain vs target-only\n"
                "  tiny-model  write a small deterministic Llama GGUF\n"
                "\n"
                "Run 'specnode <command> --help' for its options.\n");
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   if (cmd == "logits") return specnode::RunLogits(sub_argc, sub_argv);
   if (cmd == "bench") return specnode::RunBench(sub_argc, sub_argv);
   if (cmd == "kv-eval") return specnode::RunKvEval(sub_argc, sub_argv);
+  if (cmd == "spec-bench") return specnode::RunSpecBench(sub_argc, sub_argv);
   if (cmd == "tiny-model") return specnode::RunTinyModel(sub_argc, sub_argv);
   std::fprintf(stderr, "specnode: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);

@@ -23,8 +23,10 @@ absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::stri
   SPECNODE_ASSIGN_OR_RETURN(s->model_, LlamaModel::Load(path, options));
   const LlamaConfig& c = s->model_->config();
   s->pool_ = std::make_unique<ThreadPool>(threads);
-  s->forward_ = std::make_unique<LlamaForward>(c, s->model_->weights(), s->pool_.get());
-  SPECNODE_ASSIGN_OR_RETURN(s->cache_, MakeKvCache(c, s->model_->weights().n_kv_heads_local, kv));
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                            MakeKvCache(c, s->model_->weights().n_kv_heads_local, kv));
+  s->runner_ =
+      std::make_unique<LocalModelRunner>(c, s->model_->weights(), s->pool_.get(), std::move(cache));
   return s;
 }
 
@@ -63,19 +65,19 @@ absl::StatusOr<std::span<const float>> ModelSession::Prefill(SeqId seq,
   for (size_t begin = 0; begin < prompt.size(); begin += kPrefillChunk) {
     const size_t count = std::min<size_t>(kPrefillChunk, prompt.size() - begin);
     BatchEntry entry{seq, prompt.subspan(begin, count), false};
-    SPECNODE_RETURN_IF_ERROR(forward_->Forward({&entry, 1}, cache_.get(), &logits_));
+    SPECNODE_RETURN_IF_ERROR(runner_->Forward({&entry, 1}, &logits_));
   }
   return std::span<const float>(logits_);
 }
 
 absl::StatusOr<std::span<const float>> ModelSession::Decode(SeqId seq, int32_t token) {
   BatchEntry entry{seq, {&token, 1}, false};
-  SPECNODE_RETURN_IF_ERROR(forward_->Forward({&entry, 1}, cache_.get(), &logits_));
+  SPECNODE_RETURN_IF_ERROR(runner_->Forward({&entry, 1}, &logits_));
   return std::span<const float>(logits_);
 }
 
 std::string ModelSession::KvSummary(SeqId seq) const {
-  const auto* store = dynamic_cast<const KvStore*>(cache_.get());
+  const auto* store = dynamic_cast<const KvStore*>(&runner_->cache());
   if (store == nullptr) return "";
   const KvUsage u = store->Usage();
   const auto t = store->SequenceTokens(seq);

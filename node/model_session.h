@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/model_runner.h"
 #include "kvstore/kv_cache_factory.h"
 #include "model/llama_forward.h"
 #include "model/llama_model.h"
@@ -26,8 +27,11 @@ class ModelSession {
                                                             const KvCacheOptions& kv = {});
 
   const LlamaModel& model() const { return *model_; }
-  LlamaForward& forward() { return *forward_; }
-  KvCache& cache() { return *cache_; }
+  LlamaForward& forward() { return runner_->forward(); }
+  KvCache& cache() { return runner_->cache(); }
+  // The forward pass and cache as the speculative engine drives them.
+  LocalModelRunner& runner() { return *runner_; }
+  ThreadPool* pool() { return pool_.get(); }
   std::string kernel_name() const;
 
   // Text -> ids; with chat, the text becomes one user turn in the model's chat template
@@ -52,8 +56,7 @@ class ModelSession {
  private:
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<LlamaForward> forward_;
-  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<LocalModelRunner> runner_;
   std::vector<float> logits_;
 };
 

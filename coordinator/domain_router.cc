@@ -1,0 +1,170 @@
+#include "coordinator/domain_router.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/spec_controller.h"
+
+namespace specnode {
+namespace {
+
+char LowerAscii(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+std::string Lowered(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = LowerAscii(c);
+  return out;
+}
+
+bool IsWordByte(char c) {
+  const unsigned char u = static_cast<unsigned char>(c);
+  return u >= 0x80 || (u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') || (u >= '0' && u <= '9') ||
+         u == '_';
+}
+
+// Whole-word occurrence of `keyword` (lowercased) in `text` (lowercased); see the header.
+bool ContainsWord(std::string_view text, std::string_view keyword) {
+  const bool need_left = IsWordByte(keyword.front());
+  const bool need_right = IsWordByte(keyword.back());
+  for (size_t pos = text.find(keyword); pos != std::string_view::npos;
+       pos = text.find(keyword, pos + 1)) {
+    const size_t end = pos + keyword.size();
+    const bool left_ok = !need_left || pos == 0 || !IsWordByte(text[pos - 1]);
+    const bool right_ok = !need_right || end == text.size() || !IsWordByte(text[end]);
+    if (left_ok && right_ok) return true;
+  }
+  return false;
+}
+
+absl::Status RuleError(size_t index, std::string_view domain, std::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("router rule ", index, " (", std::string(domain), "): ", std::string(what)));
+}
+
+// Shared by both ChooseGroup overloads: eligible[i] false = never chosen.
+int ChooseAmong(std::span<const double> goodputs, const std::vector<bool>* eligible) {
+  int best = -1;
+  double best_g = 0.0;
+  for (size_t i = 0; i < goodputs.size(); ++i) {
+    if (eligible != nullptr && !(*eligible)[i]) continue;
+    const double g = goodputs[i];
+    if (!(g > 0.0)) return static_cast<int>(i);  // untried: explore it first
+    if (best < 0 || g > best_g) {
+      best = static_cast<int>(i);
+      best_g = g;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::Status DomainRouter::ValidateDomainName(std::string_view name) {
+  if (name.empty()) return absl::InvalidArgumentError("domain name is empty");
+  if (name.size() > kMaxDomainNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("domain name longer than ", kMaxDomainNameBytes, " bytes"));
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == ':' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat("domain name \"", std::string(name),
+                                                     "\" has a character outside [A-Za-z0-9_.:-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DomainRouter>> DomainRouter::Create(RouterConfig config) {
+  if (absl::Status st = ValidateDomainName(config.default_domain); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("router default_domain: ", st.message()));
+  }
+  if (config.max_scan_bytes == 0) {
+    return absl::InvalidArgumentError("router max_scan_bytes must be >= 1");
+  }
+  std::vector<CompiledRule> compiled;
+  compiled.reserve(config.rules.size());
+  for (size_t i = 0; i < config.rules.size(); ++i) {
+    const DomainRule& rule = config.rules[i];
+    if (absl::Status st = ValidateDomainName(rule.domain); !st.ok()) {
+      return RuleError(i, rule.domain, std::string(st.message()));
+    }
+    if (rule.keywords.empty() && rule.regex.empty()) {
+      return RuleError(i, rule.domain, "has neither keywords nor a regex");
+    }
+    CompiledRule c;
+    for (size_t j = 0; j < rule.keywords.size(); ++j) {
+      if (rule.keywords[j].empty()) {
+        return RuleError(i, rule.domain, absl::StrCat("keyword ", j, " is empty"));
+      }
+      c.keywords.push_back(Lowered(rule.keywords[j]));
+    }
+    if (!rule.regex.empty()) {
+      auto flags = std::regex::ECMAScript | std::regex::optimize;
+      if (rule.regex_icase) flags |= std::regex::icase;
+      try {
+        c.regex = std::regex(rule.regex, flags);
+      } catch (const std::regex_error& e) {
+        return RuleError(i, rule.domain,
+                         absl::StrCat("bad regex \"", rule.regex, "\": ", e.what()));
+      }
+      c.has_regex = true;
+    }
+    compiled.push_back(std::move(c));
+  }
+  return std::unique_ptr<DomainRouter>(new DomainRouter(std::move(config), std::move(compiled)));
+}
+
+DomainRouter::DomainRouter(RouterConfig config, std::vector<CompiledRule> compiled)
+    : config_(std::move(config)), compiled_(std::move(compiled)) {}
+
+bool DomainRouter::Matches(const CompiledRule& rule, std::string_view prompt,
+                           std::string_view lowered) const {
+  for (const std::string& kw : rule.keywords) {
+    if (ContainsWord(lowered, kw)) return true;
+  }
+  if (rule.has_regex) {
+    try {
+      return std::regex_search(prompt.begin(), prompt.end(), rule.regex);
+    } catch (const std::regex_error&) {
+      return false;  // complexity / stack limits: treat as no match
+    }
+  }
+  return false;
+}
+
+int DomainRouter::MatchRule(std::string_view prompt) const {
+  if (prompt.size() > config_.max_scan_bytes) prompt = prompt.substr(0, config_.max_scan_bytes);
+  const std::string lowered = Lowered(prompt);
+  for (size_t i = 0; i < compiled_.size(); ++i) {
+    if (Matches(compiled_[i], prompt, lowered)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::string DomainRouter::Classify(std::string_view request_domain, std::string_view prompt) const {
+  if (!request_domain.empty()) return std::string(request_domain);
+  const int rule = MatchRule(prompt);
+  if (rule >= 0) return config_.rules[rule].domain;
+  return config_.default_domain;
+}
+
+int DomainRouter::ChooseGroup(std::span<const double> goodputs) {
+  return ChooseAmong(goodputs, nullptr);
+}
+
+int DomainRouter::ChooseGroup(std::string_view domain,
+                              std::span<const SpecController* const> controllers) {
+  std::vector<double> goodputs(controllers.size(), 0.0);
+  std::vector<bool> eligible(controllers.size(), false);
+  for (size_t i = 0; i < controllers.size(); ++i) {
+    if (controllers[i] == nullptr) continue;
+    eligible[i] = true;
+    goodputs[i] = controllers[i]->ExpectedGoodput(domain);
+  }
+  return ChooseAmong(goodputs, &eligible);
+}
+
+}  // namespace specnode

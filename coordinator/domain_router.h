@@ -1,0 +1,108 @@
+// DomainRouter: names the domain of a request and picks the drafter / group that serves it.
+//
+// Classify(request_domain, prompt) returns, in order of precedence:
+//   1. the request's explicit `domain` field when non-empty (returned as given; the front
+//      end validates it with ValidateDomainName);
+//   2. the domain of the first rule, in configuration order, that matches the prompt;
+//   3. RouterConfig::default_domain.
+// A rule matches when any of its keywords or its regular expression matches. Only the
+// first `max_scan_bytes` bytes of the prompt are examined (the domain of a request shows
+// at its start, and std::regex's recursive matcher must not see unbounded input).
+//
+// Keywords: case-insensitive (ASCII) WHOLE-WORD matches. A word character is an ASCII
+// letter, digit or '_', or any byte >= 0x80 (so UTF-8 words are not split). A keyword
+// edge that is a word character must sit at a word boundary of the prompt; an edge that
+// is not (e.g. the "+" of "c++", the "#" of "#include") needs no boundary. Keywords may
+// hold several words ("balance sheet"). "stock" does not match "stocks": list both, or
+// use a regular expression for stems.
+//
+// Regular expressions: ECMAScript grammar (std::regex), searched anywhere in the prompt
+// (std::regex_search), case-insensitive unless DomainRule::regex_icase is false. They are
+// compiled in Create; a bad pattern is InvalidArgument naming the rule index and domain
+// (std::regex_error never leaves this module). A matching error at run time (complexity
+// or stack limits) counts as no match.
+//
+// Groups. ChooseGroup picks, among several drafters or groups, the one for a domain:
+// the lowest-index group with no observations for the domain (exploration: every group
+// is tried once per domain), else the group with the best recent goodput (tokens/s as
+// estimated by its SpecController from its windowed acceptance and live timings), ties to
+// the lowest index. Estimates of groups that are not chosen for a domain age (their
+// acceptance window for it stops moving); there is no periodic re-exploration.
+//
+// Thread-safety: immutable after Create; Classify and ChooseGroup are const and may be
+// called from any thread concurrently. No method throws.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <regex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace specnode {
+
+class SpecController;
+
+struct DomainRule {
+  std::string domain;                 // valid domain name (ValidateDomainName)
+  std::vector<std::string> keywords;  // whole-word, case-insensitive; empty ones rejected
+  std::string regex;                  // ECMAScript; empty = none
+  bool regex_icase = true;
+};
+
+struct RouterConfig {
+  std::vector<DomainRule> rules;  // first match wins
+  std::string default_domain = "default";
+  size_t max_scan_bytes = 8192;  // prompt bytes examined by rules, >= 1
+};
+
+class DomainRouter {
+ public:
+  static constexpr size_t kMaxDomainNameBytes = 64;
+
+  // InvalidArgument when a rule has an invalid domain name, no keyword and no regex, an
+  // empty keyword, or a regex that does not compile (message: "rule <i> (<domain>): ...");
+  // when default_domain is invalid; when max_scan_bytes == 0.
+  static absl::StatusOr<std::unique_ptr<DomainRouter>> Create(RouterConfig config);
+
+  // A domain name is 1..kMaxDomainNameBytes bytes of [A-Za-z0-9_.:-] (safe as a metrics
+  // label and a log token). InvalidArgument otherwise.
+  static absl::Status ValidateDomainName(std::string_view name);
+
+  // See the header comment. Returns a domain name; never fails.
+  std::string Classify(std::string_view request_domain, std::string_view prompt) const;
+
+  // Index of the rule that matches `prompt` first, -1 when none does (for diagnostics).
+  int MatchRule(std::string_view prompt) const;
+
+  // goodputs[i]: group i's expected tokens/s for the domain; a value that is not > 0
+  // (0, negative, NaN) means "no observations". Returns the chosen index as described in
+  // the header comment; -1 when goodputs is empty.
+  static int ChooseGroup(std::span<const double> goodputs);
+  // The same over each group's controller: goodputs[i] = controllers[i]->ExpectedGoodput(
+  // domain) (a null controller is never chosen unless all are null: then -1).
+  static int ChooseGroup(std::string_view domain,
+                         std::span<const SpecController* const> controllers);
+
+  const RouterConfig& config() const { return config_; }
+
+ private:
+  struct CompiledRule {
+    std::vector<std::string> keywords;  // lowercased
+    bool has_regex = false;
+    std::regex regex;
+  };
+
+  explicit DomainRouter(RouterConfig config, std::vector<CompiledRule> compiled);
+  bool Matches(const CompiledRule& rule, std::string_view prompt, std::string_view lowered) const;
+
+  RouterConfig config_;
+  std::vector<CompiledRule> compiled_;
+};
+
+}  // namespace specnode

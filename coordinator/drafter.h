@@ -1,0 +1,59 @@
+// Drafter: proposes up to K next tokens for sequences, which the target then verifies.
+//
+// Drafters are stateless towards the engine: every call passes the sequence's whole
+// committed context (prompt + accepted tokens), and a drafter with its own KV cache (a
+// draft model) brings that cache in line by itself — it keeps the longest common prefix of
+// what it cached and the context and feeds the rest. Rejected drafts are thereby rolled
+// back on the draft side without a separate call.
+//
+// A proposal carries, for each drafted token, the distribution q it was drawn from (needed
+// by the exact sampled acceptance rule), or no rows when the drafter is deterministic
+// (q is then one-hot on the drafted token: n-gram lookup).
+//
+// Not thread-safe: the engine calls a drafter from its step loop only.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "model/kv_cache.h"
+#include "model/sampling.h"
+
+namespace specnode {
+
+struct DraftRequest {
+  SeqId seq = 0;
+  std::span<const int32_t> context;  // committed tokens, non-empty
+  int k = 0;                         // wanted drafts, >= 1
+  Sampler* sampler = nullptr;        // the sequence's sampler: params for q, and its stream
+};
+
+struct Draft {
+  std::vector<int32_t> tokens;  // 0..k drafted tokens
+  std::vector<float> q;         // [tokens.size(), vocab] or empty (deterministic drafter)
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+
+  // For logs and stats: "ngram:3", "self:8", the draft file's name.
+  virtual std::string name() const = 0;
+
+  // Brings the drafter's state up to every request's context except its last token (a draft
+  // model prefills its cache), so that Propose measures only the cost of drafting. Optional.
+  virtual absl::Status Sync(std::span<const DraftRequest> requests) { return absl::OkStatus(); }
+
+  // One proposal per request, in order (drafts->size() == requests.size()). Batched across
+  // requests where the drafter can. Errors leave the engine's sequences untouched.
+  virtual absl::Status Propose(std::span<const DraftRequest> requests,
+                               std::vector<Draft>* drafts) = 0;
+
+  // Releases what the drafter holds for seq. Unknown ids are ignored.
+  virtual void Free(SeqId seq) = 0;
+};
+
+}  // namespace specnode

@@ -1,0 +1,176 @@
+#include "coordinator/model_drafter.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+namespace {
+
+constexpr size_t kSyncChunk = 512;  // tokens per sequence per catch-up forward
+
+absl::Status CheckSameVocabulary(const std::string& path, const LlamaModel& draft,
+                                 const LlamaModel& target) {
+  const Tokenizer& a = draft.tokenizer();
+  const Tokenizer& b = target.tokenizer();
+  if (draft.config().vocab_size != target.config().vocab_size || a.vocab_size() != b.vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "draft model %s has a vocabulary of %d tokens (%d in its tokenizer) but the target's "
+        "has %d (%d): a draft must share the target's vocabulary",
+        path, draft.config().vocab_size, a.vocab_size(), target.config().vocab_size,
+        b.vocab_size()));
+  }
+  for (int32_t id = 0; id < a.vocab_size(); ++id) {
+    if (a.TokenToBytes(id, true) != b.TokenToBytes(id, true)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "draft model %s: token %d is \"%s\" but the target's is \"%s\": a draft must share "
+          "the target's vocabulary",
+          path, id, absl::CEscape(a.TokenToBytes(id, true)),
+          absl::CEscape(b.TokenToBytes(id, true))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Finish(std::unique_ptr<ModelDrafter> d,
+                                                                   const LlamaConfig& config,
+                                                                   ThreadPool* pool,
+                                                                   const KvCacheOptions& kv) {
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                            MakeKvCache(config, d->weights_.n_kv_heads_local, kv));
+  d->runner_ = std::make_unique<LocalModelRunner>(config, d->weights_, pool, std::move(cache));
+  return d;
+}
+
+absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Load(const std::string& path,
+                                                                 const LlamaModel& target,
+                                                                 ThreadPool* pool,
+                                                                 const KvCacheOptions& kv) {
+  std::unique_ptr<ModelDrafter> d(new ModelDrafter());
+  SPECNODE_ASSIGN_OR_RETURN(d->own_model_, LlamaModel::Load(path));
+  SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(path, *d->own_model_, target));
+  d->name_ = std::filesystem::path(path).filename().string();
+  SPECNODE_ASSIGN_OR_RETURN(d->weights_,
+                            LoadLlamaWeights(d->own_model_->file(), d->own_model_->config()));
+  const LlamaConfig config = d->own_model_->config();
+  return Finish(std::move(d), config, pool, kv);
+}
+
+absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::SelfDraft(const LlamaModel& target,
+                                                                      int layers, ThreadPool* pool,
+                                                                      const KvCacheOptions& kv) {
+  const int total = target.config().n_layers;
+  if (layers < 1 || layers >= total) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("self-draft layers must be in [1, %d) for this %d-layer target, got %d",
+                        total, total, layers));
+  }
+  std::unique_ptr<ModelDrafter> d(new ModelDrafter());
+  d->name_ = absl::StrFormat("self:%d", layers);
+  LlamaConfig config = target.config();
+  config.n_layers = layers;
+  SPECNODE_ASSIGN_OR_RETURN(d->weights_,
+                            LoadLlamaWeights(target.file(), target.config(), {}, layers));
+  return Finish(std::move(d), config, pool, kv);
+}
+
+absl::StatusOr<int32_t> ModelDrafter::Align(SeqId seq, std::span<const int32_t> tokens) {
+  std::vector<int32_t>& cached = cached_[seq];
+  const size_t limit = std::min(cached.size(), tokens.size());
+  size_t common = 0;
+  while (common < limit && cached[common] == tokens[common]) ++common;
+  if (common < cached.size()) {
+    SPECNODE_RETURN_IF_ERROR(runner_->Truncate(seq, static_cast<int32_t>(common)));
+    cached.resize(common);
+  }
+  return static_cast<int32_t>(common);
+}
+
+absl::Status ModelDrafter::Sync(std::span<const DraftRequest> requests) {
+  // Feed context[0, size - 1) in chunks, all sequences in one batch per round.
+  while (true) {
+    std::vector<BatchEntry> batch;
+    for (const DraftRequest& r : requests) {
+      const auto want = r.context.first(r.context.size() - 1);
+      SPECNODE_ASSIGN_OR_RETURN(int32_t have, Align(r.seq, want));
+      if (static_cast<size_t>(have) == want.size()) continue;
+      const size_t n = std::min(kSyncChunk, want.size() - have);
+      batch.push_back({r.seq, want.subspan(have, n), false});
+    }
+    if (batch.empty()) return absl::OkStatus();
+    SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
+    for (const BatchEntry& e : batch) {
+      auto& cached = cached_[e.seq];
+      cached.insert(cached.end(), e.tokens.begin(), e.tokens.end());
+    }
+  }
+}
+
+absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
+                                   std::vector<Draft>* drafts) {
+  const int32_t vocab = runner_->vocab_size();
+  drafts->assign(requests.size(), Draft{});
+  // Round 0 feeds each context's uncached tail (normally its last token); round i > 0 feeds
+  // draft i. A sequence stops at its k, or where the draft model's context ends.
+  std::vector<std::vector<int32_t>> feed(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SPECNODE_ASSIGN_OR_RETURN(int32_t have, Align(requests[i].seq, requests[i].context));
+    if (static_cast<size_t>(have) == requests[i].context.size()) {
+      // Everything is cached already: re-feed the last token to get its logits.
+      SPECNODE_RETURN_IF_ERROR(runner_->Truncate(requests[i].seq, have - 1));
+      cached_[requests[i].seq].pop_back();
+      --have;
+    }
+    feed[i].assign(requests[i].context.begin() + have, requests[i].context.end());
+  }
+  std::vector<float> q;
+  for (int round = 0;; ++round) {
+    std::vector<BatchEntry> batch;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const DraftRequest& r = requests[i];
+      const bool wants_more = static_cast<int>((*drafts)[i].tokens.size()) < r.k;
+      const size_t pos_after = cached_[r.seq].size() + feed[i].size();
+      if (!wants_more || feed[i].empty() ||
+          pos_after >= static_cast<size_t>(runner_->max_positions())) {
+        continue;
+      }
+      batch.push_back({r.seq, feed[i], false});
+      who.push_back(i);
+    }
+    if (batch.empty()) return absl::OkStatus();
+    SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
+    for (size_t b = 0; b < who.size(); ++b) {
+      const size_t i = who[b];
+      const DraftRequest& r = requests[i];
+      auto& cached = cached_[r.seq];
+      cached.insert(cached.end(), feed[i].begin(), feed[i].end());
+      const std::span<const float> row(logits_.data() + b * vocab, vocab);
+      Draft& d = (*drafts)[i];
+      int32_t token;
+      if (r.sampler->params().temperature == 0.0f) {
+        token = ArgMax(row);  // greedy: q is one-hot, left implicit
+      } else {
+        r.sampler->Distribution(row, &q);
+        token = r.sampler->SampleFrom(q);
+        d.q.insert(d.q.end(), q.begin(), q.end());
+      }
+      d.tokens.push_back(token);
+      // The last wanted draft is not fed: its K/V would only matter if it is accepted, and
+      // then the next Sync/Propose feeds it.
+      feed[i].assign(1, token);
+    }
+  }
+}
+
+void ModelDrafter::Free(SeqId seq) {
+  runner_->Free(seq);
+  cached_.erase(seq);
+}
+
+}  // namespace specnode

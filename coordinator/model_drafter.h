@@ -1,0 +1,62 @@
+// Drafters that run a Llama-family model: a separate draft GGUF with the target's
+// vocabulary, or a self-draft made of the target's first L layers + its final norm and head
+// (LayerSkip-style early exit, no extra weights). Both keep their own KV cache.
+//
+// Drafting K tokens for a batch of sequences costs K batched forward passes of one token
+// per sequence. Each drafted token is sampled from q = the sequence sampler's Distribution
+// of the draft logits (temperature / top-k / top-p of the request; greedy gives one-hot q),
+// drawing from the sequence's own stream, so a seeded request stays reproducible.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "coordinator/drafter.h"
+#include "coordinator/model_runner.h"
+#include "kvstore/kv_cache_factory.h"
+#include "model/llama_model.h"
+#include "model/thread_pool.h"
+
+namespace specnode {
+
+class ModelDrafter final : public Drafter {
+ public:
+  // A draft model from its own GGUF file. InvalidArgument when its vocabulary differs from
+  // `target`'s (size or any token's bytes): drafted ids would mean other text.
+  // `target` and `pool` must outlive the drafter.
+  static absl::StatusOr<std::unique_ptr<ModelDrafter>> Load(const std::string& path,
+                                                            const LlamaModel& target,
+                                                            ThreadPool* pool,
+                                                            const KvCacheOptions& kv);
+
+  // The first `layers` layers of `target` (1 <= layers < target's layer count, else
+  // InvalidArgument). Shares the target's mapped weights.
+  static absl::StatusOr<std::unique_ptr<ModelDrafter>> SelfDraft(const LlamaModel& target,
+                                                                 int layers, ThreadPool* pool,
+                                                                 const KvCacheOptions& kv);
+
+  std::string name() const override { return name_; }
+  absl::Status Sync(std::span<const DraftRequest> requests) override;
+  absl::Status Propose(std::span<const DraftRequest> requests, std::vector<Draft>* drafts) override;
+  void Free(SeqId seq) override;
+
+ private:
+  ModelDrafter() = default;
+  // Truncates seq's cache to its common prefix with `tokens` and returns that length.
+  absl::StatusOr<int32_t> Align(SeqId seq, std::span<const int32_t> tokens);
+  static absl::StatusOr<std::unique_ptr<ModelDrafter>> Finish(std::unique_ptr<ModelDrafter> d,
+                                                              const LlamaConfig& config,
+                                                              ThreadPool* pool,
+                                                              const KvCacheOptions& kv);
+
+  std::string name_;
+  std::unique_ptr<LlamaModel> own_model_;  // a separate draft file; null for a self-draft
+  LlamaWeights weights_;                   // views (into own_model_ or the target's file)
+  std::unique_ptr<ModelRunner> runner_;
+  std::map<SeqId, std::vector<int32_t>> cached_;  // tokens whose K/V the runner holds
+  std::vector<float> logits_;
+};
+
+}  // namespace specnode

@@ -1,0 +1,442 @@
+#include "coordinator/spec_controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace specnode {
+namespace {
+
+// Floor on a predicted step cost, so a model fitted through zero never divides by zero.
+constexpr double kMinStepSeconds = 1e-9;
+
+absl::Status FieldError(std::string_view field, std::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("SpecControllerConfig.", std::string(field), ": ", std::string(what)));
+}
+
+bool InUnit(double x) { return std::isfinite(x) && x >= 0.0 && x <= 1.0; }
+
+}  // namespace
+
+double ExpectedTokensPerStep(double a, int k) {
+  if (k <= 0) return 1.0;
+  if (!(a > 0.0)) return 1.0;  // also NaN
+  if (a >= 1.0) return static_cast<double>(k + 1);
+  return (1.0 - std::pow(a, k + 1)) / (1.0 - a);
+}
+
+absl::Status ValidateSpecControllerConfig(const SpecControllerConfig& c) {
+  if (!InUnit(c.free_threshold)) return FieldError("free_threshold", "must be in [0, 1]");
+  if (!InUnit(c.disable_threshold)) return FieldError("disable_threshold", "must be in [0, 1]");
+  if (c.disable_threshold > c.free_threshold) {
+    return FieldError("disable_threshold", "must be <= free_threshold");
+  }
+  if (c.k_min < 1) return FieldError("k_min", "must be >= 1");
+  if (c.k_max < c.k_min || c.k_max > SpecController::kMaxK) {
+    return FieldError("k_max", absl::StrCat("must be in [k_min, ", SpecController::kMaxK, "]"));
+  }
+  if (c.k_initial < c.k_min || c.k_initial > c.k_max) {
+    return FieldError("k_initial", "must be in [k_min, k_max]");
+  }
+  if (c.window < 1) return FieldError("window", "must be >= 1");
+  if (c.min_observations < 1 || c.min_observations > c.window) {
+    return FieldError("min_observations", "must be in [1, window]");
+  }
+  if (c.probe_every < 1) return FieldError("probe_every", "must be >= 1");
+  if (c.probe_k < 1 || c.probe_k > c.k_max) return FieldError("probe_k", "must be in [1, k_max]");
+  if (c.probe_window < c.min_observations || c.probe_window > c.window) {
+    return FieldError("probe_window", "must be in [min_observations, window]");
+  }
+  if (!std::isfinite(c.timing_alpha) || c.timing_alpha <= 0.0 || c.timing_alpha > 1.0) {
+    return FieldError("timing_alpha", "must be in (0, 1]");
+  }
+  if (c.max_domains < 1) return FieldError("max_domains", "must be >= 1");
+  if (!(c.early_z >= 0.0 && c.early_z <= 10.0)) return FieldError("early_z", "must be in [0, 10]");
+  if (c.early_min_observations < 1) return FieldError("early_min_observations", "must be >= 1");
+  if (!(c.probe_overhead_budget >= 0.0 && c.probe_overhead_budget <= 1.0)) {
+    return FieldError("probe_overhead_budget", "must be in [0, 1]");
+  }
+  return absl::OkStatus();
+}
+
+std::string_view SpecModeName(SpecMode mode) {
+  switch (mode) {
+    case SpecMode::kWarmup:
+      return "warmup";
+    case SpecMode::kFree:
+      return "free";
+    case SpecMode::kAdapt:
+      return "adapt";
+    case SpecMode::kDisabled:
+      return "disabled";
+    case SpecMode::kProbing:
+      return "probing";
+  }
+  return "unknown";
+}
+
+// ---- OutcomeWindow ----
+
+void SpecController::OutcomeWindow::Push(bool ok, int capacity) {
+  bits.push_back(ok ? 1 : 0);
+  accepted += ok ? 1 : 0;
+  while (static_cast<int>(bits.size()) > capacity) {
+    accepted -= bits.front();
+    bits.pop_front();
+  }
+}
+
+void SpecController::OutcomeWindow::Clear() {
+  bits.clear();
+  accepted = 0;
+}
+
+double SpecController::OutcomeWindow::Acceptance() const {
+  return bits.empty() ? 0.0 : static_cast<double>(accepted) / static_cast<double>(bits.size());
+}
+
+// ---- TimingModel ----
+
+void SpecController::TimingModel::Add(int k, double seconds, double alpha) {
+  auto [it, inserted] = ewma.try_emplace(k, seconds);
+  if (!inserted) it->second = alpha * seconds + (1.0 - alpha) * it->second;
+}
+
+std::optional<double> SpecController::TimingModel::Predict(int k) const {
+  if (ewma.empty()) return std::nullopt;
+  if (ewma.size() == 1) {
+    const auto [k0, t0] = *ewma.begin();
+    if (proportional_single && k0 > 0) return t0 * k / k0;
+    return t0;
+  }
+  // Least squares c0 + c1·x with c0, c1 >= 0 (two-variable NNLS: the unconstrained fit if
+  // feasible, else the better of the two boundary fits c1 = 0 and c0 = 0).
+  const double n = static_cast<double>(ewma.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : ewma) {
+    sx += x;
+    sy += y;
+    sxx += static_cast<double>(x) * x;
+    sxy += x * y;
+  }
+  const double mx = sx / n, my = sy / n;
+  const double vxx = sxx - n * mx * mx;  // > 0: keys are distinct
+  double c1 = (sxy - n * mx * my) / vxx;
+  double c0 = my - c1 * mx;
+  if (c1 < 0.0 || c0 < 0.0) {
+    auto sse = [&](double a0, double a1) {
+      double e = 0;
+      for (const auto& [x, y] : ewma) {
+        const double r = y - (a0 + a1 * x);
+        e += r * r;
+      }
+      return e;
+    };
+    const double flat_c0 = std::max(my, 0.0);
+    const double origin_c1 = sxx > 0.0 ? std::max(sxy / sxx, 0.0) : 0.0;
+    if (sse(flat_c0, 0.0) <= sse(0.0, origin_c1)) {
+      c0 = flat_c0;
+      c1 = 0.0;
+    } else {
+      c0 = 0.0;
+      c1 = origin_c1;
+    }
+  }
+  return c0 + c1 * k;
+}
+
+// ---- SpecController ----
+
+double WilsonUpperBound(int successes, int trials, double z) {
+  if (trials <= 0) return 1.0;
+  const double n = trials;
+  const double p = successes / n;
+  const double z2 = z * z;
+  const double center = p + z2 / (2 * n);
+  const double spread = z * std::sqrt(p * (1 - p) / n + z2 / (4 * n * n));
+  return std::min(1.0, (center + spread) / (1 + z2 / n));
+}
+
+int SpecController::ProbeIntervalLocked() const {
+  int interval = config_.probe_every;
+  if (config_.probe_overhead_budget <= 0.0) return interval;
+  const std::optional<double> td = draft_.Predict(config_.probe_k);
+  const std::optional<double> tv = verify_.Predict(config_.probe_k);
+  const std::optional<double> t_direct = DirectSecondsLocked();
+  if (!td || !tv || !t_direct || *t_direct <= 0.0) return interval;
+  const double extra = *td + *tv - *t_direct;
+  const double needed = extra / (config_.probe_overhead_budget * *t_direct);
+  constexpr double kMaxInterval = 1 << 16;
+  return std::max(interval, static_cast<int>(std::ceil(std::min(needed, kMaxInterval))));
+}
+
+absl::StatusOr<std::unique_ptr<SpecController>> SpecController::Create(
+    const SpecControllerConfig& config) {
+  absl::Status status = ValidateSpecControllerConfig(config);
+  if (!status.ok()) return status;
+  return std::unique_ptr<SpecController>(new SpecController(config));
+}
+
+SpecController::SpecController(const SpecControllerConfig& config) : config_(config) {
+  draft_.proportional_single = true;
+  verify_.proportional_single = false;
+}
+
+SpecController::DomainState& SpecController::StateFor(std::string_view domain) {
+  auto it = domains_.find(domain);
+  if (it != domains_.end()) return it->second;
+  if (static_cast<int>(domains_.size()) >= config_.max_domains) {
+    domain = kOverflowDomain;
+    it = domains_.find(domain);
+    if (it != domains_.end()) return it->second;
+  }
+  return domains_.emplace(std::string(domain), DomainState{}).first->second;
+}
+
+const SpecController::DomainState* SpecController::FindState(std::string_view domain) const {
+  auto it = domains_.find(domain);
+  if (it == domains_.end() && static_cast<int>(domains_.size()) >= config_.max_domains) {
+    it = domains_.find(kOverflowDomain);
+  }
+  return it == domains_.end() ? nullptr : &it->second;
+}
+
+std::optional<double> SpecController::DirectSecondsLocked() const {
+  if (direct_ewma_.has_value()) return direct_ewma_;
+  std::optional<double> proxy = verify_.Predict(0);
+  if (proxy.has_value() && *proxy > 0.0) return proxy;
+  return std::nullopt;
+}
+
+std::optional<double> SpecController::GoodputLocked(double a, int k) const {
+  if (k == 0) {
+    std::optional<double> t = DirectSecondsLocked();
+    if (!t.has_value()) return std::nullopt;
+    return 1.0 / std::max(*t, kMinStepSeconds);
+  }
+  std::optional<double> td = draft_.Predict(k);
+  std::optional<double> tv = verify_.Predict(k);
+  if (!td.has_value() || !tv.has_value()) return std::nullopt;
+  return ExpectedTokensPerStep(a, k) / std::max(*td + *tv, kMinStepSeconds);
+}
+
+std::optional<int> SpecController::BestK(double a) const {
+  std::optional<int> best;
+  double best_g = -1.0;
+  for (int k = config_.k_min; k <= config_.k_max; ++k) {
+    std::optional<double> g = GoodputLocked(a, k);
+    if (!g.has_value()) return std::nullopt;
+    // Strictly better by a relative margin, so float noise does not break ties upward.
+    if (!best.has_value() || *g > best_g * (1.0 + 1e-12)) {
+      best = k;
+      best_g = *g;
+    }
+  }
+  return best;
+}
+
+SpecController::Decision SpecController::Decide(const DomainState& s) const {
+  if (s.disabled) {
+    return {s.probe_in_flight ? SpecMode::kProbing : SpecMode::kDisabled, 0};
+  }
+  if (s.window.size() < config_.min_observations) return {SpecMode::kWarmup, config_.k_initial};
+  const double a = s.window.Acceptance();
+  const std::optional<int> best = BestK(a);
+  const int k = best.value_or(config_.k_initial);
+  if (a >= config_.free_threshold) return {SpecMode::kFree, k};
+  // Adapt band (a < disable_threshold disables the domain in RecordStep).
+  if (best.has_value()) {
+    std::optional<double> g = GoodputLocked(a, k);
+    std::optional<double> g_direct = GoodputLocked(a, 0);
+    if (g.has_value() && g_direct.has_value() && *g < *g_direct) return {SpecMode::kAdapt, 0};
+  }
+  return {SpecMode::kAdapt, k};
+}
+
+int SpecController::ChooseK(std::string_view domain) {
+  std::unique_lock lock(mu_);
+  DomainState& s = StateFor(domain);
+  ++s.decisions;
+  const Decision d = Decide(s);
+  if (d.k > 0) return d.k;
+  if (s.direct_since_probe >= ProbeIntervalLocked()) {
+    s.direct_since_probe = 0;
+    ++s.probes;
+    s.probe_in_flight = s.disabled;
+    return config_.probe_k;
+  }
+  s.probe_in_flight = false;  // a probe the engine never ran (e.g. clamped to k = 0)
+  ++s.direct_since_probe;
+  ++s.direct_decisions;
+  return 0;
+}
+
+absl::Status SpecController::RecordStep(std::string_view domain, int k, int accepted) {
+  if (k < 0 || k > kMaxRecordedK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RecordStep: k = ", k, " outside [0, ", kMaxRecordedK, "]"));
+  }
+  if (accepted < 0 || accepted > k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RecordStep: accepted = ", accepted, " outside [0, k = ", k, "]"));
+  }
+  if (k == 0) return absl::OkStatus();
+  std::unique_lock lock(mu_);
+  DomainState& s = StateFor(domain);
+  ++s.spec_steps;
+  s.drafted += k;
+  s.accepted += accepted;
+  const bool has_failure = accepted < k;
+  if (s.disabled) {
+    s.probe_in_flight = false;
+    for (int i = 0; i < accepted; ++i) s.probe_window.Push(true, config_.probe_window);
+    if (has_failure) s.probe_window.Push(false, config_.probe_window);
+    if (s.probe_window.size() >= config_.min_observations &&
+        s.probe_window.Acceptance() >= config_.disable_threshold) {
+      // Recovered: the pre-disable history is stale; restart the window from the probes.
+      s.disabled = false;
+      ++s.reenables;
+      s.window.Clear();
+      for (uint8_t bit : s.probe_window.bits) s.window.Push(bit != 0, config_.window);
+      s.probe_window.Clear();
+      s.direct_since_probe = 0;
+      s.probe_in_flight = false;
+    }
+    return absl::OkStatus();
+  }
+  for (int i = 0; i < accepted; ++i) s.window.Push(true, config_.window);
+  if (has_failure) s.window.Push(false, config_.window);
+  const bool judged = s.window.size() >= config_.min_observations;
+  const bool judged_early = !judged && config_.early_z > 0.0 &&
+                            s.window.size() >= config_.early_min_observations &&
+                            WilsonUpperBound(s.window.accepted, s.window.size(), config_.early_z) <
+                                config_.disable_threshold;
+  if (judged_early || (judged && s.window.Acceptance() < config_.disable_threshold)) {
+    s.disabled = true;
+    ++s.disables;
+    s.probe_window.Clear();
+    s.direct_since_probe = 0;
+    s.probe_in_flight = false;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status CheckSeconds(std::string_view what, double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": seconds must be finite and >= 0, got ", seconds));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status SpecController::RecordDraftTime(int k, double seconds) {
+  if (k < 1 || k > kMaxRecordedK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RecordDraftTime: k = ", k, " outside [1, ", kMaxRecordedK, "]"));
+  }
+  absl::Status st = CheckSeconds("RecordDraftTime", seconds);
+  if (!st.ok()) return st;
+  std::unique_lock lock(mu_);
+  draft_.Add(k, seconds, config_.timing_alpha);
+  return absl::OkStatus();
+}
+
+absl::Status SpecController::RecordVerifyTime(int k, double seconds) {
+  if (k < 0 || k > kMaxRecordedK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RecordVerifyTime: k = ", k, " outside [0, ", kMaxRecordedK, "]"));
+  }
+  absl::Status st = CheckSeconds("RecordVerifyTime", seconds);
+  if (!st.ok()) return st;
+  std::unique_lock lock(mu_);
+  verify_.Add(k, seconds, config_.timing_alpha);
+  return absl::OkStatus();
+}
+
+absl::Status SpecController::RecordDirectTime(double seconds) {
+  absl::Status st = CheckSeconds("RecordDirectTime", seconds);
+  if (!st.ok()) return st;
+  std::unique_lock lock(mu_);
+  const double alpha = config_.timing_alpha;
+  direct_ewma_ =
+      direct_ewma_.has_value() ? alpha * seconds + (1.0 - alpha) * *direct_ewma_ : seconds;
+  return absl::OkStatus();
+}
+
+double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
+  const Decision d = Decide(s);
+  if (d.k == 0) return GoodputLocked(0.0, 0).value_or(0.0);
+  if (s.window.size() == 0) return 0.0;  // never observed
+  return GoodputLocked(s.window.Acceptance(), d.k).value_or(0.0);
+}
+
+double SpecController::ExpectedGoodput(std::string_view domain) const {
+  std::shared_lock lock(mu_);
+  const DomainState* s = FindState(domain);
+  if (s == nullptr) return 0.0;
+  return ExpectedGoodputLocked(*s);
+}
+
+std::optional<double> SpecController::PredictDraftSeconds(int k) const {
+  std::shared_lock lock(mu_);
+  return draft_.Predict(k);
+}
+
+std::optional<double> SpecController::PredictVerifySeconds(int k) const {
+  std::shared_lock lock(mu_);
+  return verify_.Predict(k);
+}
+
+std::optional<double> SpecController::DirectSeconds() const {
+  std::shared_lock lock(mu_);
+  return DirectSecondsLocked();
+}
+
+DomainSnapshot SpecController::SnapshotLocked(std::string_view name, const DomainState& s) const {
+  DomainSnapshot snap;
+  snap.domain = std::string(name);
+  const Decision d = Decide(s);
+  snap.mode = d.mode;
+  snap.k = d.k;
+  snap.acceptance = s.window.Acceptance();
+  snap.window_positions = s.window.size();
+  snap.expected_goodput = ExpectedGoodputLocked(s);
+  snap.probe_acceptance = s.probe_window.Acceptance();
+  snap.probe_positions = s.probe_window.size();
+  snap.decisions = s.decisions;
+  snap.direct_decisions = s.direct_decisions;
+  snap.probes = s.probes;
+  snap.spec_steps = s.spec_steps;
+  snap.drafted = s.drafted;
+  snap.accepted = s.accepted;
+  snap.disables = s.disables;
+  snap.reenables = s.reenables;
+  return snap;
+}
+
+DomainSnapshot SpecController::Snapshot(std::string_view domain) const {
+  std::shared_lock lock(mu_);
+  const DomainState* s = FindState(domain);
+  if (s == nullptr) {
+    static const DomainState kFresh;
+    return SnapshotLocked(domain, kFresh);
+  }
+  return SnapshotLocked(domain, *s);
+}
+
+std::vector<DomainSnapshot> SpecController::AllDomains() const {
+  std::shared_lock lock(mu_);
+  std::vector<DomainSnapshot> out;
+  out.reserve(domains_.size());
+  for (const auto& [name, state] : domains_) out.push_back(SnapshotLocked(name, state));
+  return out;
+}
+
+}  // namespace specnode

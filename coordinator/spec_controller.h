@@ -1,0 +1,244 @@
+// SpecController: the adaptive speculation-length controller. One instance per drafter
+// (or per group: one draft rank + its target ranks); it learns, per request domain, how
+// often that drafter's proposals are accepted, measures what drafting and verification
+// cost on this hardware, and chooses the speculation length K for each sequence's next
+// step (K = 0: plain target decoding, no draft).
+//
+// Acceptance estimate (per domain). A speculative step of length k whose first n drafts
+// were accepted evaluated n positions that passed and, when n < k, one that failed (the
+// positions after the first rejection were never judged). The per-token acceptance a is
+// the geometric maximum-likelihood estimate Σaccepted / Σevaluated over a sliding window
+// of the last `window` evaluated positions of that domain (older outcomes are forgotten).
+//
+// Cost model (per controller, shared by its domains; all times in seconds of wall time,
+// measured live by the engine, never hard-coded):
+//   RecordDraftTime(k, s)   the drafter proposed k tokens (for the whole step) in s.
+//   RecordVerifyTime(k, s)  one target verification pass of k + 1 positions took s.
+//   RecordDirectTime(s)     one plain (non-speculative) target decode step took s.
+// Each distinct k keeps an EWMA (weight `timing_alpha` on the newest sample). t_draft(K)
+// and t_verify(K) are a least-squares line c0 + c1·K through the per-k EWMAs, fitted with
+// c0, c1 >= 0 (time never falls as K grows). With a single measured k0 the line is
+// t_draft(K) = t_draft(k0)·K/k0 (a model drafter runs one step per token) and
+// t_verify(K) = t_verify(k0) (a small verify pass is memory-bound: flat). t_direct is its
+// EWMA; until one is measured, the verify line at K = 0 stands in for it (a verification
+// pass of one position is a plain decode step).
+//   Expected tokens per step   E(K) = (1 − a^(K+1)) / (1 − a)   (K + 1 when a == 1)
+//   Speculative goodput        G(K) = E(K) / (t_draft(K) + t_verify(K))   tokens/s
+//   Direct goodput             G_direct = 1 / t_direct
+// The cost model is "ready" once at least one draft time and one verify time were
+// recorded. Until then every speculative decision uses K = k_initial and an "adapt"
+// domain speculates (the engine must record both times, also for drafters whose draft
+// cost is negligible such as prompt lookup, or K stays at k_initial).
+//
+// Decision for the next step of a sequence in a domain (ChooseK):
+//   warmup    fewer than min_observations evaluated positions: K = k_initial (unless
+//             early disabling already judged the domain bad, see early_z).
+//   free      a >= free_threshold: speculate; K = argmax G(K) over [k_min, k_max].
+//   adapt     disable_threshold <= a < free_threshold: K = argmax G(K), or 0 (direct)
+//             when G(K) < G_direct (G_direct unknown: speculate).
+//   disabled  a < disable_threshold: K = 0. The domain stays disabled (sticky) until
+//             probing shows it recovered.
+//   probing   a disabled domain whose last decision was a probe not yet recorded
+//             (reported by Snapshot; cleared by the next RecordStep or direct decision).
+// Argmax ties go to the smaller K.
+//
+// Probing. Every decision of K = 0 (disabled, or adapt-and-direct) counts as a direct
+// step of its domain; after the probe interval of direct steps the next decision is one
+// probe step with K = probe_k, and the count restarts. The interval is probe_every, or
+// longer when a probe is expensive (probe_overhead_budget). While a domain is disabled its
+// speculative outcomes (probes) fill a separate probe window (its last `probe_window`
+// evaluated positions; emptied when the domain is disabled); once that holds at least
+// min_observations positions with acceptance >= disable_threshold the domain is
+// re-enabled and its acceptance window restarts from the probe outcomes (the history
+// that disabled it is stale). Outcomes of an adapt-and-direct domain's probes go to its
+// normal window.
+//
+// Domains. Any string (the router's output). At most `max_domains` distinct domains are
+// tracked; further new domains share the state of kOverflowDomain.
+//
+// Thread-safety: every method may be called from any thread; state is guarded by one
+// internal mutex (the engine thread records and chooses while a metrics thread takes
+// snapshots; readers share the lock). No method throws. Record* return InvalidArgument
+// (and change nothing) for out-of-range arguments.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace specnode {
+
+struct SpecControllerConfig {
+  double free_threshold = 0.6;     // a >= this: speculate freely
+  double disable_threshold = 0.4;  // a < this: disable (direct decoding)
+  int k_min = 1;                   // speculative K range, 1 <= k_min <= k_max <= kMaxK
+  int k_max = 8;
+  int k_initial = 4;          // K in warmup and while the cost model is not ready
+  int window = 256;           // evaluated draft positions kept per domain
+  int min_observations = 16;  // positions needed before acceptance drives decisions
+  int probe_every = 32;       // direct steps between two probe steps
+  int probe_k = 2;            // K of a probe step, in [1, k_max]
+  int probe_window = 64;      // probe positions kept while disabled, >= min_observations
+  // Early disabling: from early_min_observations evaluated positions on, a domain is
+  // disabled as soon as the upper confidence bound of its acceptance (Wilson score, z =
+  // early_z) is below disable_threshold — 5 straight rejections suffice at z = 1.64, so a
+  // bad drafter costs few warm-up steps. early_z = 0 turns this off.
+  double early_z = 1.64;
+  int early_min_observations = 4;
+  // Probing costs (t_draft(probe_k) + t_verify(probe_k) − t_direct) per probe. The probe
+  // interval is stretched beyond probe_every so that this extra cost stays within this
+  // fraction of the direct decoding time (0 = always probe_every).
+  double probe_overhead_budget = 0.02;
+  double timing_alpha = 0.2;  // EWMA weight of the newest timing sample, (0, 1]
+  int max_domains = 1024;     // distinct domains tracked before kOverflowDomain is shared
+};
+
+// InvalidArgument naming the offending field: thresholds outside [0, 1] or
+// disable_threshold > free_threshold; k range outside 1 <= k_min <= k_initial <= k_max <=
+// kMaxK; window < 1; min_observations outside [1, window]; probe_every < 1; probe_k
+// outside [1, k_max]; probe_window outside [min_observations, window]; timing_alpha
+// outside (0, 1]; max_domains < 1.
+absl::Status ValidateSpecControllerConfig(const SpecControllerConfig& config);
+
+enum class SpecMode : uint8_t { kWarmup, kFree, kAdapt, kDisabled, kProbing };
+std::string_view SpecModeName(SpecMode mode);  // "warmup", "free", "adapt", ...
+
+// One domain's state, for metrics and the router. Counters are lifetime totals.
+struct DomainSnapshot {
+  std::string domain;
+  SpecMode mode = SpecMode::kWarmup;
+  double acceptance = 0.0;        // a over the window (0 when window_positions == 0)
+  int window_positions = 0;       // evaluated positions currently in the window
+  int k = 0;                      // K of the next non-probe decision (0 = direct)
+  double expected_goodput = 0.0;  // ExpectedGoodput(domain), tokens/s; 0 = unknown
+  double probe_acceptance = 0.0;  // over the probe window (disabled domains)
+  int probe_positions = 0;
+  int64_t decisions = 0;         // ChooseK calls
+  int64_t direct_decisions = 0;  // ChooseK calls that returned 0
+  int64_t probes = 0;            // ChooseK calls that returned a probe
+  int64_t spec_steps = 0;        // RecordStep calls with k > 0
+  int64_t drafted = 0;           // Σ k over those steps
+  int64_t accepted = 0;          // Σ accepted over those steps
+  int64_t disables = 0;          // times the domain was disabled
+  int64_t reenables = 0;         // times probing re-enabled it
+};
+
+class SpecController {
+ public:
+  static constexpr int kMaxK = 64;           // largest k_max
+  static constexpr int kMaxRecordedK = 256;  // largest k accepted by Record*
+  static constexpr std::string_view kOverflowDomain = "_overflow";
+
+  // InvalidArgument from ValidateSpecControllerConfig.
+  static absl::StatusOr<std::unique_ptr<SpecController>> Create(const SpecControllerConfig& config);
+
+  SpecController(const SpecController&) = delete;
+  SpecController& operator=(const SpecController&) = delete;
+
+  // K for the next step of one sequence in `domain` (0 = direct target decoding). Call
+  // once per sequence per step: direct decisions advance the domain's probe count.
+  int ChooseK(std::string_view domain);
+
+  // Outcome of one speculative step of `domain`: k drafts proposed, the first `accepted`
+  // of them accepted (0 <= accepted <= k). k == 0 (a direct step) is accepted and
+  // ignored. InvalidArgument when k or accepted is out of range.
+  absl::Status RecordStep(std::string_view domain, int k, int accepted);
+
+  // Wall times in seconds (finite, >= 0). k in [1, kMaxRecordedK] for draft, [0,
+  // kMaxRecordedK] for verify (a pass over k + 1 positions).
+  absl::Status RecordDraftTime(int k, double seconds);
+  absl::Status RecordVerifyTime(int k, double seconds);
+  absl::Status RecordDirectTime(double seconds);
+
+  // Tokens/s `domain` is expected to get from this drafter under its current decision:
+  // G(K) when speculating, G_direct when direct. 0 when unknown (domain never observed,
+  // or the timings it needs were never recorded).
+  double ExpectedGoodput(std::string_view domain) const;
+
+  // The model's predictions, in seconds; nullopt when nothing was measured.
+  std::optional<double> PredictDraftSeconds(int k) const;
+  std::optional<double> PredictVerifySeconds(int k) const;
+  std::optional<double> DirectSeconds() const;  // measured, else the verify line at 0
+
+  // A domain never seen gives the fresh state (mode warmup, K = k_initial, zeros).
+  DomainSnapshot Snapshot(std::string_view domain) const;
+  // Every tracked domain, sorted by name.
+  std::vector<DomainSnapshot> AllDomains() const;
+
+  const SpecControllerConfig& config() const { return config_; }
+
+ private:
+  // The last `capacity` evaluated positions (1 = accepted) and their sum.
+  struct OutcomeWindow {
+    std::deque<uint8_t> bits;
+    int accepted = 0;
+    void Push(bool ok, int capacity);
+    void Clear();
+    int size() const { return static_cast<int>(bits.size()); }
+    double Acceptance() const;
+  };
+  struct DomainState {
+    OutcomeWindow window;
+    OutcomeWindow probe_window;
+    bool disabled = false;
+    int direct_since_probe = 0;
+    bool probe_in_flight = false;  // last decision was a probe of a disabled domain
+    int64_t decisions = 0, direct_decisions = 0, probes = 0, spec_steps = 0;
+    int64_t drafted = 0, accepted = 0, disables = 0, reenables = 0;
+  };
+  // c0 + c1·k through per-k EWMAs (see the header comment).
+  struct TimingModel {
+    std::map<int, double> ewma;        // k -> seconds
+    bool proportional_single = false;  // one point: through the origin (draft) or flat
+    void Add(int k, double seconds, double alpha);
+    std::optional<double> Predict(int k) const;
+  };
+  struct Decision {
+    SpecMode mode;
+    int k;
+  };
+
+  explicit SpecController(const SpecControllerConfig& config);
+
+  // The helpers below require mu_ held (shared for the const ones, exclusive for StateFor).
+
+  DomainState& StateFor(std::string_view domain);
+  const DomainState* FindState(std::string_view domain) const;
+  Decision Decide(const DomainState& s) const;
+  // argmax over [k_min, k_max] of G(K) at acceptance a; nullopt when not ready.
+  std::optional<int> BestK(double a) const;
+  std::optional<double> GoodputLocked(double a, int k) const;
+  std::optional<double> DirectSecondsLocked() const;
+  // Direct steps between probes (see probe_overhead_budget).
+  int ProbeIntervalLocked() const;
+  double ExpectedGoodputLocked(const DomainState& s) const;
+  DomainSnapshot SnapshotLocked(std::string_view name, const DomainState& s) const;
+
+  const SpecControllerConfig config_;
+  // Guards everything below. A std::shared_mutex (pthread) rather than absl::Mutex so
+  // ThreadSanitizer sees the ordering with the prebuilt (uninstrumented) system absl.
+  mutable std::shared_mutex mu_;
+  std::map<std::string, DomainState, std::less<>> domains_;
+  TimingModel draft_;
+  TimingModel verify_;
+  std::optional<double> direct_ewma_;
+};
+
+// Upper end of the Wilson score interval for a binomial proportion (successes of trials)
+// at normal quantile z; 1 when trials == 0.
+double WilsonUpperBound(int successes, int trials, double z);
+
+// Expected tokens per speculative step of length k at per-token acceptance a:
+// (1 − a^(k+1)) / (1 − a), k + 1 when a == 1. a is clamped to [0, 1].
+double ExpectedTokensPerStep(double a, int k);
+
+}  // namespace specnode

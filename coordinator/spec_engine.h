@@ -1,0 +1,131 @@
+// SpeculativeEngine: runs sequences on a target model, each step drafting K tokens per
+// sequence (batched across sequences) and verifying them in one batched target pass of K+1
+// positions per sequence, with the exact acceptance rules of acceptance.h.
+//
+// A sequence moves through two states:
+//   prefill — its prompt is fed to the target in chunks under the step's token budget; the
+//             last chunk's logits give the first generated token (no drafting);
+//   decode  — each step: K from its group's SpecController (0 = direct decoding), drafts
+//             from its group's Drafter, one target pass over [last token, drafts...],
+//             acceptance, rollback of the target cache to the accepted prefix (the drafter
+//             rolls its own back on its next call, see drafter.h), stats to the controller.
+// Invariant in decode: the target cache holds every committed token but the last.
+//
+// Prefill chunks and decode/verify entries of different sequences share one target
+// forward, so a scheduler gets continuous batching by choosing which sequences step.
+//
+// Cost attribution for the controllers: a group's draft call time is split evenly over the
+// sequences it drafted for; the target pass time is split evenly over the sequences in it.
+// With one sequence per step (the CLI, the benchmark) both are exact.
+//
+// Not thread-safe: one thread calls Start/Step/Finish (the scheduler's step loop). The
+// target, drafters and controllers are not owned and must outlive the engine.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator/domain_router.h"
+#include "coordinator/drafter.h"
+#include "coordinator/model_runner.h"
+#include "coordinator/spec_controller.h"
+#include "model/sampling.h"
+
+namespace specnode {
+
+// One drafter with the controller that learns its acceptance per domain.
+struct DraftGroup {
+  Drafter* drafter = nullptr;
+  SpecController* controller = nullptr;
+};
+
+struct SpecEngineOptions {
+  // Speculation on: K per step from the group's controller (adaptive, per domain). Off: a
+  // fixed K (fixed_k) for every decode step — the "router off" baseline; fixed_k 0 is
+  // plain target-only decoding.
+  bool adaptive = true;
+  int fixed_k = 4;
+  // Prompt tokens fed per step in total (prefill chunks), and per sequence per step.
+  int32_t prefill_budget = 512;
+  // Token ids that end a generation (the tokenizer's end-of-generation set).
+  std::set<int32_t> stop_tokens;
+};
+
+struct SpecRequest {
+  SeqId id = 0;
+  std::vector<int32_t> prompt;  // non-empty, ids in the target's vocabulary
+  SamplingParams sampling;
+  int32_t max_new_tokens = 128;  // >= 1; prompt + max_new_tokens <= target context
+  std::string domain = "default";
+  bool ignore_stop = false;  // generate through stop tokens
+};
+
+enum class FinishReason { kNone, kStop, kLength };
+
+// Per-sequence counters (cumulative).
+struct SpecSeqStats {
+  int32_t prompt_tokens = 0;
+  int32_t generated = 0;
+  int32_t steps = 0;                 // decode steps (speculative or direct)
+  int32_t spec_steps = 0;            // steps that verified >= 1 draft
+  int32_t drafted = 0;               // draft tokens verified
+  int32_t accepted = 0;              // draft tokens accepted
+  double draft_s = 0, target_s = 0;  // attributed time
+};
+
+// What one Step did for one sequence.
+struct SeqStepResult {
+  SeqId id = 0;
+  std::vector<int32_t> tokens;  // newly committed tokens (empty while still prefilling)
+  int k = 0;                    // drafts verified this step
+  int accepted = 0;
+  FinishReason finish = FinishReason::kNone;
+};
+
+class SpeculativeEngine {
+ public:
+  // groups may be empty (a target-only engine). With several groups each new sequence goes
+  // to the group with the best recent goodput for its domain (DomainRouter::ChooseGroup).
+  SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup> groups, SpecEngineOptions options);
+  ~SpeculativeEngine();
+
+  // Registers a sequence (prefill happens in the next Steps). InvalidArgument on a duplicate
+  // id, empty prompt, out-of-vocabulary id, bad sampling params, max_new_tokens < 1 or a
+  // prompt + max_new_tokens beyond the target's context.
+  absl::Status Start(const SpecRequest& request);
+
+  // Advances each listed sequence by one step (prefill chunk or decode step) in one target
+  // forward. Unknown or finished ids are InvalidArgument. On an error from a model (e.g. KV
+  // memory exhausted) no listed sequence has changed and the step may be retried with fewer
+  // sequences. Results in `out`, one per listed id, in order.
+  absl::Status Step(std::span<const SeqId> ids, std::vector<SeqStepResult>* out);
+
+  // Forgets a sequence (finished or cancelled) and frees its KV on target and drafter.
+  void Finish(SeqId id);
+
+  bool Has(SeqId id) const { return seqs_.count(id) != 0; }
+  bool Prefilling(SeqId id) const;
+  const SpecSeqStats& Stats(SeqId id) const;
+  // The committed tokens (prompt + generated).
+  std::span<const int32_t> Tokens(SeqId id) const;
+  // Which group the router gave the sequence (-1: none).
+  int Group(SeqId id) const;
+
+ private:
+  struct Seq;
+  void Emit(Seq& s, std::span<const int32_t> tokens, SeqStepResult* result);
+
+  ModelRunner* target_;
+  std::vector<DraftGroup> groups_;
+  SpecEngineOptions options_;
+  std::map<SeqId, std::unique_ptr<Seq>> seqs_;
+  std::vector<float> logits_, p_;
+};
+
+}  // namespace specnode

@@ -1,0 +1,293 @@
+// specnode spec-bench: speculative decoding per drafter and per domain against target-only
+// decoding, measured side by side in one process (bench/bench_spec.py drives it and plots).
+//
+// For every prompt, every configuration generates in turn (interleaved, so machine noise
+// hits all alike): target-only; per drafter with a fixed K ("router off": always
+// speculate); per drafter with the adaptive per-domain controller ("router on"); and, with
+// several drafters, all of them as groups that the router picks between per domain.
+// Controllers persist across prompts, so "router on" learns each domain as a server would.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/domain_router.h"
+#include "coordinator/drafter_factory.h"
+#include "coordinator/spec_controller.h"
+#include "coordinator/spec_engine.h"
+#include "model/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "node/cli_args.h"
+#include "node/commands.h"
+#include "node/model_session.h"
+
+namespace specnode {
+namespace {
+
+constexpr char kHelp[] =
+    "usage: specnode spec-bench [--model PATH] --prompts FILE[,FILE...] [options]\n"
+    "\n"
+    "  --prompts FILES     JSONL prompt sets: one {\"domain\": D, \"prompt\": TEXT} per line\n"
+    "  --drafters LIST     comma-separated drafter specs (default ngram,self:20); see\n"
+    "                      `specnode generate --help` for the spec syntax\n"
+    "  --per-domain N      prompts used per domain (default 8)\n"
+    "  --max-tokens N      tokens generated per prompt (default 64)\n"
+    "  --spec-k K          K of the fixed-K runs and the controllers' largest K (default 4)\n"
+    "  --temperature T     0 = greedy (default 0): greedy runs also check that every\n"
+    "                      configuration produced the target-only tokens\n"
+    "  --threads N         CPU threads (default: all cores available)\n"
+    "  --raw               do not wrap prompts in the chat template\n"
+    "  --json              print the results as JSON on stdout (the table goes to stderr)\n";
+
+struct Prompt {
+  std::string domain;
+  std::vector<int32_t> ids;
+};
+
+// One configuration under test: an engine with its drafters and controllers.
+struct Config {
+  std::string name;     // "target", "ngram:4 fixed", "ngram:4 adaptive", "router"
+  std::string drafter;  // spec, or "" (target) / "all" (router)
+  bool adaptive = false;
+  std::vector<std::unique_ptr<Drafter>> drafters;
+  std::vector<std::unique_ptr<SpecController>> controllers;
+  std::unique_ptr<SpeculativeEngine> engine;
+};
+
+struct Tally {
+  int64_t prompts = 0, tokens = 0, passes = 0, spec_steps = 0, drafted = 0, accepted = 0;
+  int64_t identical = 0;
+  double decode_s = 0;
+  std::map<std::string, int64_t> groups;  // router: sequences per chosen drafter
+};
+
+absl::StatusOr<std::vector<Prompt>> LoadPrompts(ModelSession& session, const std::string& files,
+                                                bool chat, int64_t per_domain) {
+  std::vector<Prompt> out;
+  std::map<std::string, int64_t> count;
+  for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
+    std::ifstream in{std::string(file)};
+    if (!in)
+      return absl::NotFoundError(absl::StrCat("cannot open prompt file ", std::string(file)));
+    std::string line;
+    for (int line_no = 1; std::getline(in, line); ++line_no) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("domain") || !j.contains("prompt") ||
+          !j["domain"].is_string() || !j["prompt"].is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s:%d: expected {\"domain\": string, \"prompt\": string}",
+                            std::string(file), line_no));
+      }
+      Prompt p;
+      p.domain = j["domain"].get<std::string>();
+      SPECNODE_RETURN_IF_ERROR(DomainRouter::ValidateDomainName(p.domain));
+      if (count[p.domain] >= per_domain) continue;
+      SPECNODE_ASSIGN_OR_RETURN(p.ids, session.EncodePrompt(j["prompt"].get<std::string>(), chat));
+      ++count[p.domain];
+      out.push_back(std::move(p));
+    }
+  }
+  if (out.empty()) return absl::InvalidArgumentError("no prompts in " + files);
+  return out;
+}
+
+absl::Status AddDrafterGroup(Config& c, const std::string& spec, ModelSession& session,
+                             const KvCacheOptions& kv, int spec_k) {
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<Drafter> d,
+                            MakeDrafter(spec, session.model(), session.pool(), kv));
+  SpecControllerConfig cc;
+  cc.k_max = spec_k;
+  cc.k_initial = std::min(spec_k, 4);
+  cc.probe_k = std::min(cc.probe_k, spec_k);
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> ctl, SpecController::Create(cc));
+  c.drafters.push_back(std::move(d));
+  c.controllers.push_back(std::move(ctl));
+  return absl::OkStatus();
+}
+
+// Generates one prompt on c; returns the tokens and adds to the tally.
+absl::StatusOr<std::vector<int32_t>> RunOne(Config& c, const Prompt& p, SeqId id,
+                                            const SamplingParams& sp, int32_t max_tokens,
+                                            Tally* t) {
+  SpecRequest r;
+  r.id = id;
+  r.prompt = p.ids;
+  r.sampling = sp;
+  r.max_new_tokens = max_tokens;
+  r.domain = p.domain;
+  r.ignore_stop = true;  // equal lengths: every configuration decodes the same count
+  SPECNODE_RETURN_IF_ERROR(c.engine->Start(r));
+  const SeqId ids[] = {id};
+  std::vector<SeqStepResult> results;
+  std::vector<int32_t> tokens;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t1;
+  while (true) {
+    const bool prefilling = c.engine->Prefilling(id);
+    SPECNODE_RETURN_IF_ERROR(c.engine->Step(ids, &results));
+    if (prefilling) t1 = Clock::now();
+    tokens.insert(tokens.end(), results[0].tokens.begin(), results[0].tokens.end());
+    if (results[0].finish != FinishReason::kNone) break;
+  }
+  t->decode_s += std::chrono::duration<double>(Clock::now() - t1).count();
+  const SpecSeqStats& st = c.engine->Stats(id);
+  const int group = c.engine->Group(id);
+  if (group >= 0 && c.drafters.size() > 1) t->groups[c.drafters[group]->name()]++;
+  t->prompts++;
+  t->tokens += static_cast<int64_t>(tokens.size()) - 1;  // the first comes from the prefill
+  t->passes += st.steps;
+  t->spec_steps += st.spec_steps;
+  t->drafted += st.drafted;
+  t->accepted += st.accepted;
+  c.engine->Finish(id);
+  return tokens;
+}
+
+absl::Status Run(const CliArgs& args) {
+  if (!args.Has("prompts")) return absl::InvalidArgumentError("--prompts is required");
+  SPECNODE_ASSIGN_OR_RETURN(int64_t per_domain, args.GetInt("per-domain", 8, 1, 100000));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 64, 2, 1 << 16));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t spec_k, args.GetInt("spec-k", 4, 1, SpecController::kMaxK));
+  SPECNODE_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 0.0, 0.0, 100.0));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
+  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
+                            ModelSession::Open(args.Get("model", DefaultModelPath()),
+                                               static_cast<int>(threads), false, kv));
+  SPECNODE_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, LoadPrompts(*session, args.Get("prompts"),
+                                                                     !args.Has("raw"), per_domain));
+  SamplingParams sp;
+  sp.temperature = static_cast<float>(temperature);
+  SPECNODE_RETURN_IF_ERROR(ValidateSamplingParams(sp));
+  for (const Prompt& p : prompts) {
+    SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(p.ids, max_tokens));
+  }
+
+  const std::vector<std::string> specs =
+      absl::StrSplit(args.Get("drafters", "ngram,self:20"), ',', absl::SkipEmpty());
+  std::vector<std::unique_ptr<Config>> configs;
+  configs.push_back(std::make_unique<Config>());
+  configs.back()->name = "target";
+  for (const std::string& spec : specs) {
+    for (bool adaptive : {false, true}) {
+      auto c = std::make_unique<Config>();
+      c->drafter = spec;
+      c->adaptive = adaptive;
+      SPECNODE_RETURN_IF_ERROR(AddDrafterGroup(*c, spec, *session, kv, spec_k));
+      c->name = c->drafters[0]->name() + (adaptive ? " adaptive" : " fixed");
+      configs.push_back(std::move(c));
+    }
+  }
+  if (specs.size() > 1) {
+    auto c = std::make_unique<Config>();
+    c->name = "router";
+    c->drafter = "all";
+    c->adaptive = true;
+    for (const std::string& spec : specs) {
+      SPECNODE_RETURN_IF_ERROR(AddDrafterGroup(*c, spec, *session, kv, spec_k));
+    }
+    configs.push_back(std::move(c));
+  }
+  for (auto& c : configs) {
+    std::vector<DraftGroup> groups;
+    for (size_t i = 0; i < c->drafters.size(); ++i) {
+      groups.push_back({c->drafters[i].get(), c->controllers[i].get()});
+    }
+    SpecEngineOptions options;
+    options.adaptive = c->adaptive;
+    options.fixed_k = static_cast<int>(spec_k);
+    c->engine = std::make_unique<SpeculativeEngine>(&session->runner(), groups, options);
+  }
+
+  // Warm-up (page cache, allocator): one untimed target-only generation.
+  Tally scratch;
+  SPECNODE_RETURN_IF_ERROR(
+      RunOne(*configs[0], prompts[0], 0, sp, static_cast<int32_t>(max_tokens), &scratch).status());
+
+  std::map<std::string, std::map<std::string, Tally>> tally;  // config -> domain -> tally
+  SeqId next_id = 1;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Prompt& p = prompts[i];
+    std::vector<int32_t> reference;
+    for (auto& c : configs) {
+      Tally& t = tally[c->name][p.domain];
+      SPECNODE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                                RunOne(*c, p, next_id++, sp, static_cast<int32_t>(max_tokens), &t));
+      if (c->name == "target") reference = tokens;
+      if (tokens == reference) t.identical++;
+    }
+    std::fprintf(stderr, "\rprompt %zu/%zu", i + 1, prompts.size());
+  }
+  std::fprintf(stderr, "\n");
+
+  // Report: per config and domain, decode speed relative to target-only.
+  nlohmann::json out;
+  out["model"] = args.Get("model", DefaultModelPath());
+  out["max_tokens"] = max_tokens;
+  out["spec_k"] = spec_k;
+  out["temperature"] = temperature;
+  out["threads"] = threads;
+  out["kv_mode"] = kv.mode;
+  std::fprintf(stderr, "%-22s %-10s %8s %8s %8s %8s %9s\n", "config", "domain", "accept", "acc.len",
+               "tok/pass", "speedup", "identical");
+  for (auto& c : configs) {
+    nlohmann::json jc;
+    jc["name"] = c->name;
+    jc["drafter"] = c->drafter;
+    jc["adaptive"] = c->adaptive;
+    for (auto& [domain, t] : tally[c->name]) {
+      const Tally& base = tally["target"][domain];
+      const double tps = t.tokens / std::max(t.decode_s, 1e-9);
+      const double base_tps = base.tokens / std::max(base.decode_s, 1e-9);
+      nlohmann::json jd;
+      jd["prompts"] = t.prompts;
+      jd["tokens"] = t.tokens;
+      jd["decode_s"] = t.decode_s;
+      jd["tokens_per_s"] = tps;
+      jd["speedup"] = tps / base_tps;
+      jd["target_passes"] = t.passes;
+      jd["spec_steps"] = t.spec_steps;
+      jd["drafted"] = t.drafted;
+      jd["accepted"] = t.accepted;
+      jd["acceptance"] = t.drafted ? double(t.accepted) / t.drafted : 0.0;
+      jd["mean_accepted_length"] = t.spec_steps ? double(t.accepted) / t.spec_steps : 0.0;
+      jd["tokens_per_pass"] = t.passes ? double(t.tokens) / t.passes : 0.0;
+      jd["identical_to_target"] = t.identical;
+      if (!t.groups.empty()) jd["groups"] = t.groups;
+      for (size_t g = 0; g < c->controllers.size(); ++g) {
+        const DomainSnapshot s = c->controllers[g]->Snapshot(domain);
+        jd["controller"][c->drafters[g]->name()] = {{"mode", std::string(SpecModeName(s.mode))},
+                                                    {"k", s.k},
+                                                    {"acceptance", s.acceptance},
+                                                    {"probes", s.probes}};
+      }
+      jc["domains"][domain] = jd;
+      std::fprintf(stderr, "%-22s %-10s %7.1f%% %8.2f %8.2f %7.2fx %5lld/%lld\n", c->name.c_str(),
+                   domain.c_str(), 100.0 * jd["acceptance"].get<double>(),
+                   jd["mean_accepted_length"].get<double>(), jd["tokens_per_pass"].get<double>(),
+                   tps / base_tps, static_cast<long long>(t.identical),
+                   static_cast<long long>(t.prompts));
+    }
+    out["configs"].push_back(jc);
+  }
+  if (args.Has("json")) std::printf("%s\n", out.dump(1).c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunSpecBench(int argc, char** argv) {
+  return RunModelCommand("spec-bench", kHelp, argc, argv,
+                         {"model", "prompts", "drafters", "per-domain", "max-tokens", "spec-k",
+                          "temperature", "threads"},
+                         {"raw", "json"}, Run);
+}
+
+}  // namespace specnode

@@ -1,0 +1,207 @@
+// DomainRouter: the routing table (explicit domain, rules in order, default), rule
+// validation, and group choice by goodput.
+#include "coordinator/domain_router.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "coordinator/spec_controller.h"
+
+namespace specnode {
+namespace {
+
+DomainRule Rule(std::string domain, std::vector<std::string> keywords, std::string regex = "",
+                bool regex_icase = true) {
+  DomainRule r;
+  r.domain = std::move(domain);
+  r.keywords = std::move(keywords);
+  r.regex = std::move(regex);
+  r.regex_icase = regex_icase;
+  return r;
+}
+
+RouterConfig TableConfig() {
+  RouterConfig c;
+  c.default_domain = "chat";
+  c.rules = {
+      Rule("summarize", {"tl;dr"}, R"(^\s*summari[sz]e\b)"),
+      Rule("code", {"python", "c++", "#include", "function"}, R"(\bdef\s+\w+\s*\()"),
+      Rule("finance", {"stock", "bond", "balance sheet"}, R"(\$\d)"),
+  };
+  return c;
+}
+
+std::unique_ptr<DomainRouter> MakeRouter(RouterConfig config) {
+  auto r = DomainRouter::Create(std::move(config));
+  EXPECT_TRUE(r.ok()) << r.status();
+  return std::move(r).value();
+}
+
+TEST(DomainRouterTest, RoutingTable) {
+  auto router = MakeRouter(TableConfig());
+  struct Row {
+    const char* request_domain;
+    const char* prompt;
+    const char* want;
+  };
+  const Row table[] = {
+      // The explicit domain wins over every rule.
+      {"finance", "Write a Python function that reverses a list.", "finance"},
+      {"legal", "What is a bond?", "legal"},
+      // Keywords: case-insensitive, whole words.
+      {"", "Write a Python function that reverses a list.", "code"},
+      {"", "WRITE A PYTHON SCRIPT", "code"},
+      {"", "Is this bond investment-grade?", "finance"},
+      {"", "How do I read a Balance  Sheet?", "chat"},  // two spaces: not the phrase
+      {"", "How do I read a balance sheet?", "finance"},
+      {"", "Stocks rallied today.", "chat"},  // "stock" is not a word of it
+      {"", "Bondage of the will", "chat"},    // "bond" inside a word
+      {"", "What is new in C++20?", "code"},  // keyword edge "+" needs no boundary
+      {"", "fix my #include <stdio.h> line", "code"},
+      {"", "a function_pointer question", "chat"},  // '_' is a word character
+      // Regexes: searched, case-insensitive by default.
+      {"", "def add(a, b):\n    return a + b", "code"},
+      {"", "It costs $5 more.", "finance"},
+      {"", "  Summarize the following passage: the stock fell.", "summarize"},
+      {"", "SUMMARISE this", "summarize"},
+      // First matching rule in configuration order: summarize (0) before finance (2).
+      {"", "Summarise: bond yields rose and a Python library shipped.", "summarize"},
+      // code (1) before finance (2).
+      {"", "A Python function to price a bond", "code"},
+      // Nothing matches: default.
+      {"", "Tell me a joke about cats.", "chat"},
+      {"", "", "chat"},
+  };
+  for (const Row& row : table) {
+    EXPECT_EQ(router->Classify(row.request_domain, row.prompt), row.want)
+        << "domain='" << row.request_domain << "' prompt='" << row.prompt << "'";
+  }
+  EXPECT_EQ(router->MatchRule("A Python function to price a bond"), 1);
+  EXPECT_EQ(router->MatchRule("nothing here"), -1);
+}
+
+TEST(DomainRouterTest, RuleOrderDecides) {
+  RouterConfig c = TableConfig();
+  std::swap(c.rules[0], c.rules[2]);  // finance first now
+  auto router = MakeRouter(c);
+  EXPECT_EQ(router->Classify("", "Summarise: bond yields rose."), "finance");
+}
+
+TEST(DomainRouterTest, CaseSensitiveRegexOnRequest) {
+  RouterConfig c;
+  c.rules = {Rule("shout", {}, "HELLO", /*regex_icase=*/false)};
+  auto router = MakeRouter(c);
+  EXPECT_EQ(router->Classify("", "HELLO there"), "shout");
+  EXPECT_EQ(router->Classify("", "hello there"), "default");
+}
+
+TEST(DomainRouterTest, KeywordsRespectUtf8Words) {
+  RouterConfig c;
+  c.rules = {Rule("food", {"caf"}), Rule("cafe", {"café"})};
+  auto router = MakeRouter(c);
+  EXPECT_EQ(router->Classify("", "un café noir"), "cafe");  // "caf" is inside "café"
+  EXPECT_EQ(router->Classify("", "the caf is open"), "food");
+}
+
+TEST(DomainRouterTest, ScansOnlyThePromptPrefix) {
+  RouterConfig c;
+  c.max_scan_bytes = 32;
+  c.rules = {Rule("code", {"python"})};
+  auto router = MakeRouter(c);
+  EXPECT_EQ(router->Classify("", "python " + std::string(100, 'x')), "code");
+  EXPECT_EQ(router->Classify("", std::string(100, 'x') + " python"), "default");
+}
+
+TEST(DomainRouterTest, BadRulesAreInvalidArgument) {
+  auto expect_error = [](RouterConfig c, const std::string& needle) {
+    auto r = DomainRouter::Create(std::move(c));
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(r.status().message()).find(needle), std::string::npos) << r.status();
+  };
+  RouterConfig bad_regex = TableConfig();
+  bad_regex.rules[1].regex = "([a-z";
+  expect_error(bad_regex, "rule 1 (code)");
+  expect_error(bad_regex, "bad regex");
+
+  RouterConfig empty_domain;
+  empty_domain.rules = {Rule("", {"x"})};
+  expect_error(empty_domain, "rule 0");
+
+  RouterConfig bad_chars;
+  bad_chars.rules = {Rule("chat", {"x"}), Rule("a b", {"y"})};
+  expect_error(bad_chars, "rule 1 (a b)");
+
+  RouterConfig nothing;
+  nothing.rules = {Rule("chat", {})};
+  expect_error(nothing, "neither keywords nor a regex");
+
+  RouterConfig empty_kw;
+  empty_kw.rules = {Rule("chat", {"ok", ""})};
+  expect_error(empty_kw, "keyword 1 is empty");
+
+  RouterConfig bad_default;
+  bad_default.default_domain = "";
+  expect_error(bad_default, "default_domain");
+
+  RouterConfig zero_scan;
+  zero_scan.max_scan_bytes = 0;
+  expect_error(zero_scan, "max_scan_bytes");
+
+  EXPECT_TRUE(DomainRouter::ValidateDomainName("finance.v2:eu-1").ok());
+  EXPECT_FALSE(DomainRouter::ValidateDomainName(std::string(65, 'a')).ok());
+  EXPECT_FALSE(DomainRouter::ValidateDomainName("fin\"ance").ok());
+}
+
+TEST(DomainRouterTest, ChooseGroupByGoodput) {
+  using V = std::vector<double>;
+  EXPECT_EQ(DomainRouter::ChooseGroup(V{}), -1);
+  EXPECT_EQ(DomainRouter::ChooseGroup(V{120.0}), 0);
+  EXPECT_EQ(DomainRouter::ChooseGroup(V{120.0, 250.0, 90.0}), 1);   // best
+  EXPECT_EQ(DomainRouter::ChooseGroup(V{120.0, 250.0, 250.0}), 1);  // tie: lowest index
+  EXPECT_EQ(DomainRouter::ChooseGroup(V{120.0, 0.0, 500.0}), 1);    // untried first
+  EXPECT_EQ(DomainRouter::ChooseGroup(V{120.0, 500.0, 0.0, 0.0}), 2);
+  EXPECT_EQ(DomainRouter::ChooseGroup(V{std::nan(""), 500.0}), 0);  // NaN = untried
+}
+
+TEST(DomainRouterTest, ChooseGroupOverControllers) {
+  auto g0 = SpecController::Create({}).value();
+  auto g1 = SpecController::Create({}).value();
+  for (SpecController* g : {g0.get(), g1.get()}) {
+    for (int k : {1, 8}) {
+      ASSERT_TRUE(g->RecordDraftTime(k, 1e-3 * k).ok());
+      ASSERT_TRUE(g->RecordVerifyTime(k, 10e-3).ok());
+    }
+    ASSERT_TRUE(g->RecordDirectTime(10e-3).ok());
+  }
+  std::vector<const SpecController*> groups = {g0.get(), g1.get()};
+  // Nothing observed for "code" anywhere: group 0 is tried first.
+  EXPECT_EQ(DomainRouter::ChooseGroup("code", groups), 0);
+  // Group 0 has seen "code" at 60%: group 1 (untried) is explored next.
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(g0->RecordStep("code", 1, i % 5 < 3 ? 1 : 0).ok());
+  EXPECT_GT(g0->ExpectedGoodput("code"), 0.0);
+  EXPECT_EQ(DomainRouter::ChooseGroup("code", groups), 1);
+  // Group 1's drafter is better at code (90%): it wins.
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(g1->RecordStep("code", 1, i % 10 < 9 ? 1 : 0).ok());
+  EXPECT_GT(g1->ExpectedGoodput("code"), g0->ExpectedGoodput("code"));
+  EXPECT_EQ(DomainRouter::ChooseGroup("code", groups), 1);
+  // For finance group 1 is poor (disabled: direct goodput 100/s); group 0 speculates.
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(g0->RecordStep("finance", 1, i % 10 < 8 ? 1 : 0).ok());
+    ASSERT_TRUE(g1->RecordStep("finance", 1, i % 10 < 2 ? 1 : 0).ok());
+  }
+  EXPECT_EQ(g1->Snapshot("finance").mode, SpecMode::kDisabled);
+  EXPECT_NEAR(g1->ExpectedGoodput("finance"), 100.0, 1e-9);
+  EXPECT_EQ(DomainRouter::ChooseGroup("finance", groups), 0);
+  // A null entry (group down) is skipped.
+  std::vector<const SpecController*> with_hole = {nullptr, g1.get()};
+  EXPECT_EQ(DomainRouter::ChooseGroup("code", with_hole), 1);
+  std::vector<const SpecController*> all_null = {nullptr};
+  EXPECT_EQ(DomainRouter::ChooseGroup("code", all_null), -1);
+}
+
+}  // namespace
+}  // namespace specnode

@@ -1,0 +1,515 @@
+// SpecController: acceptance estimates, the cost model, and the decisions they drive,
+// with scripted acceptance sequences.
+#include "coordinator/spec_controller.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+namespace specnode {
+namespace {
+
+// Deterministic per-position acceptance at rate r: position i passes when
+// floor((i + 1)·r) > floor(i·r), so any n consecutive positions hold n·r ± 1 passes.
+class ScriptedDrafter {
+ public:
+  explicit ScriptedDrafter(double rate) : rate_(rate) {}
+  void set_rate(double rate) { rate_ = rate; }
+  bool Next() {
+    const bool ok = std::floor((i_ + 1) * rate_) > std::floor(i_ * rate_);
+    ++i_;
+    return ok;
+  }
+  // Accepted drafts of a step of length k: positions are judged until the first failure.
+  int Step(int k) {
+    int n = 0;
+    while (n < k && Next()) ++n;
+    return n;
+  }
+
+ private:
+  double rate_;
+  int64_t i_ = 0;
+};
+
+// Runs `steps` engine steps of one sequence in `domain`: ChooseK, then the scripted outcome.
+// Returns the Ks chosen.
+std::vector<int> Drive(SpecController& ctl, std::string_view domain, ScriptedDrafter& drafter,
+                       int steps) {
+  std::vector<int> ks;
+  for (int i = 0; i < steps; ++i) {
+    const int k = ctl.ChooseK(domain);
+    ks.push_back(k);
+    if (k > 0) {
+      EXPECT_TRUE(ctl.RecordStep(domain, k, drafter.Step(k)).ok());
+    }
+  }
+  return ks;
+}
+
+// Feeds single-position outcomes (k = 1 steps) straight into the window, no decisions.
+void Feed(SpecController& ctl, std::string_view domain, double rate, int positions) {
+  ScriptedDrafter d(rate);
+  for (int i = 0; i < positions; ++i) ASSERT_TRUE(ctl.RecordStep(domain, 1, d.Next() ? 1 : 0).ok());
+}
+
+// Linear timings, in milliseconds: draft = per_token·K, verify = base + slope·K.
+void SetTimings(SpecController& ctl, double draft_ms_per_token, double verify_base_ms,
+                double verify_ms_per_k, double direct_ms) {
+  for (int k : {1, 8}) {
+    ASSERT_TRUE(ctl.RecordDraftTime(k, draft_ms_per_token * k * 1e-3).ok());
+    ASSERT_TRUE(ctl.RecordVerifyTime(k, (verify_base_ms + verify_ms_per_k * k) * 1e-3).ok());
+  }
+  ASSERT_TRUE(ctl.RecordDirectTime(direct_ms * 1e-3).ok());
+}
+
+std::unique_ptr<SpecController> Make(SpecControllerConfig config = {}) {
+  auto ctl = SpecController::Create(config);
+  EXPECT_TRUE(ctl.ok()) << ctl.status();
+  return std::move(ctl).value();
+}
+
+SpecControllerConfig ExactTimings() {
+  SpecControllerConfig c;
+  c.timing_alpha = 1.0;  // the latest sample replaces the estimate: timings can be switched
+  return c;
+}
+
+TEST(ExpectedTokensTest, Formula) {
+  EXPECT_DOUBLE_EQ(ExpectedTokensPerStep(0.5, 1), 1.5);
+  EXPECT_NEAR(ExpectedTokensPerStep(0.9, 3), 1 + 0.9 + 0.81 + 0.729, 1e-12);
+  EXPECT_DOUBLE_EQ(ExpectedTokensPerStep(1.0, 4), 5.0);
+  EXPECT_DOUBLE_EQ(ExpectedTokensPerStep(0.0, 4), 1.0);
+  EXPECT_DOUBLE_EQ(ExpectedTokensPerStep(0.7, 0), 1.0);
+}
+
+TEST(SpecControllerTest, AcceptanceIsGeometricMle) {
+  auto ctl = Make();
+  ASSERT_TRUE(ctl->RecordStep("d", 4, 2).ok());  // 2 passed + 1 failed = 3 evaluated
+  ASSERT_TRUE(ctl->RecordStep("d", 4, 4).ok());  // 4 passed, none failed
+  ASSERT_TRUE(ctl->RecordStep("d", 3, 0).ok());  // 1 failed
+  ASSERT_TRUE(ctl->RecordStep("d", 0, 0).ok());  // direct step: ignored
+  DomainSnapshot s = ctl->Snapshot("d");
+  EXPECT_EQ(s.window_positions, 8);
+  EXPECT_DOUBLE_EQ(s.acceptance, 6.0 / 8.0);
+  EXPECT_EQ(s.spec_steps, 3);
+  EXPECT_EQ(s.drafted, 11);
+  EXPECT_EQ(s.accepted, 6);
+}
+
+TEST(SpecControllerTest, WarmupAndNoTimingsUseInitialK) {
+  auto ctl = Make();
+  EXPECT_EQ(ctl->Snapshot("new").mode, SpecMode::kWarmup);
+  EXPECT_EQ(ctl->ChooseK("chat"), 4);
+  Feed(*ctl, "chat", 0.9, 15);
+  EXPECT_EQ(ctl->Snapshot("chat").mode, SpecMode::kWarmup);
+  EXPECT_EQ(ctl->ChooseK("chat"), 4);
+  Feed(*ctl, "chat", 0.9, 1);
+  // Enough observations, but no timings: the cost model is not ready -> k_initial.
+  EXPECT_EQ(ctl->Snapshot("chat").mode, SpecMode::kFree);
+  EXPECT_EQ(ctl->ChooseK("chat"), 4);
+  EXPECT_EQ(ctl->ExpectedGoodput("chat"), 0.0);  // unknown without timings
+  // Only verify times: still not ready (both are required).
+  ASSERT_TRUE(ctl->RecordVerifyTime(2, 0.01).ok());
+  EXPECT_EQ(ctl->ChooseK("chat"), 4);
+}
+
+TEST(SpecControllerTest, HighAcceptanceStaysSpeculativeAndKGrows) {
+  auto ctl = Make();
+  // Draft 2 ms/token, verify 10 ms + 0.5 ms/K, direct 10 ms.
+  SetTimings(*ctl, 2.0, 10.0, 0.5, 10.0);
+  ScriptedDrafter drafter(0.65);
+  // a = 0.65: G(1) = 1.65/12.5 ms = 132/s, G(2) = 2.0725/15 ms = 138/s,
+  // G(3) = 2.347/17.5 ms = 134/s -> K = 2.
+  Feed(*ctl, "chat", 0.65, 256);
+  EXPECT_EQ(ctl->Snapshot("chat").mode, SpecMode::kFree);
+  const int k_low = ctl->ChooseK("chat");
+  EXPECT_EQ(k_low, 2);
+  // Acceptance climbs to 0.95: G(7) = 6.73/27.5 ms = 245/s < G(8) = 7.40/30 ms = 247/s.
+  drafter.set_rate(0.95);
+  std::vector<int> ks = Drive(*ctl, "chat", drafter, 300);
+  for (int k : ks) EXPECT_GT(k, 0) << "a free domain never goes direct";
+  const DomainSnapshot s = ctl->Snapshot("chat");
+  EXPECT_EQ(s.mode, SpecMode::kFree);
+  EXPECT_NEAR(s.acceptance, 0.95, 0.01);
+  EXPECT_EQ(ctl->ChooseK("chat"), 8);
+  EXPECT_GT(ks.back(), k_low);
+  EXPECT_EQ(s.direct_decisions, 0);
+  EXPECT_EQ(s.disables, 0);
+}
+
+TEST(SpecControllerTest, KFollowsRelativeCostOfDrafting) {
+  // Same acceptance (0.8), two drafters: cheap (prompt lookup-like) vs expensive.
+  auto cheap = Make();
+  auto dear = Make();
+  SetTimings(*cheap, 0.1, 10.0, 0.1, 10.0);
+  SetTimings(*dear, 5.0, 10.0, 0.1, 10.0);
+  Feed(*cheap, "code", 0.8, 256);
+  Feed(*dear, "code", 0.8, 256);
+  // cheap: G(8) = 4.33/11.6 ms = 373/s is the best. dear: G(1) = 1.8/15.1 ms = 119/s,
+  // G(2) = 2.44/20.2 ms = 121/s, G(3) = 2.95/25.3 ms = 117/s -> K = 2.
+  EXPECT_EQ(cheap->ChooseK("code"), 8);
+  EXPECT_EQ(dear->ChooseK("code"), 2);
+  EXPECT_GT(cheap->ExpectedGoodput("code"), dear->ExpectedGoodput("code"));
+  const double a = dear->Snapshot("code").acceptance;
+  EXPECT_NEAR(dear->ExpectedGoodput("code"), ExpectedTokensPerStep(a, 2) / 20.2e-3, 1e-6);
+}
+
+TEST(SpecControllerTest, LowAcceptanceDisablesProbesAndReenables) {
+  auto ctl = Make();  // probe_every 32, probe_k 2, min_observations 16
+  SetTimings(*ctl, 1.0, 10.0, 0.5, 10.0);
+  ScriptedDrafter drafter(0.3);
+  // Speculate at 30% until the window holds min_observations positions: then disabled.
+  int steps = 0;
+  while (ctl->Snapshot("finance").mode != SpecMode::kDisabled) {
+    ASSERT_LT(steps, 32) << "never disabled";
+    const int k = ctl->ChooseK("finance");
+    ASSERT_GT(k, 0);
+    ASSERT_TRUE(ctl->RecordStep("finance", k, drafter.Step(k)).ok());
+    ++steps;
+  }
+  DomainSnapshot s = ctl->Snapshot("finance");
+  EXPECT_GE(s.window_positions, 4);  // early disabling may judge before min_observations
+  EXPECT_LT(s.acceptance, 0.4);
+  EXPECT_EQ(s.k, 0);
+  EXPECT_EQ(s.disables, 1);
+  EXPECT_NEAR(ctl->ExpectedGoodput("finance"), 100.0, 1e-9);  // direct: 1 / 10 ms
+
+  // Still bad: exactly probe_every direct steps, then one probe with probe_k, repeatedly.
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    for (int i = 0; i < 32; ++i) ASSERT_EQ(ctl->ChooseK("finance"), 0) << cycle << "/" << i;
+    ASSERT_EQ(ctl->ChooseK("finance"), 2) << "probe in cycle " << cycle;
+    EXPECT_EQ(ctl->Snapshot("finance").mode, SpecMode::kProbing);
+    ASSERT_TRUE(ctl->RecordStep("finance", 2, drafter.Step(2)).ok());
+    ASSERT_EQ(ctl->Snapshot("finance").mode, SpecMode::kDisabled) << "re-enabled at 30%";
+  }
+  s = ctl->Snapshot("finance");
+  EXPECT_EQ(s.probes, 20);
+  EXPECT_EQ(s.direct_decisions, 20 * 32);
+  EXPECT_GE(s.probe_positions, 16);
+  EXPECT_LT(s.probe_acceptance, 0.4);
+
+  // The domain recovers (say the drafter was swapped): probes see 95%.
+  drafter.set_rate(0.95);
+  int probes_to_recover = 0;
+  while (ctl->Snapshot("finance").mode == SpecMode::kDisabled) {
+    ASSERT_LT(probes_to_recover, 40) << "never re-enabled";
+    for (int i = 0; i < 32; ++i) ASSERT_EQ(ctl->ChooseK("finance"), 0);
+    ASSERT_EQ(ctl->ChooseK("finance"), 2);
+    ASSERT_TRUE(ctl->RecordStep("finance", 2, drafter.Step(2)).ok());
+    ++probes_to_recover;
+  }
+  // The probe window (64 positions) held ~20 bad probe positions; good probes push them
+  // out. Re-enabled once the probe acceptance reached the disable threshold.
+  EXPECT_GE(probes_to_recover, 2);
+  s = ctl->Snapshot("finance");
+  EXPECT_EQ(s.reenables, 1);
+  EXPECT_GE(s.acceptance, 0.4);
+  EXPECT_EQ(s.probe_positions, 0);
+  // Not warmup: the window restarted from the probe outcomes (>= min_observations).
+  EXPECT_GE(s.window_positions, 16);
+  EXPECT_TRUE(s.mode == SpecMode::kAdapt || s.mode == SpecMode::kFree) << SpecModeName(s.mode);
+  EXPECT_GT(s.k, 0);
+  // Speculating again; acceptance keeps climbing to ~0.95 with full-length steps.
+  std::vector<int> ks = Drive(*ctl, "finance", drafter, 200);
+  for (int k : ks) EXPECT_GT(k, 0);
+  EXPECT_GT(ctl->Snapshot("finance").acceptance, 0.9);
+  EXPECT_EQ(ctl->Snapshot("finance").disables, 1);
+}
+
+TEST(SpecControllerTest, UnrecordedProbeDoesNotStayProbing) {
+  SpecControllerConfig c;
+  c.probe_every = 4;
+  auto ctl = Make(c);
+  Feed(*ctl, "d", 0.2, 16);
+  ASSERT_EQ(ctl->Snapshot("d").mode, SpecMode::kDisabled);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(ctl->ChooseK("d"), 0);
+  ASSERT_EQ(ctl->ChooseK("d"), 2);
+  EXPECT_EQ(ctl->Snapshot("d").mode, SpecMode::kProbing);
+  // The engine clamped the probe to k = 0 (end of the request) and never recorded it.
+  ASSERT_EQ(ctl->ChooseK("d"), 0);
+  EXPECT_EQ(ctl->Snapshot("d").mode, SpecMode::kDisabled);
+  EXPECT_EQ(ctl->Snapshot("d").probes, 1);
+}
+
+TEST(SpecControllerTest, AdaptBandFollowsCostModel) {
+  SpecControllerConfig c = ExactTimings();
+  c.probe_overhead_budget = 0.0;  // probe every probe_every (ExpensiveProbesAreSpacedOut)
+  auto ctl = Make(c);
+  Feed(*ctl, "mixed", 0.5, 256);  // alternate pass/fail: a = 0.5 exactly
+  ASSERT_DOUBLE_EQ(ctl->Snapshot("mixed").acceptance, 0.5);
+  // Cheap drafting, verify 11 ms flat, direct 10 ms (100/s): E(K) = 2(1 − 0.5^(K+1)).
+  // G(4) = 1.9375/11.4 ms = 170.0, G(5) = 1.96875/11.5 ms = 171.2, G(6) = 171.1 -> K = 5.
+  SetTimings(*ctl, 0.1, 11.0, 0.0, 10.0);
+  EXPECT_EQ(ctl->Snapshot("mixed").mode, SpecMode::kAdapt);
+  EXPECT_EQ(ctl->ChooseK("mixed"), 5);
+  // Drafting costs 3 ms/token: G(1) = 1.5/14 ms = 107 > G(2) = 1.75/17 ms = 103 > 100.
+  SetTimings(*ctl, 3.0, 11.0, 0.0, 10.0);
+  EXPECT_EQ(ctl->ChooseK("mixed"), 1);
+  // Verification costs 20 ms: G(1) = 1.5/23 ms = 65/s < 100/s direct -> K = 0.
+  SetTimings(*ctl, 3.0, 20.0, 0.0, 10.0);
+  EXPECT_EQ(ctl->ChooseK("mixed"), 0);
+  DomainSnapshot s = ctl->Snapshot("mixed");
+  EXPECT_EQ(s.mode, SpecMode::kAdapt);
+  EXPECT_EQ(s.k, 0);
+  EXPECT_NEAR(ctl->ExpectedGoodput("mixed"), 100.0, 1e-9);
+  // Adapt-and-direct is probed too (31 more direct decisions complete the 32).
+  for (int i = 0; i < 31; ++i) ASSERT_EQ(ctl->ChooseK("mixed"), 0);
+  EXPECT_EQ(ctl->ChooseK("mixed"), 2);
+  EXPECT_EQ(ctl->Snapshot("mixed").probes, 1);
+  // A free domain with the same costs keeps speculating although direct is faster (free
+  // never goes direct): a = 0.7, G(3) = 2.533/29 ms = 87.3/s > G(4) = 2.773/32 ms = 86.7/s.
+  Feed(*ctl, "free", 0.7, 256);
+  EXPECT_EQ(ctl->Snapshot("free").mode, SpecMode::kFree);
+  EXPECT_EQ(ctl->ChooseK("free"), 3);
+}
+
+TEST(SpecControllerTest, TiesGoToSmallerK) {
+  SpecControllerConfig c;
+  c.disable_threshold = 0.0;  // never disable, always free
+  c.free_threshold = 0.0;
+  c.k_min = 2;
+  auto ctl = Make(c);
+  // Nothing is ever accepted and extra drafts cost nothing: every K has G(K) = 100/s.
+  SetTimings(*ctl, 0.0, 10.0, 0.0, 10.0);
+  Feed(*ctl, "d", 0.0, 32);
+  EXPECT_EQ(ctl->Snapshot("d").mode, SpecMode::kFree);
+  EXPECT_EQ(ctl->ChooseK("d"), 2);
+}
+
+TEST(SpecControllerTest, DomainsAreIndependent) {
+  auto ctl = Make();
+  SetTimings(*ctl, 1.0, 10.0, 0.5, 10.0);
+  Feed(*ctl, "code", 0.9, 256);
+  Feed(*ctl, "finance", 0.2, 64);
+  EXPECT_EQ(ctl->Snapshot("finance").mode, SpecMode::kDisabled);
+  EXPECT_EQ(ctl->Snapshot("code").mode, SpecMode::kFree);
+  const int k_code = ctl->ChooseK("code");
+  EXPECT_GT(k_code, 0);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(ctl->ChooseK("finance"), 0);
+  EXPECT_EQ(ctl->ChooseK("code"), k_code);
+  EXPECT_EQ(ctl->Snapshot("code").probes, 0);
+  EXPECT_EQ(ctl->Snapshot("code").direct_decisions, 0);
+  EXPECT_NEAR(ctl->Snapshot("code").acceptance, 0.9, 0.01);
+  EXPECT_EQ(ctl->Snapshot("chat").mode, SpecMode::kWarmup);  // untouched domain
+  std::vector<DomainSnapshot> all = ctl->AllDomains();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].domain, "code");
+  EXPECT_EQ(all[1].domain, "finance");
+  EXPECT_EQ(all[1].mode, SpecMode::kDisabled);
+}
+
+TEST(SpecControllerTest, WindowSlides) {
+  SpecControllerConfig c;
+  c.window = 32;
+  c.min_observations = 8;
+  c.probe_window = 16;
+  auto ctl = Make(c);
+  Feed(*ctl, "d", 0.5, 32);
+  EXPECT_DOUBLE_EQ(ctl->Snapshot("d").acceptance, 0.5);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(ctl->RecordStep("d", 4, 4).ok());  // 16 passes
+  EXPECT_EQ(ctl->Snapshot("d").window_positions, 32);
+  EXPECT_DOUBLE_EQ(ctl->Snapshot("d").acceptance, 24.0 / 32.0);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(ctl->RecordStep("d", 4, 4).ok());
+  EXPECT_DOUBLE_EQ(ctl->Snapshot("d").acceptance, 1.0);  // the 0.5 history is gone
+  EXPECT_EQ(ctl->Snapshot("d").drafted, 32 + 32);        // lifetime counters keep it all
+}
+
+TEST(SpecControllerTest, TimingModel) {
+  auto ctl = Make(ExactTimings());
+  EXPECT_FALSE(ctl->PredictVerifySeconds(2).has_value());
+  EXPECT_FALSE(ctl->DirectSeconds().has_value());
+  // One verify point: flat. One draft point: proportional to K.
+  ASSERT_TRUE(ctl->RecordVerifyTime(2, 0.012).ok());
+  ASSERT_TRUE(ctl->RecordDraftTime(4, 0.008).ok());
+  EXPECT_DOUBLE_EQ(*ctl->PredictVerifySeconds(7), 0.012);
+  EXPECT_DOUBLE_EQ(*ctl->PredictDraftSeconds(8), 0.016);
+  // Two verify points: the least-squares line 10 ms + 1 ms·K; K = 0 stands in for direct.
+  ASSERT_TRUE(ctl->RecordVerifyTime(6, 0.016).ok());
+  EXPECT_NEAR(*ctl->PredictVerifySeconds(4), 0.014, 1e-12);
+  EXPECT_NEAR(*ctl->DirectSeconds(), 0.010, 1e-12);
+  ASSERT_TRUE(ctl->RecordDirectTime(0.009).ok());
+  EXPECT_DOUBLE_EQ(*ctl->DirectSeconds(), 0.009);
+  // Three points, least squares (not interpolation): (0,1) (1,3) (2,3) -> 1.333 + 1·K.
+  auto ls = Make(ExactTimings());
+  ASSERT_TRUE(ls->RecordVerifyTime(0, 1.0).ok());
+  ASSERT_TRUE(ls->RecordVerifyTime(1, 3.0).ok());
+  ASSERT_TRUE(ls->RecordVerifyTime(2, 3.0).ok());
+  EXPECT_NEAR(*ls->PredictVerifySeconds(3), 4.0 / 3.0 + 3.0, 1e-9);
+  // A falling fit is clamped flat (time never falls as K grows): the mean.
+  auto falling = Make(ExactTimings());
+  ASSERT_TRUE(falling->RecordVerifyTime(2, 0.016).ok());
+  ASSERT_TRUE(falling->RecordVerifyTime(6, 0.012).ok());
+  EXPECT_NEAR(*falling->PredictVerifySeconds(20), 0.014, 1e-12);
+  // A negative intercept is clamped to a line through the origin: c1 = Σxy/Σx² = 0.35.
+  auto steep = Make(ExactTimings());
+  ASSERT_TRUE(steep->RecordDraftTime(4, 1.0).ok());
+  ASSERT_TRUE(steep->RecordDraftTime(8, 3.0).ok());
+  EXPECT_NEAR(*steep->PredictDraftSeconds(2), 0.7, 1e-12);
+}
+
+TEST(SpecControllerTest, TimingsAreEwmas) {
+  SpecControllerConfig c;
+  c.timing_alpha = 0.5;
+  auto ctl = Make(c);
+  ASSERT_TRUE(ctl->RecordDirectTime(0.010).ok());
+  ASSERT_TRUE(ctl->RecordDirectTime(0.020).ok());
+  EXPECT_DOUBLE_EQ(*ctl->DirectSeconds(), 0.015);
+  ASSERT_TRUE(ctl->RecordVerifyTime(3, 0.010).ok());
+  ASSERT_TRUE(ctl->RecordVerifyTime(3, 0.030).ok());
+  EXPECT_DOUBLE_EQ(*ctl->PredictVerifySeconds(3), 0.020);
+}
+
+TEST(SpecControllerTest, RejectsBadRecords) {
+  auto ctl = Make();
+  EXPECT_EQ(ctl->RecordStep("d", 3, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->RecordStep("d", -1, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->RecordStep("d", 2, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->RecordDraftTime(0, 0.01).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->RecordVerifyTime(-1, 0.01).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->RecordVerifyTime(1, -0.01).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->RecordDirectTime(std::nan("")).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->RecordDirectTime(INFINITY).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->Snapshot("d").window_positions, 0);  // nothing recorded
+  EXPECT_FALSE(ctl->DirectSeconds().has_value());
+}
+
+TEST(SpecControllerTest, ConfigValidationNamesTheField) {
+  struct Case {
+    const char* field;
+    void (*mutate)(SpecControllerConfig&);
+  };
+  const Case cases[] = {
+      {"free_threshold", [](SpecControllerConfig& c) { c.free_threshold = 1.5; }},
+      {"disable_threshold", [](SpecControllerConfig& c) { c.disable_threshold = -0.1; }},
+      {"disable_threshold", [](SpecControllerConfig& c) { c.disable_threshold = 0.7; }},
+      {"k_min", [](SpecControllerConfig& c) { c.k_min = 0; }},
+      {"k_max", [](SpecControllerConfig& c) { c.k_max = 0; }},
+      {"k_max", [](SpecControllerConfig& c) { c.k_max = 1000; }},
+      {"k_initial", [](SpecControllerConfig& c) { c.k_initial = 9; }},
+      {"window", [](SpecControllerConfig& c) { c.window = 0; }},
+      {"min_observations", [](SpecControllerConfig& c) { c.min_observations = 300; }},
+      {"probe_every", [](SpecControllerConfig& c) { c.probe_every = 0; }},
+      {"probe_k", [](SpecControllerConfig& c) { c.probe_k = 9; }},
+      {"probe_window", [](SpecControllerConfig& c) { c.probe_window = 8; }},
+      {"timing_alpha", [](SpecControllerConfig& c) { c.timing_alpha = 0.0; }},
+      {"max_domains", [](SpecControllerConfig& c) { c.max_domains = 0; }},
+  };
+  EXPECT_TRUE(ValidateSpecControllerConfig(SpecControllerConfig{}).ok());
+  for (const Case& tc : cases) {
+    SpecControllerConfig c;
+    tc.mutate(c);
+    absl::Status st = ValidateSpecControllerConfig(c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << tc.field;
+    EXPECT_NE(std::string(st.message()).find(tc.field), std::string::npos) << st;
+    EXPECT_FALSE(SpecController::Create(c).ok()) << tc.field;
+  }
+}
+
+TEST(SpecControllerTest, DomainCountIsBounded) {
+  SpecControllerConfig c;
+  c.max_domains = 2;
+  auto ctl = Make(c);
+  ctl->ChooseK("a");
+  ctl->ChooseK("b");
+  ctl->ChooseK("c");
+  ctl->ChooseK("d");
+  std::vector<DomainSnapshot> all = ctl->AllDomains();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].domain, std::string(SpecController::kOverflowDomain));
+  EXPECT_EQ(all[0].decisions, 2);  // c and d share it
+  EXPECT_EQ(all[1].domain, "a");
+  EXPECT_EQ(all[2].domain, "b");
+}
+
+TEST(SpecControllerTest, SnapshotsWhileRecording) {
+  auto ctl = Make();
+  SetTimings(*ctl, 1.0, 10.0, 0.5, 10.0);
+  std::atomic<bool> done{false};
+  std::thread metrics([&] {
+    while (!done.load()) {
+      for (const DomainSnapshot& s : ctl->AllDomains()) {
+        ASSERT_GE(s.acceptance, 0.0);
+        ASSERT_LE(s.acceptance, 1.0);
+      }
+    }
+  });
+  ScriptedDrafter drafter(0.8);
+  Drive(*ctl, "chat", drafter, 5000);
+  done.store(true);
+  metrics.join();
+  EXPECT_NEAR(ctl->Snapshot("chat").acceptance, 0.8, 0.01);
+  EXPECT_EQ(ctl->Snapshot("chat").decisions, 5000);
+}
+
+}  // namespace
+}  // namespace specnode
+
+namespace specnode {
+namespace {
+
+TEST(SpecControllerTest, WilsonUpperBound) {
+  EXPECT_DOUBLE_EQ(WilsonUpperBound(0, 0, 1.64), 1.0);
+  EXPECT_LT(WilsonUpperBound(0, 5, 1.64), 0.4);  // 5 straight rejections: clearly bad
+  EXPECT_GT(WilsonUpperBound(0, 3, 1.64), 0.4);  // 3 are not enough to tell
+  EXPECT_GT(WilsonUpperBound(2, 6, 1.64), 0.4);  // 1 in 3 over 6: undecided
+  EXPECT_LT(WilsonUpperBound(20, 200, 1.64), 0.15);
+  EXPECT_GT(WilsonUpperBound(20, 200, 1.64), 0.1);
+}
+
+TEST(SpecControllerTest, HopelessDrafterIsDisabledEarly) {
+  auto ctl = Make();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(ctl->ChooseK("chat"), 4) << i;  // warmup
+    ASSERT_TRUE(ctl->RecordStep("chat", 4, 0).ok());
+  }
+  EXPECT_EQ(ctl->Snapshot("chat").mode, SpecMode::kWarmup);  // 4 rejections: not yet sure
+  ASSERT_TRUE(ctl->RecordStep("chat", 4, 0).ok());
+  EXPECT_EQ(ctl->Snapshot("chat").mode, SpecMode::kDisabled);
+  EXPECT_EQ(ctl->ChooseK("chat"), 0);
+  // A mediocre domain is not judged early: 1 of 2 positions pass.
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(ctl->RecordStep("code", 4, i % 2).ok());
+  EXPECT_EQ(ctl->Snapshot("code").mode, SpecMode::kWarmup);
+  // early_z = 0: only the full window judges.
+  SpecControllerConfig c;
+  c.early_z = 0.0;
+  auto patient = Make(c);
+  for (int i = 0; i < 15; ++i) ASSERT_TRUE(patient->RecordStep("chat", 4, 0).ok());
+  EXPECT_EQ(patient->Snapshot("chat").mode, SpecMode::kWarmup);
+  ASSERT_TRUE(patient->RecordStep("chat", 4, 0).ok());
+  EXPECT_EQ(patient->Snapshot("chat").mode, SpecMode::kDisabled);
+}
+
+TEST(SpecControllerTest, ExpensiveProbesAreSpacedOut) {
+  // Draft 5 ms/token, verify 10 + 0.5k ms, direct 10 ms: a k=2 probe costs 10 + 11 - 10 =
+  // 11 ms more than a direct step; at a 2% budget that is one probe per 55 direct steps.
+  auto ctl = Make();
+  SetTimings(*ctl, 5.0, 10.0, 0.5, 10.0);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(ctl->RecordStep("chat", 4, 0).ok());
+  ASSERT_EQ(ctl->Snapshot("chat").mode, SpecMode::kDisabled);
+  int direct = 0;
+  while (ctl->ChooseK("chat") == 0) ASSERT_LT(++direct, 1000);
+  EXPECT_EQ(direct, 55);
+  // Cheap probes (prompt lookup: no draft time) keep the base interval.
+  auto cheap = Make();
+  SetTimings(*cheap, 0.0, 10.0, 0.05, 10.0);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(cheap->RecordStep("chat", 4, 0).ok());
+  direct = 0;
+  while (cheap->ChooseK("chat") == 0) ASSERT_LT(++direct, 1000);
+  EXPECT_EQ(direct, 32);
+  // Budget 0: always probe_every.
+  SpecControllerConfig c;
+  c.probe_overhead_budget = 0.0;
+  auto fixed = Make(c);
+  SetTimings(*fixed, 5.0, 10.0, 0.5, 10.0);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(fixed->RecordStep("chat", 4, 0).ok());
+  direct = 0;
+  while (fixed->ChooseK("chat") == 0) ASSERT_LT(++direct, 1000);
+  EXPECT_EQ(direct, 32);
+}
+
+}  // namespace
+}  // namespace specnode

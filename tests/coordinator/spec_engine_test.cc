@@ -1,0 +1,361 @@
+// The speculative engine on tiny models: greedy output identical to target-only decoding
+// with every drafter, sampled output distributed as target-only sampling, stops, lengths,
+// batching, prefill chunking and bad requests.
+#include "coordinator/spec_engine.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/model_drafter.h"
+#include "coordinator/ngram_drafter.h"
+#include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
+#include "model/llama_model.h"
+#include "model/tiny_model.h"
+
+namespace specnode {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("specnode_spec_" + std::to_string(getpid()) + "_" + name + ".gguf"))
+      .string();
+}
+
+TinyModelOptions TargetOptions() {
+  TinyModelOptions o;
+  o.n_layers = 3;
+  o.weight_type = GgmlType::kQ8_0;
+  o.seed = 21;
+  return o;
+}
+
+class SpecEngineTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    target_path_ = new std::string(TempPath("target"));
+    ASSERT_TRUE(WriteTinyModel(TargetOptions(), *target_path_).ok());
+    for (float perturb : {0.05f, 0.3f, 1.0f}) {
+      TinyModelOptions o = TargetOptions();
+      o.perturb = perturb;
+      const std::string path = TempPath("draft" + std::to_string(static_cast<int>(perturb * 100)));
+      ASSERT_TRUE(WriteTinyModel(o, path).ok());
+      draft_paths_.push_back(path);
+    }
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove(*target_path_);
+    for (const auto& p : draft_paths_) std::filesystem::remove(p);
+    delete target_path_;
+    draft_paths_.clear();
+  }
+
+  void SetUp() override {
+    auto m = LlamaModel::Load(*target_path_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    target_ = std::move(m).value();
+    pool_ = std::make_unique<ThreadPool>(2);
+  }
+
+  std::unique_ptr<LocalModelRunner> MakeRunner(const std::string& kv_mode) {
+    KvCacheOptions kv;
+    kv.mode = kv_mode;
+    auto cache = MakeKvCache(target_->config(), target_->weights().n_kv_heads_local, kv);
+    EXPECT_TRUE(cache.ok()) << cache.status();
+    return std::make_unique<LocalModelRunner>(target_->config(), target_->weights(), pool_.get(),
+                                              std::move(cache).value());
+  }
+
+  // Named drafters: "draft5", "draft30", "draft100" (perturbed copies), "self1", "self2",
+  // "ngram".
+  std::unique_ptr<Drafter> MakeDrafter(const std::string& name, const std::string& kv_mode) {
+    KvCacheOptions kv;
+    kv.mode = kv_mode;
+    if (name == "ngram") {
+      NgramDrafterOptions o;
+      o.min_n = 1;
+      return std::move(NgramDrafter::Create(o)).value();
+    }
+    if (name.rfind("self", 0) == 0) {
+      auto d = ModelDrafter::SelfDraft(*target_, std::stoi(name.substr(4)), pool_.get(), kv);
+      EXPECT_TRUE(d.ok()) << d.status();
+      return std::move(d).value();
+    }
+    const std::map<std::string, int> index = {{"draft5", 0}, {"draft30", 1}, {"draft100", 2}};
+    auto d = ModelDrafter::Load(draft_paths_[index.at(name)], *target_, pool_.get(), kv);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return std::move(d).value();
+  }
+
+  // Runs requests to completion, all sequences stepping together; returns generated tokens.
+  std::vector<std::vector<int32_t>> Run(SpeculativeEngine& engine,
+                                        const std::vector<SpecRequest>& requests,
+                                        ModelRunner* runner = nullptr) {
+    std::vector<SeqId> live;
+    std::map<SeqId, std::vector<int32_t>> generated;
+    for (const SpecRequest& r : requests) {
+      EXPECT_TRUE(engine.Start(r).ok());
+      live.push_back(r.id);
+    }
+    std::vector<SeqStepResult> results;
+    for (int guard = 0; !live.empty() && guard < 10000; ++guard) {
+      absl::Status st = engine.Step(live, &results);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) break;
+      std::vector<SeqId> next;
+      for (const SeqStepResult& r : results) {
+        auto& g = generated[r.id];
+        g.insert(g.end(), r.tokens.begin(), r.tokens.end());
+        if (runner != nullptr && !engine.Prefilling(r.id) && r.finish == FinishReason::kNone) {
+          // Decode invariant: the target caches every committed token but the last.
+          EXPECT_EQ(runner->Length(r.id), static_cast<int32_t>(engine.Tokens(r.id).size()) - 1);
+        }
+        if (r.finish == FinishReason::kNone) {
+          next.push_back(r.id);
+        } else {
+          engine.Finish(r.id);
+        }
+      }
+      live = next;
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (const SpecRequest& r : requests) out.push_back(generated[r.id]);
+    return out;
+  }
+
+  static std::vector<SpecRequest> Prompts(float temperature, int max_new, uint64_t seed = 0) {
+    const std::vector<std::vector<int32_t>> prompts = {
+        {72, 101, 108, 108, 111},
+        {1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4},
+        {200, 17, 17, 300, 42, 99, 120, 121, 122, 123, 124, 125, 126, 127, 128, 129}};
+    std::vector<SpecRequest> out;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SpecRequest r;
+      r.id = static_cast<SeqId>(i + 1);
+      r.prompt = prompts[i];
+      r.sampling.temperature = temperature;
+      r.sampling.seed = seed + i;
+      r.max_new_tokens = max_new;
+      r.ignore_stop = true;
+      out.push_back(r);
+    }
+    return out;
+  }
+
+  static std::string* target_path_;
+  static std::vector<std::string> draft_paths_;
+  std::unique_ptr<LlamaModel> target_;
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+std::string* SpecEngineTest::target_path_ = nullptr;
+std::vector<std::string> SpecEngineTest::draft_paths_;
+
+std::unique_ptr<SpecController> NewController() {
+  return std::move(SpecController::Create({})).value();
+}
+
+TEST_F(SpecEngineTest, GreedyEqualsTargetOnlyWithEveryDrafter) {
+  for (const std::string kv_mode : {"dense", "full"}) {
+    auto base_runner = MakeRunner(kv_mode);
+    SpeculativeEngine base(base_runner.get(), {}, {});
+    const auto expected = Run(base, Prompts(0.0f, 40));
+    for (const std::string name : {"draft5", "draft30", "draft100", "self1", "self2", "ngram"}) {
+      for (bool adaptive : {false, true}) {
+        auto runner = MakeRunner(kv_mode);
+        auto drafter = MakeDrafter(name, kv_mode);
+        auto controller = NewController();
+        SpecEngineOptions options;
+        options.adaptive = adaptive;
+        options.fixed_k = 5;
+        SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, options);
+        EXPECT_EQ(Run(engine, Prompts(0.0f, 40), runner.get()), expected)
+            << name << " kv " << kv_mode << (adaptive ? " adaptive" : " fixed K");
+      }
+    }
+  }
+}
+
+TEST_F(SpecEngineTest, CloseDraftIsMostlyAccepted) {
+  auto runner = MakeRunner("dense");
+  auto drafter = MakeDrafter("draft5", "dense");
+  auto controller = NewController();
+  SpecEngineOptions options;
+  options.adaptive = false;
+  options.fixed_k = 4;
+  SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, options);
+  auto requests = Prompts(0.0f, 64);
+  requests.resize(1);
+  ASSERT_TRUE(engine.Start(requests[0]).ok());
+  std::vector<SeqStepResult> results;
+  while (true) {
+    ASSERT_TRUE(engine.Step(std::vector<SeqId>{1}, &results).ok());
+    if (results[0].finish != FinishReason::kNone) break;
+  }
+  const SpecSeqStats& st = engine.Stats(1);
+  EXPECT_EQ(st.generated, 64);
+  EXPECT_GT(st.drafted, 0);
+  EXPECT_GT(static_cast<double>(st.accepted) / st.drafted, 0.7);
+  EXPECT_LT(st.steps, 40);  // fewer target passes than tokens
+}
+
+// Sampled speculation must not change the output distribution. For each drafter, the
+// third generated token's distribution over 2500 seeds is compared with target-only
+// sampling's (two-sample chi-square over the 15 most frequent tokens + the rest; df = 15,
+// critical value 37.7 at 0.1%).
+TEST_F(SpecEngineTest, SampledMatchesTargetOnlyDistribution) {
+  constexpr int kSamples = 2500;
+  constexpr int kPosition = 2;
+  auto sample_tokens = [&](Drafter* drafter, uint64_t seed_base) {
+    auto runner = MakeRunner("dense");
+    auto controller = NewController();
+    SpecEngineOptions options;
+    options.adaptive = false;
+    options.fixed_k = 3;
+    std::vector<DraftGroup> groups;
+    if (drafter != nullptr) groups.push_back({drafter, controller.get()});
+    SpeculativeEngine engine(runner.get(), groups, options);
+    std::map<int32_t, int64_t> counts;
+    for (int i = 0; i < kSamples; ++i) {
+      SpecRequest r;
+      r.id = i;
+      r.prompt = {1, 2, 3, 1, 2};
+      r.sampling.temperature = 1.0f;
+      r.sampling.top_k = 12;  // a support the chi-square can resolve
+      r.sampling.seed = seed_base + i;
+      r.max_new_tokens = kPosition + 1;
+      r.ignore_stop = true;
+      const auto out = Run(engine, {r});
+      counts[out[0].at(kPosition)]++;
+    }
+    return counts;
+  };
+  const auto base = sample_tokens(nullptr, 1000000);
+  std::vector<std::pair<int64_t, int32_t>> by_count;
+  for (auto [t, c] : base) by_count.push_back({c, t});
+  std::sort(by_count.rbegin(), by_count.rend());
+  by_count.resize(std::min<size_t>(15, by_count.size()));
+  for (const std::string name : {"draft30", "draft100", "ngram"}) {
+    auto drafter = MakeDrafter(name, "dense");
+    const auto spec = sample_tokens(drafter.get(), 0);
+    double chi2 = 0;
+    int64_t base_rest = kSamples, spec_rest = kSamples;
+    auto term = [](double a, double b) { return a + b > 0 ? (a - b) * (a - b) / (a + b) : 0.0; };
+    for (auto [c, t] : by_count) {
+      const int64_t s = spec.count(t) ? spec.at(t) : 0;
+      chi2 += term(c, s);
+      base_rest -= c;
+      spec_rest -= s;
+    }
+    chi2 += term(base_rest, spec_rest);
+    EXPECT_LT(chi2, 37.7) << name;
+  }
+}
+
+TEST_F(SpecEngineTest, BatchedSequencesEqualSeparateRuns) {
+  auto runner = MakeRunner("full");
+  auto drafter = MakeDrafter("draft30", "full");
+  auto controller = NewController();
+  SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, {});
+  const auto together = Run(engine, Prompts(0.0f, 30), runner.get());
+  for (size_t i = 0; i < 3; ++i) {
+    auto one = Prompts(0.0f, 30);
+    EXPECT_EQ(Run(engine, {one[i]}), std::vector<std::vector<int32_t>>{together[i]});
+  }
+}
+
+TEST_F(SpecEngineTest, StopsAtStopTokenAndAtMaxTokens) {
+  auto runner = MakeRunner("dense");
+  SpeculativeEngine base(runner.get(), {}, {});
+  const auto free_run = Run(base, Prompts(0.0f, 20));
+  const int32_t stop = free_run[0][6];
+  auto drafter = MakeDrafter("draft5", "dense");
+  auto controller = NewController();
+  SpecEngineOptions options;
+  options.stop_tokens = {stop};
+  options.adaptive = false;
+  options.fixed_k = 6;
+  SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, options);
+  auto requests = Prompts(0.0f, 20);
+  requests[0].ignore_stop = false;
+  const auto out = Run(engine, {requests[0]});
+  const auto first_stop = std::find(free_run[0].begin(), free_run[0].end(), stop);
+  EXPECT_EQ(out[0], std::vector<int32_t>(free_run[0].begin(), first_stop));
+  for (int max_new : {1, 2, 5, 7}) {
+    auto r = Prompts(0.0f, max_new);
+    EXPECT_EQ(Run(engine, {r[1]})[0].size(), static_cast<size_t>(max_new));
+  }
+}
+
+TEST_F(SpecEngineTest, ChunkedPrefillGivesTheSameTokens) {
+  auto runner = MakeRunner("dense");
+  SpeculativeEngine whole(runner.get(), {}, {});
+  const auto expected = Run(whole, Prompts(0.0f, 10));
+  SpecEngineOptions options;
+  options.prefill_budget = 3;  // prompts of 5..16 tokens take several steps
+  SpeculativeEngine chunked(runner.get(), {}, options);
+  EXPECT_EQ(Run(chunked, Prompts(0.0f, 10)), expected);
+}
+
+TEST_F(SpecEngineTest, RejectsBadRequests) {
+  auto runner = MakeRunner("dense");
+  SpeculativeEngine engine(runner.get(), {}, {});
+  SpecRequest r = Prompts(0.0f, 4)[0];
+  ASSERT_TRUE(engine.Start(r).ok());
+  EXPECT_EQ(engine.Start(r).code(), absl::StatusCode::kInvalidArgument);  // duplicate id
+  SpecRequest bad = r;
+  bad.id = 50;
+  bad.prompt = {};
+  EXPECT_EQ(engine.Start(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.prompt = {1, 1 << 20};
+  EXPECT_EQ(engine.Start(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.prompt = {1};
+  bad.max_new_tokens = 0;
+  EXPECT_EQ(engine.Start(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.max_new_tokens = 1 << 20;
+  EXPECT_EQ(engine.Start(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.max_new_tokens = 4;
+  bad.sampling.top_p = 2.0f;
+  EXPECT_EQ(engine.Start(bad).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<SeqStepResult> results;
+  EXPECT_EQ(engine.Step(std::vector<SeqId>{77}, &results).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Step(std::vector<SeqId>{r.id, r.id}, &results).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SpecEngineTest, DraftWithAnotherVocabularyIsRefused) {
+  TinyModelOptions o = TargetOptions();
+  o.n_merges = 40;  // a different vocabulary
+  const std::string path = TempPath("othervocab");
+  ASSERT_TRUE(WriteTinyModel(o, path).ok());
+  auto d = ModelDrafter::Load(path, *target_, pool_.get(), {});
+  std::filesystem::remove(path);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("vocabulary"), std::string::npos) << d.status();
+  EXPECT_FALSE(ModelDrafter::SelfDraft(*target_, 3, pool_.get(), {}).ok());
+  EXPECT_FALSE(ModelDrafter::SelfDraft(*target_, 0, pool_.get(), {}).ok());
+}
+
+TEST(NgramDrafterTest, CopiesTheContinuationOfTheLatestMatch) {
+  auto d = std::move(NgramDrafter::Create({})).value();
+  // "... 5 6 7 8 9 | 1 2 5 6" -> suffix "5 6" matched at the start -> "7 8 9".
+  const std::vector<int32_t> ctx = {5, 6, 7, 8, 9, 1, 2, 5, 6};
+  EXPECT_EQ(d->Lookup(ctx, 3), (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_EQ(d->Lookup(ctx, 10), (std::vector<int32_t>{7, 8, 9, 1, 2, 5, 6}));
+  // The most recent occurrence wins: "1 2" occurs twice.
+  const std::vector<int32_t> twice = {1, 2, 3, 1, 2, 4, 0, 1, 2};
+  EXPECT_EQ(d->Lookup(twice, 2), (std::vector<int32_t>{4, 0}));
+  // No repeated bigram: nothing (min_n 2).
+  EXPECT_TRUE(d->Lookup(std::vector<int32_t>{1, 2, 3, 4}, 3).empty());
+  EXPECT_FALSE(NgramDrafter::Create({.max_n = 2, .min_n = 3}).ok());
+}
+
+}  // namespace
+}  // namespace specnode
