@@ -19,6 +19,7 @@
 #include "node/cli_args.h"
 #include "node/commands.h"
 #include "node/model_session.h"
+#include "node/router_config.h"
 
 namespace specnode {
 namespace {
@@ -43,7 +44,9 @@ constexpr char kHelp[] =
     "  --spec-k K          most tokens drafted per step (default 4); the controller adapts\n"
     "                      K in [1, K] per domain, or turns speculation off where it loses\n"
     "  --spec-fixed        always draft K tokens (no adaptation)\n"
-    "  --domain NAME       the request's domain, for per-domain acceptance (default: default)\n"
+    "  --domain NAME       the request's domain, for per-domain acceptance (default: from\n"
+    "                      --router-rules, else \"default\")\n"
+    "  --router-rules FILE JSON rules naming a prompt's domain (bench/prompts/router-rules.json)\n"
     "  --json              print a JSON summary as the last line of stdout\n"
     "  --quiet             do not stream text or show load progress\n";
 
@@ -66,6 +69,15 @@ absl::Status Run(const CliArgs& args) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-ids");
   }
 
+  std::string domain = args.Get("domain", "");
+  if (!domain.empty()) SPECNODE_RETURN_IF_ERROR(DomainRouter::ValidateDomainName(domain));
+  std::unique_ptr<DomainRouter> router;
+  if (args.Has("router-rules")) {
+    SPECNODE_ASSIGN_OR_RETURN(router, LoadRouterRules(args.Get("router-rules")));
+  } else {
+    SPECNODE_ASSIGN_OR_RETURN(router, DomainRouter::Create({}));
+  }
+  domain = router->Classify(domain, args.Get("prompt"));
   SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
@@ -89,8 +101,6 @@ absl::Status Run(const CliArgs& args) {
   SpecEngineOptions options;
   options.adaptive = !args.Has("spec-fixed");
   options.fixed_k = static_cast<int>(spec_k);
-  const std::string domain = args.Get("domain", "default");
-  SPECNODE_RETURN_IF_ERROR(DomainRouter::ValidateDomainName(domain));
   if (args.Has("draft")) {
     SPECNODE_ASSIGN_OR_RETURN(
         drafter, MakeDrafter(args.Get("draft"), session->model(), session->pool(), kv));
@@ -193,7 +203,7 @@ absl::Status Run(const CliArgs& args) {
 int RunGenerate(int argc, char** argv) {
   return RunModelCommand("generate", kHelp, argc, argv,
                          {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k",
-                          "top-p", "seed", "threads", "draft", "spec-k", "domain"},
+                          "top-p", "seed", "threads", "draft", "spec-k", "domain", "router-rules"},
                          {"chat", "ignore-eos", "json", "quiet", "spec-fixed"}, Run);
 }
 

@@ -26,6 +26,7 @@
 #include "node/cli_args.h"
 #include "node/commands.h"
 #include "node/model_session.h"
+#include "node/router_config.h"
 
 namespace specnode {
 namespace {
@@ -42,11 +43,17 @@ constexpr char kHelp[] =
     "  --temperature T     0 = greedy (default 0): greedy runs also check that every\n"
     "                      configuration produced the target-only tokens\n"
     "  --threads N         CPU threads (default: all cores available)\n"
+    "  --router-rules FILE name each prompt's domain with these rules (JSON, see\n"
+    "                      bench/prompts/router-rules.json) instead of its \"domain\" field;\n"
+    "                      results are still grouped by the field, and the rules' accuracy\n"
+    "                      is reported\n"
     "  --raw               do not wrap prompts in the chat template\n"
     "  --json              print the results as JSON on stdout (the table goes to stderr)\n";
 
 struct Prompt {
-  std::string domain;
+  std::string domain;         // the set's label (results are grouped by it)
+  std::string routed_domain;  // what the engine is told: the label, or the rules' verdict
+  std::string text;
   std::vector<int32_t> ids;
 };
 
@@ -89,7 +96,9 @@ absl::StatusOr<std::vector<Prompt>> LoadPrompts(ModelSession& session, const std
       p.domain = j["domain"].get<std::string>();
       SPECNODE_RETURN_IF_ERROR(DomainRouter::ValidateDomainName(p.domain));
       if (count[p.domain] >= per_domain) continue;
-      SPECNODE_ASSIGN_OR_RETURN(p.ids, session.EncodePrompt(j["prompt"].get<std::string>(), chat));
+      p.text = j["prompt"].get<std::string>();
+      p.routed_domain = p.domain;
+      SPECNODE_ASSIGN_OR_RETURN(p.ids, session.EncodePrompt(p.text, chat));
       ++count[p.domain];
       out.push_back(std::move(p));
     }
@@ -121,7 +130,7 @@ absl::StatusOr<std::vector<int32_t>> RunOne(Config& c, const Prompt& p, SeqId id
   r.prompt = p.ids;
   r.sampling = sp;
   r.max_new_tokens = max_tokens;
-  r.domain = p.domain;
+  r.domain = p.routed_domain;
   r.ignore_stop = true;  // equal lengths: every configuration decodes the same count
   SPECNODE_RETURN_IF_ERROR(c.engine->Start(r));
   const SeqId ids[] = {id};
@@ -163,6 +172,17 @@ absl::Status Run(const CliArgs& args) {
                                                static_cast<int>(threads), false, kv));
   SPECNODE_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, LoadPrompts(*session, args.Get("prompts"),
                                                                      !args.Has("raw"), per_domain));
+  int64_t routed_right = 0;
+  if (args.Has("router-rules")) {
+    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<DomainRouter> router,
+                              LoadRouterRules(args.Get("router-rules")));
+    for (Prompt& p : prompts) {
+      p.routed_domain = router->Classify("", p.text);
+      routed_right += p.routed_domain == p.domain;
+    }
+    std::fprintf(stderr, "router rules: %lld of %zu prompts named with their set's domain\n",
+                 static_cast<long long>(routed_right), prompts.size());
+  }
   SamplingParams sp;
   sp.temperature = static_cast<float>(temperature);
   SPECNODE_RETURN_IF_ERROR(ValidateSamplingParams(sp));
@@ -235,6 +255,11 @@ absl::Status Run(const CliArgs& args) {
   out["temperature"] = temperature;
   out["threads"] = threads;
   out["kv_mode"] = kv.mode;
+  if (args.Has("router-rules")) {
+    out["router_rules"] = args.Get("router-rules");
+    out["router_rules_correct"] = routed_right;
+    out["prompts"] = prompts.size();
+  }
   std::fprintf(stderr, "%-22s %-10s %8s %8s %8s %8s %9s\n", "config", "domain", "accept", "acc.len",
                "tok/pass", "speedup", "identical");
   for (auto& c : configs) {
@@ -262,6 +287,7 @@ absl::Status Run(const CliArgs& args) {
       jd["identical_to_target"] = t.identical;
       if (!t.groups.empty()) jd["groups"] = t.groups;
       for (size_t g = 0; g < c->controllers.size(); ++g) {
+        // The controllers learn per routed domain; without rules that is the label.
         const DomainSnapshot s = c->controllers[g]->Snapshot(domain);
         jd["controller"][c->drafters[g]->name()] = {{"mode", std::string(SpecModeName(s.mode))},
                                                     {"k", s.k},
@@ -286,7 +312,7 @@ absl::Status Run(const CliArgs& args) {
 int RunSpecBench(int argc, char** argv) {
   return RunModelCommand("spec-bench", kHelp, argc, argv,
                          {"model", "prompts", "drafters", "per-domain", "max-tokens", "spec-k",
-                          "temperature", "threads"},
+                          "temperature", "threads", "router-rules"},
                          {"raw", "json"}, Run);
 }
 

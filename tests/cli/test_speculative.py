@@ -91,3 +91,33 @@ def test_smollm2_greedy_speculation_matches_target_only(specnode, real_model):
         assert same >= total - max(1, total // 10), (config["name"], same, total)
     ngram = next(c for c in result["configs"] if c["name"] == "ngram:4 fixed")
     assert ngram["domains"]["summarize"]["tokens_per_pass"] > 1.3
+
+
+def test_router_rules_name_the_domain(specnode, tiny_pair):
+    rules = str(ROOT / "bench/prompts/router-rules.json")
+    base = [specnode, "generate", "--model", tiny_pair["target"], "--max-tokens", "4",
+            "--draft", "ngram", "--router-rules", rules, "--json", "--quiet"]
+    for prompt, domain in (("Write a Python function that reverses a list.", "code"),
+                           ("What is a good dividend yield for a stock?", "finance"),
+                           ("Summarise the following passage: the sea was calm.", "summarize"),
+                           ("Tell me a joke about penguins.", "chat")):
+        assert last_json(run(base + ["--prompt", prompt]))["domain"] == domain, prompt
+    # An explicit --domain wins over the rules.
+    got = last_json(run(base + ["--prompt", "def f(): pass", "--domain", "mine"]))
+    assert got["domain"] == "mine"
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "not valid JSON"),
+    ('{"rules": [{"domain": "x", "keywords": [1]}]}', "rules[0].keywords[0]"),
+    ('{"rules": [{"domain": "x", "regex": "(unclosed"}]}', "rule 0"),
+    ('{"rules": [{"domain": "x", "keyword": ["a"]}]}', "rules[0].keyword: unknown key"),
+    ('{"rules": [{"domain": "bad name", "keywords": ["a"]}]}', "bad name"),
+])
+def test_bad_router_rules(specnode, tiny_pair, tmp_path, content, needle):
+    path = tmp_path / "rules.json"
+    path.write_text(content)
+    res = run([specnode, "generate", "--model", tiny_pair["target"], "--prompt", "hi",
+               "--router-rules", str(path)])
+    assert res.returncode == 1, res.stderr
+    assert needle in res.stderr and "rules.json" in res.stderr, res.stderr
