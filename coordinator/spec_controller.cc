@@ -56,6 +56,7 @@ absl::Status ValidateSpecControllerConfig(const SpecControllerConfig& c) {
     return FieldError("timing_alpha", "must be in (0, 1]");
   }
   if (c.max_domains < 1) return FieldError("max_domains", "must be >= 1");
+  if (!(c.free_direct_margin >= 0.0)) return FieldError("free_direct_margin", "must be >= 0");
   if (!(c.early_z >= 0.0 && c.early_z <= 10.0)) return FieldError("early_z", "must be in [0, 10]");
   if (c.early_min_observations < 1) return FieldError("early_min_observations", "must be >= 1");
   if (!(c.probe_overhead_budget >= 0.0 && c.probe_overhead_budget <= 1.0)) {
@@ -248,7 +249,18 @@ SpecController::Decision SpecController::Decide(const DomainState& s) const {
   const double a = s.window.Acceptance();
   const std::optional<int> best = BestK(a);
   const int k = best.value_or(config_.k_initial);
-  if (a >= config_.free_threshold) return {SpecMode::kFree, k};
+  if (a >= config_.free_threshold) {
+    // Free: speculate unless the measured costs say plain decoding is clearly (by
+    // free_direct_margin) faster, e.g. a well-accepted but nearly target-sized draft.
+    if (best.has_value()) {
+      const std::optional<double> g = GoodputLocked(a, k);
+      const std::optional<double> g_direct = GoodputLocked(a, 0);
+      if (g && g_direct && *g * (1.0 + config_.free_direct_margin) < *g_direct) {
+        return {SpecMode::kFree, 0};
+      }
+    }
+    return {SpecMode::kFree, k};
+  }
   // Adapt band (a < disable_threshold disables the domain in RecordStep).
   if (best.has_value()) {
     std::optional<double> g = GoodputLocked(a, k);
@@ -372,7 +384,18 @@ absl::Status SpecController::RecordDirectTime(double seconds) {
 
 double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
   const Decision d = Decide(s);
-  if (d.k == 0) return GoodputLocked(0.0, 0).value_or(0.0);
+  if (d.k == 0) {
+    // Direct, but paying for probes now and then: a group whose probes are expensive is
+    // worth a little less than plain decoding (so the router prefers cheap probers).
+    const std::optional<double> g = GoodputLocked(0.0, 0);
+    if (!g.has_value()) return 0.0;
+    const std::optional<double> td = draft_.Predict(config_.probe_k);
+    const std::optional<double> tv = verify_.Predict(config_.probe_k);
+    const std::optional<double> t_direct = DirectSecondsLocked();
+    if (!td || !tv || !t_direct || *t_direct <= 0.0) return *g;
+    const double extra = std::max(0.0, *td + *tv - *t_direct);
+    return *g / (1.0 + extra / (ProbeIntervalLocked() * *t_direct));
+  }
   if (s.window.size() == 0) return 0.0;  // never observed
   return GoodputLocked(s.window.Acceptance(), d.k).value_or(0.0);
 }

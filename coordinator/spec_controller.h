@@ -33,7 +33,9 @@
 // Decision for the next step of a sequence in a domain (ChooseK):
 //   warmup    fewer than min_observations evaluated positions: K = k_initial (unless
 //             early disabling already judged the domain bad, see early_z).
-//   free      a >= free_threshold: speculate; K = argmax G(K) over [k_min, k_max].
+//   free      a >= free_threshold: speculate; K = argmax G(K) over [k_min, k_max], unless
+//             plain decoding is faster by more than free_direct_margin (then K = 0, and
+//             the domain is probed like an adapt-direct one).
 //   adapt     disable_threshold <= a < free_threshold: K = argmax G(K), or 0 (direct)
 //             when G(K) < G_direct (G_direct unknown: speculate).
 //   disabled  a < disable_threshold: K = 0. The domain stays disabled (sticky) until
@@ -93,6 +95,8 @@ struct SpecControllerConfig {
   // early_z) is below disable_threshold — 5 straight rejections suffice at z = 1.64, so a
   // bad drafter costs few warm-up steps. early_z = 0 turns this off.
   double early_z = 1.64;
+  // A free domain goes direct only when G_direct > (1 + free_direct_margin) · G(K).
+  double free_direct_margin = 0.1;
   int early_min_observations = 4;
   // Probing costs (t_draft(probe_k) + t_verify(probe_k) − t_direct) per probe. The probe
   // interval is stretched beyond probe_every so that this extra cost stays within this

@@ -14,8 +14,9 @@
 // Prefill chunks and decode/verify entries of different sequences share one target
 // forward, so a scheduler gets continuous batching by choosing which sequences step.
 //
-// Cost attribution for the controllers: a group's draft call time is split evenly over the
-// sequences it drafted for; the target pass time is split evenly over the sequences in it.
+// Cost attribution for the controllers: a group's draft time (Sync + Propose: catching up
+// on unseen context is a cost of speculating) is split evenly over the sequences it drafted
+// for; the target pass time is split evenly over the sequences in it.
 // With one sequence per step (the CLI, the benchmark) both are exact.
 //
 // Not thread-safe: one thread calls Start/Step/Finish (the scheduler's step loop). The

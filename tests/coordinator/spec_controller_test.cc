@@ -176,7 +176,9 @@ TEST(SpecControllerTest, LowAcceptanceDisablesProbesAndReenables) {
   EXPECT_LT(s.acceptance, 0.4);
   EXPECT_EQ(s.k, 0);
   EXPECT_EQ(s.disables, 1);
-  EXPECT_NEAR(ctl->ExpectedGoodput("finance"), 100.0, 1e-9);  // direct: 1 / 10 ms
+  // Direct (1 / 10 ms) less the probes' share: a k=2 probe costs 2 + 11 - 10 = 3 ms extra
+  // once per 32 direct steps.
+  EXPECT_NEAR(ctl->ExpectedGoodput("finance"), 100.0 / (1 + 3.0 / 320), 1e-9);
 
   // Still bad: exactly probe_every direct steps, then one probe with probe_k, repeatedly.
   for (int cycle = 0; cycle < 20; ++cycle) {
@@ -255,15 +257,20 @@ TEST(SpecControllerTest, AdaptBandFollowsCostModel) {
   DomainSnapshot s = ctl->Snapshot("mixed");
   EXPECT_EQ(s.mode, SpecMode::kAdapt);
   EXPECT_EQ(s.k, 0);
-  EXPECT_NEAR(ctl->ExpectedGoodput("mixed"), 100.0, 1e-9);
+  // Direct less the probes' share: 6 + 20 - 10 = 16 ms extra per 32 direct steps.
+  EXPECT_NEAR(ctl->ExpectedGoodput("mixed"), 100.0 / (1 + 16.0 / 320), 1e-9);
   // Adapt-and-direct is probed too (31 more direct decisions complete the 32).
   for (int i = 0; i < 31; ++i) ASSERT_EQ(ctl->ChooseK("mixed"), 0);
   EXPECT_EQ(ctl->ChooseK("mixed"), 2);
   EXPECT_EQ(ctl->Snapshot("mixed").probes, 1);
-  // A free domain with the same costs keeps speculating although direct is faster (free
-  // never goes direct): a = 0.7, G(3) = 2.533/29 ms = 87.3/s > G(4) = 2.773/32 ms = 86.7/s.
+  // A free domain with the same costs: a = 0.7, G(3) = 2.533/29 ms = 87.3/s is the best
+  // K but direct (100/s) is faster by more than the 10% margin -> direct.
   Feed(*ctl, "free", 0.7, 256);
   EXPECT_EQ(ctl->Snapshot("free").mode, SpecMode::kFree);
+  EXPECT_EQ(ctl->ChooseK("free"), 0);
+  // Within the margin (verify 17 ms: G(3) = 2.533/26 ms = 97.4/s is the best K, and
+  // 97.4 * 1.1 > 100) free keeps speculating although direct is a little faster.
+  SetTimings(*ctl, 3.0, 17.0, 0.0, 10.0);
   EXPECT_EQ(ctl->ChooseK("free"), 3);
 }
 
