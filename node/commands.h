@@ -12,6 +12,7 @@ int RunLogits(int argc, char** argv);     // dump logits of a token list (oracle
 int RunBench(int argc, char** argv);      // prefill/decode throughput at several batch sizes
 int RunKvEval(int argc, char** argv);     // KV precision modes: bytes vs accuracy on texts
 int RunSpecBench(int argc, char** argv);  // speculative decoding per drafter and domain
+int RunServe(int argc, char** argv);      // the node: ZeroMQ front end + scheduler
 int RunTokenize(int argc, char** argv);   // encode/decode text with a model's tokenizer
 int RunTinyModel(int argc, char** argv);  // write a small deterministic Llama GGUF
 

@@ -45,6 +45,7 @@ void Usage(FILE* out) {
                "  bench       prefill/decode tokens/s at several batch sizes\n"
                "  kv-eval     KV cache precision modes: bytes per token vs accuracy\n"
                "  spec-bench  speculative decoding per drafter and domain vs target-only\n"
+               "  serve       the node: ZeroMQ front end, continuous batching, speculation\n"
                "  tiny-model  write a small deterministic Llama GGUF\n"
                "\n"
                "Run 'specnode <command> --help' for its options.\n");
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return specnode::RunBench(sub_argc, sub_argv);
   if (cmd == "kv-eval") return specnode::RunKvEval(sub_argc, sub_argv);
   if (cmd == "spec-bench") return specnode::RunSpecBench(sub_argc, sub_argv);
+  if (cmd == "serve") return specnode::RunServe(sub_argc, sub_argv);
   if (cmd == "tiny-model") return specnode::RunTinyModel(sub_argc, sub_argv);
   std::fprintf(stderr, "specnode: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);

@@ -1,0 +1,413 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "absl/strings/str_cat.h"
+
+namespace specnode {
+namespace {
+
+double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Largest n <= limit such that s[0, n) ends on a UTF-8 character boundary.
+size_t Utf8Floor(const std::string& s, size_t limit) {
+  size_t n = std::min(limit, s.size());
+  while (n > 0 && n < s.size() && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return n;
+}
+
+void PushSample(std::vector<double>& v, double x) {
+  constexpr size_t kKeep = 1024;
+  if (v.size() == kKeep) v.erase(v.begin());
+  v.push_back(x);
+}
+
+}  // namespace
+
+const char* FinishKindName(FinishKind kind) {
+  switch (kind) {
+    case FinishKind::kStop:
+      return "stop";
+    case FinishKind::kLength:
+      return "length";
+    case FinishKind::kStopString:
+      return "stop_string";
+    case FinishKind::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+struct Scheduler::Req {
+  uint64_t handle = 0;
+  GenerationRequest g;
+  const SlaClass* cls = nullptr;
+  Clock::time_point arrival, scheduled, first_token, last_token;
+  bool running = false, scheduled_once = false, done = false;
+  std::vector<int32_t> output;  // generated tokens (survive preemption)
+  Utf8StreamDecoder utf8;
+  std::string text;
+  size_t emitted = 0;                             // bytes of text already sent
+  size_t checked = 0;                             // bytes of text already searched for stop strings
+  size_t max_stop = 0;                            // longest stop string
+  int32_t drafted = 0, accepted = 0, passes = 0;  // over preemptions
+};
+
+Scheduler::Scheduler(SpeculativeEngine* engine, const Tokenizer* tokenizer,
+                     SchedulerOptions options, Sink sink)
+    : engine_(engine), tok_(tokenizer), options_(std::move(options)), sink_(std::move(sink)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+const SlaClass* Scheduler::FindClass(const std::string& name) const {
+  const std::string& want = name.empty() ? options_.default_class : name;
+  for (const SlaClass& c : options_.classes) {
+    if (c.name == want) return &c;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(GenerationRequest request) {
+  const SlaClass* cls = FindClass(request.sla);
+  if (cls == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown SLA class \"", request.sla, "\""));
+  }
+  auto r = std::make_unique<Req>();
+  r->g = std::move(request);
+  r->cls = cls;
+  r->g.sla = cls->name;
+  for (const std::string& s : r->g.stop) r->max_stop = std::max(r->max_stop, s.size());
+  r->arrival = Clock::now();
+  std::lock_guard lock(mu_);
+  if (draining_ || stopping_) return absl::UnavailableError("the node is shutting down");
+  int queued = 0;
+  for (const auto& [prio, q] : queue_) queued += static_cast<int>(q.size());
+  if (queued >= options_.max_queue) {
+    stats_.rejected++;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("overloaded: ", queued, " requests already queued"));
+  }
+  // Inter-arrival EWMA for the batching window.
+  if (last_arrival_ != Clock::time_point{}) {
+    const double gap = Ms(last_arrival_, r->arrival);
+    mean_gap_ms_ = mean_gap_ms_ < 0 ? gap : 0.8 * mean_gap_ms_ + 0.2 * gap;
+  }
+  last_arrival_ = r->arrival;
+  const uint64_t handle = next_handle_++;
+  r->handle = handle;
+  int position = 0;
+  for (const auto& [prio, q] : queue_) {
+    if (prio <= cls->priority) position += static_cast<int>(q.size());
+  }
+  queue_[cls->priority].push_back(handle);
+  reqs_[handle] = std::move(r);
+  stats_.submitted++;
+  cv_.notify_all();
+  return Ticket{handle, position};
+}
+
+bool Scheduler::Cancel(uint64_t handle) {
+  std::lock_guard lock(mu_);
+  auto it = reqs_.find(handle);
+  if (it == reqs_.end() || it->second->done) return false;
+  cancels_.push_back(handle);
+  cv_.notify_all();
+  return true;
+}
+
+void Scheduler::BeginDrain() {
+  std::lock_guard lock(mu_);
+  draining_ = true;
+  cv_.notify_all();
+}
+
+bool Scheduler::Idle() const {
+  std::lock_guard lock(mu_);
+  return draining_ && reqs_.empty();
+}
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    draining_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+SchedulerSnapshot Scheduler::Snapshot() const {
+  std::lock_guard lock(mu_);
+  SchedulerSnapshot s = stats_;
+  s.active = static_cast<int>(running_.size());
+  s.queued = 0;
+  for (const auto& [prio, q] : queue_) s.queued += static_cast<int>(q.size());
+  return s;
+}
+
+void Scheduler::AdmitLocked(Clock::time_point now) {
+  for (auto& [prio, q] : queue_) {
+    while (!q.empty() && static_cast<int>(running_.size()) < options_.max_active) {
+      Req& r = *reqs_.at(q.front());
+      q.pop_front();
+      r.running = true;
+      if (!r.scheduled_once) {
+        r.scheduled_once = true;
+        r.scheduled = now;
+      }
+      running_.push_back(r.handle);
+    }
+  }
+}
+
+void Scheduler::Loop() {
+  while (true) {
+    std::vector<uint64_t> cancels;
+    {
+      std::unique_lock lock(mu_);
+      auto has_queue = [&] {
+        for (const auto& [prio, q] : queue_) {
+          if (!q.empty()) return true;
+        }
+        return false;
+      };
+      cv_.wait(lock,
+               [&] { return stopping_ || !cancels_.empty() || !running_.empty() || has_queue(); });
+      if (stopping_) {
+        for (auto& [h, r] : reqs_) cancels.push_back(h);
+      } else {
+        cancels.swap(cancels_);
+      }
+    }
+    for (uint64_t h : cancels) {
+      Req* r = nullptr;
+      {
+        std::lock_guard lock(mu_);
+        auto it = reqs_.find(h);
+        if (it != reqs_.end() && !it->second->done) r = it->second.get();
+      }
+      if (r != nullptr) Finish(*r, FinishKind::kCancelled);
+    }
+    {
+      std::unique_lock lock(mu_);
+      if (stopping_) {
+        stats_.window_ms = 0;
+        return;
+      }
+      // Batching window: with nothing running, a lone arrival waits briefly for company
+      // when arrivals come faster than the window (else waiting only adds latency).
+      double bound = 1e9;
+      for (const SlaClass& c : options_.classes) bound = std::min(bound, c.ttft_p99_ms);
+      bound *= options_.window_fraction;
+      const double window = (mean_gap_ms_ >= 0 && mean_gap_ms_ < bound) ? mean_gap_ms_ : 0.0;
+      stats_.window_ms = window;
+      if (running_.empty() && window > 0) {
+        int queued = 0;
+        Clock::time_point oldest = Clock::now();
+        for (const auto& [prio, q] : queue_) {
+          queued += static_cast<int>(q.size());
+          if (!q.empty()) oldest = std::min(oldest, reqs_.at(q.front())->arrival);
+        }
+        const auto deadline = oldest + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double, std::milli>(window));
+        if (queued > 0 && queued < options_.max_active && Clock::now() < deadline) {
+          cv_.wait_until(lock, deadline, [&] { return stopping_ || !cancels_.empty(); });
+          continue;
+        }
+      }
+      AdmitLocked(Clock::now());
+    }
+    RunStep();
+  }
+}
+
+Scheduler::Req* Scheduler::Lookup(uint64_t handle) {
+  std::lock_guard lock(mu_);
+  auto it = reqs_.find(handle);
+  return it == reqs_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::RunStep() {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard lock(mu_);
+    ids = running_;
+  }
+  // (Re)start sequences that are not in the engine yet: new, or preempted (recomputed from
+  // prompt + the output so far).
+  for (uint64_t h : ids) {
+    Req& r = *Lookup(h);
+    if (engine_->Has(static_cast<SeqId>(h))) continue;
+    SpecRequest sr;
+    sr.id = static_cast<SeqId>(h);
+    sr.prompt = r.g.prompt;
+    sr.prompt.insert(sr.prompt.end(), r.output.begin(), r.output.end());
+    sr.sampling = r.g.sampling;
+    sr.max_new_tokens = r.g.max_tokens - static_cast<int32_t>(r.output.size());
+    sr.domain = r.g.domain;
+    absl::Status st = engine_->Start(sr);
+    if (!st.ok()) Fail(r, st);
+  }
+  {
+    std::lock_guard lock(mu_);
+    ids = running_;
+  }
+  if (ids.empty()) return;
+  std::vector<SeqId> seqs(ids.begin(), ids.end());
+  std::vector<SeqStepResult> results;
+  absl::Status st = engine_->Step(seqs, &results);
+  while (st.code() == absl::StatusCode::kResourceExhausted && seqs.size() > 1) {
+    // Out of KV memory: preempt the newest sequence (free its KV, requeue it first in its
+    // class; it recomputes later) and retry with the rest.
+    const uint64_t victim = static_cast<uint64_t>(seqs.back());
+    seqs.pop_back();
+    engine_->Finish(static_cast<SeqId>(victim));
+    {
+      std::lock_guard lock(mu_);
+      Req& r = *reqs_.at(victim);
+      r.running = false;
+      running_.erase(std::find(running_.begin(), running_.end(), victim));
+      queue_[r.cls->priority].push_front(victim);
+      stats_.preemptions++;
+    }
+    st = engine_->Step(seqs, &results);
+  }
+  if (!st.ok()) {
+    for (SeqId s : seqs) Fail(*Lookup(static_cast<uint64_t>(s)), st);
+    return;
+  }
+  const auto now = Clock::now();
+  std::map<std::string, double> gauges;
+  if (options_.gauges) gauges = options_.gauges();
+  {
+    std::lock_guard lock(mu_);
+    if (options_.gauges) stats_.gauges = std::move(gauges);
+    stats_.steps++;
+    stats_.step_sequences += static_cast<int64_t>(seqs.size());
+    stats_.last_batch = static_cast<int>(seqs.size());
+  }
+  for (const SeqStepResult& res : results) {
+    Req& r = *Lookup(static_cast<uint64_t>(res.id));
+    if (!res.tokens.empty()) {
+      if (r.output.empty()) r.first_token = now;
+      r.last_token = now;
+      GenerationEvent ev;
+      ev.handle = r.handle;
+      ev.kind = GenerationEvent::Kind::kTokens;
+      ev.index = static_cast<int32_t>(r.output.size());
+      ev.token_ids = res.tokens;
+      r.output.insert(r.output.end(), res.tokens.begin(), res.tokens.end());
+      for (int32_t t : res.tokens) r.text += r.utf8.Push(tok_->TokenToBytes(t));
+      // Stop strings: search only where a new match can start.
+      size_t stop_at = std::string::npos;
+      const size_t from = r.checked >= r.max_stop ? r.checked - r.max_stop + 1 : 0;
+      for (const std::string& s : r.g.stop) {
+        const size_t p = r.text.find(s, from);
+        if (p != std::string::npos) stop_at = std::min(stop_at, p);
+      }
+      r.checked = r.text.size();
+      if (stop_at != std::string::npos) r.text.resize(stop_at);
+      // Hold back bytes that could begin a stop string (unless the request ends now).
+      const bool ending = stop_at != std::string::npos || res.finish != FinishReason::kNone;
+      size_t release = r.text.size();
+      if (!ending && r.max_stop > 1) {
+        release = Utf8Floor(r.text,
+                            r.text.size() >= r.max_stop - 1 ? r.text.size() - (r.max_stop - 1) : 0);
+      }
+      release = std::max(release, r.emitted);
+      ev.text = r.text.substr(r.emitted, release - r.emitted);
+      r.emitted = release;
+      sink_(std::move(ev));
+      if (stop_at != std::string::npos) {
+        Finish(r, FinishKind::kStopString);
+        continue;
+      }
+    }
+    if (res.finish != FinishReason::kNone) {
+      Finish(r, res.finish == FinishReason::kStop ? FinishKind::kStop : FinishKind::kLength);
+    }
+  }
+}
+
+void Scheduler::Finish(Req& r, FinishKind kind) {
+  const auto now = Clock::now();
+  if (engine_->Has(static_cast<SeqId>(r.handle))) {
+    const SpecSeqStats& s = engine_->Stats(static_cast<SeqId>(r.handle));
+    r.drafted += s.drafted;
+    r.accepted += s.accepted;
+    r.passes += s.steps;
+    engine_->Finish(static_cast<SeqId>(r.handle));
+  }
+  // Release held-back text (a final partial UTF-8 sequence becomes U+FFFD).
+  if (kind != FinishKind::kStopString) r.text += r.utf8.Flush();
+  GenerationEvent ev;
+  ev.handle = r.handle;
+  ev.kind = GenerationEvent::Kind::kDone;
+  ev.finish = kind;
+  if (r.emitted < r.text.size()) {
+    GenerationEvent tail;
+    tail.handle = r.handle;
+    tail.kind = GenerationEvent::Kind::kTokens;
+    tail.index = static_cast<int32_t>(r.output.size());
+    tail.text = r.text.substr(r.emitted);
+    r.emitted = r.text.size();
+    sink_(std::move(tail));
+  }
+  ev.text = r.text;
+  RequestStats& st = ev.stats;
+  st.prompt_tokens = static_cast<int32_t>(r.g.prompt.size());
+  st.completion_tokens = static_cast<int32_t>(r.output.size());
+  st.drafted = r.drafted;
+  st.accepted = r.accepted;
+  st.target_passes = r.passes;
+  st.queue_ms = r.scheduled_once ? Ms(r.arrival, r.scheduled) : Ms(r.arrival, now);
+  st.ttft_ms = r.output.empty() ? 0.0 : Ms(r.arrival, r.first_token);
+  st.tpot_ms = r.output.size() > 1 ? Ms(r.first_token, r.last_token) / (r.output.size() - 1) : 0.0;
+  st.total_ms = Ms(r.arrival, now);
+  st.domain = r.g.domain;
+  st.sla = r.g.sla;
+  {
+    std::lock_guard lock(mu_);
+    r.done = true;
+    if (kind == FinishKind::kCancelled) {
+      stats_.cancelled++;
+    } else {
+      stats_.completed++;
+      if (!r.output.empty()) PushSample(stats_.ttft_ms[r.g.sla], st.ttft_ms);
+      if (r.output.size() > 1) PushSample(stats_.tpot_ms[r.g.sla], st.tpot_ms);
+    }
+  }
+  sink_(std::move(ev));
+  std::lock_guard lock(mu_);
+  auto it = std::find(running_.begin(), running_.end(), r.handle);
+  if (it != running_.end()) running_.erase(it);
+  for (auto& [prio, q] : queue_) q.erase(std::remove(q.begin(), q.end(), r.handle), q.end());
+  reqs_.erase(r.handle);
+}
+
+void Scheduler::Fail(Req& r, absl::Status status) {
+  engine_->Finish(static_cast<SeqId>(r.handle));
+  GenerationEvent ev;
+  ev.handle = r.handle;
+  ev.kind = GenerationEvent::Kind::kError;
+  ev.error = std::move(status);
+  {
+    std::lock_guard lock(mu_);
+    r.done = true;
+    stats_.failed++;
+  }
+  sink_(std::move(ev));
+  std::lock_guard lock(mu_);
+  auto it = std::find(running_.begin(), running_.end(), r.handle);
+  if (it != running_.end()) running_.erase(it);
+  for (auto& [prio, q] : queue_) q.erase(std::remove(q.begin(), q.end(), r.handle), q.end());
+  reqs_.erase(r.handle);
+}
+
+}  // namespace specnode

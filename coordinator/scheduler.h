@@ -1,0 +1,173 @@
+// Scheduler: continuous batching of generation requests on a SpeculativeEngine, with SLA
+// classes, a bounded queue, chunked prefill and text-level streaming (UTF-8 safe, stop
+// strings).
+//
+// One scheduler thread owns the engine. Every step it
+//   1. takes new submissions and cancellations (cancelled requests end with kCancelled);
+//   2. admits queued requests while fewer than max_active are running, highest-priority
+//      SLA class first, FIFO within a class — but holds a lone arrival back for up to the
+//      batching window (bounded by window_fraction of the tightest class's TTFT target and
+//      shrunk when arrivals are rare) so that requests arriving together share steps;
+//   3. runs one engine Step over every running request (prefill chunks under
+//      prefill_budget tokens, speculative or direct decodes for the rest);
+//   4. turns new tokens into text and emits events.
+// If a step fails for lack of KV memory, the newest running request is preempted (its
+// KV freed, requeued at the front of its class to recompute from its prompt + output) and
+// the step is retried; a request that cannot run even alone fails with kResourceExhausted.
+//
+// Events go to the sink from the scheduler thread, in order per request: zero or more
+// kTokens, then exactly one terminal kDone or kError. The sink must not block for long
+// and must not call back into the scheduler.
+//
+// Thread-safety: Submit, Cancel, BeginDrain and Snapshot may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/spec_engine.h"
+#include "model/tokenizer.h"
+
+namespace specnode {
+
+using Clock = std::chrono::steady_clock;
+
+struct SlaClass {
+  std::string name;
+  double ttft_p99_ms = 1000;  // target for time to first token
+  double tpot_p99_ms = 200;   // target for time per output token after the first
+  int priority = 0;           // lower runs first
+};
+
+struct SchedulerOptions {
+  std::vector<SlaClass> classes = {{"interactive", 1000, 200, 0}, {"batch", 10000, 1000, 1}};
+  std::string default_class = "interactive";
+  int max_active = 16;           // running sequences (KV permitting)
+  int max_queue = 256;           // waiting requests; beyond: overloaded
+  double window_fraction = 0.3;  // batching window <= this * tightest TTFT target
+  // Called on the scheduler thread after every step (and so safe to read state the engine
+  // owns, such as KV usage); its values appear in SchedulerSnapshot::gauges. Optional.
+  std::function<std::map<std::string, double>()> gauges;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int32_t max_tokens = 128;
+  std::vector<std::string> stop;  // stop strings (text)
+  std::string domain = "default";
+  std::string sla;  // "" = default class
+};
+
+enum class FinishKind { kStop, kLength, kStopString, kCancelled };
+const char* FinishKindName(FinishKind kind);  // "stop", "length", "stop_string", "cancelled"
+
+struct RequestStats {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t drafted = 0;
+  int32_t accepted = 0;
+  int32_t target_passes = 0;
+  double queue_ms = 0, ttft_ms = 0, tpot_ms = 0, total_ms = 0;
+  std::string domain, sla;
+};
+
+struct GenerationEvent {
+  enum class Kind { kTokens, kDone, kError };
+  uint64_t handle = 0;
+  Kind kind = Kind::kTokens;
+  std::string text;                       // kTokens: new text; kDone: the whole text
+  std::vector<int32_t> token_ids;         // kTokens: tokens committed in this step
+  int32_t index = 0;                      // kTokens: tokens committed before this chunk
+  FinishKind finish = FinishKind::kStop;  // kDone
+  RequestStats stats;                     // kDone
+  absl::Status error;                     // kError
+};
+
+// Counters and gauges for metrics (a consistent copy).
+struct SchedulerSnapshot {
+  int queued = 0, active = 0;
+  int64_t submitted = 0, completed = 0, cancelled = 0, rejected = 0, failed = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0, step_sequences = 0;  // Σ batch sizes; mean = step_sequences / steps
+  int last_batch = 0;
+  double window_ms = 0;  // current batching window
+  // Per SLA class: completed requests' TTFT and TPOT samples (most recent 1024).
+  std::map<std::string, std::vector<double>> ttft_ms, tpot_ms;
+  std::map<std::string, int64_t> errors_by_code;  // filled by the front end's counters
+  std::map<std::string, double> gauges;           // SchedulerOptions::gauges, latest
+};
+
+class Scheduler {
+ public:
+  using Sink = std::function<void(GenerationEvent)>;
+
+  // engine and tokenizer must outlive the scheduler. Starts the scheduler thread.
+  Scheduler(SpeculativeEngine* engine, const Tokenizer* tokenizer, SchedulerOptions options,
+            Sink sink);
+  ~Scheduler();  // Stop()
+
+  // Queues a request; returns its handle and queue position. Errors (nothing queued):
+  // InvalidArgument (unknown SLA class, bad parameters — the engine's checks),
+  // ResourceExhausted "overloaded" when the queue is full, Unavailable when draining.
+  struct Ticket {
+    uint64_t handle;
+    int queue_position;
+  };
+  absl::StatusOr<Ticket> Submit(GenerationRequest request);
+
+  // Ends a queued or running request with kCancelled (its KV freed). False if unknown or
+  // already finished.
+  bool Cancel(uint64_t handle);
+
+  // Stop admitting (Submit returns Unavailable); running and queued requests finish.
+  void BeginDrain();
+  // Cancels whatever is left, emits their terminal events and joins the thread.
+  void Stop();
+  // True once draining and nothing is queued or running.
+  bool Idle() const;
+
+  SchedulerSnapshot Snapshot() const;
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Req;
+  void Loop();
+  void AdmitLocked(Clock::time_point now);
+  void RunStep();
+  Req* Lookup(uint64_t handle);  // under mu_ (the map may be growing)
+  void Finish(Req& r, FinishKind kind);
+  void Fail(Req& r, absl::Status status);
+  const SlaClass* FindClass(const std::string& name) const;
+
+  SpeculativeEngine* engine_;
+  const Tokenizer* tok_;
+  SchedulerOptions options_;
+  Sink sink_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, std::unique_ptr<Req>> reqs_;  // queued + running
+  std::map<int, std::deque<uint64_t>> queue_;      // priority -> handles
+  std::vector<uint64_t> running_;
+  std::vector<uint64_t> cancels_;
+  uint64_t next_handle_ = 1;
+  bool draining_ = false, stopping_ = false;
+  SchedulerSnapshot stats_;
+  Clock::time_point last_arrival_{};
+  double mean_gap_ms_ = -1;  // EWMA of inter-arrival gaps
+  std::thread thread_;
+};
+
+}  // namespace specnode

@@ -1,0 +1,296 @@
+#include "node/frontend.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <vector>
+#include <zmq.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "model/chat_template.h"
+#include "nlohmann/json.hpp"
+
+namespace specnode {
+namespace {
+
+// What a rejected scheduler submission is called on the wire.
+std::string CodeForSubmitError(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      return "overloaded";
+    case absl::StatusCode::kUnavailable:
+      return "shutting_down";
+    case absl::StatusCode::kInvalidArgument:
+      return s.message().find("SLA class") != absl::string_view::npos ? "unknown_sla"
+                                                                      : "bad_request";
+    default:
+      return "internal";
+  }
+}
+
+}  // namespace
+
+Frontend::Frontend(FrontendOptions options, const ModelSession* session, const DomainRouter* router,
+                   Scheduler* scheduler, std::function<std::string()> metrics)
+    : options_(std::move(options)),
+      session_(session),
+      router_(router),
+      scheduler_(scheduler),
+      metrics_(std::move(metrics)),
+      started_(std::chrono::steady_clock::now()) {}
+
+Frontend::~Frontend() {
+  sock_.reset();
+  ctx_.reset();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+absl::Status Frontend::Bind() {
+  try {
+    ctx_ = std::make_unique<zmq::context_t>(1);
+    sock_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router);
+    sock_->set(zmq::sockopt::router_mandatory, 1);
+    sock_->set(zmq::sockopt::linger, 500);
+    sock_->set(zmq::sockopt::heartbeat_ivl, 1000);
+    sock_->set(zmq::sockopt::heartbeat_timeout, 5000);
+    // Frames somewhat over the limit still arrive (and get a frame_too_large reply);
+    // absurd ones drop the connection inside libzmq before using memory.
+    sock_->set(zmq::sockopt::maxmsgsize,
+               static_cast<int64_t>(options_.limits.max_frame_bytes) * 4 + 4096);
+    sock_->set(zmq::sockopt::sndhwm, 100000);
+    if (!options_.curve_secret_key.empty()) {
+      sock_->set(zmq::sockopt::curve_server, 1);
+      sock_->set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+    }
+    sock_->bind(options_.endpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(absl::StrCat("cannot bind ", options_.endpoint, ": ", e.what()));
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return absl::InternalError("eventfd failed");
+  return absl::OkStatus();
+}
+
+void Frontend::OnEvent(GenerationEvent event) {
+  {
+    std::lock_guard lock(events_mu_);
+    events_.push_back(std::move(event));
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+}
+
+void Frontend::Send(const std::string& peer, const std::string& payload) {
+  if (gone_peers_.count(peer)) return;
+  try {
+    sock_->send(zmq::buffer(peer), zmq::send_flags::sndmore);
+    sock_->send(zmq::buffer(payload), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EHOSTUNREACH) PeerGone(peer);
+  }
+}
+
+void Frontend::SendError(const std::string& peer, const std::optional<std::string>& id,
+                         const std::string& code, const std::string& message) {
+  error_counts_[code]++;
+  Send(peer, ErrorReply(id, code, message));
+}
+
+void Frontend::PeerGone(const std::string& peer) {
+  gone_peers_.insert(peer);
+  // Its requests are cancelled; their KV is freed when the scheduler ends them (the
+  // terminal replies are dropped: nobody is listening).
+  for (const auto& [handle, a] : active_) {
+    if (a.peer == peer) scheduler_->Cancel(handle);
+  }
+}
+
+void Frontend::HandleSubmit(const std::string& peer, const SubmitMessage& m) {
+  auto reject = [&](const std::string& code, const std::string& message) {
+    SendError(peer, m.id, code, message);
+  };
+  if (by_peer_id_.count({peer, m.id})) {
+    return reject("duplicate_id", "a request with this id is still active on this connection");
+  }
+  const Tokenizer& tok = session_->model().tokenizer();
+  std::vector<int32_t> ids;
+  std::string routing_text;
+  if (m.prompt.has_value()) {
+    auto enc = tok.Encode(*m.prompt, /*parse_special=*/false);
+    if (!enc.ok()) return reject("bad_request", std::string(enc.status().message()));
+    ids = std::move(enc).value();
+    routing_text = *m.prompt;
+  } else {
+    auto rendered = ApplyChatTemplate(tok.spec().chat_template, m.messages, true);
+    if (!rendered.ok()) return reject("bad_request", std::string(rendered.status().message()));
+    auto enc = tok.Encode(*rendered, /*parse_special=*/true);
+    if (!enc.ok()) return reject("bad_request", std::string(enc.status().message()));
+    ids = std::move(enc).value();
+    for (const ChatMessage& cm : m.messages) {
+      if (cm.role == "user") routing_text = cm.content;
+    }
+  }
+  if (ids.empty()) return reject("bad_request", "the prompt encodes to no tokens");
+  const int64_t context = session_->model().config().context_length;
+  if (static_cast<int64_t>(ids.size()) + m.max_tokens > context) {
+    return reject("prompt_too_long",
+                  absl::StrCat("prompt of ", ids.size(), " tokens plus max_tokens ", m.max_tokens,
+                               " exceeds the context length ", context));
+  }
+  if (absl::Status st = ValidateSamplingParams(m.sampling); !st.ok()) {
+    return reject("bad_request", std::string(st.message()));
+  }
+  if (!m.domain.empty()) {
+    if (absl::Status st = DomainRouter::ValidateDomainName(m.domain); !st.ok()) {
+      return reject("bad_request", std::string(st.message()));
+    }
+  }
+  GenerationRequest g;
+  g.prompt = std::move(ids);
+  g.sampling = m.sampling;
+  g.max_tokens = static_cast<int32_t>(m.max_tokens);
+  g.stop = m.stop;
+  g.domain = router_->Classify(m.domain, routing_text);
+  g.sla = m.sla;
+  auto ticket = scheduler_->Submit(std::move(g));
+  if (!ticket.ok())
+    return reject(CodeForSubmitError(ticket.status()), std::string(ticket.status().message()));
+  active_[ticket->handle] = {peer, m.id, m.stream};
+  by_peer_id_[{peer, m.id}] = ticket->handle;
+  Send(peer, AcceptedReply(m.id, ticket->queue_position));
+}
+
+void Frontend::HandleFrame(const std::string& peer, std::string_view frame) {
+  const ParseResult p = ParseClientMessage(frame, options_.limits);
+  if (!p.ok) {
+    SendError(peer, p.error.id, p.error.code, p.error.message);
+    return;
+  }
+  const ClientMessage& m = p.message;
+  switch (m.type) {
+    case ClientMessage::Type::kSubmit:
+      HandleSubmit(peer, m.submit);
+      return;
+    case ClientMessage::Type::kCancel: {
+      auto it = by_peer_id_.find({peer, m.id});
+      if (it == by_peer_id_.end() || !scheduler_->Cancel(it->second)) {
+        SendError(peer, m.id, "unknown_id", "no active request with this id");
+      }
+      return;
+    }
+    case ClientMessage::Type::kStats: {
+      const SchedulerSnapshot s = scheduler_->Snapshot();
+      nlohmann::json j = {{"type", "stats"},
+                          {"version", kProtocolVersion},
+                          {"requests",
+                           {{"submitted", s.submitted},
+                            {"completed", s.completed},
+                            {"cancelled", s.cancelled},
+                            {"rejected", s.rejected},
+                            {"active", s.active},
+                            {"queued", s.queued},
+                            {"preemptions", s.preemptions}}},
+                          {"metrics", metrics_ ? metrics_() : ""}};
+      Send(peer, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      return;
+    }
+    case ClientMessage::Type::kHealth: {
+      const SchedulerSnapshot s = scheduler_->Snapshot();
+      const double uptime =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+      nlohmann::json j = {{"type", "health"},
+                          {"status", draining_ ? "draining" : "ok"},
+                          {"model", options_.model_name},
+                          {"uptime_s", uptime},
+                          {"active", s.active},
+                          {"queued", s.queued},
+                          {"version", kProtocolVersion}};
+      Send(peer, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      return;
+    }
+  }
+}
+
+void Frontend::DeliverEvents() {
+  std::deque<GenerationEvent> events;
+  {
+    std::lock_guard lock(events_mu_);
+    events.swap(events_);
+  }
+  for (GenerationEvent& ev : events) {
+    auto it = active_.find(ev.handle);
+    if (it == active_.end()) continue;
+    const Active& a = it->second;
+    switch (ev.kind) {
+      case GenerationEvent::Kind::kTokens:
+        if (a.stream) Send(a.peer, TokensReply(a.id, ev.text, ev.token_ids, ev.index));
+        continue;
+      case GenerationEvent::Kind::kDone:
+        Send(a.peer, DoneReply(a.id, ev.finish, a.stream ? "" : ev.text, ev.stats));
+        break;
+      case GenerationEvent::Kind::kError:
+        SendError(
+            a.peer, a.id,
+            ev.error.code() == absl::StatusCode::kResourceExhausted ? "overloaded" : "internal",
+            std::string(ev.error.message()));
+        break;
+    }
+    by_peer_id_.erase({a.peer, a.id});
+    active_.erase(it);
+  }
+}
+
+absl::Status Frontend::Run(const std::atomic<bool>* stop) {
+  zmq::pollitem_t items[] = {{static_cast<void*>(*sock_), 0, ZMQ_POLLIN, 0},
+                             {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+  std::vector<zmq::message_t> frames;
+  while (true) {
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) return absl::InternalError(absl::StrCat("zmq poll: ", e.what()));
+    }
+    if (items[1].revents & ZMQ_POLLIN) {
+      uint64_t n;
+      [[maybe_unused]] ssize_t r = read(wake_fd_, &n, sizeof(n));
+    }
+    // Incoming frames (non-blocking, all that are ready).
+    while (true) {
+      frames.clear();
+      try {
+        zmq::message_t msg;
+        if (!sock_->recv(msg, zmq::recv_flags::dontwait)) break;
+        frames.push_back(std::move(msg));
+        while (frames.back().more()) {
+          zmq::message_t part;
+          if (!sock_->recv(part, zmq::recv_flags::none)) break;
+          frames.push_back(std::move(part));
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        break;
+      }
+      if (frames.size() < 2) continue;  // no payload: ignore
+      const std::string peer = frames[0].to_string();
+      gone_peers_.erase(peer);  // a peer that reconnects with the same id is back
+      // DEALER: [peer, payload]. Anything else gets one error (the last frame is read).
+      if (frames.size() != 2) {
+        SendError(peer, std::nullopt, "bad_request",
+                  "one JSON frame per message (use a DEALER socket)");
+        continue;
+      }
+      HandleFrame(peer, frames[1].to_string_view());
+    }
+    DeliverEvents();
+    if (stop != nullptr && stop->load() && !draining_) {
+      draining_ = true;
+      scheduler_->BeginDrain();
+    }
+    if (draining_ && scheduler_->Idle()) {
+      DeliverEvents();
+      return absl::OkStatus();
+    }
+  }
+}
+
+}  // namespace specnode
