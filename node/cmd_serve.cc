@@ -18,6 +18,7 @@
 #include "kvstore/kv_store.h"
 #include "model/status_macros.h"
 #include "node/cli_args.h"
+#include "node/cluster_config.h"
 #include "node/commands.h"
 #include "node/frontend.h"
 #include "node/metrics.h"
@@ -28,10 +29,13 @@ namespace specnode {
 namespace {
 
 constexpr char kHelp[] =
-    "usage: specnode serve [--model PATH] [--bind ENDPOINT] [options]\n"
+    "usage: specnode serve [--config FILE.yaml] [--model PATH] [--bind ENDPOINT] [options]\n"
     "\n"
     "Serves the ZeroMQ protocol of docs/protocol.md until SIGINT/SIGTERM (then drains and\n"
-    "exits 0).\n"
+    "exits 0). Settings come from --config (cluster-configs/, schema in docs/configs.md;\n"
+    "default: the embedded cluster-configs/local-cpu.yaml); flags override it.\n"
+    "  --config FILE       YAML cluster config\n"
+    "  --model PATH        target GGUF (default: $SPECNODE_MODEL or the fetch-model cache)\n"
     "  --bind ENDPOINT     ROUTER endpoint (default tcp://127.0.0.1:5555)\n"
     "  --threads N         CPU threads (default: all cores available)\n"
     "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default ngram)\n"
@@ -62,35 +66,75 @@ std::map<std::string, double> KvGauges(KvCache* cache) {
   return g;
 }
 
-absl::Status Run(const CliArgs& args) {
-  SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t spec_k, args.GetInt("spec-k", 4, 1, SpecController::kMaxK));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t max_active, args.GetInt("max-active", 16, 1, 4096));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t max_queue, args.GetInt("max-queue", 256, 0, 1 << 20));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 4096, 1, 1 << 20));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t max_frame,
-                            args.GetInt("max-frame-bytes", 1 << 20, 256, 1 << 30));
-  std::unique_ptr<DomainRouter> router;
-  if (args.Has("router-rules")) {
-    SPECNODE_ASSIGN_OR_RETURN(router, LoadRouterRules(args.Get("router-rules")));
-  } else {
-    SPECNODE_ASSIGN_OR_RETURN(router, DomainRouter::Create({}));
+// The config (--config FILE, else the embedded local-cpu.yaml) with command-line flags
+// applied on top.
+absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
+  SPECNODE_ASSIGN_OR_RETURN(ServeConfig c,
+                            args.Has("config")
+                                ? LoadServeConfig(args.Get("config"))
+                                : ParseServeConfig(kEmbeddedLocalCpuConfig, "local-cpu.yaml"));
+  auto set_int = [&args](const char* flag, int lo, int hi, int* out) -> absl::Status {
+    if (!args.Has(flag)) return absl::OkStatus();
+    SPECNODE_ASSIGN_OR_RETURN(int64_t v, args.GetInt(flag, *out, lo, hi));
+    *out = static_cast<int>(v);
+    return absl::OkStatus();
+  };
+  SPECNODE_RETURN_IF_ERROR(set_int("threads", 1, 1024, &c.threads));
+  SPECNODE_RETURN_IF_ERROR(set_int("spec-k", 1, SpecController::kMaxK, &c.k_max));
+  SPECNODE_RETURN_IF_ERROR(set_int("max-active", 1, 4096, &c.max_active));
+  SPECNODE_RETURN_IF_ERROR(set_int("max-queue", 0, 1 << 20, &c.max_queue));
+  int max_tokens = static_cast<int>(c.limits.max_tokens);
+  SPECNODE_RETURN_IF_ERROR(set_int("max-tokens", 1, 1 << 20, &max_tokens));
+  c.limits.max_tokens = max_tokens;
+  int frame = static_cast<int>(c.limits.max_frame_bytes);
+  SPECNODE_RETURN_IF_ERROR(set_int("max-frame-bytes", 256, 1 << 30, &frame));
+  c.limits.max_frame_bytes = static_cast<size_t>(frame);
+  if (args.Has("model")) c.model = args.Get("model");
+  if (args.Has("bind")) c.bind = args.Get("bind");
+  if (args.Has("draft")) c.draft = args.Get("draft");
+  if (args.Has("router-rules")) c.router_rules_file = args.Get("router-rules");
+  // --kv-* flags replace the config's KV section when any is given.
+  for (const std::string& key : KvValueKeys()) {
+    if (args.Has(key)) {
+      SPECNODE_ASSIGN_OR_RETURN(c.kv, KvOptionsFromArgs(args));
+      break;
+    }
   }
-  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
-  const std::string model_path = args.Get("model", DefaultModelPath());
+  c.sla.max_active = c.max_active;
+  c.sla.max_queue = c.max_queue;
+  if (c.model == "default") c.model = DefaultModelPath();
+  if (c.threads == 0) c.threads = DefaultThreads();
+  return c;
+}
+
+absl::Status Run(const CliArgs& args) {
+  SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
+  RouterConfig rc;
+  rc.default_domain = cfg.default_domain;
+  std::unique_ptr<DomainRouter> router;
+  if (!cfg.router_rules_file.empty()) {
+    SPECNODE_ASSIGN_OR_RETURN(router, LoadRouterRules(cfg.router_rules_file));
+  } else {
+    SPECNODE_ASSIGN_OR_RETURN(router, DomainRouter::Create(rc));
+  }
+  const std::string& model_path = cfg.model;
+  const int threads = cfg.threads;
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
-                            ModelSession::Open(model_path, static_cast<int>(threads), false, kv));
+                            ModelSession::Open(model_path, threads, false, cfg.kv));
 
   std::unique_ptr<Drafter> drafter;
   std::unique_ptr<SpecController> controller;
   std::vector<DraftGroup> groups;
-  const std::string draft = args.Get("draft", "ngram");
-  if (draft != "none") {
-    SPECNODE_ASSIGN_OR_RETURN(drafter, MakeDrafter(draft, session->model(), session->pool(), kv));
+  if (cfg.draft != "none") {
+    SPECNODE_ASSIGN_OR_RETURN(drafter,
+                              MakeDrafter(cfg.draft, session->model(), session->pool(), cfg.kv));
     SpecControllerConfig cc;
-    cc.k_max = static_cast<int>(spec_k);
+    cc.k_max = cfg.k_max;
     cc.k_initial = std::min(cc.k_max, 4);
     cc.probe_k = std::min(cc.probe_k, cc.k_max);
+    cc.free_threshold = cfg.free_threshold;
+    cc.disable_threshold = cfg.disable_threshold;
+    cc.probe_every = cfg.probe_every;
     SPECNODE_ASSIGN_OR_RETURN(controller, SpecController::Create(cc));
     groups.push_back({drafter.get(), controller.get()});
   }
@@ -99,17 +143,15 @@ absl::Status Run(const CliArgs& args) {
   eo.stop_tokens.insert(eog.begin(), eog.end());
   SpeculativeEngine engine(&session->runner(), groups, eo);
 
-  SchedulerOptions so;
-  so.max_active = static_cast<int>(max_active);
-  so.max_queue = static_cast<int>(max_queue);
+  SchedulerOptions so = cfg.sla;
   KvCache* cache = &session->cache();
   so.gauges = [cache] { return KvGauges(cache); };
 
   FrontendOptions fo;
-  fo.endpoint = args.Get("bind", "tcp://127.0.0.1:5555");
-  fo.limits.max_frame_bytes = static_cast<size_t>(max_frame);
-  fo.limits.max_tokens = max_tokens;
+  fo.endpoint = cfg.bind;
+  fo.limits = cfg.limits;
   fo.model_name = model_path;
+  fo.curve_secret_key = cfg.curve_secret_key;
   std::unique_ptr<Frontend> frontend;
   Scheduler scheduler(&engine, &session->model().tokenizer(), so,
                       [&frontend](GenerationEvent ev) { frontend->OnEvent(std::move(ev)); });
@@ -134,6 +176,7 @@ absl::Status Run(const CliArgs& args) {
   std::fprintf(stderr, "specnode serve: %s on %s (%s kernels, %lld threads, draft %s)\n",
                model_path.c_str(), fo.endpoint.c_str(), session->kernel_name().c_str(),
                static_cast<long long>(threads), drafter ? drafter->name().c_str() : "none");
+  std::fprintf(stderr, "specnode serve: config %s\n", cfg.source.c_str());
   absl::Status st = frontend->Run(&g_stop);
   scheduler.Stop();
   std::fprintf(stderr, "specnode serve: %s\n", st.ok() ? "drained, exiting" : "stopped");
@@ -144,7 +187,7 @@ absl::Status Run(const CliArgs& args) {
 
 int RunServe(int argc, char** argv) {
   return RunModelCommand("serve", kHelp, argc, argv,
-                         {"model", "bind", "threads", "draft", "spec-k", "router-rules",
+                         {"config", "model", "bind", "threads", "draft", "spec-k", "router-rules",
                           "max-active", "max-queue", "max-tokens", "max-frame-bytes"},
                          {}, Run);
 }

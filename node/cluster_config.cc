@@ -1,0 +1,216 @@
+#include "node/cluster_config.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace specnode {
+namespace {
+
+// Reads typed values out of a YAML tree, turning every problem into a status that names
+// the file, the line and the dotted key.
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  absl::Status Error(const YAML::Node& at, const std::string& key, const std::string& what) {
+    const int line = at.IsDefined() && at.Mark().line >= 0 ? at.Mark().line + 1 : 0;
+    return absl::InvalidArgumentError(absl::StrCat(source_, ":", line, ": ", key, ": ", what));
+  }
+
+  // A mapping whose keys are all in `allowed` (absent = empty mapping).
+  absl::Status Section(const YAML::Node& node, const std::string& key,
+                       const std::set<std::string>& allowed) {
+    if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
+    if (!node.IsMap()) return Error(node, key, "expected a mapping");
+    for (const auto& kv : node) {
+      const std::string k = kv.first.as<std::string>();
+      if (!allowed.count(k)) {
+        return Error(kv.first, key.empty() ? k : key + "." + k, "unknown key");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Int(const YAML::Node& parent, const std::string& section, const char* name,
+                   int64_t lo, int64_t hi, int* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    int64_t v;
+    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v) || v < lo || v > hi) {
+      return Error(n, section + "." + name,
+                   absl::StrCat("expected an integer in [", lo, ", ", hi, "]"));
+    }
+    *out = static_cast<int>(v);
+    return absl::OkStatus();
+  }
+
+  absl::Status Double(const YAML::Node& parent, const std::string& section, const char* name,
+                      double lo, double hi, double* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    double v;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !(v >= lo && v <= hi)) {
+      return Error(n, section + "." + name,
+                   absl::StrCat("expected a number in [", lo, ", ", hi, "]"));
+    }
+    *out = v;
+    return absl::OkStatus();
+  }
+
+  absl::Status String(const YAML::Node& parent, const std::string& section, const char* name,
+                      std::string* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    if (!n.IsScalar()) return Error(n, section + "." + name, "expected a string");
+    *out = n.as<std::string>();
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string source_;
+};
+
+#define CFG_TRY(expr)          \
+  do {                         \
+    absl::Status _st = (expr); \
+    if (!_st.ok()) return _st; \
+  } while (0)
+
+absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& source) {
+  Reader r(source);
+  ServeConfig c;
+  c.source = source;
+  CFG_TRY(r.Section(
+      root, "", {"version", "model", "serve", "speculation", "router", "kv", "sla", "topology"}));
+  if (root["version"].IsDefined()) {
+    int version = 0;
+    CFG_TRY(r.Int(root, "", "version", 1, 1, &version));
+  }
+  if (root["topology"].IsDefined()) {
+    return r.Error(root["topology"], "topology",
+                   "multi-rank layouts need `mpirun` roles, which this build does not run yet "
+                   "(see docs/configs.md); use a single-process config");
+  }
+  const YAML::Node model = root["model"];
+  CFG_TRY(r.Section(model, "model", {"target", "threads"}));
+  CFG_TRY(r.String(model, "model", "target", &c.model));
+  CFG_TRY(r.Int(model, "model", "threads", 0, 1024, &c.threads));
+
+  const YAML::Node serve = root["serve"];
+  CFG_TRY(r.Section(
+      serve, "serve",
+      {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes", "curve_secret_key"}));
+  CFG_TRY(r.String(serve, "serve", "bind", &c.bind));
+  CFG_TRY(r.Int(serve, "serve", "max_active", 1, 4096, &c.max_active));
+  CFG_TRY(r.Int(serve, "serve", "max_queue", 0, 1 << 20, &c.max_queue));
+  int max_tokens = static_cast<int>(c.limits.max_tokens);
+  CFG_TRY(r.Int(serve, "serve", "max_tokens", 1, 1 << 20, &max_tokens));
+  c.limits.max_tokens = max_tokens;
+  int frame = static_cast<int>(c.limits.max_frame_bytes);
+  CFG_TRY(r.Int(serve, "serve", "max_frame_bytes", 256, 1 << 30, &frame));
+  c.limits.max_frame_bytes = static_cast<size_t>(frame);
+  CFG_TRY(r.String(serve, "serve", "curve_secret_key", &c.curve_secret_key));
+  if (!c.curve_secret_key.empty() && c.curve_secret_key.size() != 40) {
+    return r.Error(serve, "serve.curve_secret_key", "expected a 40-character Z85 key");
+  }
+
+  const YAML::Node spec = root["speculation"];
+  CFG_TRY(r.Section(spec, "speculation",
+                    {"draft", "k_max", "free_threshold", "disable_threshold", "probe_every"}));
+  CFG_TRY(r.String(spec, "speculation", "draft", &c.draft));
+  CFG_TRY(r.Int(spec, "speculation", "k_max", 1, 64, &c.k_max));
+  CFG_TRY(r.Double(spec, "speculation", "free_threshold", 0, 1, &c.free_threshold));
+  CFG_TRY(r.Double(spec, "speculation", "disable_threshold", 0, 1, &c.disable_threshold));
+  if (c.disable_threshold > c.free_threshold) {
+    return r.Error(spec, "speculation.disable_threshold", "must be <= free_threshold");
+  }
+  CFG_TRY(r.Int(spec, "speculation", "probe_every", 1, 1 << 20, &c.probe_every));
+
+  const YAML::Node router = root["router"];
+  CFG_TRY(r.Section(router, "router", {"rules_file", "default_domain"}));
+  CFG_TRY(r.String(router, "router", "rules_file", &c.router_rules_file));
+  CFG_TRY(r.String(router, "router", "default_domain", &c.default_domain));
+
+  const YAML::Node kv = root["kv"];
+  CFG_TRY(r.Section(kv, "kv",
+                    {"mode", "capacity_mb", "page_tokens", "sink_tokens", "window_tokens",
+                     "critical_threshold"}));
+  CFG_TRY(r.String(kv, "kv", "mode", &c.kv.mode));
+  int capacity_mb = static_cast<int>(c.kv.capacity_bytes >> 20);
+  CFG_TRY(r.Int(kv, "kv", "capacity_mb", 1, 1 << 24, &capacity_mb));
+  c.kv.capacity_bytes = static_cast<int64_t>(capacity_mb) << 20;
+  CFG_TRY(r.Int(kv, "kv", "page_tokens", 1, 4096, &c.kv.page_tokens));
+  CFG_TRY(r.Int(kv, "kv", "sink_tokens", 0, 1 << 20, &c.kv.sink_tokens));
+  CFG_TRY(r.Int(kv, "kv", "window_tokens", 1, 1 << 20, &c.kv.window_tokens));
+  double thr = c.kv.critical_threshold;
+  CFG_TRY(r.Double(kv, "kv", "critical_threshold", 0, 1e6, &thr));
+  c.kv.critical_threshold = static_cast<float>(thr);
+
+  const YAML::Node sla = root["sla"];
+  CFG_TRY(r.Section(sla, "sla", {"default", "window_fraction", "classes"}));
+  CFG_TRY(r.String(sla, "sla", "default", &c.sla.default_class));
+  CFG_TRY(r.Double(sla, "sla", "window_fraction", 0, 1, &c.sla.window_fraction));
+  if (sla.IsDefined() && sla.IsMap() && sla["classes"].IsDefined()) {
+    const YAML::Node classes = sla["classes"];
+    if (!classes.IsSequence() || classes.size() == 0) {
+      return r.Error(classes, "sla.classes", "expected a non-empty list");
+    }
+    c.sla.classes.clear();
+    std::set<std::string> names;
+    for (size_t i = 0; i < classes.size(); ++i) {
+      const std::string key = absl::StrCat("sla.classes[", i, "]");
+      const YAML::Node e = classes[i];
+      CFG_TRY(r.Section(e, key, {"name", "ttft_p99_ms", "tpot_p99_ms", "priority"}));
+      SlaClass cls;
+      CFG_TRY(r.String(e, key, "name", &cls.name));
+      if (cls.name.empty()) return r.Error(e, key + ".name", "required");
+      if (!names.insert(cls.name).second) return r.Error(e, key + ".name", "duplicate class");
+      CFG_TRY(r.Double(e, key, "ttft_p99_ms", 1, 1e7, &cls.ttft_p99_ms));
+      CFG_TRY(r.Double(e, key, "tpot_p99_ms", 1, 1e7, &cls.tpot_p99_ms));
+      CFG_TRY(r.Int(e, key, "priority", 0, 100, &cls.priority));
+      c.sla.classes.push_back(cls);
+    }
+  }
+  bool found = false;
+  for (const SlaClass& cls : c.sla.classes) found |= cls.name == c.sla.default_class;
+  if (!found) {
+    const YAML::Node at =
+        sla.IsDefined() && sla.IsMap() && sla["default"].IsDefined() ? sla["default"] : root;
+    return r.Error(at, "sla.default", "names no class in sla.classes");
+  }
+  c.sla.max_active = c.max_active;
+  c.sla.max_queue = c.max_queue;
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
+                                             const std::string& source) {
+  try {
+    const YAML::Node root = YAML::Load(yaml_text);
+    if (!root.IsDefined() || root.IsNull()) return Parse(YAML::Node(YAML::NodeType::Map), source);
+    return Parse(root, source);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", e.mark.line + 1, ": not valid YAML: ", e.msg));
+  }
+}
+
+absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseServeConfig(text.str(), path);
+}
+
+}  // namespace specnode

@@ -1,0 +1,43 @@
+// The YAML cluster config of `specnode serve --config` (cluster-configs/*.yaml, schema in
+// docs/configs.md), parsed once at start-up into a read-only ServeConfig that the rest of
+// the node only reads. Every error names the file, line and key; unknown keys are errors.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "coordinator/scheduler.h"
+#include "kvstore/kv_cache_factory.h"
+#include "node/protocol.h"
+
+namespace specnode {
+
+struct ServeConfig {
+  std::string source = "(defaults)";  // file name, for messages
+  std::string model = "default";      // "default" = DefaultModelPath()
+  int threads = 0;                    // 0 = DefaultThreads()
+  std::string bind = "tcp://127.0.0.1:5555";
+  int max_active = 16;
+  int max_queue = 256;
+  ProtocolLimits limits;
+  std::string curve_secret_key;
+  std::string draft = "ngram";
+  int k_max = 4;
+  double free_threshold = 0.6, disable_threshold = 0.4;
+  int probe_every = 32;
+  std::string router_rules_file;
+  std::string default_domain = "default";
+  KvCacheOptions kv;
+  SchedulerOptions sla;  // classes, default class, window fraction (max_* copied in)
+};
+
+// Parses YAML text (`source` names it in errors). InvalidArgument like
+// "local.yaml:12: serve.max_active: expected an integer in [1, 4096]".
+absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
+                                             const std::string& source);
+absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path);
+
+// cluster-configs/local-cpu.yaml, compiled into the binary.
+extern const char kEmbeddedLocalCpuConfig[];
+
+}  // namespace specnode

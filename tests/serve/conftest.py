@@ -1,0 +1,74 @@
+"""Fixtures for tests of `specnode serve` and its clients: the binaries (--specnode and
+--specnode-client, passed by ctest), a tiny model, and a real node running as a subprocess
+on a free loopback port."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_helpers import Node, free_port  # noqa: E402
+
+
+def pytest_addoption(parser):
+    for name, help_ in (("--specnode", "path to the specnode binary"),
+                        ("--specnode-client", "path to the specnode-client binary "
+                                              "(default: client/specnode-client next to "
+                                              "specnode's build dir)")):
+        try:
+            parser.addoption(name, action="store", default=None, help=help_)
+        except ValueError:  # already added by another conftest in the same run
+            pass
+
+
+@pytest.fixture(scope="session")
+def specnode(request):
+    path = request.config.getoption("--specnode") or os.environ.get("SPECNODE_BIN")
+    if not path or not os.path.exists(path):
+        pytest.fail("pass --specnode PATH (ctest does) or set SPECNODE_BIN")
+    return path
+
+
+@pytest.fixture(scope="session")
+def specnode_client(request, specnode):
+    path = (request.config.getoption("--specnode-client")
+            or os.environ.get("SPECNODE_CLIENT_BIN")
+            or str(Path(specnode).resolve().parent.parent / "client" / "specnode-client"))
+    if not os.path.exists(path):
+        pytest.fail(f"no specnode-client at {path}: pass --specnode-client PATH")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(specnode, tmp_path_factory):
+    out = tmp_path_factory.mktemp("models") / "tiny.gguf"
+    subprocess.run([specnode, "tiny-model", "--out", str(out)], check=True)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    path = os.environ.get("SPECNODE_MODEL")
+    if not path:
+        if os.environ.get("SPECNODE_REQUIRE_MODEL") == "1":
+            pytest.fail("SPECNODE_MODEL is unset but SPECNODE_REQUIRE_MODEL=1")
+        pytest.skip("SPECNODE_MODEL is unset (scripts/fetch-model provides it)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_node(specnode, tiny_model, tmp_path_factory):
+    """A node serving the tiny model (1 thread); yields it, stops it after the module."""
+    node = Node(specnode, tiny_model, tmp_path_factory.mktemp("serve") / "serve.log",
+                extra=["--threads", "1"])
+    node.wait_ready()
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def dead_endpoint():
+    """A loopback endpoint where nothing listens."""
+    return f"tcp://127.0.0.1:{free_port()}"

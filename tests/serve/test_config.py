@@ -1,0 +1,46 @@
+"""`specnode serve --config`: the YAML schema is checked before anything loads, and every
+error names the file, the line and the key."""
+import subprocess
+
+import pytest
+
+from serve_helpers import ROOT, Node
+
+BAD = [
+    ("serve:\n  max_activ: 3\n", "bad.yaml:2: serve.max_activ: unknown key"),
+    ("serve:\n  max_active: lots\n", "bad.yaml:2: serve.max_active: expected an integer"),
+    ("kv:\n  capacity_mb: -1\n", "bad.yaml:2: kv.capacity_mb"),
+    ("sla:\n  default: gold\n", "sla.default: names no class"),
+    ("sla:\n  classes:\n    - {name: a, ttft_p99_ms: 5}\n    - {name: a}\n",
+     "bad.yaml:4: sla.classes[1].name: duplicate class"),
+    ("speculation:\n  free_threshold: 0.3\n  disable_threshold: 0.5\n",
+     "speculation.disable_threshold: must be <= free_threshold"),
+    ("serve: [1, 2\n", "bad.yaml:2: not valid YAML"),
+    ("version: 2\n", "bad.yaml:1: .version"),
+    ("modle:\n  target: x\n", "bad.yaml:1: modle: unknown key"),
+]
+
+
+@pytest.mark.parametrize("text,needle", BAD)
+def test_bad_configs_name_file_line_and_key(specnode, tmp_path, text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    # The model path does not exist: the config must be rejected before it is opened.
+    res = subprocess.run([specnode, "serve", "--config", str(path), "--model",
+                          str(tmp_path / "missing.gguf")], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert needle in res.stderr, res.stderr
+    assert "missing.gguf" not in res.stderr
+
+
+def test_shipped_local_config_serves(specnode, tiny_model, tmp_path):
+    node = Node(specnode, tiny_model, tmp_path / "serve.log",
+                extra=["--config", str(ROOT / "cluster-configs/local-cpu.yaml"),
+                       "--threads", "1"])
+    try:
+        h = node.wait_ready()
+        assert h["status"] == "ok"
+        assert "local-cpu.yaml" in node.log()
+    finally:
+        assert node.stop() == 0

@@ -1,0 +1,228 @@
+"""`specnode serve` under bad input and client misbehaviour, through a real ZeroMQ socket:
+every bad frame gets one clear error reply, nothing is lost, and the node stays up."""
+import json
+import signal
+import time
+
+import pytest
+import zmq
+
+from serve_helpers import Node
+
+
+class Conn:
+    """One DEALER connection speaking raw frames."""
+
+    def __init__(self, endpoint, timeout_s=30.0):
+        self.ctx = zmq.Context.instance()
+        self.s = self.ctx.socket(zmq.DEALER)
+        self.s.setsockopt(zmq.LINGER, 0)
+        self.s.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+        self.s.connect(endpoint)
+
+    def send(self, obj):
+        self.s.send(obj if isinstance(obj, bytes) else json.dumps(obj).encode())
+
+    def recv(self):
+        return json.loads(self.s.recv())
+
+    def until_terminal(self, rid):
+        """Messages for rid up to and including its terminal reply."""
+        out = []
+        while True:
+            m = self.recv()
+            if m.get("id") != rid:
+                continue
+            out.append(m)
+            if m["type"] in ("done", "error"):
+                return out
+
+    def close(self):
+        self.s.close(linger=0)
+
+
+def submit(rid, **kw):
+    msg = {"type": "submit", "id": rid, "prompt": "hello there", "max_tokens": 8,
+           "temperature": 0}
+    msg.update(kw)
+    return msg
+
+
+@pytest.fixture
+def conn(tiny_node):
+    c = Conn(tiny_node.endpoint)
+    yield c
+    c.close()
+
+
+BAD_FRAMES = [
+    (b"\xff\x00\x13garbage", "bad_json", None),
+    (b"{not json", "bad_json", None),
+    (b"[1, 2, 3]", "bad_json", None),
+    (b'{"id": "x"}', "bad_request", None),
+    (b'{"type": 7}', "bad_request", None),
+    (b'{"type": "launch_missiles"}', "bad_request", None),
+    (b'{"type": "submit", "id": "m1"}', "bad_request", "m1"),
+    (b'{"type": "submit", "id": 5, "prompt": "x"}', "bad_request", None),
+    (b'{"type": "submit", "id": "", "prompt": "x"}', "bad_request", None),
+    (json.dumps(submit("t1", max_tokens="8")).encode(), "bad_request", "t1"),
+    (json.dumps(submit("t2", max_tokens=0)).encode(), "bad_request", "t2"),
+    (json.dumps(submit("t3", max_tokens=-5)).encode(), "bad_request", "t3"),
+    (json.dumps(submit("t4", max_tokens=10**12)).encode(), "bad_request", "t4"),
+    (json.dumps(submit("t5", temperature=-1)).encode(), "bad_request", "t5"),
+    (json.dumps(submit("t6", top_p=0)).encode(), "bad_request", "t6"),
+    (json.dumps(submit("t7", top_k=-1)).encode(), "bad_request", "t7"),
+    (json.dumps(submit("t8", stop="\n")).encode(), "bad_request", "t8"),
+    (json.dumps(submit("t9", stream="yes")).encode(), "bad_request", "t9"),
+    (json.dumps(submit("t10", sla="platinum")).encode(), "unknown_sla", "t10"),
+    (json.dumps(submit("t11", domain="no spaces allowed")).encode(), "bad_request", "t11"),
+    (json.dumps(submit("t12", prompt="")).encode(), "bad_request", "t12"),
+    (json.dumps(submit("t13", prompt="word " * 600, max_tokens=8)).encode(),
+     "prompt_too_long", "t13"),
+    (json.dumps(submit("t14", colour="red")).encode(), "bad_request", "t14"),
+    (json.dumps({"type": "submit", "id": "t15", "messages": [{"role": "robot",
+                                                              "content": "x"}]}).encode(),
+     "bad_request", "t15"),
+    (b'{"type": "cancel", "id": "never-submitted"}', "unknown_id", "never-submitted"),
+    (b"x" * (2 << 20), "frame_too_large", None),
+]
+
+
+@pytest.mark.parametrize("frame,code,rid", BAD_FRAMES,
+                         ids=[f"{i}-{c}" for i, (_, c, _) in enumerate(BAD_FRAMES)])
+def test_bad_frames_get_one_error_and_the_node_stays_up(conn, frame, code, rid):
+    conn.send(frame)
+    reply = conn.recv()
+    assert reply["type"] == "error", reply
+    assert reply["code"] == code, reply
+    assert reply["id"] == rid, reply
+    assert reply["message"]
+    # Still serving: a good request completes.
+    conn.send(submit("after"))
+    msgs = conn.until_terminal("after")
+    assert msgs[0]["type"] == "accepted" and msgs[-1]["type"] == "done", msgs
+
+
+def test_streamed_tokens_are_complete_and_terminal_is_last(conn):
+    conn.send(submit("s1", max_tokens=20))
+    msgs = conn.until_terminal("s1")
+    assert msgs[0]["type"] == "accepted"
+    tokens = [m for m in msgs if m["type"] == "tokens"]
+    done = msgs[-1]
+    assert done["type"] == "done" and done["finish_reason"] == "length"
+    ids = [t for m in tokens for t in m["token_ids"]]
+    assert len(ids) == done["stats"]["completion_tokens"] == 20
+    index = 0
+    for m in tokens:
+        assert m["index"] == index
+        index += len(m["token_ids"])
+    # Non-streamed: one done carrying the same text.
+    conn.send(submit("s2", max_tokens=20, stream=False))
+    msgs2 = conn.until_terminal("s2")
+    assert [m["type"] for m in msgs2] == ["accepted", "done"]
+    assert msgs2[-1]["text"] == "".join(m["text"] for m in tokens)
+
+
+def test_duplicate_id_is_rejected_and_the_first_goes_on(conn):
+    conn.send(submit("dup", max_tokens=200))
+    conn.send(submit("dup", max_tokens=5))
+    msgs = conn.until_terminal("dup")  # the first terminal for "dup" is the rejection
+    assert msgs[-1]["type"] == "error" and msgs[-1]["code"] == "duplicate_id", msgs
+    rest = conn.until_terminal("dup")
+    assert rest[-1]["type"] == "done" and rest[-1]["stats"]["completion_tokens"] == 200
+
+
+def test_cancel_mid_stream(conn):
+    conn.send(submit("c1", max_tokens=400))
+    assert conn.recv()["type"] == "accepted"
+    while conn.recv()["type"] != "tokens":
+        pass
+    conn.send({"type": "cancel", "id": "c1"})
+    msgs = conn.until_terminal("c1")
+    assert msgs[-1]["type"] == "done" and msgs[-1]["finish_reason"] == "cancelled", msgs
+    assert msgs[-1]["stats"]["completion_tokens"] < 400
+    conn.send({"type": "cancel", "id": "c1"})  # already over
+    assert conn.recv()["code"] == "unknown_id"
+
+
+def test_stop_strings_end_the_text(conn):
+    conn.send(submit("free", max_tokens=30, stream=False))
+    text = conn.until_terminal("free")[-1]["text"]
+    assert len(text) > 6
+    stop = text[3:6]
+    conn.send(submit("stopped", max_tokens=30, stop=[stop]))
+    msgs = conn.until_terminal("stopped")
+    assert msgs[-1]["finish_reason"] == "stop_string"
+    streamed = "".join(m["text"] for m in msgs if m["type"] == "tokens")
+    assert streamed == text[:text.index(stop)]
+
+
+def metric(conn, name):
+    conn.send({"type": "stats"})
+    while True:
+        m = conn.recv()
+        if m["type"] == "stats":
+            break
+    for line in m["metrics"].splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    return None
+
+
+def test_client_disconnect_mid_stream_cancels_and_frees(tiny_node, conn):
+    cancelled_before = metric(conn, 'specnode_requests_total{outcome="cancelled"}')
+    leaver = Conn(tiny_node.endpoint)
+    leaver.send(submit("bye", max_tokens=450))
+    assert leaver.recv()["type"] == "accepted"
+    assert leaver.recv()["type"] == "tokens"
+    leaver.close()  # gone mid-stream
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (metric(conn, 'specnode_requests_total{outcome="cancelled"}') > cancelled_before
+                and metric(conn, "specnode_active_sequences") == 0):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the vanished client's request was not cancelled")
+    assert metric(conn, 'specnode_kv_used_bytes') is not None
+
+
+def test_metrics_cover_the_issue_list(conn):
+    conn.send(submit("m", max_tokens=8))
+    conn.until_terminal("m")
+    conn.send({"type": "stats"})
+    m = conn.recv()
+    text = m["metrics"]
+    for name in ("specnode_queue_depth", "specnode_batch_size", "specnode_ttft_ms",
+                 "specnode_tpot_ms", "specnode_spec_acceptance", "specnode_spec_k",
+                 "specnode_kv_bytes", "specnode_preemptions_total", "specnode_errors_total"):
+        assert name in text, name
+
+
+def test_overloaded_queue_and_graceful_shutdown(specnode, tiny_model, tmp_path):
+    node = Node(specnode, tiny_model, tmp_path / "serve.log",
+                extra=["--threads", "1", "--max-active", "1", "--max-queue", "1"])
+    node.wait_ready()
+    c = Conn(node.endpoint)
+    try:
+        for i in range(3):
+            c.send(submit(f"q{i}", max_tokens=300))
+        terminal = {}
+        replies = []
+        while len(terminal) < 3:
+            m = c.recv()
+            replies.append(m)
+            if m["type"] in ("done", "error"):
+                terminal[m["id"]] = m
+        codes = sorted(t.get("code", t["type"]) for t in terminal.values())
+        assert "overloaded" in codes, codes
+        # Drain: a request in flight when SIGTERM arrives still gets its done.
+        c.send(submit("last", max_tokens=300))
+        assert c.recv()["type"] == "accepted"
+        node.proc.send_signal(signal.SIGTERM)
+        msgs = c.until_terminal("last")
+        assert msgs[-1]["type"] == "done", msgs[-1]
+        assert node.proc.wait(timeout=30) == 0
+    finally:
+        c.close()
+        node.stop()
