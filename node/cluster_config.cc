@@ -84,6 +84,75 @@ class Reader {
     if (!_st.ok()) return _st; \
   } while (0)
 
+absl::Status ParsePlacement(Reader& r, const YAML::Node& n, const std::string& key,
+                            RankPlacement* out) {
+  CFG_TRY(r.Section(n, key, {"rank", "device", "host"}));
+  if (!n.IsDefined() || !n.IsMap() || !n["rank"].IsDefined()) {
+    return r.Error(n, key + ".rank", "required");
+  }
+  CFG_TRY(r.Int(n, key, "rank", 0, 65535, &out->rank));
+  CFG_TRY(r.String(n, key, "device", &out->device));
+  CFG_TRY(r.String(n, key, "host", &out->host));
+  const std::string& d = out->device;
+  const bool cuda = d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
+                    d.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (d != "cpu" && !cuda) {
+    return r.Error(n["device"], key + ".device", "expected \"cpu\" or \"cuda:N\"");
+  }
+  return absl::OkStatus();
+}
+
+// topology: {groups: [{name, draft: {rank, device, host}, target: [{rank, device, host}...]}]}
+absl::Status ParseTopology(Reader& r, const YAML::Node& t, Topology* out) {
+  if (!t.IsDefined() || t.IsNull()) return absl::OkStatus();
+  CFG_TRY(r.Section(t, "topology", {"groups"}));
+  const YAML::Node groups = t["groups"];
+  if (!groups.IsDefined() || !groups.IsSequence() || groups.size() == 0) {
+    return r.Error(groups.IsDefined() ? groups : t, "topology.groups",
+                   "expected a non-empty list of groups");
+  }
+  std::set<int> ranks;
+  std::set<std::string> names;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const std::string key = absl::StrCat("topology.groups[", i, "]");
+    const YAML::Node g = groups[i];
+    CFG_TRY(r.Section(g, key, {"name", "draft", "target"}));
+    GroupTopology gt;
+    gt.name = absl::StrCat("group", i);
+    CFG_TRY(r.String(g, key, "name", &gt.name));
+    if (!names.insert(gt.name).second) return r.Error(g, key + ".name", "duplicate group name");
+    CFG_TRY(ParsePlacement(r, g["draft"], key + ".draft", &gt.draft));
+    const YAML::Node target = g["target"];
+    if (!target.IsDefined() || !target.IsSequence() || target.size() == 0) {
+      return r.Error(target.IsDefined() ? target : g, key + ".target",
+                     "expected a non-empty list of target ranks (its length is the TP size)");
+    }
+    for (size_t j = 0; j < target.size(); ++j) {
+      RankPlacement p;
+      CFG_TRY(ParsePlacement(r, target[j], absl::StrCat(key, ".target[", j, "]"), &p));
+      gt.target.push_back(p);
+    }
+    std::vector<const RankPlacement*> placed = {&gt.draft};
+    for (const RankPlacement& p : gt.target) placed.push_back(&p);
+    for (const RankPlacement* p : placed) {
+      if (!ranks.insert(p->rank).second) {
+        return r.Error(g, key, absl::StrCat("rank ", p->rank, " is placed twice"));
+      }
+    }
+    out->groups.push_back(std::move(gt));
+  }
+  if (*ranks.begin() != 0 || *ranks.rbegin() != static_cast<int>(ranks.size()) - 1) {
+    return r.Error(t, "topology", absl::StrCat("ranks must be exactly 0..", ranks.size() - 1,
+                                               " (one MPI rank per role)"));
+  }
+  if (out->groups[0].draft.rank != 0) {
+    return r.Error(t, "topology.groups[0].draft.rank",
+                   "rank 0 is the coordinator and holds the first group's draft");
+  }
+  out->world_size = static_cast<int>(ranks.size());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& source) {
   Reader r(source);
   ServeConfig c;
@@ -94,11 +163,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     int version = 0;
     CFG_TRY(r.Int(root, "", "version", 1, 1, &version));
   }
-  if (root["topology"].IsDefined()) {
-    return r.Error(root["topology"], "topology",
-                   "multi-rank layouts need `mpirun` roles, which this build does not run yet "
-                   "(see docs/configs.md); use a single-process config");
-  }
+  CFG_TRY(ParseTopology(r, root["topology"], &c.topology));
   const YAML::Node model = root["model"];
   CFG_TRY(r.Section(model, "model", {"target", "threads"}));
   CFG_TRY(r.String(model, "model", "target", &c.model));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/scheduler.h"
@@ -11,6 +12,26 @@
 #include "node/protocol.h"
 
 namespace specnode {
+
+// Where the roles of one job run (TensorRT-LLM's WorldConfig): built once from the
+// config's `topology`, read-only afterwards. A group is one draft rank plus a
+// tensor-parallel target over `target_ranks`; ranks are MPI ranks of the job, numbered
+// 0..world_size-1, rank 0 being the coordinator (front end + router + the first draft).
+struct RankPlacement {
+  int rank = 0;
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  std::string host;            // optional: the node the rank must land on (checked at start)
+};
+struct GroupTopology {
+  std::string name;
+  RankPlacement draft;
+  std::vector<RankPlacement> target;  // TP size = target.size()
+};
+struct Topology {
+  std::vector<GroupTopology> groups;
+  int world_size = 1;  // number of ranks the layout needs (mpirun -np)
+  bool single_process() const { return world_size == 1; }
+};
 
 struct ServeConfig {
   std::string source = "(defaults)";  // file name, for messages
@@ -29,6 +50,7 @@ struct ServeConfig {
   std::string default_domain = "default";
   KvCacheOptions kv;
   SchedulerOptions sla;  // classes, default class, window fraction (max_* copied in)
+  Topology topology;     // absent in the config: one group, everything in this process
 };
 
 // Parses YAML text (`source` names it in errors). InvalidArgument like

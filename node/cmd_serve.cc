@@ -109,6 +109,13 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
 
 absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
+  if (!cfg.topology.single_process()) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "%s describes a %d-rank layout (mpirun -np %d); multi-rank serving (tensor-parallel "
+        "target ranks) is not implemented yet — run a single-process config such as "
+        "cluster-configs/local-cpu.yaml",
+        cfg.source, cfg.topology.world_size, cfg.topology.world_size));
+  }
   RouterConfig rc;
   rc.default_domain = cfg.default_domain;
   std::unique_ptr<DomainRouter> router;

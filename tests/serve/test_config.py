@@ -18,6 +18,15 @@ BAD = [
     ("serve: [1, 2\n", "bad.yaml:2: not valid YAML"),
     ("version: 2\n", "bad.yaml:1: .version"),
     ("modle:\n  target: x\n", "bad.yaml:1: modle: unknown key"),
+    ("topology:\n  groups:\n    - draft: {rank: 0}\n      target: [{rank: 0}]\n",
+     "rank 0 is placed twice"),
+    ("topology:\n  groups:\n    - draft: {rank: 0}\n      target: [{rank: 2}]\n",
+     "ranks must be exactly 0..1"),
+    ("topology:\n  groups:\n    - draft: {rank: 0, device: gpu0}\n      target: [{rank: 1}]\n",
+     "bad.yaml:3: topology.groups[0].draft.device"),
+    ("topology:\n  groups:\n    - draft: {rank: 1}\n      target: [{rank: 0}]\n",
+     "rank 0 is the coordinator"),
+    ("topology:\n  groups:\n    - draft: {rank: 0}\n", "topology.groups[0].target"),
 ]
 
 
@@ -44,3 +53,15 @@ def test_shipped_local_config_serves(specnode, tiny_model, tmp_path):
         assert "local-cpu.yaml" in node.log()
     finally:
         assert node.stop() == 0
+
+
+@pytest.mark.parametrize("name,ranks", [("mpirun-cpu-tp3.yaml", 4), ("gpu-1node-8gpu.yaml", 8),
+                                        ("gpu-2node-16gpu.yaml", 16)])
+def test_shipped_multirank_configs_pass_the_schema(specnode, tmp_path, name, ranks):
+    """Their schema is valid; serving them needs the tensor-parallel ranks (refused with a
+    message naming the rank count, before any model loads)."""
+    res = subprocess.run([specnode, "serve", "--config", str(ROOT / "cluster-configs" / name),
+                          "--model", str(tmp_path / "missing.gguf")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert f"{ranks}-rank layout" in res.stderr, res.stderr
