@@ -84,6 +84,7 @@ void Frontend::Send(const std::string& peer, const std::string& payload) {
   if (gone_peers_.count(peer)) return;
   try {
     sock_->send(zmq::buffer(peer), zmq::send_flags::sndmore);
+    if (req_peers_.count(peer)) sock_->send(zmq::buffer("", 0), zmq::send_flags::sndmore);
     sock_->send(zmq::buffer(payload), zmq::send_flags::none);
   } catch (const zmq::error_t& e) {
     if (e.num() == EHOSTUNREACH) PeerGone(peer);
@@ -191,6 +192,12 @@ void Frontend::HandleFrame(const std::string& peer, std::string_view frame) {
                             {"queued", s.queued},
                             {"preemptions", s.preemptions}}},
                           {"metrics", metrics_ ? metrics_() : ""}};
+      for (const SlaClass& c : scheduler_->options().classes) {
+        j["sla_classes"].push_back({{"name", c.name},
+                                    {"ttft_p99_ms", c.ttft_p99_ms},
+                                    {"tpot_p99_ms", c.tpot_p99_ms},
+                                    {"priority", c.priority}});
+      }
       Send(peer, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       return;
     }
@@ -273,7 +280,13 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
       if (frames.size() < 2) continue;  // no payload: ignore
       const std::string peer = frames[0].to_string();
       gone_peers_.erase(peer);  // a peer that reconnects with the same id is back
-      // DEALER: [peer, payload]. Anything else gets one error (the last frame is read).
+      // DEALER: [peer, payload]; REQ: [peer, "", payload]. Anything else gets one error.
+      if (frames.size() == 3 && frames[1].size() == 0) {
+        req_peers_.insert(peer);
+        HandleFrame(peer, frames[2].to_string_view());
+        continue;
+      }
+      req_peers_.erase(peer);
       if (frames.size() != 2) {
         SendError(peer, std::nullopt, "bad_request",
                   "one JSON frame per message (use a DEALER socket)");

@@ -93,6 +93,7 @@ class Frontend {
   std::map<uint64_t, Active> active_;
   std::map<std::pair<std::string, std::string>, uint64_t> by_peer_id_;
   std::set<std::string> gone_peers_;
+  std::set<std::string> req_peers_;  // peers using REQ sockets (replies need the delimiter)
   std::map<std::string, int64_t> error_counts_;
 };
 

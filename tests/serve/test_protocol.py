@@ -226,3 +226,18 @@ def test_overloaded_queue_and_graceful_shutdown(specnode, tiny_model, tmp_path):
     finally:
         c.close()
         node.stop()
+
+
+def test_req_socket_gets_replies(tiny_node):
+    s = zmq.Context.instance().socket(zmq.REQ)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.RCVTIMEO, 10000)
+    s.connect(tiny_node.endpoint)
+    try:
+        s.send(b'{"type": "health"}')
+        assert json.loads(s.recv())["type"] == "health"
+        s.send(b'{"type": "stats"}')
+        stats = json.loads(s.recv())
+        assert {c["name"] for c in stats["sla_classes"]} == {"interactive", "batch"}
+    finally:
+        s.close(linger=0)
