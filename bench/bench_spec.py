@@ -51,7 +51,8 @@ def plot(result: dict, path: Path) -> bool:
     ax.set_xticks(range(len(domains)), domains)
     ax.set_ylabel("decode tokens/s vs target-only")
     ax.set_title(f"speculative decoding on {Path(result['model']).name} "
-                 f"({result['threads']} threads, K<={result['spec_k']})")
+                 f"({result['threads']} threads, fixed K {result['spec_k']}, "
+                 f"adaptive K <= {result['k_max']})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -65,7 +66,10 @@ def main() -> int:
     ap.add_argument("--drafters", default="ngram,self:20")
     ap.add_argument("--per-domain", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--spec-k", type=int, default=4)
+    ap.add_argument("--spec-k", type=int, default=4, help="K of the fixed-K (router off) runs")
+    ap.add_argument("--k-max", type=int, default=8, help="largest K of the adaptive runs")
+    ap.add_argument("--router-rules", default=str(ROOT / "bench/prompts/router-rules.json"),
+                    help="name domains with these rules ('' = use each prompt's label)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--extra", default="", help="more specnode flags, e.g. '--kv-mode full'")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
@@ -75,9 +79,12 @@ def main() -> int:
     cmd = [args.specnode, "spec-bench", "--prompts", ",".join(map(str, prompts)),
            "--drafters", args.drafters, "--per-domain", str(args.per_domain),
            "--max-tokens", str(args.max_tokens), "--spec-k", str(args.spec_k),
+           "--k-max", str(args.k_max),
            "--threads", str(args.threads), "--json"] + args.extra.split()
     if args.model:
         cmd += ["--model", args.model]
+    if args.router_rules:
+        cmd += ["--router-rules", args.router_rules]
     print(" ".join(cmd), file=sys.stderr)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:

@@ -148,6 +148,7 @@ absl::Status Run(const CliArgs& args) {
   }
   auto t2 = Clock::now();
   const SpecSeqStats stats = engine.Stats(request.id);
+  const std::string kv_summary = session->KvSummary(request.id);  // before its KV is freed
   engine.Finish(request.id);
   std::string tail = utf8.Flush();
   text += tail;
@@ -176,7 +177,6 @@ absl::Status Run(const CliArgs& args) {
                  100.0 * acceptance, tokens_per_pass, stats.steps, stats.spec_steps, snap.k,
                  std::string(SpecModeName(snap.mode)).c_str());
   }
-  const std::string kv_summary = session->KvSummary(request.id);
   if (!kv_summary.empty()) std::fprintf(stderr, "%s\n", kv_summary.c_str());
   if (json) {
     nlohmann::json j;

@@ -39,7 +39,8 @@ constexpr char kHelp[] =
     "                      `specnode generate --help` for the spec syntax\n"
     "  --per-domain N      prompts used per domain (default 8)\n"
     "  --max-tokens N      tokens generated per prompt (default 64)\n"
-    "  --spec-k K          K of the fixed-K runs and the controllers' largest K (default 4)\n"
+    "  --spec-k K          K of the fixed-K (\"router off\") runs (default 4)\n"
+    "  --k-max K           the adaptive controllers' largest K (default 8)\n"
     "  --temperature T     0 = greedy (default 0): greedy runs also check that every\n"
     "                      configuration produced the target-only tokens\n"
     "  --threads N         CPU threads (default: all cores available)\n"
@@ -108,13 +109,13 @@ absl::StatusOr<std::vector<Prompt>> LoadPrompts(ModelSession& session, const std
 }
 
 absl::Status AddDrafterGroup(Config& c, const std::string& spec, ModelSession& session,
-                             const KvCacheOptions& kv, int spec_k) {
+                             const KvCacheOptions& kv, int k_max) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<Drafter> d,
                             MakeDrafter(spec, session.model(), session.pool(), kv));
   SpecControllerConfig cc;
-  cc.k_max = spec_k;
-  cc.k_initial = std::min(spec_k, 4);
-  cc.probe_k = std::min(cc.probe_k, spec_k);
+  cc.k_max = k_max;
+  cc.k_initial = std::min(k_max, 4);
+  cc.probe_k = std::min(cc.probe_k, k_max);
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> ctl, SpecController::Create(cc));
   c.drafters.push_back(std::move(d));
   c.controllers.push_back(std::move(ctl));
@@ -164,6 +165,7 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t per_domain, args.GetInt("per-domain", 8, 1, 100000));
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 64, 2, 1 << 16));
   SPECNODE_ASSIGN_OR_RETURN(int64_t spec_k, args.GetInt("spec-k", 4, 1, SpecController::kMaxK));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t k_max, args.GetInt("k-max", 8, 1, SpecController::kMaxK));
   SPECNODE_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 0.0, 0.0, 100.0));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
@@ -200,7 +202,8 @@ absl::Status Run(const CliArgs& args) {
       auto c = std::make_unique<Config>();
       c->drafter = spec;
       c->adaptive = adaptive;
-      SPECNODE_RETURN_IF_ERROR(AddDrafterGroup(*c, spec, *session, kv, spec_k));
+      SPECNODE_RETURN_IF_ERROR(
+          AddDrafterGroup(*c, spec, *session, kv, static_cast<int>(adaptive ? k_max : spec_k)));
       c->name = c->drafters[0]->name() + (adaptive ? " adaptive" : " fixed");
       configs.push_back(std::move(c));
     }
@@ -211,7 +214,7 @@ absl::Status Run(const CliArgs& args) {
     c->drafter = "all";
     c->adaptive = true;
     for (const std::string& spec : specs) {
-      SPECNODE_RETURN_IF_ERROR(AddDrafterGroup(*c, spec, *session, kv, spec_k));
+      SPECNODE_RETURN_IF_ERROR(AddDrafterGroup(*c, spec, *session, kv, static_cast<int>(k_max)));
     }
     configs.push_back(std::move(c));
   }
@@ -252,6 +255,7 @@ absl::Status Run(const CliArgs& args) {
   out["model"] = args.Get("model", DefaultModelPath());
   out["max_tokens"] = max_tokens;
   out["spec_k"] = spec_k;
+  out["k_max"] = k_max;
   out["temperature"] = temperature;
   out["threads"] = threads;
   out["kv_mode"] = kv.mode;
@@ -312,7 +316,7 @@ absl::Status Run(const CliArgs& args) {
 int RunSpecBench(int argc, char** argv) {
   return RunModelCommand("spec-bench", kHelp, argc, argv,
                          {"model", "prompts", "drafters", "per-domain", "max-tokens", "spec-k",
-                          "temperature", "threads", "router-rules"},
+                          "temperature", "threads", "router-rules", "k-max"},
                          {"raw", "json"}, Run);
 }
 
