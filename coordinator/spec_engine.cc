@@ -212,7 +212,14 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
   }
   const auto t0 = Clock::now();
   if (!batch.empty()) SPECNODE_RETURN_IF_ERROR(target_->Forward(batch, &logits_));
-  const double target_share = batch.empty() ? 0.0 : Seconds(t0, Clock::now()) / batch.size();
+  // The pass's time is shared by input tokens: a sequence verifying K drafts brought K+1
+  // rows and pays for K+1, so in a large batch the controller sees what its drafts cost.
+  const double target_s = batch.empty() ? 0.0 : Seconds(t0, Clock::now());
+  size_t batch_tokens = 0;
+  for (const BatchEntry& e : batch) batch_tokens += e.tokens.size();
+  auto target_share_of = [&](size_t i) {
+    return batch_tokens == 0 ? 0.0 : target_s * inputs[i].size() / batch_tokens;
+  };
 
   // Accept, roll back, commit, feed the controllers.
   const int32_t vocab = target_->vocab_size();
@@ -230,7 +237,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
         const int32_t first = greedy ? ArgMax(row) : s->sampler.Sample(row);
         Emit(*s, {&first, 1}, &result);
       }
-      s->stats.target_s += target_share;
+      s->stats.target_s += target_share_of(i);
       out->push_back(std::move(result));
       continue;
     }
@@ -262,6 +269,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     result.k = k;
     result.accepted = outcome.accepted;
     s->stats.steps++;
+    const double target_share = target_share_of(i);
     s->stats.target_s += target_share;
     if (s->group >= 0) {
       SpecController& c = *groups_[s->group].controller;

@@ -16,8 +16,9 @@
 //
 // Cost attribution for the controllers: a group's draft time (Sync + Propose: catching up
 // on unseen context is a cost of speculating) is split evenly over the sequences it drafted
-// for; the target pass time is split evenly over the sequences in it.
-// With one sequence per step (the CLI, the benchmark) both are exact.
+// for; the target pass time is split over the sequences in proportion to the tokens each
+// fed (K+1 for a verification), so in a large batch speculation is charged for the rows it
+// adds. With one sequence per step (the CLI, the benchmark) both are exact.
 //
 // Not thread-safe: one thread calls Start/Step/Finish (the scheduler's step loop). The
 // target, drafters and controllers are not owned and must outlive the engine.
