@@ -1,8 +1,9 @@
 // specnode spec-bench: speculative decoding per drafter and per domain against target-only
 // decoding, measured side by side in one process (bench/bench_spec.py drives it and plots).
 //
-// For every prompt, every configuration generates in turn (interleaved, so machine noise
-// hits all alike): target-only; per drafter with a fixed K ("router off": always
+// For every prompt, every configuration generates in turn (interleaved, in an order rotated
+// per prompt, so machine noise hits all alike): target-only and a second target-only run
+// as a noise control; per drafter with a fixed K ("router off": always
 // speculate); per drafter with the adaptive per-domain controller ("router on"); and, with
 // several drafters, all of them as groups that the router picks between per domain.
 // Controllers persist across prompts, so "router on" learns each domain as a server would.
@@ -208,6 +209,9 @@ absl::Status Run(const CliArgs& args) {
       configs.push_back(std::move(c));
     }
   }
+  // A second target-only configuration: its "speed-up" shows the measurement noise.
+  configs.push_back(std::make_unique<Config>());
+  configs.back()->name = "target (control)";
   if (specs.size() > 1) {
     auto c = std::make_unique<Config>();
     c->name = "router";
@@ -238,13 +242,17 @@ absl::Status Run(const CliArgs& args) {
   SeqId next_id = 1;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const Prompt& p = prompts[i];
-    std::vector<int32_t> reference;
+    // Rotate the order per prompt so that no configuration always runs first (cold) or
+    // right after another one; compare outputs once all have run.
+    std::map<std::string, std::vector<int32_t>> outputs;
+    for (size_t j = 0; j < configs.size(); ++j) {
+      Config& c = *configs[(i + j) % configs.size()];
+      Tally& t = tally[c.name][p.domain];
+      SPECNODE_ASSIGN_OR_RETURN(
+          outputs[c.name], RunOne(c, p, next_id++, sp, static_cast<int32_t>(max_tokens), &t));
+    }
     for (auto& c : configs) {
-      Tally& t = tally[c->name][p.domain];
-      SPECNODE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
-                                RunOne(*c, p, next_id++, sp, static_cast<int32_t>(max_tokens), &t));
-      if (c->name == "target") reference = tokens;
-      if (tokens == reference) t.identical++;
+      if (outputs[c->name] == outputs["target"]) tally[c->name][p.domain].identical++;
     }
     std::fprintf(stderr, "\rprompt %zu/%zu", i + 1, prompts.size());
   }
