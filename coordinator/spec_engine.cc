@@ -73,6 +73,11 @@ absl::Status SpeculativeEngine::Start(const SpecRequest& request) {
     std::vector<const SpecController*> controllers;
     for (const DraftGroup& g : groups_) controllers.push_back(g.controller);
     s->group = groups_.size() == 1 ? 0 : DomainRouter::ChooseGroup(request.domain, controllers);
+    const int64_t n = domain_starts_[request.domain]++;
+    const int every = options_.explore_every;
+    if (groups_.size() > 1 && every > 0 && n % every == every - 1) {
+      s->group = static_cast<int>((n / every) % groups_.size());
+    }
   }
   seqs_[request.id] = std::move(s);
   return absl::OkStatus();

@@ -57,6 +57,10 @@ struct SpecEngineOptions {
   int32_t prefill_budget = 512;
   // Token ids that end a generation (the tokenizer's end-of-generation set).
   std::set<int32_t> stop_tokens;
+  // With several groups, every explore_every-th sequence of a domain goes to the groups in
+  // turn instead of the best one, so estimates of groups that lost a domain do not go
+  // stale (0 = never).
+  int explore_every = 16;
 };
 
 struct SpecRequest {
@@ -93,7 +97,8 @@ struct SeqStepResult {
 class SpeculativeEngine {
  public:
   // groups may be empty (a target-only engine). With several groups each new sequence goes
-  // to the group with the best recent goodput for its domain (DomainRouter::ChooseGroup).
+  // to the group with the best recent goodput for its domain (DomainRouter::ChooseGroup),
+  // except every explore_every-th, which goes to the groups in turn.
   SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup> groups, SpecEngineOptions options);
   ~SpeculativeEngine();
 
@@ -127,6 +132,7 @@ class SpeculativeEngine {
   std::vector<DraftGroup> groups_;
   SpecEngineOptions options_;
   std::map<SeqId, std::unique_ptr<Seq>> seqs_;
+  std::map<std::string, int64_t> domain_starts_;  // sequences started per domain
   std::vector<float> logits_, p_;
 };
 

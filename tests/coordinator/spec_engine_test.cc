@@ -329,6 +329,47 @@ TEST_F(SpecEngineTest, RejectsBadRequests) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// With several groups, a sequence goes where DomainRouter::ChooseGroup says (untried groups
+// first, then the best expected goodput for its domain), except every explore_every-th of
+// a domain, which goes to the groups in turn. Which group is better on tiny models depends
+// on timings (a draft as large as its target never pays), so the test checks the wiring.
+TEST_F(SpecEngineTest, SequencesGoToTheRoutersChoiceAndSomeExplore) {
+  auto runner = MakeRunner("dense");
+  auto a = MakeDrafter("draft5", "dense");
+  auto b = MakeDrafter("draft100", "dense");
+  auto ca = NewController();
+  auto cb = NewController();
+  SpecEngineOptions options;
+  options.explore_every = 4;
+  SpeculativeEngine engine(runner.get(), {{a.get(), ca.get()}, {b.get(), cb.get()}}, options);
+  const std::vector<const SpecController*> controllers = {ca.get(), cb.get()};
+  int explored[2] = {0, 0};
+  for (int i = 0; i < 24; ++i) {
+    auto r = Prompts(0.0f, 12)[i % 3];
+    r.id = 100 + i;
+    r.domain = i % 2 ? "code" : "chat";
+    const int n = i / 2;  // sequences of this domain so far
+    const int expected =
+        n % 4 == 3 ? (n / 4) % 2 : DomainRouter::ChooseGroup(r.domain, controllers);
+    ASSERT_TRUE(engine.Start(r).ok());
+    EXPECT_EQ(engine.Group(r.id), expected) << "sequence " << i;
+    if (n % 4 == 3) explored[engine.Group(r.id)]++;
+    std::vector<SeqStepResult> res;
+    const SeqId ids[] = {r.id};
+    do {
+      ASSERT_TRUE(engine.Step(ids, &res).ok());
+    } while (res[0].finish == FinishReason::kNone);
+    engine.Finish(r.id);
+  }
+  EXPECT_GT(explored[0], 0);
+  EXPECT_GT(explored[1], 0);
+  // Both groups learned both domains (tried first, then explored).
+  for (const char* d : {"chat", "code"}) {
+    EXPECT_GT(ca->Snapshot(d).spec_steps + ca->Snapshot(d).direct_decisions, 0) << d;
+    EXPECT_GT(cb->Snapshot(d).spec_steps + cb->Snapshot(d).direct_decisions, 0) << d;
+  }
+}
+
 TEST_F(SpecEngineTest, DraftWithAnotherVocabularyIsRefused) {
   TinyModelOptions o = TargetOptions();
   o.n_merges = 40;  // a different vocabulary
