@@ -2,33 +2,25 @@
 --specnode-client, passed by ctest), a tiny model, and a real node running as a subprocess
 on a free loopback port."""
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pytest_fixtures import add_specnode_option, real_model, specnode, tiny_model  # noqa: E402,F401
 from serve_helpers import Node, free_port  # noqa: E402
 
 
 def pytest_addoption(parser):
-    for name, help_ in (("--specnode", "path to the specnode binary"),
-                        ("--specnode-client", "path to the specnode-client binary "
-                                              "(default: client/specnode-client next to "
-                                              "specnode's build dir)")):
-        try:
-            parser.addoption(name, action="store", default=None, help=help_)
-        except ValueError:  # already added by another conftest in the same run
-            pass
-
-
-@pytest.fixture(scope="session")
-def specnode(request):
-    path = request.config.getoption("--specnode") or os.environ.get("SPECNODE_BIN")
-    if not path or not os.path.exists(path):
-        pytest.fail("pass --specnode PATH (ctest does) or set SPECNODE_BIN")
-    return path
+    add_specnode_option(parser)
+    try:
+        parser.addoption("--specnode-client", action="store", default=None,
+                         help="path to the specnode-client binary (default: "
+                              "client/specnode-client next to specnode's build dir)")
+    except ValueError:  # already added by another conftest in the same run
+        pass
 
 
 @pytest.fixture(scope="session")
@@ -38,23 +30,6 @@ def specnode_client(request, specnode):
             or str(Path(specnode).resolve().parent.parent / "client" / "specnode-client"))
     if not os.path.exists(path):
         pytest.fail(f"no specnode-client at {path}: pass --specnode-client PATH")
-    return path
-
-
-@pytest.fixture(scope="session")
-def tiny_model(specnode, tmp_path_factory):
-    out = tmp_path_factory.mktemp("models") / "tiny.gguf"
-    subprocess.run([specnode, "tiny-model", "--out", str(out)], check=True)
-    return str(out)
-
-
-@pytest.fixture(scope="session")
-def real_model():
-    path = os.environ.get("SPECNODE_MODEL")
-    if not path:
-        if os.environ.get("SPECNODE_REQUIRE_MODEL") == "1":
-            pytest.fail("SPECNODE_MODEL is unset but SPECNODE_REQUIRE_MODEL=1")
-        pytest.skip("SPECNODE_MODEL is unset (scripts/fetch-model provides it)")
     return path
 
 
