@@ -384,11 +384,15 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
     }
   }
   sink_(std::move(ev));
+  Forget(r.handle);
+}
+
+void Scheduler::Forget(uint64_t handle) {
   std::lock_guard lock(mu_);
-  auto it = std::find(running_.begin(), running_.end(), r.handle);
+  auto it = std::find(running_.begin(), running_.end(), handle);
   if (it != running_.end()) running_.erase(it);
-  for (auto& [prio, q] : queue_) q.erase(std::remove(q.begin(), q.end(), r.handle), q.end());
-  reqs_.erase(r.handle);
+  for (auto& [prio, q] : queue_) q.erase(std::remove(q.begin(), q.end(), handle), q.end());
+  reqs_.erase(handle);
 }
 
 void Scheduler::Fail(Req& r, absl::Status status) {
@@ -403,11 +407,7 @@ void Scheduler::Fail(Req& r, absl::Status status) {
     stats_.failed++;
   }
   sink_(std::move(ev));
-  std::lock_guard lock(mu_);
-  auto it = std::find(running_.begin(), running_.end(), r.handle);
-  if (it != running_.end()) running_.erase(it);
-  for (auto& [prio, q] : queue_) q.erase(std::remove(q.begin(), q.end(), r.handle), q.end());
-  reqs_.erase(r.handle);
+  Forget(r.handle);
 }
 
 }  // namespace specnode

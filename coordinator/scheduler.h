@@ -149,6 +149,8 @@ class Scheduler {
   Req* Lookup(uint64_t handle);  // under mu_ (the map may be growing)
   void Finish(Req& r, FinishKind kind);
   void Fail(Req& r, absl::Status status);
+  // Drops a finished request from the running list, the queue and the map (r dies).
+  void Forget(uint64_t handle);
   const SlaClass* FindClass(const std::string& name) const;
 
   SpeculativeEngine* engine_;
