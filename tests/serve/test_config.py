@@ -65,3 +65,35 @@ def test_shipped_multirank_configs_pass_the_schema(specnode, tmp_path, name, ran
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
     assert f"{ranks}-rank layout" in res.stderr, res.stderr
+
+
+def test_curve_authentication(specnode, tiny_model, tmp_path):
+    """serve.curve_secret_key turns on CurveZMQ: a client with the server's public key is
+    served; a plain client gets nothing."""
+    import zmq
+    from specnode_client import SpecnodeClient, SpecnodeError
+
+    public, secret = zmq.curve_keypair()
+    cfg = tmp_path / "curve.yaml"
+    cfg.write_text(f'serve:\n  curve_secret_key: "{secret.decode()}"\n')
+    node = Node(specnode, tiny_model, tmp_path / "serve.log",
+                extra=["--config", str(cfg), "--threads", "1"])
+    try:
+        deadline_ok = False
+        for _ in range(100):
+            try:
+                with SpecnodeClient(node.endpoint, timeout_s=1.0,
+                                    curve_server_key=public.decode()) as c:
+                    deadline_ok = c.health()["status"] == "ok"
+                    r = c.generate(prompt="hello", max_tokens=4, temperature=0)
+                    assert r.stats["completion_tokens"] == 4
+                    break
+            except SpecnodeError:
+                if node.proc.poll() is not None:
+                    pytest.fail(node.log())
+        assert deadline_ok
+        with SpecnodeClient(node.endpoint, timeout_s=1.0) as plain:
+            with pytest.raises(SpecnodeError):
+                plain.health()
+    finally:
+        node.stop()
