@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kvstore/kv_attention_kernels.h"
 #include "kvstore/kv_store_internal.h"
-#include "model/cpu_ops.h"
 
 namespace specnode {
 
@@ -38,15 +38,18 @@ absl::StatusOr<KvMode> ParseKvMode(std::string_view name) {
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
-  if (c.n_layers < 1 || c.n_kv_heads < 1 || c.gqa_group < 1) return bad("n_layers, n_kv_heads and gqa_group must be >= 1");
-  if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 256) return bad("head_dim must be even and in [2, 256]");
+  if (c.n_layers < 1 || c.n_kv_heads < 1 || c.gqa_group < 1)
+    return bad("n_layers, n_kv_heads and gqa_group must be >= 1");
+  if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 256)
+    return bad("head_dim must be even and in [2, 256]");
   if (c.max_seq_len < 1) return bad("max_seq_len must be >= 1");
   if (c.page_tokens < 1 || c.page_tokens > 4096) return bad("page_tokens must be in [1, 4096]");
   if (c.sink_tokens < 0) return bad("sink_tokens must be >= 0");
   if (c.window_tokens < 1) return bad("window_tokens must be >= 1");
   if (c.mass_sample_every < 1) return bad("mass_sample_every must be >= 1");
   if (!(c.critical_threshold >= 0.0f)) return bad("critical_threshold must be >= 0");
-  if (c.evict && c.evict_window < c.window_tokens) return bad("evict_window must be >= window_tokens");
+  if (c.evict && c.evict_window < c.window_tokens)
+    return bad("evict_window must be >= window_tokens");
   if (c.host_capacity_bytes < 0) return bad("host_capacity_bytes must be >= 0");
   std::unique_ptr<KvStore> s(new KvStore(c));
   const int64_t biggest = static_cast<int64_t>(s->PageBytes(KvPrecision::kFull));
@@ -57,7 +60,10 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c)
   return s;
 }
 
-KvStore::KvStore(const KvStoreConfig& c) : config_(c), rotate_(c.rotate && IsPowerOfTwo(c.head_dim)) {
+KvStore::KvStore(const KvStoreConfig& c)
+    : config_(c),
+      rotate_(c.rotate && IsPowerOfTwo(c.head_dim)),
+      kernels_(&kv_kernels::SelectedKvKernels(c.head_dim)) {
   for (int p = 0; p < kNumKvPrecisions; ++p) {
     row_bytes_[p] = KvRowBytes(static_cast<KvPrecision>(p), c.head_dim);
     page_bytes_[p] = row_bytes_[p] * 2 * c.n_kv_heads * c.page_tokens * c.n_layers;
@@ -70,12 +76,12 @@ size_t KvStore::SlotStride(KvPrecision p) const {
   return row_bytes_[static_cast<int>(p)] * 2 * config_.n_kv_heads;
 }
 
-const uint8_t* KvStore::Row(int32_t page, int32_t slot, int layer, int kv_head,
-                            bool value) const {
+const uint8_t* KvStore::Row(int32_t page, int32_t slot, int layer, int kv_head, bool value) const {
   const Page& pg = *pages_[page];
   const size_t rb = row_bytes_[static_cast<int>(pg.prec)];
-  const size_t off = (static_cast<size_t>(layer) * config_.page_tokens + slot) * SlotStride(pg.prec) +
-                     (2 * static_cast<size_t>(kv_head) + (value ? 1 : 0)) * rb;
+  const size_t off =
+      (static_cast<size_t>(layer) * config_.page_tokens + slot) * SlotStride(pg.prec) +
+      (2 * static_cast<size_t>(kv_head) + (value ? 1 : 0)) * rb;
   return pg.data.data() + off;
 }
 
@@ -94,24 +100,24 @@ KvPrecision KvStore::WriteClass() const {
   }
 }
 
+void KvStore::SetPendingBytes(Sequence& s, int64_t bytes) {
+  pending_bytes_ += bytes - s.pending_bytes;
+  s.pending_bytes = bytes;
+}
+
+int64_t KvStore::FreeBytes() const { return config_.capacity_bytes - used_bytes_ - pending_bytes_; }
+
 int64_t KvStore::AvailableBytes() const {
-  int64_t pending = 0;
-  for (const auto& [id, s] : seqs_) pending += s->pending_bytes;
   int64_t evictable = 0;
   for (const auto& [h, e] : prefix_cache_) {
     if (pages_[e.page]->ref == 1) evictable += PageBytes(pages_[e.page]->prec);
   }
-  return config_.capacity_bytes - used_bytes_ - pending + evictable;
+  return FreeBytes() + evictable;
 }
 
 bool KvStore::EnsureBytes(int64_t bytes) {
-  auto free_bytes = [&] {
-    int64_t pending = 0;
-    for (const auto& [id, s] : seqs_) pending += s->pending_bytes;
-    return config_.capacity_bytes - used_bytes_ - pending;
-  };
   // Evict cache-only prefix pages, least recently used first.
-  for (auto it = lru_.end(); free_bytes() < bytes && it != lru_.begin();) {
+  for (auto it = lru_.end(); FreeBytes() < bytes && it != lru_.begin();) {
     --it;
     auto entry = prefix_cache_.find(*it);
     const int32_t page = entry->second.page;
@@ -121,7 +127,7 @@ bool KvStore::EnsureBytes(int64_t bytes) {
     it = lru_.erase(it);
     Unref(page);
   }
-  return free_bytes() >= bytes;
+  return FreeBytes() >= bytes;
 }
 
 absl::StatusOr<int32_t> KvStore::AllocatePage(KvPrecision p) {
@@ -199,7 +205,8 @@ int64_t KvStore::PagesNeeded(const Sequence* s, KvPrecision p, int64_t n) const 
 }
 
 int64_t KvStore::BytesForTokens(int64_t n) const {
-  return (PagesNeeded(nullptr, WriteClass(), n) + 1) * static_cast<int64_t>(PageBytes(WriteClass()));
+  return (PagesNeeded(nullptr, WriteClass(), n) + 1) *
+         static_cast<int64_t>(PageBytes(WriteClass()));
 }
 
 int32_t KvStore::Length(SeqId seq) const {
@@ -238,9 +245,9 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
   }
   const int64_t old_pending = s == nullptr ? 0 : s->pending_bytes;
   if (!EnsureBytes(bytes + demote_bytes - old_pending)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV store full: %d of %d bytes in use, %d more needed for %d tokens", used_bytes_,
-        config_.capacity_bytes, bytes + demote_bytes, n_new));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV store full: %d of %d bytes in use, %d more needed for %d tokens",
+                        used_bytes_, config_.capacity_bytes, bytes + demote_bytes, n_new));
   }
   if (s == nullptr) {
     auto fresh = std::make_unique<Sequence>();
@@ -249,24 +256,23 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
     s = fresh.get();
     seqs_[seq] = std::move(fresh);
   }
-  s->pending_bytes = 0;  // re-counted below; the bytes were ensured including it
+  SetPendingBytes(*s, 0);  // re-counted below; the bytes were ensured including it
   for (int64_t i = 0; i < extra; ++i) {
     auto loc = TakeSlot(*s, wc);
     assert(loc.ok());  // bytes were ensured above
     s->loc.push_back(*loc);
   }
-  s->pending_bytes = demote_bytes;
+  SetPendingBytes(*s, demote_bytes);
   for (int h = 0; h < config_.n_kv_heads; ++h) {
     s->mass_sum[h].resize(s->loc.size(), 0.0f);
     s->mass_cnt[h].resize(s->loc.size(), 0.0f);
   }
-  s->track = config_.mode == KvMode::kMixed &&
-             (n_new > 1 || s->step % config_.mass_sample_every == 0);
+  s->track =
+      config_.mode == KvMode::kMixed && (n_new > 1 || s->step % config_.mass_sample_every == 0);
   return absl::OkStatus();
 }
 
-void KvStore::Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
-                    const float* v) {
+void KvStore::Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k, const float* v) {
   Sequence& s = *seqs_.at(seq);
   const int hd = config_.head_dim;
   std::vector<float> rk(hd), rv(hd);
@@ -291,67 +297,125 @@ void KvStore::Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* 
   }
 }
 
+namespace {
+
+// Attend's working memory, per thread (Attend for different kv heads may run concurrently).
+struct AttendScratch {
+  // Per class, the positions of that class in position order and their K / V rows.
+  std::array<std::vector<int32_t>, kNumKvPrecisions> pos;
+  std::array<std::vector<const uint8_t*>, kNumKvPrecisions> k, v;
+  std::vector<float> scores;  // [g, ld]: scores, then exp(score - max)
+  std::vector<float> q;       // [g, head_dim]: rotated, scaled query
+  std::vector<float> qsum;    // [g]
+  std::vector<float> acc;     // [g, head_dim]: Σ e * v before normalisation
+  std::vector<float> inv;     // [g]: 1 / Σ e
+};
+
+AttendScratch& Scratch() {
+  thread_local AttendScratch scratch;
+  return scratch;
+}
+
+}  // namespace
+
+// Each query token attends over its context class by class: the cached positions are
+// grouped by precision class (in position order within a class), the kernels score and
+// accumulate each group in its stored format, and the softmax runs over all of them (its
+// normalisation is applied once to the output). Which positions a query sees, and so the
+// groups it hands the kernels, depends only on the block table and its own position, so
+// the result does not depend on the batch or on other queries of the call.
 void KvStore::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
                      float scale, float* out) {
   Sequence& s = *seqs_.at(seq);
   assert(!s.swapped);
+  const kv_kernels::KvAttentionKernels& kern = *kernels_;
   const int hd = config_.head_dim;
   const int g = config_.gqa_group;
   const int n_heads = config_.n_kv_heads * g;
   const int32_t n_ctx_max = pos0 + n;
-  std::vector<float> scores(static_cast<size_t>(g) * n_ctx_max);
-  std::vector<float> row(hd), rq;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  AttendScratch& sc = Scratch();
+  // Row(page, slot, layer, kv_head, false) is data + base[c] + slot * stride[c] (inlined:
+  // this loop visits every cached position of every layer and head).
+  std::array<size_t, kNumKvPrecisions> base{}, stride{};
+  std::array<int, kNumKvPrecisions> count{};
+  for (int c = 0; c < kNumKvPrecisions; ++c) {
+    const KvPrecision p = static_cast<KvPrecision>(c);
+    stride[c] = SlotStride(p);
+    base[c] = static_cast<size_t>(layer) * config_.page_tokens * stride[c] +
+              2 * static_cast<size_t>(kv_head) * row_bytes_[c];
+    sc.pos[c].resize(n_ctx_max);
+    sc.k[c].resize(n_ctx_max);
+    sc.v[c].resize(n_ctx_max);
+  }
+  for (int32_t j = 0; j < n_ctx_max; ++j) {
+    const Loc loc = s.loc[j];
+    if (loc.page < 0) continue;  // evicted
+    const Page& pg = *pages_[loc.page];
+    const int c = static_cast<int>(pg.prec);
+    const uint8_t* k_row = pg.data.data() + base[c] + static_cast<size_t>(loc.slot) * stride[c];
+    const int i = count[c]++;
+    sc.pos[c][i] = j;
+    sc.k[c][i] = k_row;
+    sc.v[c][i] = k_row + row_bytes_[c];  // V follows K (Row's layout)
+  }
+  const size_t ld = (static_cast<size_t>(n_ctx_max) + kv_kernels::kScoresPad - 1) /
+                    kv_kernels::kScoresPad * kv_kernels::kScoresPad;
+  sc.scores.resize(static_cast<size_t>(g) * ld);
+  sc.q.resize(static_cast<size_t>(g) * hd);
+  sc.qsum.resize(g);
+  sc.acc.resize(static_cast<size_t>(g) * hd);
+  sc.inv.resize(g);
+  const kv_kernels::KvQuery query{sc.q.data(), sc.qsum.data(), g, hd};
   const int32_t min_distance = config_.window_tokens / 2;
+  std::array<int, kNumKvPrecisions> len{}, off{};
   for (int32_t i = 0; i < n; ++i) {
     const int32_t n_ctx = pos0 + i + 1;
     const float* qi = q + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
-    if (rotate_) {
-      rq.assign(qi, qi + static_cast<size_t>(g) * hd);
-      for (int h = 0; h < g; ++h) HadamardInPlace(rq.data() + h * hd, hd);
-      qi = rq.data();
+    std::copy(qi, qi + static_cast<size_t>(g) * hd, sc.q.begin());
+    for (int h = 0; h < g; ++h) {
+      float* qh = sc.q.data() + h * hd;
+      if (rotate_) HadamardInPlace(qh, hd);
+      float sum = 0.0f;
+      for (int d = 0; d < hd; ++d) {
+        qh[d] *= scale;
+        sum += qh[d];
+      }
+      sc.qsum[h] = sum;
     }
-    for (int32_t j = 0; j < n_ctx; ++j) {
-      const Loc loc = s.loc[j];
-      if (loc.page < 0) {
-        for (int h = 0; h < g; ++h) scores[h * n_ctx_max + j] = kNegInf;
-        continue;
-      }
-      KvDecodeRow(pages_[loc.page]->prec, Row(loc.page, loc.slot, layer, kv_head, false), hd,
-                  row.data());
-      for (int h = 0; h < g; ++h) {
-        const float* qh = qi + h * hd;
-        float dot = 0.0f;
-        for (int d = 0; d < hd; ++d) dot += qh[d] * row[d];
-        scores[h * n_ctx_max + j] = dot * scale;
+    int total = 0;
+    for (int c = 0; c < kNumKvPrecisions; ++c) {
+      while (len[c] < count[c] && sc.pos[c][len[c]] < n_ctx) ++len[c];
+      off[c] = total;
+      total += len[c];
+      if (len[c] > 0) {
+        kern.scores(static_cast<KvPrecision>(c), sc.k[c].data(), len[c], query,
+                    sc.scores.data() + off[c], ld);
       }
     }
-    for (int h = 0; h < g; ++h) SoftmaxInPlace(&scores[h * n_ctx_max], n_ctx);
-    if (s.track) {
-      float* sum = s.mass_sum[kv_head].data();
-      float* cnt = s.mass_cnt[kv_head].data();
-      for (int32_t j = 0; j < n_ctx - min_distance; ++j) {
-        float w = 0.0f;
-        for (int h = 0; h < g; ++h) w += scores[h * n_ctx_max + j];
-        sum[j] += w * n_ctx;
-        cnt[j] += g;
+    assert(total > 0);  // the query's own position is never evicted
+    for (int h = 0; h < g; ++h) sc.inv[h] = 1.0f / kern.exp_sum(sc.scores.data() + h * ld, total);
+    std::fill(sc.acc.begin(), sc.acc.end(), 0.0f);
+    for (int c = 0; c < kNumKvPrecisions; ++c) {
+      if (len[c] == 0) continue;
+      kv_kernels::KvMassOut mass;
+      const bool observe = s.track && n_ctx - min_distance > 0;
+      if (observe) {
+        const int32_t* p = sc.pos[c].data();
+        mass.sum = s.mass_sum[kv_head].data();
+        mass.cnt = s.mass_cnt[kv_head].data();
+        mass.pos = p;
+        mass.n = static_cast<int>(std::lower_bound(p, p + len[c], n_ctx - min_distance) - p);
+        mass.weight = static_cast<float>(n_ctx);
+        mass.inv = sc.inv.data();
       }
+      kern.accumulate(static_cast<KvPrecision>(c), sc.v[c].data(), len[c],
+                      sc.scores.data() + off[c], ld, g, hd, sc.acc.data(),
+                      observe ? &mass : nullptr);
     }
     float* oi = out + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
-    std::fill(oi, oi + static_cast<size_t>(g) * hd, 0.0f);
-    for (int32_t j = 0; j < n_ctx; ++j) {
-      const Loc loc = s.loc[j];
-      if (loc.page < 0) continue;
-      KvDecodeRow(pages_[loc.page]->prec, Row(loc.page, loc.slot, layer, kv_head, true), hd,
-                  row.data());
-      for (int h = 0; h < g; ++h) {
-        const float w = scores[h * n_ctx_max + j];
-        float* oh = oi + h * hd;
-        for (int d = 0; d < hd; ++d) oh[d] += w * row[d];
-      }
-    }
-    if (rotate_) {
-      for (int h = 0; h < g; ++h) HadamardInPlace(oi + h * hd, hd);
+    for (int h = 0; h < g; ++h) {
+      for (int d = 0; d < hd; ++d) oi[h * hd + d] = sc.acc[h * hd + d] * sc.inv[h];
+      if (rotate_) HadamardInPlace(oi + h * hd, hd);
     }
   }
 }
@@ -393,7 +457,7 @@ void KvStore::Commit(SeqId seq, int32_t new_length) {
   Sequence& s = *seqs_.at(seq);
   assert(new_length <= static_cast<int32_t>(s.loc.size()));
   s.length = new_length;
-  s.pending_bytes = 0;
+  SetPendingBytes(s, 0);
   ++s.step;
   if (config_.mode == KvMode::kMixed) {
     const int32_t from = std::max(config_.sink_tokens, s.demoted_upto);
@@ -403,8 +467,9 @@ void KvStore::Commit(SeqId seq, int32_t new_length) {
   }
   if (config_.evict) {
     if (!warned_evict_) {
-      std::fprintf(stderr, "kvstore: sliding-window eviction is on: tokens older than %d "
-                           "(except %d sinks) are dropped; attention is lossy\n",
+      std::fprintf(stderr,
+                   "kvstore: sliding-window eviction is on: tokens older than %d "
+                   "(except %d sinks) are dropped; attention is lossy\n",
                    config_.evict_window, config_.sink_tokens);
       warned_evict_ = true;
     }
@@ -434,7 +499,7 @@ absl::Status KvStore::Truncate(SeqId seq, int32_t n) {
   s.length = n;
   s.demoted_upto = std::min(s.demoted_upto, n);
   s.evicted_upto = std::min(s.evicted_upto, n);
-  s.pending_bytes = 0;
+  SetPendingBytes(s, 0);
   return absl::OkStatus();
 }
 
@@ -443,6 +508,7 @@ void KvStore::Free(SeqId seq) {
   if (it == seqs_.end()) return;
   Sequence& s = *it->second;
   for (const Loc& loc : s.loc) ReleaseLoc(s, loc);
+  SetPendingBytes(s, 0);
   host_bytes_ -= static_cast<int64_t>(s.host_rows.size());
   seqs_.erase(it);
 }

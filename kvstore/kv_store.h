@@ -55,6 +55,10 @@
 
 namespace specnode {
 
+namespace kv_kernels {
+struct KvAttentionKernels;  // kv_attention_kernels.h (private)
+}  // namespace kv_kernels
+
 enum class KvMode : uint8_t { kFull, kInt8, kInt4, kMixed };
 std::string_view KvModeName(KvMode m);  // "full", "int8", "int4", "mixed"
 absl::StatusOr<KvMode> ParseKvMode(std::string_view name);
@@ -65,13 +69,13 @@ struct KvStoreConfig {
   int head_dim = 0;    // even, <= 256
   int gqa_group = 1;   // query heads per kv head
   int32_t max_seq_len = 0;
-  int page_tokens = 16;
+  int page_tokens = 8;
   int64_t capacity_bytes = 0;       // primary tier
   int64_t host_capacity_bytes = 0;  // swap tier
   KvMode mode = KvMode::kMixed;
   int sink_tokens = 4;
   int window_tokens = 64;
-  float critical_threshold = 2.0f;
+  float critical_threshold = 4.0f;
   int mass_sample_every = 4;
   bool evict = false;     // sliding-window eviction with sinks (lossy)
   int evict_window = 1024;
@@ -151,6 +155,10 @@ class KvStore : public KvCache {
   void Ref(int32_t page);
   void Unref(int32_t page);
   bool EnsureBytes(int64_t bytes);  // evicts cached prefixes if needed
+  // Bytes neither in pages nor set aside for pending demotions.
+  int64_t FreeBytes() const;
+  // Sets s.pending_bytes, keeping pending_bytes_ (their sum over sequences) in step.
+  void SetPendingBytes(Sequence& s, int64_t bytes);
   absl::StatusOr<Loc> TakeSlot(Sequence& s, KvPrecision p);
   void ReleaseLoc(Sequence& s, Loc loc);
   void Demote(Sequence& s, int32_t pos);
@@ -166,9 +174,11 @@ class KvStore : public KvCache {
   std::array<int64_t, kNumKvPrecisions> class_bytes_{};
   int64_t used_bytes_ = 0;
   int64_t host_bytes_ = 0;
+  int64_t pending_bytes_ = 0;  // Σ Sequence::pending_bytes
   int64_t evicted_tokens_ = 0;
   bool warned_evict_ = false;
   bool rotate_ = false;
+  const kv_kernels::KvAttentionKernels* kernels_;  // static tables, chosen at construction
   // Prefix cache: hash of token ids [0, (b + 1) * page_tokens) -> page, with LRU order.
   struct CacheEntry {
     int32_t page;

@@ -147,7 +147,7 @@ absl::Status KvStore::SwapOut(SeqId seq) {
   for (const Loc& loc : s.loc) ReleaseLoc(s, loc);
   s.loc.clear();
   s.open = {-1, -1, -1};
-  s.pending_bytes = 0;
+  SetPendingBytes(s, 0);
   s.swapped = true;
   host_bytes_ += bytes;
   return absl::OkStatus();

@@ -1,0 +1,233 @@
+// Decode attention throughput of the KV store (kvstore/kv_store.h) per precision mode, on
+// SmolLM2-135M's attention shapes: 30 layers, 3 kv heads of head_dim 64, 9 query heads
+// (GQA group 3), one query token attending to a context of 512, 2048 or 4096 positions.
+//
+// One iteration is one decode step's KV work for the whole model, single-threaded:
+// Reserve(1), Write of the new token's K/V in every layer, Attend for every layer and kv
+// head, Commit, then Truncate back to the context length so every iteration sees the same
+// context. Write (encoding 180 rows), Reserve and Commit take ~0.1 ms; Attend is the rest.
+// Times are CPU times of the one thread (robust to other load on a shared machine).
+// Counters:
+//   ctx_tok/s  context positions scanned per second (one position = its K and V rows in
+//              all 30 layers and 3 kv heads)
+//   GB/s       bytes of K/V rows read per second (rows of the classes actually held)
+//   f16, int8, int4  tokens of the sequence held in each class (mixed: sinks + window
+//              f16, the rest INT8 if critical else INT4)
+// Modes full, int8, int4 and mixed (sample_every 4, the default; ~9% INT8, see
+// kMixedCriticalThreshold) compare the classes;
+// mixed with sample_every 1 and "off" (never after the fill) measures the cost of
+// observing attention mass for the critical-token policy. "dense" is the f32 reference
+// cache (model/dense_kv_cache.h). The kernel family (scalar, avx2, avx512) is the one
+// GetCpuFeatures() selects; SPECNODE_CPU=scalar|avx2 caps it. Run e.g.
+//   bench_kv_attention --benchmark_filter='KvAttention/(full|int4)/ctx:4096'
+#include <benchmark/benchmark.h>
+
+#include <time.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvstore/kv_store.h"
+#include "model/cpu_features.h"
+#include "model/dense_kv_cache.h"
+
+namespace specnode {
+namespace {
+
+constexpr int kLayers = 30, kKvHeads = 3, kHeadDim = 64, kGroup = 3;
+constexpr int kHeads = kKvHeads * kGroup;
+constexpr int kFillChunk = 256;
+constexpr SeqId kSeq = 1;
+constexpr int kSampleOff = 1 << 30;  // mass_sample_every for "off": only the fill samples
+// Random keys spread attention evenly, so the policy's default threshold would keep no
+// token INT8; this one keeps ~9% of the context INT8 (real text: see docs/kvstore.md).
+constexpr float kMixedCriticalThreshold = 1.1f;
+
+// Random post-RoPE-like K/V for n tokens of one layer: [n, kKvHeads, kHeadDim].
+void RandomRows(std::mt19937& gen, int n, std::vector<float>* k, std::vector<float>* v) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  k->resize(static_cast<size_t>(n) * kKvHeads * kHeadDim);
+  v->resize(k->size());
+  for (float& x : *k) x = dist(gen);
+  for (float& x : *v) x = dist(gen);
+}
+
+// Fills `cache` with ctx tokens in chunks; after each chunk the chunk's last token attends
+// in every layer and head (so a mixed store observes attention mass as on a prefill).
+void Fill(KvCache& cache, int ctx, std::mt19937& gen) {
+  std::vector<float> k, v, q(static_cast<size_t>(kHeads) * kHeadDim), out(q.size());
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  for (int pos0 = 0; pos0 < ctx; pos0 += kFillChunk) {
+    const int n = std::min(kFillChunk, ctx - pos0);
+    if (!cache.Reserve(kSeq, n).ok()) std::abort();
+    for (int l = 0; l < kLayers; ++l) {
+      RandomRows(gen, n, &k, &v);
+      cache.Write(kSeq, l, pos0, n, k.data(), v.data());
+      for (float& x : q) x = dist(gen);
+      for (int h = 0; h < kKvHeads; ++h) {
+        cache.Attend(kSeq, l, pos0 + n - 1, 1, h, q.data(), scale, out.data());
+      }
+    }
+    cache.Commit(kSeq, pos0 + n);
+  }
+}
+
+void RunDecode(benchmark::State& state, KvCache& cache, int ctx, double bytes_per_step) {
+  std::mt19937 gen(7);
+  std::vector<float> k, v, q(static_cast<size_t>(kHeads) * kHeadDim), out(q.size());
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& x : q) x = dist(gen);
+  RandomRows(gen, 1, &k, &v);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  for (auto _ : state) {
+    if (!cache.Reserve(kSeq, 1).ok()) std::abort();
+    for (int l = 0; l < kLayers; ++l) cache.Write(kSeq, l, ctx, 1, k.data(), v.data());
+    for (int l = 0; l < kLayers; ++l) {
+      for (int h = 0; h < kKvHeads; ++h) {
+        cache.Attend(kSeq, l, ctx, 1, h, q.data(), scale, out.data());
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    cache.Commit(kSeq, ctx + 1);
+    if (!cache.Truncate(kSeq, ctx).ok()) std::abort();
+  }
+  state.counters["ctx_tok/s"] =
+      benchmark::Counter(ctx + 1.0, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes_per_step * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(CpuKernelName());
+}
+
+void BM_KvStore(benchmark::State& state, KvMode mode, int sample_every) {
+  const int ctx = static_cast<int>(state.range(0));
+  KvStoreConfig c;
+  c.n_layers = kLayers;
+  c.n_kv_heads = kKvHeads;
+  c.head_dim = kHeadDim;
+  c.gqa_group = kGroup;
+  c.max_seq_len = 8192;
+  c.capacity_bytes = int64_t{1} << 30;
+  c.mode = mode;
+  c.mass_sample_every = sample_every;
+  c.critical_threshold = kMixedCriticalThreshold;
+  auto store = KvStore::Create(c);
+  if (!store.ok()) {
+    state.SkipWithError(std::string(store.status().message()).c_str());
+    return;
+  }
+  std::mt19937 gen(1);
+  Fill(**store, ctx, gen);
+  const auto tokens = (*store)->SequenceTokens(kSeq);
+  double bytes = 0;  // K and V rows of every layer and kv head, +1 for the new token
+  for (int p = 0; p < kNumKvPrecisions; ++p) {
+    const double row = static_cast<double>(KvRowBytes(static_cast<KvPrecision>(p), kHeadDim));
+    bytes += (tokens[p] + (p == 0 ? 1 : 0)) * row * 2 * kKvHeads * kLayers;
+  }
+  RunDecode(state, **store, ctx, bytes);
+  state.counters["f16"] = static_cast<double>(tokens[0]);
+  state.counters["int8"] = static_cast<double>(tokens[1]);
+  state.counters["int4"] = static_cast<double>(tokens[2]);
+}
+
+double ThreadSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The cost of observing attention mass, measured A/B on one store: with sample_every 2,
+// decode steps alternate between observed and not, so both kinds read the same memory in
+// the same state and share whatever else the machine is doing. Reports the CPU time of
+// each kind and mass_overhead_% = observed / plain - 1 (sample_every N costs 1/N of it).
+void BM_MassOverhead(benchmark::State& state) {
+  const int ctx = static_cast<int>(state.range(0));
+  KvStoreConfig c;
+  c.n_layers = kLayers;
+  c.n_kv_heads = kKvHeads;
+  c.head_dim = kHeadDim;
+  c.gqa_group = kGroup;
+  c.max_seq_len = 8192;
+  c.capacity_bytes = int64_t{1} << 30;
+  c.mode = KvMode::kMixed;
+  c.mass_sample_every = 2;
+  c.critical_threshold = kMixedCriticalThreshold;
+  auto store = KvStore::Create(c);
+  if (!store.ok()) {
+    state.SkipWithError(std::string(store.status().message()).c_str());
+    return;
+  }
+  KvStore& kv = **store;
+  std::mt19937 gen(1);
+  Fill(kv, ctx, gen);
+  std::vector<float> k, v, q(static_cast<size_t>(kHeads) * kHeadDim), out(q.size());
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& x : q) x = dist(gen);
+  RandomRows(gen, 1, &k, &v);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  // The store observes a step when its step count (one per Commit; Fill made one per
+  // chunk) is even.
+  int64_t step = (ctx + kFillChunk - 1) / kFillChunk;
+  double seconds[2] = {0, 0};  // [plain, observed]
+  int64_t steps[2] = {0, 0};
+  for (auto _ : state) {
+    const double t0 = ThreadSeconds();
+    if (!kv.Reserve(kSeq, 1).ok()) std::abort();
+    for (int l = 0; l < kLayers; ++l) kv.Write(kSeq, l, ctx, 1, k.data(), v.data());
+    for (int l = 0; l < kLayers; ++l) {
+      for (int h = 0; h < kKvHeads; ++h) kv.Attend(kSeq, l, ctx, 1, h, q.data(), scale, out.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+    kv.Commit(kSeq, ctx + 1);
+    if (!kv.Truncate(kSeq, ctx).ok()) std::abort();
+    const int observed = step++ % 2 == 0 ? 1 : 0;
+    seconds[observed] += ThreadSeconds() - t0;
+    ++steps[observed];
+  }
+  if (steps[0] == 0 || steps[1] == 0) return;
+  const double plain = seconds[0] / steps[0] * 1e3, observed = seconds[1] / steps[1] * 1e3;
+  state.counters["plain_ms"] = plain;
+  state.counters["observed_ms"] = observed;
+  state.counters["mass_overhead_%"] = 100.0 * (observed / plain - 1.0);
+  state.SetLabel(CpuKernelName());
+}
+
+void BM_Dense(benchmark::State& state) {
+  const int ctx = static_cast<int>(state.range(0));
+  DenseKvCache dense(kLayers, kKvHeads, kHeadDim, kGroup, 8192, 8192);
+  std::mt19937 gen(1);
+  Fill(dense, ctx, gen);
+  RunDecode(state, dense, ctx, (ctx + 1.0) * kHeadDim * 4 * 2 * kKvHeads * kLayers);
+}
+
+void RegisterAll() {
+  auto common = [](benchmark::internal::Benchmark* b) {
+    b->ArgNames({"ctx"})->Args({512})->Args({2048})->Args({4096})->Unit(benchmark::kMillisecond);
+  };
+  common(benchmark::RegisterBenchmark("KvAttention/dense", BM_Dense));
+  for (KvMode mode : {KvMode::kFull, KvMode::kInt8, KvMode::kInt4}) {
+    const std::string name = "KvAttention/" + std::string(KvModeName(mode));
+    common(benchmark::RegisterBenchmark(name.c_str(), BM_KvStore, mode, 4));
+  }
+  common(benchmark::RegisterBenchmark("KvAttention/mixed/mass_overhead", BM_MassOverhead));
+  for (int every : {4, 1, kSampleOff}) {
+    const std::string name = "KvAttention/mixed/sample_every:" +
+                             (every == kSampleOff ? std::string("off") : std::to_string(every));
+    common(benchmark::RegisterBenchmark(name.c_str(), BM_KvStore, KvMode::kMixed, every));
+  }
+}
+
+}  // namespace
+}  // namespace specnode
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  specnode::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,226 @@
+// The attention kernels of every instruction set this CPU runs against the scalar
+// reference, per precision class and head_dim, and the store-level guarantees that rest on
+// them: a query's output does not depend on the batch it came in or on threads.
+#include <cmath>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvstore/kv_attention_kernels.h"
+#include "kvstore/kv_store.h"
+#include "tests/kvstore/kv_store_test_util.h"
+
+namespace specnode {
+namespace {
+
+using kv_kernels::KvAttentionKernels;
+using kv_kernels::KvMassOut;
+using kv_kernels::KvQuery;
+
+// Rows of one class stored out of order at unaligned addresses, as pages hand them out.
+struct Rows {
+  std::vector<uint8_t> bytes;
+  std::vector<const uint8_t*> ptr;
+  std::vector<std::vector<float>> decoded;  // what the rows hold, for tolerance scales
+};
+
+Rows MakeRows(KvPrecision p, int hd, int n, std::mt19937& gen) {
+  std::normal_distribution<float> dist(0.2f, 1.0f);
+  const size_t stride = KvRowBytes(p, hd) + 5;
+  Rows r;
+  r.bytes.resize(stride * n + 8);
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), gen);
+  std::vector<float> x(hd);
+  for (int i = 0; i < n; ++i) {
+    for (float& v : x) v = dist(gen);
+    if (i % 7 == 3) x[i % hd] = 9.0f;  // an outlier channel now and then
+    uint8_t* row = r.bytes.data() + 3 + stride * order[i];
+    KvEncodeRow(p, x.data(), hd, row);
+    r.ptr.push_back(row);
+    r.decoded.emplace_back(hd);
+    KvDecodeRow(p, row, hd, r.decoded.back().data());
+  }
+  return r;
+}
+
+struct Query {
+  std::vector<float> q, qsum;
+  KvQuery view;
+};
+
+Query MakeQuery(int g, int hd, std::mt19937& gen) {
+  std::normal_distribution<float> dist(0.0f, 1.0f / std::sqrt(static_cast<float>(hd)));
+  Query q;
+  q.q.resize(static_cast<size_t>(g) * hd);
+  for (float& v : q.q) v = dist(gen);
+  q.qsum.assign(g, 0.0f);
+  for (int h = 0; h < g; ++h) {
+    for (int d = 0; d < hd; ++d) q.qsum[h] += q.q[h * hd + d];
+  }
+  q.view = KvQuery{q.q.data(), q.qsum.data(), g, hd};
+  return q;
+}
+
+// Relative tolerance of a score, against Σ |q| |row| (the scale of its rounding): f32
+// reordering, plus for int8 / int4 the scale (and min) applied once per row, not per value.
+double ScoreTolerance(KvPrecision p) { return p == KvPrecision::kFull ? 2e-6 : 4e-6; }
+
+using Param = std::tuple<const KvAttentionKernels*, KvPrecision, int>;  // table, class, head_dim
+
+class KvKernelsTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(KvKernelsTest, ScoresMatchScalarReference) {
+  const auto [kernels, p, hd] = GetParam();
+  const KvAttentionKernels& ref = kv_kernels::kScalarKvKernels;
+  std::mt19937 gen(hd * 3 + static_cast<int>(p));
+  for (int g : {1, 2, 3, 4, 5}) {
+    for (int n : {1, 5, 16, 77}) {
+      const Rows rows = MakeRows(p, hd, n, gen);
+      const Query q = MakeQuery(g, hd, gen);
+      const size_t ld = n + 40;
+      std::vector<float> want(g * ld, -1.0f), got(g * ld, -1.0f);
+      ref.scores(p, rows.ptr.data(), n, q.view, want.data(), ld);
+      kernels->scores(p, rows.ptr.data(), n, q.view, got.data(), ld);
+      for (int h = 0; h < g; ++h) {
+        for (int r = 0; r < n; ++r) {
+          double scale = 0;
+          for (int d = 0; d < hd; ++d) scale += std::abs(q.q[h * hd + d] * rows.decoded[r][d]);
+          ASSERT_NEAR(got[h * ld + r], want[h * ld + r], ScoreTolerance(p) * scale + 1e-7)
+              << kernels->name << " g=" << g << " n=" << n << " h=" << h << " r=" << r;
+        }
+        EXPECT_EQ(got[h * ld + n], -1.0f) << "wrote past its rows";
+      }
+    }
+  }
+}
+
+TEST_P(KvKernelsTest, AccumulateAndMassMatchScalarReference) {
+  const auto [kernels, p, hd] = GetParam();
+  const KvAttentionKernels& ref = kv_kernels::kScalarKvKernels;
+  std::mt19937 gen(hd * 5 + static_cast<int>(p));
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int g : {1, 3, 5}) {
+    for (int n : {1, 9, 64, 150}) {
+      const Rows rows = MakeRows(p, hd, n, gen);
+      const size_t ld = n + 16;
+      std::vector<float> e(g * ld), inv(g);
+      for (float& v : e) v = unit(gen) * unit(gen);
+      for (float& v : inv) v = unit(gen);
+      std::vector<int32_t> pos(n);
+      for (int r = 0; r < n; ++r) pos[r] = 2 * r + 1;  // positions need not be dense
+      std::vector<float> out0(g * hd);
+      for (float& v : out0) v = unit(gen);
+      std::vector<float> want = out0, got = out0;
+      std::vector<float> sum_w(2 * n + 2, 0.5f), cnt_w(2 * n + 2, 1.0f);
+      std::vector<float> sum_g = sum_w, cnt_g = cnt_w;
+      KvMassOut mw{sum_w.data(), cnt_w.data(), pos.data(), n / 2 + 1, 37.0f, inv.data()};
+      KvMassOut mg{sum_g.data(), cnt_g.data(), pos.data(), n / 2 + 1, 37.0f, inv.data()};
+      ref.accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, want.data(), &mw);
+      kernels->accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, got.data(), &mg);
+      for (int h = 0; h < g; ++h) {
+        for (int d = 0; d < hd; ++d) {
+          double scale = std::abs(out0[h * hd + d]);
+          for (int r = 0; r < n; ++r) scale += e[h * ld + r] * std::abs(rows.decoded[r][d]);
+          ASSERT_NEAR(got[h * hd + d], want[h * hd + d], 3e-6 * scale + 1e-7)
+              << kernels->name << " g=" << g << " n=" << n << " h=" << h << " d=" << d;
+        }
+      }
+      for (size_t i = 0; i < sum_w.size(); ++i) {
+        ASSERT_NEAR(sum_g[i], sum_w[i], 1e-5 * std::abs(sum_w[i])) << "mass sum at " << i;
+        ASSERT_EQ(cnt_g[i], cnt_w[i]) << "mass count at " << i;
+      }
+    }
+  }
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  const auto [kernels, p, hd] = info.param;
+  return std::string(kernels->name) + "_" + std::string(KvPrecisionName(p)) + "_hd" +
+         std::to_string(hd);
+}
+
+INSTANTIATE_TEST_SUITE_P(IsaClassDim, KvKernelsTest,
+                         ::testing::Combine(::testing::ValuesIn(kv_kernels::SupportedKvKernels()),
+                                            ::testing::Values(KvPrecision::kFull,
+                                                              KvPrecision::kInt8,
+                                                              KvPrecision::kInt4),
+                                            ::testing::Values(32, 64, 128)),
+                         ParamName);
+
+class KvExpSumTest : public ::testing::TestWithParam<const KvAttentionKernels*> {};
+
+TEST_P(KvExpSumTest, MatchesScalarReference) {
+  const KvAttentionKernels* kernels = GetParam();
+  const KvAttentionKernels& ref = kv_kernels::kScalarKvKernels;
+  std::mt19937 gen(9);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  for (int n : {1, 2, 15, 16, 17, 100, 1000}) {
+    std::vector<float> s(n + kv_kernels::kScoresPad);
+    for (int i = 0; i < n; ++i) s[i] = dist(gen);
+    if (n > 1) s[n / 2] = -std::numeric_limits<float>::infinity();  // a masked position
+    std::vector<float> want = s, got = s;
+    const float sw = ref.exp_sum(want.data(), n);
+    const float sg = kernels->exp_sum(got.data(), n);
+    EXPECT_NEAR(sg, sw, 2e-6 * sw) << kernels->name << " n=" << n;
+    if (n > 1) {
+      EXPECT_EQ(got[n / 2], 0.0f);
+    }
+    for (int i = 0; i < n; ++i) ASSERT_NEAR(got[i], want[i], 1e-6 * want[i] + 1e-30) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, KvExpSumTest, ::testing::ValuesIn(kv_kernels::SupportedKvKernels()),
+                         [](const auto& info) { return std::string(info.param->name); });
+
+// Store level: a prefill's outputs equal the same queries asked one at a time, bit for bit,
+// in every mode (so speculative verification and plain decoding agree), and Attend for
+// different kv heads on different threads gives what it gives sequentially.
+class KvStoreDeterminism : public ::testing::TestWithParam<KvMode> {};
+
+TEST_P(KvStoreDeterminism, BatchAndThreadsDoNotChangeOutputs) {
+  KvStoreConfig c = kvtest::SmallConfig(GetParam());
+  c.head_dim = 64;
+  c.gqa_group = 3;
+  c.mass_sample_every = 1000;  // no mass observation: this test calls Attend repeatedly
+  auto store = KvStore::Create(c);
+  ASSERT_TRUE(store.ok());
+  std::mt19937 gen(4);
+  ASSERT_TRUE(kvtest::Feed(**store, c, 1, 90, gen).ok());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(kvtest::Feed(**store, c, 1, 1, gen).ok());
+  const int n = 12, pos0 = (*store)->Length(1) - n;
+  const int n_heads = c.n_kv_heads * c.gqa_group;
+  const size_t tok = static_cast<size_t>(n_heads) * c.head_dim;
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> q(n * tok), batch(n * tok), single(n * tok), threaded(n * tok);
+  for (float& v : q) v = dist(gen);
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      (*store)->Attend(1, layer, pos0, n, h, q.data(), 0.125f, batch.data());
+      for (int i = 0; i < n; ++i) {
+        (*store)->Attend(1, layer, pos0 + i, 1, h, q.data() + i * tok, 0.125f,
+                         single.data() + i * tok);
+      }
+    }
+    std::vector<std::thread> threads;
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      threads.emplace_back(
+          [&, h] { (*store)->Attend(1, layer, pos0, n, h, q.data(), 0.125f, threaded.data()); });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_EQ(batch, single) << KvModeName(GetParam()) << " layer " << layer;
+    ASSERT_EQ(batch, threaded) << KvModeName(GetParam()) << " layer " << layer;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, KvStoreDeterminism,
+                         ::testing::Values(KvMode::kFull, KvMode::kInt8, KvMode::kInt4,
+                                           KvMode::kMixed),
+                         [](const auto& info) { return std::string(KvModeName(info.param)); });
+
+}  // namespace
+}  // namespace specnode
