@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/ggml_types.h"
@@ -131,6 +132,10 @@ std::vector<const KernelTable*> SupportedKernels();
 // MatMul (see cpu_matmul.h) forced onto one kernel table.
 void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x /*[n, cols]*/,
                 int64_t n, float* y /*[n, rows]*/, ThreadPool* pool, MatMulScratch* scratch);
+// MatMulShared (see cpu_matmul.h) forced onto one kernel table.
+void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws, const float* x,
+                      int64_t n, std::span<float* const> ys, ThreadPool* pool,
+                      MatMulScratch* scratch);
 
 }  // namespace cpu_kernels
 }  // namespace specnode

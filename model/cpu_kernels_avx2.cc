@@ -17,7 +17,7 @@ namespace specnode::cpu_kernels {
 namespace {
 
 constexpr int kBlock = kQuantBlock;
-constexpr int kTile = 4;  // tokens per weight load when n >= 4
+constexpr int kTile = 4;  // tokens per weight load, at most (quantised: tiles of 1..4)
 // Loops over a tile's tokens carry `#pragma GCC unroll`: -O2 does not unroll them on its
 // own, and rolled they keep the per-token accumulators in memory.
 
@@ -193,9 +193,27 @@ void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t r = row_begin; r < row_end; ++r) {
     const uint8_t* row = a.w + r * a.row_stride;
     if (r + ahead < row_end) PrefetchBytes(row + ahead * a.row_stride, row_bytes);
-    int64_t t = 0;
-    for (; t + kTile <= a.n; t += kTile) TileQuant<kType, kTile>(a, row, r, t);
-    for (; t < a.n; ++t) TileQuant<kType, 1>(a, row, r, t);
+    // As few tiles as possible, of near-equal sizes (5 tokens: 3 + 2).
+    for (int64_t t = 0; t < a.n;) {
+      const int64_t left = a.n - t;
+      const int64_t tiles = (left + kTile - 1) / kTile;
+      const int tile = static_cast<int>((left + tiles - 1) / tiles);
+      switch (tile) {
+        case 4:
+          TileQuant<kType, 4>(a, row, r, t);
+          break;
+        case 3:
+          TileQuant<kType, 3>(a, row, r, t);
+          break;
+        case 2:
+          TileQuant<kType, 2>(a, row, r, t);
+          break;
+        default:
+          TileQuant<kType, 1>(a, row, r, t);
+          break;
+      }
+      t += tile;
+    }
   }
 }
 

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "model/cpu_kernels.h"
 
@@ -37,8 +38,11 @@ namespace specnode::cpu_kernels {
 namespace {
 
 constexpr int kBlock = kQuantBlock;
-constexpr int kTile = 4;       // tokens per weight load when n >= 4
-constexpr int kQuantTile = 8;  // quantised weights: 8 tokens per load when n >= 8, then 4
+constexpr int kTile = 4;       // float weights: tokens per weight load when n >= 4
+// Quantised weights: up to 8 tokens per weight load. n tokens go in ceil(n / 8) tiles of
+// near-equal size (5: one tile of 5; 9: 5 + 4), each an instantiation for its exact size,
+// so a verification pass of K + 1 <= 8 tokens streams the weights once.
+constexpr int kQuantTile = 8;
 constexpr int kChunk = 16;     // blocks whose scales are converted together
 // Loops over a tile's tokens carry `#pragma GCC unroll`: -O2 does not unroll them on its
 // own, and rolled they keep the per-token accumulators in memory.
@@ -375,11 +379,28 @@ void ReduceRows16(const __m512* v, float* out, int rows) {
   _mm512_mask_storeu_ps(out, FirstLanes(rows), all);
 }
 
+template <GgmlType kType, bool kVnni, int... kTiles>
+inline void TileDispatchImpl(int tile, const QuantMatMulArgs& a, const uint8_t* row, int64_t t0,
+                             __m512* sums, int sums_stride, std::integer_sequence<int, kTiles...>) {
+  ((tile == kTiles + 1 ? TileQuant<kType, kVnni, kTiles + 1>(a, row, t0, sums, sums_stride)
+                       : void()),
+   ...);
+}
+
+// TileQuant for a run-time tile size in [1, kQuantTile].
+template <GgmlType kType, bool kVnni>
+inline void TileDispatch(int tile, const QuantMatMulArgs& a, const uint8_t* row, int64_t t0,
+                         __m512* sums, int sums_stride) {
+  TileDispatchImpl<kType, kVnni>(tile, a, row, t0, sums, sums_stride,
+                                 std::make_integer_sequence<int, kQuantTile>());
+}
+
 template <GgmlType kType, bool kVnni>
 void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  const size_t row_bytes = a.blocks * (kType == GgmlType::kQ8_0    ? sizeof(BlockQ8_0)
-                                       : a.type == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
-                                                                   : sizeof(BlockQ4_0));
+  constexpr size_t bb = kType == GgmlType::kQ8_0   ? sizeof(BlockQ8_0)
+                        : kType == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
+                                                   : sizeof(BlockQ4_0);
+  const size_t row_bytes = a.blocks * bb;
   const int64_t ahead = PrefetchRowsAhead(row_bytes);
   for (int64_t r = row_begin; r < std::min(row_begin + ahead, row_end); ++r) {
     PrefetchBytes(a.w + r * a.row_stride, row_bytes);
@@ -390,20 +411,17 @@ void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     for (int i = nr; i < kRowBlock; ++i) {
       for (int t = 0; t < kQuantTile; ++t) sums[t][i] = _mm512_setzero_ps();
     }
-    // Token tiles over the block's rows (which stay in L1 between tiles).
+    // Token tiles over the block's rows (which stay in L1 between tiles): as few tiles as
+    // possible, of near-equal sizes (9 tokens: 5 + 4).
     for (int64_t t0 = 0; t0 < a.n;) {
-      const int tile = a.n - t0 >= kQuantTile ? kQuantTile : a.n - t0 >= kTile ? kTile : 1;
+      const int64_t left = a.n - t0;
+      const int64_t tiles = (left + kQuantTile - 1) / kQuantTile;
+      const int tile = static_cast<int>((left + tiles - 1) / tiles);
       for (int i = 0; i < nr; ++i) {
         const int64_t r = r0 + i;
         const uint8_t* row = a.w + r * a.row_stride;
         if (t0 == 0 && r + ahead < row_end) PrefetchBytes(row + ahead * a.row_stride, row_bytes);
-        if (tile == kQuantTile) {
-          TileQuant<kType, kVnni, kQuantTile>(a, row, t0, &sums[0][i], kRowBlock);
-        } else if (tile == kTile) {
-          TileQuant<kType, kVnni, kTile>(a, row, t0, &sums[0][i], kRowBlock);
-        } else {
-          TileQuant<kType, kVnni, 1>(a, row, t0, &sums[0][i], kRowBlock);
-        }
+        TileDispatch<kType, kVnni>(tile, a, row, t0, &sums[0][i], kRowBlock);
       }
       for (int t = 0; t < tile; ++t) ReduceRows16(sums[t], a.y + (t0 + t) * a.ldy + r0, nr);
       t0 += tile;

@@ -19,6 +19,8 @@ constexpr int64_t kRowGrain = 16;
 constexpr int64_t kMinParallelWork = 16 * 1024;
 // Quantising activations is parallelised over tokens only from this many values on.
 constexpr int64_t kMinParallelQuantize = 64 * 1024;
+// Matrices per shared call whose bookkeeping stays on the stack.
+constexpr size_t kMaxShared = 8;
 
 int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -56,24 +58,71 @@ std::vector<const KernelTable*> SupportedKernels() {
 
 void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x, int64_t n,
                 float* y, ThreadPool* pool, MatMulScratch* scratch) {
-  if (n <= 0 || w.rows <= 0) return;
-  const auto* wdata = static_cast<const uint8_t*>(w.data);
-  if (w.cols == 0) {
-    std::fill(y, y + n * w.rows, 0.0f);
+  MatMulSharedWith(kernels, std::span<const WeightView>(&w, 1), x, n,
+                   std::span<float* const>(&y, 1), pool, scratch);
+}
+
+void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws, const float* x,
+                      int64_t n, std::span<float* const> ys, ThreadPool* pool,
+                      MatMulScratch* scratch) {
+  assert(ws.size() == ys.size());
+  if (n <= 0 || ws.empty()) return;
+  // One quantisation and one dispatch serve every matrix only if they agree on the input
+  // width and on how it is consumed (activation order depends on the weight type).
+  for (size_t i = 1; i < ws.size(); ++i) {
+    const bool same =
+        ws[i].cols == ws[0].cols &&
+        (IsQuantised(ws[i].type) ? ws[i].type == ws[0].type : !IsQuantised(ws[0].type));
+    if (!same || ws.size() > kMaxShared) {
+      for (size_t j = 0; j < ws.size(); ++j) {
+        MatMulSharedWith(kernels, ws.subspan(j, 1), x, n, ys.subspan(j, 1), pool, scratch);
+      }
+      return;
+    }
+  }
+  const int64_t cols = ws[0].cols;
+  // The matrices' rows, concatenated, each padded to whole grains so that a chunk boundary
+  // is a row-block boundary in every matrix: part i covers [start[i], start[i] + rows).
+  int64_t starts[kMaxShared + 1];
+  int64_t rows = 0;
+  starts[0] = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    starts[i + 1] = starts[i] + RoundUp(ws[i].rows, kRowGrain);
+    rows += ws[i].rows;
+  }
+  const int64_t total = starts[ws.size()];
+  if (total == 0) return;
+  if (cols == 0) {
+    for (size_t i = 0; i < ws.size(); ++i) std::fill(ys[i], ys[i] + n * ws[i].rows, 0.0f);
     return;
   }
-  const int64_t work = w.rows * w.cols * n;
-  if (!IsQuantised(w.type)) {
-    const FloatMatMulArgs args{w.type, wdata, w.row_stride, w.cols, x, w.cols, n, y, w.rows};
-    RunRows(pool, w.rows, work,
-            [&](int64_t b, int64_t e, int) { kernels.matmul_float(args, b, e); });
+  const int64_t work = rows * cols * n;
+  // Calls fn(i, begin, end) for the rows of matrix i inside virtual rows [b, e).
+  auto for_parts = [&](int64_t b, int64_t e, auto&& fn) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const int64_t lo = std::max(b, starts[i]) - starts[i];
+      const int64_t hi = std::min(e - starts[i], ws[i].rows);
+      if (lo < hi) fn(i, lo, hi);
+    }
+  };
+  if (!IsQuantised(ws[0].type)) {
+    RunRows(pool, total, work, [&](int64_t b, int64_t e, int) {
+      for_parts(b, e, [&](size_t i, int64_t lo, int64_t hi) {
+        const WeightView& w = ws[i];
+        const FloatMatMulArgs args{
+            w.type, static_cast<const uint8_t*>(w.data), w.row_stride, cols, x, cols, n, ys[i],
+            w.rows};
+        kernels.matmul_float(args, lo, hi);
+      });
+    });
     return;
   }
 
-  assert(w.cols % kQuantBlock == 0);
-  const int64_t blocks = w.cols / kQuantBlock;
+  assert(cols % kQuantBlock == 0);
+  const GgmlType type = ws[0].type;
+  const int64_t blocks = cols / kQuantBlock;
   // Scratch: [n, qs_stride] int16, then d and s as [n, ds_stride] f32 each, 64-byte aligned.
-  const int64_t qs_stride = RoundUp(w.cols, 128);
+  const int64_t qs_stride = RoundUp(cols, 128);
   const int64_t ds_stride = RoundUp(blocks, 16);
   const size_t bytes = static_cast<size_t>(n * qs_stride * 2 + 2 * n * ds_stride * 4 + 64);
   thread_local MatMulScratch fallback;
@@ -92,21 +141,27 @@ void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x,
       float* st = s + t * ds_stride;
       // Zero padding first (kernels read whole 4-block groups and 16-block chunks); a
       // quantiser may then write past `cols` within a group.
-      std::fill(qt + w.cols, qt + qs_stride, int16_t{0});
+      std::fill(qt + cols, qt + qs_stride, int16_t{0});
       std::fill(dt + blocks, dt + ds_stride, 0.0f);
       std::fill(st + blocks, st + ds_stride, 0.0f);
-      kernels.quantize(x + t * w.cols, blocks, w.type, qt, dt, st);
+      kernels.quantize(x + t * cols, blocks, type, qt, dt, st);
     }
   };
-  if (pool != nullptr && n > 1 && n * w.cols >= kMinParallelQuantize) {
+  if (pool != nullptr && n > 1 && n * cols >= kMinParallelQuantize) {
     pool->ParallelFor(n, 1, quantize);
   } else {
     quantize(0, n, 0);
   }
 
-  const QuantMatMulArgs args{
-      w.type, wdata, w.row_stride, blocks, QuantActs{qs, d, s, qs_stride, ds_stride}, n, y, w.rows};
-  RunRows(pool, w.rows, work, [&](int64_t b, int64_t e, int) { kernels.matmul_quant(args, b, e); });
+  const QuantActs acts{qs, d, s, qs_stride, ds_stride};
+  RunRows(pool, total, work, [&](int64_t b, int64_t e, int) {
+    for_parts(b, e, [&](size_t i, int64_t lo, int64_t hi) {
+      const WeightView& w = ws[i];
+      const QuantMatMulArgs args{
+          type, static_cast<const uint8_t*>(w.data), w.row_stride, blocks, acts, n, ys[i], w.rows};
+      kernels.matmul_quant(args, lo, hi);
+    });
+  });
 }
 
 }  // namespace cpu_kernels
@@ -114,6 +169,11 @@ void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x,
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
             MatMulScratch* scratch) {
   cpu_kernels::MatMulWith(cpu_kernels::SelectedKernels(), w, x, n, y, pool, scratch);
+}
+
+void MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
+                  std::span<float* const> ys, ThreadPool* pool, MatMulScratch* scratch) {
+  cpu_kernels::MatMulSharedWith(cpu_kernels::SelectedKernels(), ws, x, n, ys, pool, scratch);
 }
 
 void MatMulReference(const WeightView& w, const float* x, int64_t n, float* y) {

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/ggml_types.h"
@@ -40,6 +41,14 @@ struct MatMulScratch {
 // y[n, w.rows] = x[n, w.cols] · Wᵀ. `pool` may be nullptr (single thread).
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
             MatMulScratch* scratch);
+
+// Several products of one input: ys[i][n, ws[i].rows] = x[n, cols] · ws[i]ᵀ (Q, K and V of
+// a layer; gate and up). Results are bit-identical to one MatMul per matrix; when every
+// matrix has the same cols and the same quantised type (or all are float types) the
+// activations are quantised once and all rows are split across the pool in one dispatch,
+// which saves a pool hand-off and a quantisation per extra matrix.
+void MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
+                  std::span<float* const> ys, ThreadPool* pool, MatMulScratch* scratch);
 
 // Reference implementation: dequantise each row with DequantizeRow and accumulate in
 // double. Used by tests only.

@@ -7,6 +7,15 @@
 #include "model/status_macros.h"
 
 namespace specnode {
+namespace {
+
+// Elementwise work split across the pool from this many values on (a hand-off costs about
+// as much as ~1000 exp evaluations).
+constexpr int64_t kMinParallelElementwise = 1024;
+// RoPE is split across the pool from this many tokens on.
+constexpr int64_t kMinParallelRopeTokens = 4;
+
+}  // namespace
 
 LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weights,
                            ThreadPool* pool, PartialSumReducer* reducer)
@@ -103,11 +112,24 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch,
   q_.resize(n * nh * hd);
   k_.resize(n * nkv * hd);
   v_.resize(n * nkv * hd);
-  MatMul(lw.wq, h_.data(), n, q_.data(), pool_, &scratch_);
-  MatMul(lw.wk, h_.data(), n, k_.data(), pool_, &scratch_);
-  MatMul(lw.wv, h_.data(), n, v_.data(), pool_, &scratch_);
-  RopeNorm(q_.data(), positions_.data(), n, nh, hd, config_.rope_dim, config_.rope_base);
-  RopeNorm(k_.data(), positions_.data(), n, nkv, hd, config_.rope_dim, config_.rope_base);
+  {
+    const WeightView ws[] = {lw.wq, lw.wk, lw.wv};
+    float* const ys[] = {q_.data(), k_.data(), v_.data()};
+    MatMulShared(ws, h_.data(), n, ys, pool_, &scratch_);
+  }
+  // RoPE recomputes its angles (pow, sin, cos in double) per token: split tokens across the
+  // pool for verification passes and prefill.
+  auto rope = [&](int64_t t0, int64_t t1, int) {
+    RopeNorm(q_.data() + t0 * nh * hd, positions_.data() + t0, t1 - t0, nh, hd,
+             config_.rope_dim, config_.rope_base);
+    RopeNorm(k_.data() + t0 * nkv * hd, positions_.data() + t0, t1 - t0, nkv, hd,
+             config_.rope_dim, config_.rope_base);
+  };
+  if (pool_ != nullptr && n >= kMinParallelRopeTokens) {
+    pool_->ParallelFor(n, 1, rope);
+  } else {
+    rope(0, n, 0);
+  }
 
   // Row offset of each entry's first token.
   std::vector<int64_t> first(batch.size());
@@ -147,9 +169,22 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch,
   RmsNorm(x_.data(), lw.ffn_norm, n, d, config_.rms_eps, h_.data());
   gate_.resize(n * ff);
   up_.resize(n * ff);
-  MatMul(lw.w_gate, h_.data(), n, gate_.data(), pool_, &scratch_);
-  MatMul(lw.w_up, h_.data(), n, up_.data(), pool_, &scratch_);
-  SwiGlu(gate_.data(), up_.data(), n * ff, gate_.data());
+  {
+    const WeightView ws[] = {lw.w_gate, lw.w_up};
+    float* const ys[] = {gate_.data(), up_.data()};
+    MatMulShared(ws, h_.data(), n, ys, pool_, &scratch_);
+  }
+  // Elementwise, so split across the pool: serial, SwiGLU's exp would leave the workers
+  // idle for ~3% of a verification step.
+  const int64_t act = n * ff;
+  auto swiglu = [&](int64_t b, int64_t e, int) {
+    SwiGlu(gate_.data() + b, up_.data() + b, e - b, gate_.data() + b);
+  };
+  if (pool_ != nullptr && act >= kMinParallelElementwise) {
+    pool_->ParallelFor(act, 64, swiglu);
+  } else {
+    swiglu(0, act, 0);
+  }
   MatMul(lw.w_down, gate_.data(), n, h_.data(), pool_, &scratch_);
   if (reducer_ != nullptr) {
     absl::Status s = reducer_->AllReduceSum(h_.data(), n * d);

@@ -1,8 +1,10 @@
 // The Llama forward pass on CPU over a batch of sequences, each contributing one or more
 // new tokens (prefill chunks, single decode tokens, or a last token + K speculative drafts).
 //
-// All tokens of the batch share every matmul (weights are read once per step); attention
-// runs per (sequence, kv head) against the KvCache. Rows are batch-invariant: a token's
+// All tokens of the batch share every matmul (weights are read once per step); Q/K/V and
+// gate/up, which read the same normed input, run as one MatMulShared each (one activation
+// quantisation, one thread-pool dispatch). Attention runs per (sequence, kv head) against
+// the KvCache. Rows are batch-invariant: a token's
 // logits do not depend on what else is in the batch (see cpu_matmul.h), so verifying K
 // drafts in one pass gives bit-identical logits to decoding them one at a time.
 //

@@ -1,6 +1,7 @@
 // MatMul against MatMulReference for every weight type, a spread of shapes, and every
 // kernel table this CPU runs (SPECNODE_CPU=scalar|avx2 narrows the set); plus the batch-
-// and thread-count invariance that speculative verification relies on.
+// and thread-count invariance that speculative verification relies on, and MatMulShared
+// against separate MatMuls.
 //
 // Tolerances, with S = Σ_j |w_j||x_j| for the output in question:
 //  * F32/F16/BF16 weights: only f32 accumulation order differs from the double reference:
@@ -200,7 +201,9 @@ TEST_P(InvarianceTest, BatchAndThreadInvariant) {
   const GgmlType type = GetParam();
   const int64_t rows = 200, cols = 576;
   const TestWeights w = MakeWeights(type, rows, cols, cols, 0, 3);
-  for (const int64_t n : {16, 13, 7, 2}) {  // tiles of 8, 4 and 1 tokens
+  // Every token-tile size of every kernel (avx512: 1..8, avx2: 1..4), and several tiles
+  // per row (n > 8, where the avx512 kernel converts weight scales once per row block).
+  for (const int64_t n : {16, 13, 9, 8, 7, 6, 5, 4, 3, 2}) {
     const std::vector<float> x = MakeActs(n, cols, 9);
     for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
       SCOPED_TRACE(std::string(k->name) + " n=" + std::to_string(n));
@@ -241,6 +244,58 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, InvarianceTest,
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
                          });
+
+// MatMulShared (one quantisation and one dispatch for several matrices of one input) must
+// give exactly what one MatMul per matrix gives, whether or not the matrices can share.
+TEST(MatMulSharedTest, EqualsSeparateMatMuls) {
+  struct Case {
+    std::vector<GgmlType> types;
+    std::vector<int64_t> rows;
+  };
+  const int64_t cols = 576;
+  const Case cases[] = {
+      {{GgmlType::kQ4_1, GgmlType::kQ4_1, GgmlType::kQ4_1}, {576, 192, 192}},  // Q, K, V
+      {{GgmlType::kQ4_0, GgmlType::kQ4_0}, {40, 7}},  // rows off the 16-row grain
+      {{GgmlType::kQ8_0, GgmlType::kQ8_0}, {33, 64}},
+      {{GgmlType::kF16, GgmlType::kF32, GgmlType::kBF16}, {20, 9, 31}},   // float: shared
+      {{GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kF16}, {24, 17, 5}},  // cannot share
+  };
+  for (const Case& c : cases) {
+    std::vector<TestWeights> ws;
+    std::vector<WeightView> views;
+    for (size_t i = 0; i < c.types.size(); ++i) {
+      ws.push_back(
+          MakeWeights(c.types[i], c.rows[i], cols, cols, 0, 20 + static_cast<uint32_t>(i)));
+    }
+    for (const TestWeights& w : ws) views.push_back(w.view);
+    for (const int64_t n : {1, 5, 12}) {
+      const std::vector<float> x = MakeActs(n, cols, 8);
+      for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+        for (int threads : {1, 2}) {
+          SCOPED_TRACE(std::string(k->name) + " n=" + std::to_string(n) +
+                       " threads=" + std::to_string(threads) +
+                       " first=" + std::string(GgmlTypeName(static_cast<uint32_t>(c.types[0]))));
+          ThreadPool pool(threads);
+          MatMulScratch scratch;
+          std::vector<std::vector<float>> shared(views.size()), alone(views.size());
+          std::vector<float*> ys;
+          for (size_t i = 0; i < views.size(); ++i) {
+            shared[i].assign(n * views[i].rows, NAN);
+            alone[i].assign(n * views[i].rows, NAN);
+            ys.push_back(shared[i].data());
+          }
+          cpu_kernels::MatMulSharedWith(*k, views, x.data(), n, ys, &pool, &scratch);
+          for (size_t i = 0; i < views.size(); ++i) {
+            cpu_kernels::MatMulWith(*k, views[i], x.data(), n, alone[i].data(), nullptr, nullptr);
+            EXPECT_EQ(
+                0, std::memcmp(shared[i].data(), alone[i].data(), alone[i].size() * sizeof(float)))
+                << "matrix " << i;
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(CpuFeaturesTest, SelectedKernelsMatchFeatures) {
   const CpuFeatures& f = GetCpuFeatures();

@@ -1,8 +1,9 @@
-// Forward-pass properties on tiny models: batch invariance, incremental == one-pass,
-// rollback, errors that leave the cache untouched, and tensor-parallel shards summing to
-// the unsharded result.
+// Forward-pass properties on tiny models: batch invariance, incremental == one-pass, a
+// verification pass == one token at a time, rollback, errors that leave the cache untouched,
+// and tensor-parallel shards summing to the unsharded result.
 #include "model/llama_forward.h"
 
+#include <algorithm>
 #include <barrier>
 #include <unistd.h>
 
@@ -85,6 +86,28 @@ TEST_P(ForwardTest, IncrementalDecodeEqualsOnePassBitExact) {
     inc.insert(inc.end(), l.begin(), l.end());
   }
   EXPECT_EQ(inc, all);
+}
+
+// A speculative verification pass: K + 1 tokens after a prefix, logits for each, must equal
+// decoding the same tokens one at a time, bit for bit, for every pass size up to 9 (every
+// token-tile size of the matmul kernels, and two tiles at 9).
+TEST_P(ForwardTest, VerificationPassEqualsOneAtATime) {
+  Harness h(Path(), 2);
+  const auto prefix = Tokens(6, 7);
+  const auto drafts = Tokens(9, 70);
+  h.Run({{1, prefix, false}});
+  std::vector<float> one_at_a_time;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    auto l = h.Run({{1, std::span<const int32_t>(drafts).subspan(i, 1), false}});
+    one_at_a_time.insert(one_at_a_time.end(), l.begin(), l.end());
+  }
+  const int vocab = h.model->config().vocab_size;
+  for (size_t n = 1; n <= drafts.size(); ++n) {
+    ASSERT_TRUE(h.cache->Truncate(1, static_cast<int32_t>(prefix.size())).ok());
+    auto pass = h.Run({{1, std::span<const int32_t>(drafts).subspan(0, n), true}});
+    ASSERT_EQ(pass.size(), n * vocab);
+    EXPECT_TRUE(std::equal(pass.begin(), pass.end(), one_at_a_time.begin())) << n << " tokens";
+  }
 }
 
 TEST_P(ForwardTest, BatchInvariantAcrossSequencesAndThreads) {
