@@ -233,13 +233,13 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     Seq* s = seqs[i];
     SeqStepResult result;
     result.id = s->request.id;
-    const bool greedy = s->request.sampling.temperature == 0.0f;
+    const bool greedy = s->request.sampling.temperature == 0.0f;  // for acceptance
     const float* row0 = logits_.data() + row_of[i] * vocab;
     if (s->prefilled < s->n_prompt) {
       s->prefilled += s->chunk;
       if (s->chunk > 0 && s->prefilled == s->n_prompt) {
         const std::span<const float> row(row0, vocab);
-        const int32_t first = greedy ? ArgMax(row) : s->sampler.Sample(row);
+        const int32_t first = s->sampler.Sample(row);
         Emit(*s, {&first, 1}, &result);
       }
       s->stats.target_s += target_share_of(i);
@@ -251,7 +251,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     AcceptOutcome outcome;
     if (k == 0) {
       const std::span<const float> row(row0, vocab);
-      outcome.next_token = greedy ? ArgMax(row) : s->sampler.Sample(row);
+      outcome.next_token = s->sampler.Sample(row);
     } else {
       const std::span<const float> rows_k(row0, static_cast<size_t>(k + 1) * vocab);
       if (greedy) {
