@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,6 +30,7 @@ struct DraftRequest {
   std::span<const int32_t> context;  // committed tokens, non-empty
   int k = 0;                         // wanted drafts, >= 1
   Sampler* sampler = nullptr;        // the sequence's sampler: params for q, and its stream
+  std::string_view domain;           // the request's routed domain (valid for the call)
 };
 
 struct Draft {

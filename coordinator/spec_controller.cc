@@ -55,6 +55,9 @@ absl::Status ValidateSpecControllerConfig(const SpecControllerConfig& c) {
   if (!std::isfinite(c.timing_alpha) || c.timing_alpha <= 0.0 || c.timing_alpha > 1.0) {
     return FieldError("timing_alpha", "must be in (0, 1]");
   }
+  if (c.timing_median < 1 || c.timing_median > 32) {
+    return FieldError("timing_median", "must be in [1, 32]");
+  }
   if (c.max_domains < 1) return FieldError("max_domains", "must be >= 1");
   if (!(c.free_direct_margin >= 0.0)) return FieldError("free_direct_margin", "must be >= 0");
   if (!(c.early_z >= 0.0 && c.early_z <= 10.0)) return FieldError("early_z", "must be in [0, 10]");
@@ -103,16 +106,27 @@ double SpecController::OutcomeWindow::Acceptance() const {
 
 // ---- TimingModel ----
 
-void SpecController::TimingModel::Add(int k, double seconds, double alpha) {
+double SpecController::MedianFilter(std::deque<double>& recent, double seconds, int median_of) {
+  recent.push_back(seconds);
+  while (static_cast<int>(recent.size()) > median_of) recent.pop_front();
+  std::vector<double> sorted(recent.begin(), recent.end());
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  return sorted[sorted.size() / 2];
+}
+
+void SpecController::TimingModel::Add(int k, double seconds, double alpha, int median_of) {
+  seconds = MedianFilter(recent[k], seconds, median_of);
   auto [it, inserted] = ewma.try_emplace(k, seconds);
   if (!inserted) it->second = alpha * seconds + (1.0 - alpha) * it->second;
 }
 
-std::optional<double> SpecController::TimingModel::Predict(int k) const {
+std::optional<double> SpecController::TimingModel::Predict(int k,
+                                                           std::optional<double> anchor0) const {
   if (ewma.empty()) return std::nullopt;
   if (ewma.size() == 1) {
     const auto [k0, t0] = *ewma.begin();
     if (proportional_single && k0 > 0) return t0 * k / k0;
+    if (anchor0.has_value() && k0 > 0 && t0 > *anchor0) return *anchor0 + (t0 - *anchor0) * k / k0;
     return t0;
   }
   // Least squares c0 + c1·x with c0, c1 >= 0 (two-variable NNLS: the unconstrained fit if
@@ -138,14 +152,19 @@ std::optional<double> SpecController::TimingModel::Predict(int k) const {
       }
       return e;
     };
+    // The second boundary is the line through (0, anchor0) when one is known (a verify
+    // pass of zero drafts is a measured direct step), else through the origin.
     const double flat_c0 = std::max(my, 0.0);
-    const double origin_c1 = sxx > 0.0 ? std::max(sxy / sxx, 0.0) : 0.0;
-    if (sse(flat_c0, 0.0) <= sse(0.0, origin_c1)) {
+    const double base = anchor0.value_or(0.0);
+    double sxr = 0.0;
+    for (const auto& [x, y] : ewma) sxr += x * (y - base);
+    const double anchored_c1 = sxx > 0.0 ? std::max(sxr / sxx, 0.0) : 0.0;
+    if (sse(flat_c0, 0.0) <= sse(base, anchored_c1)) {
       c0 = flat_c0;
       c1 = 0.0;
     } else {
-      c0 = 0.0;
-      c1 = origin_c1;
+      c0 = base;
+      c1 = anchored_c1;
     }
   }
   return c0 + c1 * k;
@@ -167,7 +186,7 @@ int SpecController::ProbeIntervalLocked() const {
   int interval = config_.probe_every;
   if (config_.probe_overhead_budget <= 0.0) return interval;
   const std::optional<double> td = draft_.Predict(config_.probe_k);
-  const std::optional<double> tv = verify_.Predict(config_.probe_k);
+  const std::optional<double> tv = verify_.Predict(config_.probe_k, direct_ewma_);
   const std::optional<double> t_direct = DirectSecondsLocked();
   if (!td || !tv || !t_direct || *t_direct <= 0.0) return interval;
   const double extra = *td + *tv - *t_direct;
@@ -221,7 +240,7 @@ std::optional<double> SpecController::GoodputLocked(double a, int k) const {
     return 1.0 / std::max(*t, kMinStepSeconds);
   }
   std::optional<double> td = draft_.Predict(k);
-  std::optional<double> tv = verify_.Predict(k);
+  std::optional<double> tv = verify_.Predict(k, direct_ewma_);
   if (!td.has_value() || !tv.has_value()) return std::nullopt;
   return ExpectedTokensPerStep(a, k) / std::max(*td + *tv, kMinStepSeconds);
 }
@@ -270,12 +289,19 @@ SpecController::Decision SpecController::Decide(const DomainState& s) const {
   return {SpecMode::kAdapt, k};
 }
 
-int SpecController::ChooseK(std::string_view domain) {
+int SpecController::RunAwareK(const DomainState& s, const Decision& d, bool in_run) const {
+  if (d.k == 0 || !config_.run_aware || d.mode == SpecMode::kWarmup) return d.k;
+  const OutcomeWindow& w = in_run ? s.run_window : s.fresh_window;
+  if (w.size() < config_.min_observations) return d.k;
+  return BestK(w.Acceptance()).value_or(d.k);
+}
+
+int SpecController::ChooseK(std::string_view domain, bool in_run) {
   std::unique_lock lock(mu_);
   DomainState& s = StateFor(domain);
   ++s.decisions;
   const Decision d = Decide(s);
-  if (d.k > 0) return d.k;
+  if (d.k > 0) return RunAwareK(s, d, in_run);
   if (s.direct_since_probe >= ProbeIntervalLocked()) {
     s.direct_since_probe = 0;
     ++s.probes;
@@ -288,7 +314,8 @@ int SpecController::ChooseK(std::string_view domain) {
   return 0;
 }
 
-absl::Status SpecController::RecordStep(std::string_view domain, int k, int accepted) {
+absl::Status SpecController::RecordStep(std::string_view domain, int k, int accepted,
+                                        bool in_run) {
   if (k < 0 || k > kMaxRecordedK) {
     return absl::InvalidArgumentError(
         absl::StrCat("RecordStep: k = ", k, " outside [0, ", kMaxRecordedK, "]"));
@@ -314,6 +341,8 @@ absl::Status SpecController::RecordStep(std::string_view domain, int k, int acce
       s.disabled = false;
       ++s.reenables;
       s.window.Clear();
+      s.run_window.Clear();
+      s.fresh_window.Clear();
       for (uint8_t bit : s.probe_window.bits) s.window.Push(bit != 0, config_.window);
       s.probe_window.Clear();
       s.direct_since_probe = 0;
@@ -321,8 +350,15 @@ absl::Status SpecController::RecordStep(std::string_view domain, int k, int acce
     }
     return absl::OkStatus();
   }
-  for (int i = 0; i < accepted; ++i) s.window.Push(true, config_.window);
-  if (has_failure) s.window.Push(false, config_.window);
+  OutcomeWindow& split = in_run ? s.run_window : s.fresh_window;
+  for (int i = 0; i < accepted; ++i) {
+    s.window.Push(true, config_.window);
+    split.Push(true, config_.window);
+  }
+  if (has_failure) {
+    s.window.Push(false, config_.window);
+    split.Push(false, config_.window);
+  }
   const bool judged = s.window.size() >= config_.min_observations;
   const bool judged_early = !judged && config_.early_z > 0.0 &&
                             s.window.size() >= config_.early_min_observations &&
@@ -356,7 +392,7 @@ absl::Status SpecController::RecordDraftTime(int k, double seconds) {
   absl::Status st = CheckSeconds("RecordDraftTime", seconds);
   if (!st.ok()) return st;
   std::unique_lock lock(mu_);
-  draft_.Add(k, seconds, config_.timing_alpha);
+  draft_.Add(k, seconds, config_.timing_alpha, config_.timing_median);
   return absl::OkStatus();
 }
 
@@ -368,7 +404,7 @@ absl::Status SpecController::RecordVerifyTime(int k, double seconds) {
   absl::Status st = CheckSeconds("RecordVerifyTime", seconds);
   if (!st.ok()) return st;
   std::unique_lock lock(mu_);
-  verify_.Add(k, seconds, config_.timing_alpha);
+  verify_.Add(k, seconds, config_.timing_alpha, config_.timing_median);
   return absl::OkStatus();
 }
 
@@ -377,6 +413,7 @@ absl::Status SpecController::RecordDirectTime(double seconds) {
   if (!st.ok()) return st;
   std::unique_lock lock(mu_);
   const double alpha = config_.timing_alpha;
+  seconds = MedianFilter(direct_recent_, seconds, config_.timing_median);
   direct_ewma_ =
       direct_ewma_.has_value() ? alpha * seconds + (1.0 - alpha) * *direct_ewma_ : seconds;
   return absl::OkStatus();
@@ -390,7 +427,7 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
     const std::optional<double> g = GoodputLocked(0.0, 0);
     if (!g.has_value()) return 0.0;
     const std::optional<double> td = draft_.Predict(config_.probe_k);
-    const std::optional<double> tv = verify_.Predict(config_.probe_k);
+    const std::optional<double> tv = verify_.Predict(config_.probe_k, direct_ewma_);
     const std::optional<double> t_direct = DirectSecondsLocked();
     if (!td || !tv || !t_direct || *t_direct <= 0.0) return *g;
     const double extra = std::max(0.0, *td + *tv - *t_direct);
@@ -414,7 +451,7 @@ std::optional<double> SpecController::PredictDraftSeconds(int k) const {
 
 std::optional<double> SpecController::PredictVerifySeconds(int k) const {
   std::shared_lock lock(mu_);
-  return verify_.Predict(k);
+  return verify_.Predict(k, direct_ewma_);
 }
 
 std::optional<double> SpecController::DirectSeconds() const {
@@ -427,7 +464,10 @@ DomainSnapshot SpecController::SnapshotLocked(std::string_view name, const Domai
   snap.domain = std::string(name);
   const Decision d = Decide(s);
   snap.mode = d.mode;
-  snap.k = d.k;
+  snap.k = RunAwareK(s, d, false);
+  snap.k_in_run = RunAwareK(s, d, true);
+  snap.run_acceptance = s.run_window.Acceptance();
+  snap.fresh_acceptance = s.fresh_window.Acceptance();
   snap.acceptance = s.window.Acceptance();
   snap.window_positions = s.window.size();
   snap.expected_goodput = ExpectedGoodputLocked(s);

@@ -15,11 +15,18 @@
 //   RecordDraftTime(k, s)   the drafter proposed k tokens (for the whole step) in s.
 //   RecordVerifyTime(k, s)  one target verification pass of k + 1 positions took s.
 //   RecordDirectTime(s)     one plain (non-speculative) target decode step took s.
-// Each distinct k keeps an EWMA (weight `timing_alpha` on the newest sample). t_draft(K)
+// Each distinct k keeps an EWMA (weight `timing_alpha` on the newest sample) of the
+// median of its last `timing_median` samples (a spike filter: on a shared machine a
+// preempted pass takes 5-10x its normal time, and one such sample would otherwise bend the
+// line for many steps; measured on a loaded 2-core VM: verify EWMAs 4-8x the direct step,
+// which turned speculation off everywhere). t_draft(K)
 // and t_verify(K) are a least-squares line c0 + c1·K through the per-k EWMAs, fitted with
-// c0, c1 >= 0 (time never falls as K grows). With a single measured k0 the line is
-// t_draft(K) = t_draft(k0)·K/k0 (a model drafter runs one step per token) and
-// t_verify(K) = t_verify(k0) (a small verify pass is memory-bound: flat). t_direct is its
+// c0, c1 >= 0 (time never falls as K grows); when that fit is infeasible the better of the
+// flat line and the line through the origin (draft) or through (0, t_direct) (verify: a
+// pass of zero drafts is a direct step, so verification never costs less) is taken. With a
+// single measured k0 the line is t_draft(K) = t_draft(k0)·K/k0 (a model drafter runs one
+// step per token) and t_verify(K) = the line from (0, t_direct) to (k0, t_verify(k0)) when
+// t_direct is measured and smaller, else t_verify(k0) (flat). t_direct is its
 // EWMA; until one is measured, the verify line at K = 0 stands in for it (a verification
 // pass of one position is a plain decode step).
 //   Expected tokens per step   E(K) = (1 − a^(K+1)) / (1 − a)   (K + 1 when a == 1)
@@ -43,6 +50,15 @@
 //   probing   a disabled domain whose last decision was a probe not yet recorded
 //             (reported by Snapshot; cleared by the next RecordStep or direct decision).
 // Argmax ties go to the smaller K.
+//
+// Runs (run_aware). Acceptance is bursty: once a prompt-lookup draft starts copying a span,
+// its next drafts are accepted far more often than a fresh guess (measured on SmolLM2 code
+// edits: 0.93 after a fully accepted step vs 0.79 otherwise, and 0.5 at the first position
+// of a fresh match). So each domain also keeps two more windows, split by whether the
+// sequence's previous speculative step had every draft accepted ("in a run") or not
+// ("fresh"); when speculating, K = argmax G(K) at the acceptance of the window matching
+// the sequence's state, once that window holds min_observations positions (else the
+// domain's). Mode decisions (free / adapt / disabled, probes) still use the domain window.
 //
 // Probing. Every decision of K = 0 (disabled, or adapt-and-direct) counts as a direct
 // step of its domain; after the probe interval of direct steps the next decision is one
@@ -103,7 +119,9 @@ struct SpecControllerConfig {
   // fraction of the direct decoding time (0 = always probe_every).
   double probe_overhead_budget = 0.02;
   double timing_alpha = 0.2;  // EWMA weight of the newest timing sample, (0, 1]
+  int timing_median = 5;      // samples per k in the spike filter, [1, 32] (1 = none)
   int max_domains = 1024;     // distinct domains tracked before kOverflowDomain is shared
+  bool run_aware = true;      // choose K from the in-run / fresh windows (see "Runs")
 };
 
 // InvalidArgument naming the offending field: thresholds outside [0, 1] or
@@ -123,6 +141,9 @@ struct DomainSnapshot {
   double acceptance = 0.0;        // a over the window (0 when window_positions == 0)
   int window_positions = 0;       // evaluated positions currently in the window
   int k = 0;                      // K of the next non-probe decision (0 = direct)
+  int k_in_run = 0;               // same, for a sequence in a run (see "Runs")
+  double run_acceptance = 0.0;    // over the in-run window
+  double fresh_acceptance = 0.0;  // over the fresh window
   double expected_goodput = 0.0;  // ExpectedGoodput(domain), tokens/s; 0 = unknown
   double probe_acceptance = 0.0;  // over the probe window (disabled domains)
   int probe_positions = 0;
@@ -150,12 +171,14 @@ class SpecController {
 
   // K for the next step of one sequence in `domain` (0 = direct target decoding). Call
   // once per sequence per step: direct decisions advance the domain's probe count.
-  int ChooseK(std::string_view domain);
+  // in_run: the sequence's previous step was speculative and every draft was accepted.
+  int ChooseK(std::string_view domain, bool in_run = false);
 
   // Outcome of one speculative step of `domain`: k drafts proposed, the first `accepted`
   // of them accepted (0 <= accepted <= k). k == 0 (a direct step) is accepted and
-  // ignored. InvalidArgument when k or accepted is out of range.
-  absl::Status RecordStep(std::string_view domain, int k, int accepted);
+  // ignored. InvalidArgument when k or accepted is out of range. in_run as for ChooseK
+  // (the state the step was chosen in).
+  absl::Status RecordStep(std::string_view domain, int k, int accepted, bool in_run = false);
 
   // Wall times in seconds (finite, >= 0). k in [1, kMaxRecordedK] for draft, [0,
   // kMaxRecordedK] for verify (a pass over k + 1 positions).
@@ -193,6 +216,7 @@ class SpecController {
   struct DomainState {
     OutcomeWindow window;
     OutcomeWindow probe_window;
+    OutcomeWindow run_window, fresh_window;  // split of `window` by sequence state
     bool disabled = false;
     int direct_since_probe = 0;
     bool probe_in_flight = false;  // last decision was a probe of a disabled domain
@@ -202,9 +226,11 @@ class SpecController {
   // c0 + c1·k through per-k EWMAs (see the header comment).
   struct TimingModel {
     std::map<int, double> ewma;        // k -> seconds
+    std::map<int, std::deque<double>> recent;  // k -> last timing_median raw samples
     bool proportional_single = false;  // one point: through the origin (draft) or flat
-    void Add(int k, double seconds, double alpha);
-    std::optional<double> Predict(int k) const;
+    void Add(int k, double seconds, double alpha, int median_of);
+    // anchor0: a known value at k = 0 (the direct step time, for the verify line).
+    std::optional<double> Predict(int k, std::optional<double> anchor0 = std::nullopt) const;
   };
   struct Decision {
     SpecMode mode;
@@ -213,11 +239,16 @@ class SpecController {
 
   explicit SpecController(const SpecControllerConfig& config);
 
+  // Appends a raw sample to `recent` (keeping the last median_of) and returns their median.
+  static double MedianFilter(std::deque<double>& recent, double seconds, int median_of);
+
   // The helpers below require mu_ held (shared for the const ones, exclusive for StateFor).
 
   DomainState& StateFor(std::string_view domain);
   const DomainState* FindState(std::string_view domain) const;
   Decision Decide(const DomainState& s) const;
+  // d.k refined for a sequence's run state (see "Runs"); d.k when d.k == 0.
+  int RunAwareK(const DomainState& s, const Decision& d, bool in_run) const;
   // argmax over [k_min, k_max] of G(K) at acceptance a; nullopt when not ready.
   std::optional<int> BestK(double a) const;
   std::optional<double> GoodputLocked(double a, int k) const;
@@ -235,6 +266,7 @@ class SpecController {
   TimingModel draft_;
   TimingModel verify_;
   std::optional<double> direct_ewma_;
+  std::deque<double> direct_recent_;
 };
 
 // Upper end of the Wilson score interval for a binomial proportion (successes of trials)

@@ -29,6 +29,7 @@ struct SpeculativeEngine::Seq {
   int group = -1;
   SpecSeqStats stats;
   bool finished = false;
+  bool in_run = false;  // the last step was speculative and accepted every draft
   // This step's plan.
   int k = 0;
   int32_t chunk = 0;
@@ -159,8 +160,9 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       continue;
     }
     if (s->group < 0) continue;
-    int k = options_.adaptive ? groups_[s->group].controller->ChooseK(s->request.domain)
-                              : options_.fixed_k;
+    int k = options_.adaptive
+                ? groups_[s->group].controller->ChooseK(s->request.domain, s->in_run)
+                : options_.fixed_k;
     // A step emits up to k + 1 tokens and caches positions up to len + k - 1.
     const int32_t len = static_cast<int32_t>(s->tokens.size());
     k = std::min(k, s->request.max_new_tokens - s->stats.generated - 1);
@@ -175,7 +177,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     if (by_group[g].empty()) continue;
     std::vector<DraftRequest> requests;
     for (Seq* s : by_group[g]) {
-      requests.push_back({s->request.id, s->tokens, s->k, &s->sampler});
+      requests.push_back({s->request.id, s->tokens, s->k, &s->sampler, s->request.domain});
     }
     // Sync (a draft model catching up on context it has not seen, e.g. the first
     // speculative step of a sequence or a probe of a disabled domain) is part of what
@@ -268,6 +270,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       // Keep the last committed token and the accepted drafts in the target cache.
       SPECNODE_RETURN_IF_ERROR(target_->Truncate(s->request.id, len + outcome.accepted));
     }
+    const bool was_in_run = s->in_run;
+    s->in_run = k > 0 && outcome.accepted == k;
     std::vector<int32_t> emitted(s->drafts.begin(), s->drafts.begin() + outcome.accepted);
     emitted.push_back(outcome.next_token);
     Emit(*s, emitted, &result);
@@ -287,7 +291,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
         s->stats.spec_steps++;
         s->stats.drafted += k;
         s->stats.accepted += outcome.accepted;
-        c.RecordStep(s->request.domain, k, outcome.accepted).IgnoreError();
+        c.RecordStep(s->request.domain, k, outcome.accepted, was_in_run).IgnoreError();
         if (!has_prefill) c.RecordVerifyTime(k, target_share).IgnoreError();
       } else if (!has_prefill) {
         c.RecordDirectTime(target_share).IgnoreError();

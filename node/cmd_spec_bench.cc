@@ -307,6 +307,17 @@ absl::Status Run(const CliArgs& args) {
                                                     {"probes", s.probes}};
       }
       jc["domains"][domain] = jd;
+      for (size_t g = 0; g < c->controllers.size(); ++g) {
+        // The live cost model the adaptive decisions were made with, seconds per pass.
+        nlohmann::json model;
+        const SpecController& ctl = *c->controllers[g];
+        for (int k = 0; k <= ctl.config().k_max; ++k) {
+          if (auto v = ctl.PredictVerifySeconds(k)) model["verify_s"].push_back(*v);
+          if (auto d = ctl.PredictDraftSeconds(std::max(k, 1))) model["draft_s"].push_back(*d);
+        }
+        if (auto d = ctl.DirectSeconds()) model["direct_s"] = *d;
+        jc["cost_model"][c->drafters[g]->name()] = model;
+      }
       std::fprintf(stderr, "%-22s %-10s %7.1f%% %8.2f %8.2f %7.2fx %5lld/%lld\n", c->name.c_str(),
                    domain.c_str(), 100.0 * jd["acceptance"].get<double>(),
                    jd["mean_accepted_length"].get<double>(), jd["tokens_per_pass"].get<double>(),

@@ -398,5 +398,52 @@ TEST(NgramDrafterTest, CopiesTheContinuationOfTheLatestMatch) {
   EXPECT_FALSE(NgramDrafter::Create({.max_n = 2, .min_n = 3}).ok());
 }
 
+// Finished sequences of a domain feed that domain's history; a context with no match of its
+// own drafts from it (at most history_max_draft tokens, newest occurrence, no crossing into
+// the next stored context), and other domains do not see it.
+TEST(NgramDrafterTest, DraftsFromTheDomainHistoryWhenTheContextHasNoMatch) {
+  NgramDrafterOptions o;
+  o.history_max_draft = 2;
+  auto d = std::move(NgramDrafter::Create(o)).value();
+  Sampler sampler(SamplingParams{});
+  auto propose = [&](SeqId seq, std::vector<int32_t> ctx, std::string_view domain, int k) {
+    std::vector<DraftRequest> req = {{seq, ctx, k, &sampler, domain}};
+    std::vector<Draft> out;
+    EXPECT_TRUE(d->Propose(req, &out).ok());
+    return out[0].tokens;
+  };
+  EXPECT_TRUE(propose(1, {10, 11, 12, 13, 14, 15}, "code", 4).empty());  // nothing yet
+  d->Free(1);  // seq 1's context (10..15) joins the "code" history
+  EXPECT_EQ(d->HistoryTokens("code"), 8);  // separators on both sides
+  EXPECT_EQ(propose(2, {7, 11, 12, 13}, "code", 4), (std::vector<int32_t>{14, 15}));
+  EXPECT_EQ(propose(3, {7, 11, 12, 13}, "code", 1), (std::vector<int32_t>{14}));
+  EXPECT_TRUE(propose(4, {7, 11, 12, 13}, "chat", 4).empty());
+  EXPECT_TRUE(propose(5, {7, 8, 12, 13}, "code", 4).empty());  // 2-gram: below history_min_n
+  EXPECT_TRUE(propose(6, {9, 13, 14, 15}, "code", 4).empty());  // the context's end: nothing
+  // The own context wins over the history.
+  EXPECT_EQ(propose(7, {11, 12, 13, 50, 11, 12, 13}, "code", 4),
+            (std::vector<int32_t>{50, 11, 12, 13}));
+  // A newer context with the same 3-gram takes over.
+  d->Free(2);
+  EXPECT_TRUE(propose(8, {20, 11, 12, 13, 99, 98}, "code", 4).empty());
+  d->Free(8);
+  EXPECT_EQ(propose(9, {0, 11, 12, 13}, "code", 4), (std::vector<int32_t>{99, 98}));
+  // Bounded: a small history keeps the newest contexts only.
+  o.history_tokens = 16;
+  auto small = std::move(NgramDrafter::Create(o)).value();
+  for (SeqId s = 0; s < 10; ++s) {
+    std::vector<int32_t> ctx = {static_cast<int32_t>(100 + s), 1, 2, 3, static_cast<int32_t>(s)};
+    std::vector<DraftRequest> req = {{s, ctx, 2, &sampler, "x"}};
+    std::vector<Draft> out;
+    ASSERT_TRUE(small->Propose(req, &out).ok());
+    small->Free(s);
+    EXPECT_LE(small->HistoryTokens("x"), 16);
+  }
+  EXPECT_EQ(small->LookupHistory("x", std::vector<int32_t>{1, 2, 3}, 2),
+            (std::vector<int32_t>{9}));
+  o.history_min_n = 1;
+  EXPECT_FALSE(NgramDrafter::Create(o).ok());
+}
+
 }  // namespace
 }  // namespace specnode
