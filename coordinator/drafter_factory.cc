@@ -1,5 +1,7 @@
 #include "coordinator/drafter_factory.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +32,7 @@ absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const std::string& spec,
       if (!n.ok()) return n.status();
       options.max_n = *n;
       options.min_n = std::min(options.min_n, options.max_n);
+      options.history_min_n = std::clamp(options.history_min_n, options.min_n, options.max_n);
     }
     auto d = NgramDrafter::Create(options);
     if (!d.ok()) return d.status();

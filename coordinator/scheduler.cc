@@ -84,6 +84,9 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(GenerationRequest request) {
   for (const std::string& s : r->g.stop) r->max_stop = std::max(r->max_stop, s.size());
   r->arrival = Clock::now();
   std::lock_guard lock(mu_);
+  if (!failure_.ok()) {
+    return absl::UnavailableError(absl::StrCat("the target failed: ", failure_.message()));
+  }
   if (draining_ || stopping_) return absl::UnavailableError("the node is shutting down");
   int queued = 0;
   for (const auto& [prio, q] : queue_) queued += static_cast<int>(q.size());
@@ -140,6 +143,16 @@ void Scheduler::Stop() {
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+}
+
+bool IsTargetLost(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+absl::Status Scheduler::Failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
 }
 
 SchedulerSnapshot Scheduler::Snapshot() const {
@@ -279,6 +292,20 @@ void Scheduler::RunStep() {
     st = engine_->Step(seqs, &results);
   }
   if (!st.ok()) {
+    if (IsTargetLost(st)) {
+      // The target is gone: nothing can run any more. Fail everything and stop admitting.
+      std::vector<uint64_t> all;
+      {
+        std::lock_guard lock(mu_);
+        if (failure_.ok()) failure_ = st;
+        draining_ = true;
+        for (const auto& [h, r] : reqs_) {
+          if (!r->done) all.push_back(h);
+        }
+      }
+      for (uint64_t h : all) Fail(*Lookup(h), st);
+      return;
+    }
     for (SeqId s : seqs) Fail(*Lookup(static_cast<uint64_t>(s)), st);
     return;
   }

@@ -14,6 +14,10 @@
 // If a step fails for lack of KV memory, the newest running request is preempted (its
 // KV freed, requeued at the front of its class to recompute from its prompt + output) and
 // the step is retried; a request that cannot run even alone fails with kResourceExhausted.
+// If a step fails because the target is lost (IsTargetLost: Unavailable or
+// DeadlineExceeded, e.g. a tensor-parallel rank died or stopped answering), every running
+// and queued request fails with that status, admission stops (Submit: Unavailable "the
+// target failed: ...") and Failure() reports it; the scheduler is then Idle().
 //
 // Events go to the sink from the scheduler thread, in order per request: zero or more
 // kTokens, then exactly one terminal kDone or kError. The sink must not block for long
@@ -69,6 +73,10 @@ struct GenerationRequest {
   std::string domain = "default";
   std::string sla;  // "" = default class
 };
+
+// A step error meaning the target can no longer run anything (Unavailable,
+// DeadlineExceeded): a lost tensor-parallel rank. Other errors fail only the step's requests.
+bool IsTargetLost(const absl::Status& s);
 
 enum class FinishKind { kStop, kLength, kStopString, kCancelled };
 const char* FinishKindName(FinishKind kind);  // "stop", "length", "stop_string", "cancelled"
@@ -137,6 +145,8 @@ class Scheduler {
   void Stop();
   // True once draining and nothing is queued or running.
   bool Idle() const;
+  // OK, or the step error that lost the target (see above); the node should exit.
+  absl::Status Failure() const;
 
   SchedulerSnapshot Snapshot() const;
   const SchedulerOptions& options() const { return options_; }
@@ -166,6 +176,7 @@ class Scheduler {
   std::vector<uint64_t> cancels_;
   uint64_t next_handle_ = 1;
   bool draining_ = false, stopping_ = false;
+  absl::Status failure_;  // set once, when the target is lost
   SchedulerSnapshot stats_;
   Clock::time_point last_arrival_{};
   double mean_gap_ms_ = -1;  // EWMA of inter-arrival gaps

@@ -70,7 +70,14 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
     if (!reduce_status_.ok()) return reduce_status_;
   }
 
-  // Final norm and head over the rows that need logits only.
+  // Final norm and head over the rows that need logits only (none when the caller wants
+  // no logits: tensor-parallel shards other than TP rank 0).
+  if (logits == nullptr) {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      cache->Commit(batch[i].seq, pos0[i] + static_cast<int32_t>(batch[i].tokens.size()));
+    }
+    return absl::OkStatus();
+  }
   std::vector<int64_t> out_rows;
   row = 0;
   for (const BatchEntry& e : batch) {

@@ -48,7 +48,8 @@ class LlamaForward {
   // Runs the batch and fills `logits` with [n_rows, vocab] rows: for each entry in order,
   // every token's row when all_logits, else the last token's. Checks token ids and that the
   // cache can take the tokens (Reserve) before computing anything; on error nothing in the
-  // cache changes.
+  // cache changes. `logits` may be null: the final norm and head are skipped (a
+  // tensor-parallel shard whose logits nobody reads; the cache is updated as usual).
   absl::Status Forward(std::span<const BatchEntry> batch, KvCache* cache,
                        std::vector<float>* logits);
 

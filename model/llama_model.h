@@ -20,7 +20,8 @@ struct LoadOptions {
   int n_layers = -1;  // < 0: all layers (see LoadLlamaWeights)
   // Called with the fraction of weight bytes paged in so far (0..1), from the loading
   // thread, at most ~100 times. Loading touches every weight page so that the first
-  // token does not pay for page faults.
+  // token does not pay for page faults; a tensor-parallel shard (shard.size > 1) touches
+  // only the pages of its own slices and the replicated tensors.
   std::function<void(double)> progress;
 };
 

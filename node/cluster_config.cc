@@ -102,10 +102,12 @@ absl::Status ParsePlacement(Reader& r, const YAML::Node& n, const std::string& k
   return absl::OkStatus();
 }
 
-// topology: {groups: [{name, draft: {rank, device, host}, target: [{rank, device, host}...]}]}
+// topology: {timeout_s, groups: [{name, draft: {rank, device, host},
+//                                  target: [{rank, device, host}...]}]}
 absl::Status ParseTopology(Reader& r, const YAML::Node& t, Topology* out) {
   if (!t.IsDefined() || t.IsNull()) return absl::OkStatus();
-  CFG_TRY(r.Section(t, "topology", {"groups"}));
+  CFG_TRY(r.Section(t, "topology", {"groups", "timeout_s"}));
+  CFG_TRY(r.Double(t, "topology", "timeout_s", 0.1, 3600, &out->timeout_s));
   const YAML::Node groups = t["groups"];
   if (!groups.IsDefined() || !groups.IsSequence() || groups.size() == 0) {
     return r.Error(groups.IsDefined() ? groups : t, "topology.groups",

@@ -30,6 +30,9 @@ struct GroupTopology {
 struct Topology {
   std::vector<GroupTopology> groups;
   int world_size = 1;  // number of ranks the layout needs (mpirun -np)
+  // Longest wait, in seconds, for a target rank's answer to a step (and for the target
+  // ranks' collectives); beyond it the rank counts as failed. topology.timeout_s.
+  double timeout_s = 5.0;
   bool single_process() const { return world_size == 1; }
 };
 

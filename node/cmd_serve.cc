@@ -1,7 +1,8 @@
 // specnode serve: the node. Loads the target, builds the drafter and the adaptive
 // controller, starts the scheduler thread and serves the ZeroMQ protocol of
 // docs/protocol.md until SIGINT/SIGTERM, then drains (in-flight requests finish and get
-// their replies) and exits 0.
+// their replies) and exits 0. Multi-rank configs under mpirun go to serve_cluster.h, whose
+// rank 0 comes back here (ServeNode) with a remote target.
 #include <signal.h>
 
 #include <atomic>
@@ -24,6 +25,7 @@
 #include "node/metrics.h"
 #include "node/model_session.h"
 #include "node/router_config.h"
+#include "node/serve_cluster.h"
 
 namespace specnode {
 namespace {
@@ -34,6 +36,9 @@ constexpr char kHelp[] =
     "Serves the ZeroMQ protocol of docs/protocol.md until SIGINT/SIGTERM (then drains and\n"
     "exits 0). Settings come from --config (cluster-configs/, schema in docs/configs.md;\n"
     "default: the embedded cluster-configs/local-cpu.yaml); flags override it.\n"
+    "Under mpirun with a multi-rank config, rank 0 serves and ranks 1..T run the\n"
+    "tensor-parallel target, e.g. mpirun -np 4 specnode serve --config\n"
+    "cluster-configs/mpirun-cpu-tp3.yaml (docs/serving.md, \"Cluster (mpirun)\").\n"
     "  --config FILE       YAML cluster config\n"
     "  --model PATH        target GGUF (default: $SPECNODE_MODEL or the fetch-model cache)\n"
     "  --bind ENDPOINT     ROUTER endpoint (default tcp://127.0.0.1:5555)\n"
@@ -107,15 +112,10 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
   return c;
 }
 
-absl::Status Run(const CliArgs& args) {
-  SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
-  if (!cfg.topology.single_process()) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "%s describes a %d-rank layout (mpirun -np %d); multi-rank serving (tensor-parallel "
-        "target ranks) is not implemented yet — run a single-process config such as "
-        "cluster-configs/local-cpu.yaml",
-        cfg.source, cfg.topology.world_size, cfg.topology.world_size));
-  }
+}  // namespace
+
+absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session, ModelRunner* target,
+                       std::vector<RankInfo> ranks) {
   RouterConfig rc;
   rc.default_domain = cfg.default_domain;
   std::unique_ptr<DomainRouter> router;
@@ -126,8 +126,6 @@ absl::Status Run(const CliArgs& args) {
   }
   const std::string& model_path = cfg.model;
   const int threads = cfg.threads;
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
-                            ModelSession::Open(model_path, threads, false, cfg.kv));
 
   std::unique_ptr<Drafter> drafter;
   std::unique_ptr<SpecController> controller;
@@ -148,23 +146,27 @@ absl::Status Run(const CliArgs& args) {
   SpecEngineOptions eo;
   const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
   eo.stop_tokens.insert(eog.begin(), eog.end());
-  SpeculativeEngine engine(&session->runner(), groups, eo);
+  SpeculativeEngine engine(target, groups, eo);
 
   SchedulerOptions so = cfg.sla;
-  KvCache* cache = &session->cache();
-  so.gauges = [cache] { return KvGauges(cache); };
+  // KV gauges: the target's cache when it lives in this process.
+  if (target == &session->runner()) {
+    KvCache* cache = &session->cache();
+    so.gauges = [cache] { return KvGauges(cache); };
+  }
 
   FrontendOptions fo;
   fo.endpoint = cfg.bind;
   fo.limits = cfg.limits;
   fo.model_name = model_path;
   fo.curve_secret_key = cfg.curve_secret_key;
+  fo.ranks = std::move(ranks);
   std::unique_ptr<Frontend> frontend;
   Scheduler scheduler(&engine, &session->model().tokenizer(), so,
                       [&frontend](GenerationEvent ev) { frontend->OnEvent(std::move(ev)); });
   std::vector<std::pair<std::string, const SpecController*>> controllers;
   if (controller) controllers.push_back({drafter->name(), controller.get()});
-  frontend = std::make_unique<Frontend>(fo, session.get(), router.get(), &scheduler,
+  frontend = std::make_unique<Frontend>(fo, session, router.get(), &scheduler,
                                         [&scheduler, &frontend, controllers] {
                                           SchedulerSnapshot s = scheduler.Snapshot();
                                           // Error replies of the front end (bad input, overloaded,
@@ -180,14 +182,28 @@ absl::Status Run(const CliArgs& args) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  std::fprintf(stderr, "specnode serve: %s on %s (%s kernels, %lld threads, draft %s)\n",
+  std::fprintf(stderr, "specnode serve: %s on %s (%s kernels, %lld threads, draft %s%s)\n",
                model_path.c_str(), fo.endpoint.c_str(), session->kernel_name().c_str(),
-               static_cast<long long>(threads), drafter ? drafter->name().c_str() : "none");
+               static_cast<long long>(threads), drafter ? drafter->name().c_str() : "none",
+               fo.ranks.empty() ? ""
+                                : absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1)
+                                      .c_str());
   std::fprintf(stderr, "specnode serve: config %s\n", cfg.source.c_str());
   absl::Status st = frontend->Run(&g_stop);
   scheduler.Stop();
+  frontend.reset();  // closes the socket (lingering up to 0.5 s so the last replies leave)
   std::fprintf(stderr, "specnode serve: %s\n", st.ok() ? "drained, exiting" : "stopped");
   return st;
+}
+
+namespace {
+
+absl::Status Run(const CliArgs& args) {
+  SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
+  if (NeedsCluster(cfg)) return RunServeCluster(cfg);
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
+                            ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv));
+  return ServeNode(cfg, session.get(), &session->runner(), {});
 }
 
 }  // namespace

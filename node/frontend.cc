@@ -19,13 +19,21 @@ std::string CodeForSubmitError(const absl::Status& s) {
     case absl::StatusCode::kResourceExhausted:
       return "overloaded";
     case absl::StatusCode::kUnavailable:
-      return "shutting_down";
+      return s.message().find("target failed") != absl::string_view::npos ? "unavailable"
+                                                                         : "shutting_down";
     case absl::StatusCode::kInvalidArgument:
       return s.message().find("SLA class") != absl::string_view::npos ? "unknown_sla"
                                                                       : "bad_request";
     default:
       return "internal";
   }
+}
+
+// What a request that failed in the scheduler is told.
+std::string ErrorCodeForStepError(const absl::Status& s) {
+  if (s.code() == absl::StatusCode::kResourceExhausted) return "overloaded";
+  if (IsTargetLost(s)) return "unavailable";
+  return "internal";
 }
 
 }  // namespace
@@ -82,10 +90,22 @@ void Frontend::OnEvent(GenerationEvent event) {
 
 void Frontend::Send(const std::string& peer, const std::string& payload) {
   if (gone_peers_.count(peer)) return;
+  // A signal (SIGTERM from mpirun, say, just as the last error replies go out) can
+  // interrupt a send with EINTR before the part is queued: retry that part.
+  auto part = [this](zmq::const_buffer b, zmq::send_flags f) {
+    for (int attempt = 0;; ++attempt) {
+      try {
+        sock_->send(b, f);
+        return;
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR || attempt >= 100) throw;
+      }
+    }
+  };
   try {
-    sock_->send(zmq::buffer(peer), zmq::send_flags::sndmore);
-    if (req_peers_.count(peer)) sock_->send(zmq::buffer("", 0), zmq::send_flags::sndmore);
-    sock_->send(zmq::buffer(payload), zmq::send_flags::none);
+    part(zmq::buffer(peer), zmq::send_flags::sndmore);
+    if (req_peers_.count(peer)) part(zmq::buffer("", 0), zmq::send_flags::sndmore);
+    part(zmq::buffer(payload), zmq::send_flags::none);
   } catch (const zmq::error_t& e) {
     if (e.num() == EHOSTUNREACH) PeerGone(peer);
   }
@@ -212,6 +232,14 @@ void Frontend::HandleFrame(const std::string& peer, std::string_view frame) {
                           {"active", s.active},
                           {"queued", s.queued},
                           {"version", kProtocolVersion}};
+      if (!scheduler_->Failure().ok()) j["status"] = "failed";
+      if (!options_.ranks.empty()) {
+        j["ranks"] = nlohmann::json::array();
+        for (const RankInfo& r : options_.ranks) {
+          j["ranks"].push_back(
+              {{"rank", r.rank}, {"role", r.role}, {"pid", r.pid}, {"host", r.host}});
+        }
+      }
       Send(peer, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       return;
     }
@@ -238,7 +266,7 @@ void Frontend::DeliverEvents() {
       case GenerationEvent::Kind::kError:
         SendError(
             a.peer, a.id,
-            ev.error.code() == absl::StatusCode::kResourceExhausted ? "overloaded" : "internal",
+            ErrorCodeForStepError(ev.error),
             std::string(ev.error.message()));
         break;
     }
@@ -253,7 +281,7 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
   std::vector<zmq::message_t> frames;
   while (true) {
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      zmq::poll(items, 2, std::chrono::milliseconds(failed_since_ ? 20 : 100));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) return absl::InternalError(absl::StrCat("zmq poll: ", e.what()));
     }
@@ -298,6 +326,14 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
     if (stop != nullptr && stop->load() && !draining_) {
       draining_ = true;
       scheduler_->BeginDrain();
+    }
+    if (absl::Status failure = scheduler_->Failure(); !failure.ok() && scheduler_->Idle()) {
+      DeliverEvents();  // the error replies of every request
+      // Keep the socket open a little so that ZeroMQ's I/O thread writes the replies out
+      // (closing right away can drop queued bytes; the process may be killed soon after).
+      const auto now = std::chrono::steady_clock::now();
+      if (!failed_since_) failed_since_ = now;
+      if (now - *failed_since_ >= kFailureFlush) return failure;
     }
     if (draining_ && scheduler_->Idle()) {
       DeliverEvents();

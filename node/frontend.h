@@ -15,9 +15,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "coordinator/domain_router.h"
@@ -32,12 +34,22 @@ class socket_t;
 
 namespace specnode {
 
+// One process of the job, as `health` lists it (pids let tests and operators find ranks).
+struct RankInfo {
+  int rank = 0;
+  std::string role;  // "coordinator", "target"
+  int64_t pid = 0;
+  std::string host;
+};
+
 struct FrontendOptions {
   std::string endpoint = "tcp://127.0.0.1:5555";
   ProtocolLimits limits;
   std::string model_name;
   // CurveZMQ: when server_secret_key is set (Z85, 40 chars) the socket is a CURVE server.
   std::string curve_secret_key;
+  // Ranks of an mpirun job (health reply field "ranks"); empty for a single process.
+  std::vector<RankInfo> ranks;
 };
 
 class Frontend {
@@ -53,7 +65,10 @@ class Frontend {
   absl::Status Bind();
 
   // Serves until *stop turns true, then drains: new submits get shutting_down, running
-  // requests finish and get their replies; returns when the scheduler is idle.
+  // requests finish and get their replies; returns when the scheduler is idle. If the
+  // scheduler loses its target (Scheduler::Failure), returns that error once every
+  // request has had its error reply (code `unavailable`), plus kFailureFlush for them to
+  // leave the socket.
   absl::Status Run(const std::atomic<bool>* stop);
 
   // The scheduler's sink (any thread).
@@ -85,6 +100,10 @@ class Frontend {
   int wake_fd_ = -1;
   std::chrono::steady_clock::time_point started_;
   bool draining_ = false;
+  // When the scheduler lost its target: Run keeps serving (health says "failed", submits
+  // get `unavailable`) for kFailureFlush after the last error reply, then returns.
+  std::optional<std::chrono::steady_clock::time_point> failed_since_;
+  static constexpr std::chrono::milliseconds kFailureFlush{250};
 
   std::mutex events_mu_;
   std::deque<GenerationEvent> events_;  // guarded by events_mu_

@@ -154,7 +154,10 @@ int RunModelCommand(const char* name, const char* help, int argc, char** argv,
   }
   absl::Status s = run(*args);
   if (!s.ok()) {
-    std::fprintf(stderr, "specnode %s: %s\n", name, std::string(s.message()).c_str());
+    // An empty message: already reported (another MPI rank printed it).
+    if (!s.message().empty()) {
+      std::fprintf(stderr, "specnode %s: %s\n", name, std::string(s.message()).c_str());
+    }
     return 1;
   }
   return 0;

@@ -245,5 +245,53 @@ TEST_F(SchedulerTest, InteractiveClassIsAdmittedBeforeBatch) {
   EXPECT_LT(ri.last.stats.queue_ms, rb.last.stats.queue_ms);
 }
 
+// A target that dies after `ok_steps` forwards (a tensor-parallel rank gone): Unavailable.
+class DyingRunner : public ModelRunner {
+ public:
+  DyingRunner(std::unique_ptr<LocalModelRunner> inner, int ok_steps)
+      : inner_(std::move(inner)), left_(ok_steps) {}
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  int32_t max_positions() const override { return inner_->max_positions(); }
+  absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override {
+    if (left_-- <= 0) return absl::UnavailableError("target rank 2 (pid 1) is gone");
+    return inner_->Forward(batch, logits);
+  }
+  int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
+  absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
+  void Free(SeqId seq) override { inner_->Free(seq); }
+
+ private:
+  std::unique_ptr<LocalModelRunner> inner_;
+  int left_;
+};
+
+TEST_F(SchedulerTest, LostTargetFailsEveryRequestAndStopsAdmitting) {
+  DyingRunner runner(Runner(64 << 20), 3);
+  SpeculativeEngine engine(&runner, {}, {});
+  Collector events;
+  SchedulerOptions so;
+  so.max_active = 2;  // the third request waits in the queue
+  Scheduler sched(&engine, &model_->tokenizer(), so, std::ref(events));
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 3; ++i) {
+    auto t = sched.Submit(Request(i, 50));
+    ASSERT_TRUE(t.ok()) << t.status();
+    handles.push_back(t->handle);
+  }
+  for (uint64_t h : handles) {
+    const Collector::Record r = events.Wait(h);
+    EXPECT_EQ(r.terminal, 1);
+    EXPECT_EQ(r.last.kind, GenerationEvent::Kind::kError);
+    EXPECT_EQ(r.last.error.code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(IsTargetLost(r.last.error));
+  }
+  EXPECT_EQ(sched.Failure().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(sched.Idle());
+  auto late = sched.Submit(Request(5, 4));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(late.status().message().find("target failed"), std::string::npos);
+  sched.Stop();
+}
+
 }  // namespace
 }  // namespace specnode

@@ -27,6 +27,8 @@ BAD = [
     ("topology:\n  groups:\n    - draft: {rank: 1}\n      target: [{rank: 0}]\n",
      "rank 0 is the coordinator"),
     ("topology:\n  groups:\n    - draft: {rank: 0}\n", "topology.groups[0].target"),
+    ("topology:\n  timeout_s: 0\n  groups:\n    - draft: {rank: 0}\n      target: [{rank: 1}]\n",
+     "bad.yaml:2: topology.timeout_s: expected a number in [0.1, 3600]"),
 ]
 
 
@@ -58,13 +60,15 @@ def test_shipped_local_config_serves(specnode, tiny_model, tmp_path):
 @pytest.mark.parametrize("name,ranks", [("mpirun-cpu-tp3.yaml", 4), ("gpu-1node-8gpu.yaml", 8),
                                         ("gpu-2node-16gpu.yaml", 16)])
 def test_shipped_multirank_configs_pass_the_schema(specnode, tmp_path, name, ranks):
-    """Their schema is valid; serving them needs the tensor-parallel ranks (refused with a
-    message naming the rank count, before any model loads)."""
+    """Their schema is valid; outside mpirun they are refused with a message naming the
+    rank count and the mpirun command, before any model loads (tests/serve/test_mpi.py runs
+    them under mpirun)."""
     res = subprocess.run([specnode, "serve", "--config", str(ROOT / "cluster-configs" / name),
                           "--model", str(tmp_path / "missing.gguf")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
     assert f"{ranks}-rank layout" in res.stderr, res.stderr
+    assert f"mpirun -np {ranks}" in res.stderr, res.stderr
 
 
 def test_curve_authentication(specnode, tiny_model, tmp_path):

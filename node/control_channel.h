@@ -1,0 +1,67 @@
+// ControlChannel: point-to-point transport of control-protocol frames
+// (node/control_protocol.h) between rank 0 and the target shards, over MPI_COMM_WORLD with
+// one reserved tag. Only built with MPI (SPECNODE_HAVE_MPI).
+//
+// Every wait is non-busy and bounded: Send polls MPI_Test and Recv polls MPI_Iprobe, with a
+// sleeping backoff of 20 µs doubling to 1 ms, so an idle rank costs a few percent of one
+// core and a message is noticed within ~1 ms. While waiting, `check` (optional) is called
+// about every 20 ms: a non-OK return ends the wait with that status (used for "is the peer
+// process still alive?" and "was a stop requested?"). On the deadline: DeadlineExceeded.
+// A send that timed out leaves its request pending (MPI cannot cancel it portably); the
+// caller treats the channel to that peer as broken.
+//
+// Peer liveness (PeerAlive): on the same host, a pid that no longer exists (or is a
+// zombie) is a dead peer — noticed in ~20 ms instead of at the deadline. Peers on other
+// hosts are only noticed by the deadline (and by mpirun tearing the job down).
+//
+// Thread-safety: none; one thread uses a channel at a time (MPI is initialised with
+// MPI_THREAD_SERIALIZED: rank 0 hands the channel from the main thread to the scheduler
+// thread and back, never using it from two threads at once).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace specnode {
+
+inline constexpr int kControlTag = 7101;
+
+class ControlChannel {
+ public:
+  using Check = std::function<absl::Status()>;
+
+  // Sends `frame` to world rank `dest`; `what` names the peer in messages ("target rank 2").
+  absl::Status Send(int dest, const std::string& frame, double timeout_s,
+                    const std::string& what, const Check& check = nullptr);
+
+  // Receives the next frame from world rank `source`. DeadlineExceeded:
+  // "<what> did not answer within <timeout_s> s".
+  absl::StatusOr<std::string> Recv(int source, double timeout_s, const std::string& what,
+                                   const Check& check = nullptr);
+
+  // Non-blocking: a frame from `source` if one has arrived (nullopt-like: false).
+  absl::StatusOr<bool> TryRecv(int source, std::string* frame);
+};
+
+// The host name of this machine ("" if unknown).
+std::string ThisHost();
+
+// False when `pid` on `host` is known to be gone: host is this machine and the pid does not
+// exist or is a zombie. True otherwise (including other hosts: unknown).
+bool PeerAlive(int64_t pid, const std::string& host);
+
+// Sleeping backoff for poll loops: 20 µs doubling to 1 ms.
+class PollBackoff {
+ public:
+  void Sleep();
+  void Reset() { ns_ = 20'000; }
+
+ private:
+  int64_t ns_ = 20'000;
+};
+
+}  // namespace specnode

@@ -1,0 +1,124 @@
+#include "node/shard_executor.h"
+
+#include "absl/strings/str_format.h"
+
+namespace specnode {
+
+ShardExecutor::ShardExecutor(const LlamaConfig& config, const LlamaWeights& weights,
+                             ThreadPool* pool, Communicator* comm, std::unique_ptr<KvCache> cache)
+    : config_(config),
+      comm_(comm),
+      reducer_(comm),
+      forward_(config, weights, pool, comm->size() > 1 ? &reducer_ : nullptr),
+      cache_(std::move(cache)) {}
+
+absl::Status ShardExecutor::CheckBatch(const StepPlanMessage& plan) const {
+  std::set<SeqId> seen;
+  for (const StepEntry& e : plan.entries) {
+    if (e.tokens.empty()) return absl::InvalidArgumentError("batch entry without tokens");
+    if (!seen.insert(e.seq).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d appears twice in one batch", e.seq));
+    }
+    for (int32_t t : e.tokens) {
+      if (t < 0 || t >= config_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("token id %d outside the vocabulary [0, %d)", t, config_.vocab_size));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+KvFingerprint ShardExecutor::Fingerprint() const {
+  std::vector<std::pair<SeqId, int32_t>> table;
+  table.reserve(live_.size());
+  for (SeqId s : live_) table.push_back({s, cache_->Length(s)});
+  return FingerprintLengths(table);
+}
+
+StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
+  StepReplyMessage reply;
+  reply.step = plan.step;
+  reply.tp_rank = comm_->rank();
+  auto finish = [&](absl::Status s, bool local) {
+    reply.set_status(s);
+    reply.local_failure = local && !s.ok();
+    const KvFingerprint f = Fingerprint();
+    reply.kv_hash = f.hash;
+    reply.kv_tokens = f.tokens;
+    return reply;
+  };
+
+  // 1. Ops, in order. The coordinator checked them against its own table, so a failure
+  // here means the tables already diverged.
+  for (const StepOp& op : plan.ops) {
+    if (op.kind == StepOp::Kind::kFree) {
+      cache_->Free(op.seq);
+      live_.erase(op.seq);
+    } else {
+      absl::Status s = cache_->Truncate(op.seq, op.n);
+      if (!s.ok()) {
+        return finish(absl::InternalError(absl::StrFormat("truncate of sequence %d to %d: %s",
+                                                          op.seq, op.n, s.message())),
+                      true);
+      }
+    }
+  }
+
+  // 2. Check and reserve; remember new sequences to undo.
+  absl::Status local = CheckBatch(plan);
+  std::vector<SeqId> created;
+  if (local.ok()) {
+    for (const StepEntry& e : plan.entries) {
+      const bool is_new = cache_->Length(e.seq) == 0;
+      absl::Status s = cache_->Reserve(e.seq, static_cast<int32_t>(e.tokens.size()));
+      if (is_new) created.push_back(e.seq);  // Free of an unknown id is a no-op
+      if (!s.ok()) {
+        local = s;
+        break;
+      }
+    }
+  }
+
+  // 3. Agree before any collective of the forward pass.
+  if (comm_->size() > 1) {
+    const float mine = static_cast<float>(static_cast<int>(local.code()));
+    std::vector<float> codes(comm_->size());
+    absl::Status g = comm_->AllGather(&mine, 1, codes.data());
+    if (!g.ok()) return finish(g, true);
+    for (int r = 0; r < comm_->size(); ++r) {
+      if (local.ok() && codes[r] != 0.0f) {
+        for (SeqId seq : created) cache_->Free(seq);
+        return finish(absl::Status(static_cast<absl::StatusCode>(static_cast<int>(codes[r])),
+                                   absl::StrFormat("TP rank %d failed this step", r)),
+                      false);
+      }
+    }
+  }
+  if (!local.ok()) {
+    for (SeqId s : created) cache_->Free(s);
+    return finish(local, true);
+  }
+
+  // 4. The forward pass (Reserve inside is a no-op now). Only TP rank 0 needs logits.
+  if (!plan.entries.empty()) {
+    std::vector<BatchEntry> batch;
+    batch.reserve(plan.entries.size());
+    for (const StepEntry& e : plan.entries) {
+      batch.push_back({e.seq, {e.tokens.data(), e.tokens.size()}, e.all_logits});
+      live_.insert(e.seq);
+    }
+    const bool head = comm_->rank() == 0;
+    absl::Status s = forward_.Forward(batch, cache_.get(), head ? &logits_ : nullptr);
+    if (!s.ok()) return finish(s, true);
+    if (head) {
+      reply.vocab = config_.vocab_size;
+      reply.n_rows = static_cast<int64_t>(logits_.size()) / config_.vocab_size;
+      reply.logits.swap(logits_);
+    }
+  }
+  return finish(absl::OkStatus(), false);
+}
+
+}  // namespace specnode

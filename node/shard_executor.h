@@ -1,0 +1,59 @@
+// ShardExecutor: what one tensor-parallel target shard does with a StepPlan
+// (docs/control-protocol.md), independent of how plans arrive (MPI in shard_worker.h;
+// threads + LocalCommunicator in the tests).
+//
+// Execute(plan) on every shard of the group, with the same plan:
+//   1. applies the plan's Truncate / Free ops in order (every shard applies the same op
+//      sequence, so the block tables stay identical);
+//   2. checks the batch (token ids, duplicate or empty entries) and Reserves KV for it,
+//      undoing its own reservations of new sequences if one fails;
+//   3. agrees with the other shards on the outcome of 2 (one AllGather of status codes)
+//      BEFORE any collective of the forward pass: if any shard failed (KV exhausted on one
+//      shard only, say), every shard undoes its reservations and replies with that status
+//      (ResourceExhausted stays ResourceExhausted, so the scheduler preempts as with a
+//      local target) — no shard is left waiting in an all-reduce;
+//   4. runs LlamaForward with the group's reducer; only TP rank 0 computes the head and
+//      returns logits [n_rows, vocab];
+//   5. reports the block-table fingerprint (FingerprintLengths over its live sequences).
+// A communicator failure in 3 or 4 (a peer gone, deadline) is returned in the reply's
+// status; the group is broken after it (Communicator contract).
+//
+// Not thread-safe: one Execute at a time. config, weights, pool and comm are borrowed and
+// must outlive the executor; the cache is owned.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "model/kv_cache.h"
+#include "model/llama_forward.h"
+#include "node/control_protocol.h"
+#include "tensor-parallel/communicator.h"
+
+namespace specnode {
+
+class ShardExecutor {
+ public:
+  ShardExecutor(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
+                Communicator* comm, std::unique_ptr<KvCache> cache);
+
+  StepReplyMessage Execute(const StepPlanMessage& plan);
+
+  KvCache& cache() { return *cache_; }
+  int tp_rank() const { return comm_->rank(); }
+
+ private:
+  absl::Status CheckBatch(const StepPlanMessage& plan) const;
+  KvFingerprint Fingerprint() const;
+
+  const LlamaConfig& config_;
+  Communicator* comm_;
+  CommunicatorReducer reducer_;
+  LlamaForward forward_;
+  std::unique_ptr<KvCache> cache_;
+  std::set<SeqId> live_;  // sequences that may hold tokens (superset; Length 0 skipped)
+  std::vector<float> logits_;
+};
+
+}  // namespace specnode

@@ -1,0 +1,3 @@
+#include "tensor-parallel/communicator.h"
+
+// The interface is header-only; this file anchors the library target.

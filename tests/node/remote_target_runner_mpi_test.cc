@@ -1,0 +1,257 @@
+// RemoteTargetRunner (rank 0's ModelRunner over MPI target shards) against scripted fake
+// shards, under `mpirun -np 3` (ctest: remote_target_runner_mpi_test): rank 0 runs the
+// GoogleTest cases in order; ranks 1 and 2 play TP ranks 0 and 1 of a target and misbehave
+// on cue — a different model file, a failed load, a wrong block-table fingerprint, KV
+// exhausted on one shard, silence past the deadline, a malformed reply. Each case ends with
+// a world barrier, then rank 0 discards any frame left over.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "node/control_channel.h"
+#include "node/control_protocol.h"
+#include "node/remote_target_runner.h"
+#include "tensor-parallel/mpi_check.h"
+
+namespace specnode {
+namespace {
+
+constexpr int kVocab = 8;
+const ModelFingerprint kFp = {1000, 12, kVocab, 2};
+
+// The scenarios, in the order rank 0's tests run them.
+enum Scenario { kWrongModel, kLoadFailed, kSteps, kDiverged, kExhausted, kSilent, kMalformed };
+
+ControlChannel& Channel() {
+  static ControlChannel c;
+  return c;
+}
+
+void Barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+
+// ---- The fake shards (ranks 1 and 2 = TP ranks 0 and 1). ----
+
+std::string Recv0() {
+  auto f = Channel().Recv(0, 30, "rank 0");
+  if (!f.ok()) {
+    std::fprintf(stderr, "fake shard: %s\n", std::string(f.status().message()).c_str());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return *f;
+}
+
+void Send0(const std::string& frame) { (void)Channel().Send(0, frame, 30, "rank 0"); }
+
+void Handshake(int world, Scenario sc) {
+  (void)DecodeHello(Recv0());
+  HelloAckMessage ack;
+  ack.model = kFp;
+  ack.world_rank = world;
+  ack.tp_rank = world - 1;
+  ack.tp_size = 2;
+  ack.pid = getpid();
+  ack.host = ThisHost();
+  if (sc == kWrongModel && world == 2) ack.model.file_bytes = 999;
+  if (sc == kLoadFailed && world == 1) ack.set_status(absl::NotFoundError("no such file"));
+  Send0(EncodeControl(ack));
+}
+
+StepReplyMessage Reply(const StepPlanMessage& plan, int world, int64_t tokens) {
+  StepReplyMessage r;
+  r.step = plan.step;
+  r.tp_rank = world - 1;
+  // The fake keeps no table: the scripted plans below imply these lengths.
+  std::vector<std::pair<SeqId, int32_t>> table;
+  if (tokens > 0) table.push_back({1, static_cast<int32_t>(tokens)});
+  const KvFingerprint f = FingerprintLengths(table);
+  r.kv_hash = f.hash;
+  r.kv_tokens = f.tokens;
+  if (world == 1) {
+    int64_t rows = 0;
+    for (const StepEntry& e : plan.entries) {
+      rows += e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
+    }
+    r.n_rows = rows;
+    r.vocab = kVocab;
+    for (int64_t i = 0; i < rows * kVocab; ++i) r.logits.push_back(static_cast<float>(i));
+  }
+  return r;
+}
+
+void FakeShard(int world) {
+  for (Scenario sc : {kWrongModel, kLoadFailed, kSteps, kDiverged, kExhausted, kSilent,
+                      kMalformed}) {
+    Handshake(world, sc);
+    if (sc == kSteps) {
+      // Plan 1: seq 1 prefill of 3 tokens; plan 2: ops (truncate 1 -> 2) + one token.
+      auto p1 = DecodeStepPlan(Recv0());
+      Send0(EncodeControl(Reply(*p1, world, 3)));
+      auto p2 = DecodeStepPlan(Recv0());
+      const bool ops_ok = p2.ok() && p2->ops.size() == 1 &&
+                          p2->ops[0] == StepOp{StepOp::Kind::kTruncate, 1, 2};
+      Send0(EncodeControl(Reply(*p2, world, ops_ok ? 3 : 99)));
+    } else if (sc == kDiverged) {
+      auto p = DecodeStepPlan(Recv0());
+      Send0(EncodeControl(Reply(*p, world, world == 2 ? 4 : 3)));
+    } else if (sc == kExhausted) {
+      auto p = DecodeStepPlan(Recv0());
+      StepReplyMessage r = Reply(*p, world, 0);
+      r.n_rows = 0;
+      r.logits.clear();
+      r.set_status(world == 2 ? absl::ResourceExhaustedError("kv full on rank 2")
+                              : absl::ResourceExhaustedError("TP rank 1 failed this step"));
+      r.local_failure = world == 2;
+      Send0(EncodeControl(r));
+      auto again = DecodeStepPlan(Recv0());  // the retry succeeds
+      Send0(EncodeControl(Reply(*again, world, 3)));
+    } else if (sc == kSilent) {
+      auto p = DecodeStepPlan(Recv0());
+      if (world == 1) Send0(EncodeControl(Reply(*p, world, 3)));
+    } else if (sc == kMalformed) {
+      auto p = DecodeStepPlan(Recv0());
+      if (world == 1) {
+        Send0("definitely not a frame");
+      } else {
+        Send0(EncodeControl(Reply(*p, world, 3)));
+      }
+    }
+    Barrier();
+  }
+}
+
+// ---- Rank 0: the runner under test. ----
+
+class RemoteTargetRunnerTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    Barrier();
+    std::string stale;
+    for (int r : {1, 2}) {
+      while (Channel().TryRecv(r, &stale).value_or(false)) {
+      }
+    }
+  }
+  static RemoteTargetOptions Options() {
+    RemoteTargetOptions o;
+    o.shard_ranks = {1, 2};
+    o.timeout_s = 0.5;
+    o.startup_timeout_s = 30;
+    o.model = kFp;
+    o.vocab_size = kVocab;
+    o.max_positions = 64;
+    return o;
+  }
+};
+
+TEST_F(RemoteTargetRunnerTest, DifferentModelFileIsRefused) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("target rank 2 opened a different model file"),
+            std::string::npos)
+      << r.status();
+}
+
+TEST_F(RemoteTargetRunnerTest, ShardLoadErrorIsReportedWithItsRank) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status(), absl::NotFoundError("target rank 1: no such file"));
+}
+
+TEST_F(RemoteTargetRunnerTest, StepsCarryOpsAndLogits) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ((*r)->shards().size(), 2u);
+  EXPECT_EQ((*r)->shards()[1].world_rank, 2);
+  std::vector<int32_t> prompt = {1, 2, 3};
+  std::vector<BatchEntry> b1 = {{1, prompt, false}};
+  std::vector<float> logits;
+  ASSERT_TRUE((*r)->Forward(b1, &logits).ok());
+  ASSERT_EQ(logits.size(), static_cast<size_t>(kVocab));
+  EXPECT_EQ(logits[5], 5.0f);
+  EXPECT_EQ((*r)->Length(1), 3);
+  ASSERT_TRUE((*r)->Truncate(1, 2).ok());
+  EXPECT_EQ((*r)->Length(1), 2);  // at once, locally
+  EXPECT_EQ((*r)->Truncate(1, 5).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> one = {4};
+  std::vector<BatchEntry> b2 = {{1, one, false}};
+  ASSERT_TRUE((*r)->Forward(b2, &logits).ok());  // the shards saw the truncate op
+  EXPECT_EQ((*r)->Length(1), 3);
+}
+
+TEST_F(RemoteTargetRunnerTest, DivergedBlockTablesBreakTheRunner) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> prompt = {1, 2, 3};
+  std::vector<BatchEntry> b = {{1, prompt, false}};
+  std::vector<float> logits;
+  const absl::Status s = (*r)->Forward(b, &logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("KV block tables diverged"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("target rank 2 holds 4 tokens"), std::string::npos) << s;
+  EXPECT_EQ((*r)->Forward(b, &logits), s);  // broken: no more messages
+}
+
+TEST_F(RemoteTargetRunnerTest, KvExhaustedOnOneShardIsRecoverable) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> prompt = {1, 2, 3};
+  std::vector<BatchEntry> b = {{1, prompt, false}};
+  std::vector<float> logits;
+  const absl::Status s = (*r)->Forward(b, &logits);
+  EXPECT_EQ(s, absl::ResourceExhaustedError("kv full on rank 2"));  // the shard's own message
+  EXPECT_TRUE((*r)->broken().ok());
+  EXPECT_EQ((*r)->Length(1), 0);
+  EXPECT_TRUE((*r)->Forward(b, &logits).ok());
+}
+
+TEST_F(RemoteTargetRunnerTest, SilentShardTimesOutNamingItsRank) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> prompt = {1, 2, 3};
+  std::vector<BatchEntry> b = {{1, prompt, false}};
+  std::vector<float> logits;
+  const absl::Status s = (*r)->Forward(b, &logits);
+  EXPECT_EQ(s, absl::DeadlineExceededError("target rank 2 did not answer within 0.5 s"));
+  EXPECT_EQ((*r)->broken(), s);
+  EXPECT_EQ((*r)->Truncate(1, 0), s);
+}
+
+TEST_F(RemoteTargetRunnerTest, MalformedReplyBreaksTheRunner) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> prompt = {1, 2, 3};
+  std::vector<BatchEntry> b = {{1, prompt, false}};
+  std::vector<float> logits;
+  const absl::Status s = (*r)->Forward(b, &logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("target rank 1 sent a malformed reply"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace specnode
+
+int main(int argc, char** argv) {
+  auto env = specnode::MpiEnvironment::Init(&argc, &argv);
+  if (!env.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(env.status().message()).c_str());
+    return 1;
+  }
+  if ((*env)->world_size() != 3) {
+    std::fprintf(stderr, "run me with mpirun -np 3\n");
+    return 1;
+  }
+  int rc = 0;
+  if ((*env)->world_rank() == 0) {
+    ::testing::InitGoogleTest(&argc, argv);
+    ::testing::GTEST_FLAG(shuffle) = false;
+    rc = RUN_ALL_TESTS();
+  } else {
+    specnode::FakeShard((*env)->world_rank());
+  }
+  return rc;
+}

@@ -1,0 +1,207 @@
+// ShardExecutor (what every target shard rank does with a StepPlan) on a tiny model at
+// TP 2, the shards as threads over a LocalCommunicator: logits against one unsharded
+// LocalModelRunner (tolerance as tests/tensor-parallel/tp_forward_test.cc), ops applied
+// alike, fingerprints equal to the coordinator's table, and KV exhaustion on ONE shard
+// failing the step on every shard with ResourceExhausted (no shard left in an all-reduce).
+#include "node/shard_executor.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "coordinator/model_runner.h"
+#include "kvstore/kv_cache_factory.h"
+#include "model/llama_model.h"
+#include "model/tiny_model.h"
+#include "tensor-parallel/local_communicator.h"
+
+namespace specnode {
+namespace {
+
+constexpr int kTp = 2;
+
+class ShardExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = ::testing::TempDir() + "/shard_exec_tiny_" + std::to_string(getpid()) + ".gguf";
+    TinyModelOptions to;
+    to.n_layers = 2;
+    ASSERT_TRUE(WriteTinyModel(to, path_).ok());
+    auto full = LlamaModel::Load(path_);
+    ASSERT_TRUE(full.ok()) << full.status();
+    full_ = std::move(full).value();
+    pool_ = std::make_unique<ThreadPool>(1);
+    ref_ = std::make_unique<LocalModelRunner>(full_->config(), full_->weights(), pool_.get(),
+                                              Cache(*full_, int64_t{64} << 20));
+    CommunicatorOptions co;
+    co.timeout_s = 30;
+    auto group = LocalCommunicatorGroup::Create(kTp, co);
+    ASSERT_TRUE(group.ok()) << group.status();
+    group_ = std::move(group).value();
+  }
+  void TearDown() override { unlink(path_.c_str()); }
+
+  std::unique_ptr<KvCache> Cache(const LlamaModel& m, int64_t capacity) {
+    KvCacheOptions o;
+    o.mode = "full";
+    o.capacity_bytes = capacity;
+    auto c = MakeKvCache(m.config(), m.weights().n_kv_heads_local, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(c).value();
+  }
+
+  // Builds the shards; shard r's KV capacity is capacity[r].
+  void MakeShards(std::vector<int64_t> capacity) {
+    for (int r = 0; r < kTp; ++r) {
+      LoadOptions lo;
+      lo.shard = ShardSpec{r, kTp};
+      auto m = LlamaModel::Load(path_, lo);
+      ASSERT_TRUE(m.ok()) << m.status();
+      shard_models_.push_back(std::move(m).value());
+      shard_pools_.push_back(std::make_unique<ThreadPool>(1));
+      shards_.push_back(std::make_unique<ShardExecutor>(
+          shard_models_[r]->config(), shard_models_[r]->weights(), shard_pools_[r].get(),
+          group_->Rank(r), Cache(*shard_models_[r], capacity[r])));
+    }
+  }
+
+  // Every shard executes the plan on its own thread (as every rank does under mpirun).
+  std::vector<StepReplyMessage> Run(const StepPlanMessage& plan) {
+    std::vector<StepReplyMessage> replies(kTp);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kTp; ++r) {
+      threads.emplace_back([&, r] { replies[r] = shards_[r]->Execute(plan); });
+    }
+    for (auto& t : threads) t.join();
+    return replies;
+  }
+
+  std::string path_;
+  std::unique_ptr<LlamaModel> full_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<LocalModelRunner> ref_;
+  std::unique_ptr<LocalCommunicatorGroup> group_;
+  std::vector<std::unique_ptr<LlamaModel>> shard_models_;
+  std::vector<std::unique_ptr<ThreadPool>> shard_pools_;
+  std::vector<std::unique_ptr<ShardExecutor>> shards_;
+};
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::abs(got[i] - want[i]), 1e-3 * std::max(1.0f, std::abs(want[i]))) << i;
+  }
+}
+
+TEST_F(ShardExecutorTest, MatchesUnshardedForwardAndKeepsTablesInStep) {
+  MakeShards({int64_t{64} << 20, int64_t{64} << 20});
+  const int vocab = full_->config().vocab_size;
+  std::vector<int32_t> a = {5, 17, 99, 3, 42, 7}, b = {11, 12};
+  StepPlanMessage plan;
+  plan.step = 1;
+  plan.entries = {{1, false, a}, {2, true, b}};
+  auto replies = Run(plan);
+  std::vector<BatchEntry> batch = {{1, a, false}, {2, b, true}};
+  std::vector<float> want;
+  ASSERT_TRUE(ref_->Forward(batch, &want).ok());
+  for (const StepReplyMessage& r : replies) ASSERT_TRUE(r.status().ok()) << r.status();
+  EXPECT_EQ(replies[0].n_rows, 3);
+  EXPECT_EQ(replies[0].vocab, vocab);
+  ExpectClose(replies[0].logits, want);
+  EXPECT_TRUE(replies[1].logits.empty());  // only TP rank 0 computes the head
+  EXPECT_EQ(replies[1].n_rows, 0);
+  const KvFingerprint f = FingerprintLengths({{1, 6}, {2, 2}});
+  for (const StepReplyMessage& r : replies) {
+    EXPECT_EQ(r.kv_hash, f.hash);
+    EXPECT_EQ(r.kv_tokens, 8);
+  }
+
+  // Roll sequence 1 back to 4 tokens, drop 2, decode one token on 1.
+  StepPlanMessage next;
+  next.step = 2;
+  next.ops = {{StepOp::Kind::kTruncate, 1, 4}, {StepOp::Kind::kFree, 2, 0}};
+  std::vector<int32_t> t = {77};
+  next.entries = {{1, false, t}};
+  replies = Run(next);
+  ASSERT_TRUE(ref_->Truncate(1, 4).ok());
+  ref_->Free(2);
+  std::vector<BatchEntry> b2 = {{1, t, false}};
+  ASSERT_TRUE(ref_->Forward(b2, &want).ok());
+  for (const StepReplyMessage& r : replies) ASSERT_TRUE(r.status().ok()) << r.status();
+  ExpectClose(replies[0].logits, want);
+  for (const StepReplyMessage& r : replies) {
+    EXPECT_EQ(r.kv_hash, FingerprintLengths({{1, 5}}).hash);
+    EXPECT_EQ(r.kv_tokens, 5);
+    EXPECT_EQ(r.step, 2u);
+  }
+}
+
+TEST_F(ShardExecutorTest, KvExhaustedOnOneShardFailsTheStepOnEveryShard) {
+  // Shard 1 gets a cache too small for the long prompt; shard 0 has plenty.
+  MakeShards({int64_t{64} << 20, int64_t{64} << 20});
+  KvCacheOptions small;
+  small.mode = "full";
+  // Two pages of 8 tokens of this shard's one kv head: the smallest cache that builds.
+  for (int64_t cap = 1024; cap < (int64_t{1} << 24); cap *= 2) {
+    small.capacity_bytes = cap;
+    if (MakeKvCache(shard_models_[1]->config(), shard_models_[1]->weights().n_kv_heads_local,
+                    small)
+            .ok()) {
+      break;
+    }
+  }
+  auto tiny_cache = MakeKvCache(shard_models_[1]->config(),
+                                shard_models_[1]->weights().n_kv_heads_local, small);
+  ASSERT_TRUE(tiny_cache.ok()) << tiny_cache.status();
+  shards_[1] = std::make_unique<ShardExecutor>(shard_models_[1]->config(),
+                                               shard_models_[1]->weights(), shard_pools_[1].get(),
+                                               group_->Rank(1), std::move(tiny_cache).value());
+
+  std::vector<int32_t> small_prompt = {1, 2, 3};
+  StepPlanMessage ok_plan;
+  ok_plan.step = 1;
+  ok_plan.entries = {{7, false, small_prompt}};
+  auto replies = Run(ok_plan);
+  for (const StepReplyMessage& r : replies) ASSERT_TRUE(r.status().ok()) << r.status();
+
+  std::vector<int32_t> long_prompt(200, 5);
+  StepPlanMessage big;
+  big.step = 2;
+  big.entries = {{8, false, long_prompt}, {7, false, {4}}};
+  replies = Run(big);  // must not hang
+  EXPECT_EQ(replies[0].status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(replies[1].status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(replies[0].local_failure);
+  EXPECT_TRUE(replies[1].local_failure);
+  // Nothing changed: both shards still hold only sequence 7's 3 tokens.
+  for (const StepReplyMessage& r : replies) {
+    EXPECT_EQ(r.kv_hash, FingerprintLengths({{7, 3}}).hash);
+    EXPECT_EQ(r.kv_tokens, 3);
+  }
+  // The group is still usable.
+  StepPlanMessage again;
+  again.step = 3;
+  again.entries = {{7, false, {4}}};
+  replies = Run(again);
+  for (const StepReplyMessage& r : replies) {
+    ASSERT_TRUE(r.status().ok()) << r.status();
+    EXPECT_EQ(r.kv_tokens, 4);
+  }
+}
+
+TEST_F(ShardExecutorTest, BadBatchIsInvalidArgumentOnEveryShard) {
+  MakeShards({int64_t{64} << 20, int64_t{64} << 20});
+  StepPlanMessage plan;
+  plan.step = 1;
+  plan.entries = {{1, false, {1, 2, 1 << 30}}};
+  auto replies = Run(plan);
+  for (const StepReplyMessage& r : replies) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_EQ(r.kv_tokens, 0);
+  }
+}
+
+}  // namespace
+}  // namespace specnode

@@ -1,0 +1,220 @@
+"""`specnode serve` as an mpirun job on localhost (docs/serving.md, "Cluster (mpirun)"):
+rank 0 = coordinator + front end + n-gram draft, ranks 1..T = tensor-parallel target shards.
+
+  * greedy output through the TP-3 job equals the single-process node's, with speculation on;
+  * a target rank killed mid-request: the client gets an `unavailable` error naming the rank
+    and the job exits non-zero, quickly;
+  * config errors (wrong -np, a TP size the model cannot take, a cuda device on CPU) stop
+    every rank with one clear message before any weights load;
+  * a tiny model at TP 2 (always runs; no real model needed).
+
+Registered in ctest as serve_mpi_pytest (skipped without mpirun); every wait is bounded.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from serve_helpers import ROOT, Node, free_port, health
+
+MPIRUN = shutil.which("mpirun")
+pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (apt-get install openmpi-bin)")
+
+TP3 = ROOT / "cluster-configs" / "mpirun-cpu-tp3.yaml"
+PROMPTS = [
+    "The capital of France is",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+]
+
+
+def mpi_env():
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    return env
+
+
+def mpirun_cmd(np_, specnode, *args):
+    return [MPIRUN, "-np", str(np_), "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
+            specnode, "serve", *args]
+
+
+class MpiNode(Node):
+    """`mpirun -np N specnode serve ...` in its own process group, on a free port."""
+
+    def __init__(self, specnode, model, log_path: Path, np_, config, extra=()):
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.cmd = mpirun_cmd(np_, specnode, "--config", str(config), "--model", model,
+                              "--bind", self.endpoint, "--threads", "1", *extra)
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=mpi_env(), start_new_session=True)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def single_config(tmp_path, source: Path) -> Path:
+    """The same config without its topology: what one process serves."""
+    text = source.read_text()
+    text = text[:text.index("topology:")]
+    out = tmp_path / "single.yaml"
+    out.write_text(text)
+    return out
+
+
+def greedy(endpoint, prompts, max_tokens):
+    from specnode_client import SpecnodeClient
+
+    results = []
+    with SpecnodeClient(endpoint, timeout_s=120) as c:
+        for p in prompts:
+            r = c.generate(prompt=p, max_tokens=max_tokens, temperature=0)
+            results.append(r)
+    return results
+
+
+def test_tp3_greedy_matches_single_process(specnode, real_model, tmp_path):
+    single = Node(specnode, real_model, tmp_path / "single.log",
+                  extra=["--config", str(single_config(tmp_path, TP3)), "--threads", "1"])
+    try:
+        single.wait_ready()
+        want = greedy(single.endpoint, PROMPTS, 24)
+    finally:
+        single.stop()
+    node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 4, TP3)
+    try:
+        h = node.wait_ready(180)
+        assert h["status"] == "ok"
+        assert [r["rank"] for r in h["ranks"]] == [0, 1, 2, 3], h
+        assert [r["role"] for r in h["ranks"]] == ["coordinator"] + ["target"] * 3
+        got = greedy(node.endpoint, PROMPTS, 24)
+        log = node.log()
+    finally:
+        node.stop()
+    for p, w, g in zip(PROMPTS, want, got):
+        assert g.token_ids == w.token_ids, (p, w.text, g.text)
+        assert g.text == w.text
+    # Speculation ran (the n-gram drafter proposes on the repetitive prompt), so the
+    # all-logits verification path went through the shards too.
+    assert sum(r.stats["drafted"] for r in got) > 0, [r.stats for r in got]
+    assert "target on 3 ranks" in log
+
+
+def test_killed_target_rank_fails_requests_and_ends_the_job(specnode, real_model, tmp_path):
+    from specnode_client import SpecnodeClient, SpecnodeError
+
+    node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 4, TP3)
+    try:
+        h = node.wait_ready(180)
+        victim = next(r for r in h["ranks"] if r["rank"] == 2)
+        with SpecnodeClient(node.endpoint, timeout_s=30) as c:
+            seen = 0
+            killed_at = None
+            with pytest.raises(SpecnodeError) as err:
+                for m in c.submit(prompt="Once upon a time", max_tokens=1000, temperature=0):
+                    if m["type"] == "tokens":
+                        seen += 1
+                        if seen == 3:
+                            os.kill(victim["pid"], signal.SIGKILL)
+                            killed_at = time.monotonic()
+            assert killed_at is not None
+            assert time.monotonic() - killed_at < 10
+        assert err.value.code == "unavailable", err.value
+        assert "target rank 2" in err.value.message, err.value.message
+        node.proc.wait(timeout=30)
+        assert node.proc.returncode != 0
+        log = node.log()
+        assert "the target failed: target rank 2" in log, log
+    finally:
+        node.stop()
+
+
+def run_job(np_, specnode, args, timeout=90):
+    t0 = time.monotonic()
+    res = subprocess.run(mpirun_cmd(np_, specnode, *args), capture_output=True, text=True,
+                         env=mpi_env(), timeout=timeout)
+    return res, time.monotonic() - t0
+
+
+def test_wrong_np_is_refused_before_loading(specnode, tmp_path):
+    res, _ = run_job(3, specnode, ["--config", str(TP3), "--model", str(tmp_path / "none.gguf")])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "needs 4 ranks, mpirun started 3 (use mpirun -np 4)" in out, out
+    assert out.count("needs 4 ranks") == 1, out  # one message, from rank 0
+    assert "none.gguf" not in out
+
+
+def test_cuda_device_is_refused_on_cpu(specnode, tmp_path):
+    cfg = tmp_path / "cuda.yaml"
+    cfg.write_text(TP3.read_text().replace("- {rank: 2, device: cpu}",
+                                           "- {rank: 2, device: \"cuda:0\"}"))
+    res, _ = run_job(4, specnode, ["--config", str(cfg), "--model", str(tmp_path / "none.gguf")])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "places rank 2 on cuda:0, which is not available" in out, out
+    assert "none.gguf" not in out
+
+
+def tp_config(tmp_path, tp, name="tp.yaml"):
+    targets = "\n".join(f"        - {{rank: {r}, device: cpu}}" for r in range(1, tp + 1))
+    cfg = tmp_path / name
+    cfg.write_text("version: 1\nmodel:\n  threads: 1\nspeculation:\n  draft: ngram\n"
+                   "kv:\n  mode: full\n  capacity_mb: 64\n"
+                   "topology:\n  timeout_s: 30\n  groups:\n    - name: cpu\n"
+                   f"      draft: {{rank: 0, device: cpu}}\n      target:\n{targets}\n")
+    return cfg
+
+
+def test_tp2_on_smollm2_is_refused_from_the_header(specnode, real_model, tmp_path):
+    res, elapsed = run_job(3, specnode, ["--config", str(tp_config(tmp_path, 2)),
+                                         "--model", real_model])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "tensor-parallel target over 2 ranks does not fit" in out, out
+    assert out.count("does not fit") == 1, out
+    assert "specnode serve: " + real_model + " on" not in out  # never served
+
+
+def test_tiny_model_tp2_matches_single_process(specnode, tiny_model, tmp_path):
+    cfg = tp_config(tmp_path, 2)
+    prompts = ["hello world", "the the the the the the"]
+    single = Node(specnode, tiny_model, tmp_path / "single.log",
+                  extra=["--config", str(single_config(tmp_path, cfg)), "--threads", "1"])
+    try:
+        single.wait_ready()
+        want = greedy(single.endpoint, prompts, 16)
+    finally:
+        single.stop()
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, cfg)
+    try:
+        node.wait_ready(120)
+        got = greedy(node.endpoint, prompts, 16)
+        # A graceful stop: rank 0 drains, tells the shards to shut down.
+    finally:
+        node.stop()
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids, (w.text, g.text)
+
+
+def test_tiny_model_tp3_is_refused(specnode, tiny_model, tmp_path):
+    res, _ = run_job(4, specnode, ["--config", str(tp_config(tmp_path, 3)), "--model", tiny_model])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "tensor-parallel target over 3 ranks does not fit" in out, out
