@@ -58,7 +58,21 @@ int ChooseAmong(std::span<const double> goodputs, const std::vector<bool>* eligi
   return best;
 }
 
+// Stands in for the goodput of a group that loses everywhere: positive (so it is not
+// "untried"), below any real estimate.
+constexpr double kLoserGoodput = 1e-9;
+
 }  // namespace
+
+bool DomainRouter::LosesEverywhere(const SpecController& controller) {
+  int judged = 0;
+  for (const DomainSnapshot& d : controller.AllDomains()) {
+    if (d.mode == SpecMode::kWarmup) continue;
+    if (d.mode != SpecMode::kDisabled && d.mode != SpecMode::kProbing) return false;
+    ++judged;
+  }
+  return judged >= kLoserMinDomains;
+}
 
 absl::Status DomainRouter::ValidateDomainName(std::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError("domain name is empty");
@@ -163,6 +177,10 @@ int DomainRouter::ChooseGroup(std::string_view domain,
     if (controllers[i] == nullptr) continue;
     eligible[i] = true;
     goodputs[i] = controllers[i]->ExpectedGoodput(domain);
+    if (!(goodputs[i] > 0.0) && LosesEverywhere(*controllers[i])) {
+      // Not worth a first try: the engine's periodic exploration still visits it.
+      goodputs[i] = kLoserGoodput;
+    }
   }
   return ChooseAmong(goodputs, &eligible);
 }

@@ -27,7 +27,12 @@
 // is tried once per domain), else the group with the best recent goodput (tokens/s as
 // estimated by its SpecController from its windowed acceptance and live timings), ties to
 // the lowest index. Estimates of groups that are not chosen for a domain age (their
-// acceptance window for it stops moving); there is no periodic re-exploration.
+// acceptance window for it stops moving); the engine re-explores periodically
+// (SpecEngineOptions::explore_every). A group that lost everywhere — disabled on every
+// domain it was judged on, at least kLoserMinDomains of them — gets no first try on a new
+// domain: a first try costs a whole sequence (a draft model also prefills the prompt), and
+// measured on SmolLM2 the self-draft's first tries cost the router 10-20% on long-prompt
+// domains; it is still visited by the periodic exploration.
 //
 // Thread-safety: immutable after Create; Classify and ChooseGroup are const and may be
 // called from any thread concurrently. No method throws.
@@ -88,6 +93,10 @@ class DomainRouter {
   // domain) (a null controller is never chosen unless all are null: then -1).
   static int ChooseGroup(std::string_view domain,
                          std::span<const SpecController* const> controllers);
+  // True when `controller` is disabled (or probing) on every domain past warmup, and there
+  // are at least kLoserMinDomains such domains.
+  static constexpr int kLoserMinDomains = 2;
+  static bool LosesEverywhere(const SpecController& controller);
 
   const RouterConfig& config() const { return config_; }
 

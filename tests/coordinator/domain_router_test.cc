@@ -204,5 +204,42 @@ TEST(DomainRouterTest, ChooseGroupOverControllers) {
   EXPECT_EQ(DomainRouter::ChooseGroup("code", all_null), -1);
 }
 
+// A group disabled on every domain it was judged on (two or more) gets no first try on a
+// new domain; one good domain, or a single judged domain, keeps the first try.
+TEST(DomainRouterTest, GroupThatLosesEverywhereIsNotTriedFirst) {
+  auto good = SpecController::Create({}).value();
+  auto bad = SpecController::Create({}).value();
+  for (SpecController* g : {good.get(), bad.get()}) {
+    for (int k : {1, 8}) {
+      ASSERT_TRUE(g->RecordDraftTime(k, 1e-3 * k).ok());
+      ASSERT_TRUE(g->RecordVerifyTime(k, 10e-3).ok());
+    }
+    ASSERT_TRUE(g->RecordDirectTime(10e-3).ok());
+  }
+  std::vector<const SpecController*> groups = {good.get(), bad.get()};
+  auto feed = [](SpecController* g, const char* domain, int percent) {
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE(g->RecordStep(domain, 1, i % 100 < percent).ok());
+  };
+  feed(good.get(), "summarize", 30);  // good is disabled on summarize
+  EXPECT_EQ(DomainRouter::ChooseGroup("summarize", groups), 1);  // bad: untried, explored
+  feed(bad.get(), "chat", 5);
+  EXPECT_FALSE(DomainRouter::LosesEverywhere(*bad));  // one judged domain only
+  feed(bad.get(), "code", 5);
+  EXPECT_TRUE(DomainRouter::LosesEverywhere(*bad));
+  EXPECT_FALSE(DomainRouter::LosesEverywhere(*good));  // never judged on two domains
+  // good (disabled on summarize, direct goodput) beats bad's stand-in there.
+  EXPECT_EQ(DomainRouter::ChooseGroup("summarize", groups), 0);
+  // On a new domain both are untried: good first as before, then bad is skipped.
+  EXPECT_EQ(DomainRouter::ChooseGroup("finance", groups), 0);
+  feed(good.get(), "finance", 80);
+  EXPECT_EQ(DomainRouter::ChooseGroup("finance", groups), 0);
+  // One domain where bad speculates freely: it is no longer a loser.
+  feed(bad.get(), "edit", 90);
+  EXPECT_FALSE(DomainRouter::LosesEverywhere(*bad));
+  EXPECT_EQ(DomainRouter::ChooseGroup("legal", groups), 0);
+  feed(good.get(), "legal", 50);
+  EXPECT_EQ(DomainRouter::ChooseGroup("legal", groups), 1);
+}
+
 }  // namespace
 }  // namespace specnode
