@@ -60,6 +60,63 @@ int32_t ArgMax(std::span<const float> logits) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
+void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* ids,
+                         std::vector<double>* weights, double* sum) const {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  int32_t keep = vocab;
+  if (params_.top_k > 0 && params_.top_k < vocab) {
+    // The top k in one pass: a heap whose front is the worst kept candidate (by_logit is
+    // a total order on ids, so the set and its sorted order equal a partial sort's).
+    keep = params_.top_k;
+    ids->clear();
+    ids->reserve(keep);
+    for (int32_t i = 0; i < vocab; ++i) {
+      if (static_cast<int32_t>(ids->size()) < keep) {
+        ids->push_back(i);
+        std::push_heap(ids->begin(), ids->end(), by_logit);
+      } else if (by_logit(i, ids->front())) {
+        std::pop_heap(ids->begin(), ids->end(), by_logit);
+        ids->back() = i;
+        std::push_heap(ids->begin(), ids->end(), by_logit);
+      }
+    }
+    std::sort(ids->begin(), ids->end(), by_logit);
+  } else {
+    ids->resize(vocab);
+    std::iota(ids->begin(), ids->end(), 0);
+    if (params_.top_p < 1.0f) std::sort(ids->begin(), ids->end(), by_logit);
+  }
+  const float inv_t = 1.0f / params_.temperature;
+  float max_logit = logits[(*ids)[0]];
+  for (int32_t i = 0; i < keep; ++i) max_logit = std::max(max_logit, logits[(*ids)[i]]);
+  std::vector<double>& p = *weights;
+  p.resize(keep);
+  *sum = 0.0;
+  for (int32_t i = 0; i < keep; ++i) {
+    p[i] = std::exp(static_cast<double>(logits[(*ids)[i]] - max_logit) * inv_t);
+    *sum += p[i];
+  }
+  if (params_.top_p < 1.0f) {
+    // ids[0..keep) are sorted here: keep the shortest prefix reaching top_p.
+    double cumulative = 0.0;
+    int32_t cut = keep;
+    for (int32_t i = 0; i < keep; ++i) {
+      cumulative += p[i] / *sum;
+      if (cumulative >= params_.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+    *sum = std::accumulate(p.begin(), p.begin() + keep, 0.0);
+  }
+  ids->resize(keep);
+  p.resize(keep);
+}
+
 void Sampler::Distribution(std::span<const float> logits, std::vector<float>* probs) const {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   probs->assign(vocab, 0.0f);
@@ -67,44 +124,11 @@ void Sampler::Distribution(std::span<const float> logits, std::vector<float>* pr
     (*probs)[ArgMax(logits)] = 1.0f;
     return;
   }
-  // Candidates sorted by logit (descending, ties by id) when top-k or top-p prune; the
-  // full vocabulary otherwise.
-  std::vector<int32_t> ids(vocab);
-  std::iota(ids.begin(), ids.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  int32_t keep = vocab;
-  if (params_.top_k > 0 && params_.top_k < vocab) {
-    keep = params_.top_k;
-    std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), by_logit);
-  } else if (params_.top_p < 1.0f) {
-    std::sort(ids.begin(), ids.end(), by_logit);
-  }
-  const float inv_t = 1.0f / params_.temperature;
-  float max_logit = logits[ids[0]];
-  for (int32_t i = 0; i < keep; ++i) max_logit = std::max(max_logit, logits[ids[i]]);
-  std::vector<double> p(keep);
+  std::vector<int32_t> ids;
+  std::vector<double> p;
   double sum = 0.0;
-  for (int32_t i = 0; i < keep; ++i) {
-    p[i] = std::exp(static_cast<double>(logits[ids[i]] - max_logit) * inv_t);
-    sum += p[i];
-  }
-  if (params_.top_p < 1.0f) {
-    // ids[0..keep) are sorted here: keep the shortest prefix reaching top_p.
-    double cumulative = 0.0;
-    int32_t cut = keep;
-    for (int32_t i = 0; i < keep; ++i) {
-      cumulative += p[i] / sum;
-      if (cumulative >= params_.top_p) {
-        cut = i + 1;
-        break;
-      }
-    }
-    keep = cut;
-    sum = std::accumulate(p.begin(), p.begin() + keep, 0.0);
-  }
-  for (int32_t i = 0; i < keep; ++i) (*probs)[ids[i]] = static_cast<float>(p[i] / sum);
+  Candidates(logits, &ids, &p, &sum);
+  for (size_t i = 0; i < ids.size(); ++i) (*probs)[ids[i]] = static_cast<float>(p[i] / sum);
 }
 
 int32_t Sampler::SampleFrom(std::span<const float> probs) {
@@ -124,9 +148,28 @@ int32_t Sampler::SampleFrom(std::span<const float> probs) {
 
 int32_t Sampler::Sample(std::span<const float> logits) {
   if (params_.temperature == 0.0f) return ArgMax(logits);
-  std::vector<float> probs;
-  Distribution(logits, &probs);
-  return SampleFrom(probs);
+  std::vector<int32_t> ids;
+  std::vector<double> p;
+  double sum = 0.0;
+  Candidates(logits, &ids, &p, &sum);
+  // SampleFrom over the dense vector, restricted to its non-zero entries: the same float
+  // probabilities accumulated in the same (id) order, one uniform draw.
+  std::vector<std::pair<int32_t, float>> kept(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) kept[i] = {ids[i], static_cast<float>(p[i] / sum)};
+  // Without top-k / top-p the candidates are the whole vocabulary, already in id order.
+  if (!std::is_sorted(kept.begin(), kept.end())) std::sort(kept.begin(), kept.end());
+  double total = 0.0;
+  for (const auto& [id, prob] : kept) total += prob;
+  const double r = rng_.Uniform() * total;
+  double cumulative = 0.0;
+  int32_t last_nonzero = 0;
+  for (const auto& [id, prob] : kept) {
+    if (prob <= 0.0f) continue;
+    cumulative += prob;
+    last_nonzero = id;
+    if (r < cumulative) return id;
+  }
+  return last_nonzero;
 }
 
 }  // namespace specnode

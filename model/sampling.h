@@ -46,7 +46,9 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
 
-  // Draws a token id from logits ([vocab]).
+  // Draws a token id from logits ([vocab]). Bit-identical to SampleFrom(Distribution(..))
+  // but, with top-k on, touches only the k candidates after one selection pass (the dense
+  // path sorted and normalised the whole vocabulary: 4-6% of a 16-sequence serve step).
   int32_t Sample(std::span<const float> logits);
 
   // The distribution Sample draws from, as a dense [vocab] vector of probabilities (zeros
@@ -60,6 +62,12 @@ class Sampler {
   Rng& rng() { return rng_; }
 
  private:
+  // The kept candidates (temperature > 0): ids in descending logit order (ties: lower id
+  // first) after top-k and top-p, and their unnormalised weights exp((l - max) / T) with
+  // their sum.
+  void Candidates(std::span<const float> logits, std::vector<int32_t>* ids,
+                  std::vector<double>* weights, double* sum) const;
+
   SamplingParams params_;
   Rng rng_;
 };

@@ -1,5 +1,6 @@
 #include "model/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -112,6 +113,43 @@ TEST(Sampling, SampleFromIgnoresZeroEntries) {
   Sampler s(SamplingParams{1.0f, 0, 1.0f, 5});
   std::vector<float> probs = {0.0f, 0.0f, 2.0f, 0.0f};
   for (int i = 0; i < 50; ++i) EXPECT_EQ(s.SampleFrom(probs), 2);
+}
+
+// Sample's sparse top-k path draws exactly what SampleFrom(Distribution(...)) draws, seed
+// for seed, over top-k / top-p / temperature settings and logits with many ties.
+TEST(Sampling, SampleEqualsSampleFromDistribution) {
+  Rng gen(7);
+  for (int top_k : {0, 1, 5, 40, 1000}) {
+    for (float top_p : {0.5f, 0.9f, 1.0f}) {
+      for (float temperature : {0.3f, 1.0f, 2.5f}) {
+        std::vector<float> logits(500);
+        // Coarse values (multiples of 0.25): plenty of exact ties across the top-k border.
+        for (float& l : logits) l = static_cast<float>(static_cast<int>(gen.Uniform() * 40)) * 0.25f;
+        const SamplingParams params{temperature, top_k, top_p, 99};
+        Sampler fast(params), dense(params);
+        std::vector<float> probs;
+        if (top_k > 0 && top_p == 1.0f) {
+          // The kept set is the top k by (logit desc, id asc), ties at the border included
+          // by id exactly as a full sort would.
+          std::vector<int32_t> order(logits.size());
+          for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+          dense.Distribution(logits, &probs);
+          const size_t k = std::min<size_t>(top_k, logits.size());
+          for (size_t r = 0; r < order.size(); ++r) {
+            EXPECT_EQ(probs[order[r]] > 0.0f, r < k) << "rank " << r << " id " << order[r];
+          }
+        }
+        for (int draw = 0; draw < 200; ++draw) {
+          dense.Distribution(logits, &probs);
+          ASSERT_EQ(fast.Sample(logits), dense.SampleFrom(probs))
+              << "top_k " << top_k << " top_p " << top_p << " T " << temperature << " draw "
+              << draw;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
