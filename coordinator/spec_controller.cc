@@ -123,10 +123,20 @@ void SpecController::TimingModel::Add(int k, double seconds, double alpha, int m
 std::optional<double> SpecController::TimingModel::Predict(int k,
                                                            std::optional<double> anchor0) const {
   if (ewma.empty()) return std::nullopt;
+  if (anchor0.has_value()) {
+    // The intercept is measured (a verification of zero drafts is a direct step, timed far
+    // more often than any single k): fit only the slope, c1 >= 0.
+    double sxr = 0.0, sxx = 0.0;
+    for (const auto& [x, y] : ewma) {
+      sxr += x * (y - *anchor0);
+      sxx += static_cast<double>(x) * x;
+    }
+    const double c1 = sxx > 0.0 ? std::max(sxr / sxx, 0.0) : 0.0;
+    return *anchor0 + c1 * k;
+  }
   if (ewma.size() == 1) {
     const auto [k0, t0] = *ewma.begin();
     if (proportional_single && k0 > 0) return t0 * k / k0;
-    if (anchor0.has_value() && k0 > 0 && t0 > *anchor0) return *anchor0 + (t0 - *anchor0) * k / k0;
     return t0;
   }
   // Least squares c0 + c1·x with c0, c1 >= 0 (two-variable NNLS: the unconstrained fit if
@@ -152,19 +162,14 @@ std::optional<double> SpecController::TimingModel::Predict(int k,
       }
       return e;
     };
-    // The second boundary is the line through (0, anchor0) when one is known (a verify
-    // pass of zero drafts is a measured direct step), else through the origin.
     const double flat_c0 = std::max(my, 0.0);
-    const double base = anchor0.value_or(0.0);
-    double sxr = 0.0;
-    for (const auto& [x, y] : ewma) sxr += x * (y - base);
-    const double anchored_c1 = sxx > 0.0 ? std::max(sxr / sxx, 0.0) : 0.0;
-    if (sse(flat_c0, 0.0) <= sse(base, anchored_c1)) {
+    const double origin_c1 = sxx > 0.0 ? std::max(sxy / sxx, 0.0) : 0.0;
+    if (sse(flat_c0, 0.0) <= sse(0.0, origin_c1)) {
       c0 = flat_c0;
       c1 = 0.0;
     } else {
-      c0 = base;
-      c1 = anchored_c1;
+      c0 = 0.0;
+      c1 = origin_c1;
     }
   }
   return c0 + c1 * k;

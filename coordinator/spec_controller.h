@@ -20,15 +20,16 @@
 // preempted pass takes 5-10x its normal time, and one such sample would otherwise bend the
 // line for many steps; measured on a loaded 2-core VM: verify EWMAs 4-8x the direct step,
 // which turned speculation off everywhere). t_draft(K)
-// and t_verify(K) are a least-squares line c0 + c1·K through the per-k EWMAs, fitted with
-// c0, c1 >= 0 (time never falls as K grows); when that fit is infeasible the better of the
-// flat line and the line through the origin (draft) or through (0, t_direct) (verify: a
-// pass of zero drafts is a direct step, so verification never costs less) is taken. With a
-// single measured k0 the line is t_draft(K) = t_draft(k0)·K/k0 (a model drafter runs one
-// step per token) and t_verify(K) = the line from (0, t_direct) to (k0, t_verify(k0)) when
-// t_direct is measured and smaller, else t_verify(k0) (flat). t_direct is its
-// EWMA; until one is measured, the verify line at K = 0 stands in for it (a verification
-// pass of one position is a plain decode step).
+// is a least-squares line c0 + c1·K through the per-k EWMAs, fitted with c0, c1 >= 0 (time
+// never falls as K grows; when that fit is infeasible, the better of the flat line and the
+// line through the origin), and with a single measured k0, t_draft(K) = t_draft(k0)·K/k0 (a
+// model drafter runs one step per token). t_verify(K) = t_direct + c1·K once a direct step
+// was timed: a verification of zero drafts is a direct step, timed far more often than any
+// single k, so only the slope c1 >= 0 is fitted (least squares through that point; a free
+// intercept fitted to noisy per-k samples landed at half the direct time on SmolLM2, with
+// twice the real slope). Before any direct step, t_verify is fitted like t_draft but flat
+// for a single k0. t_direct is its EWMA; until one is measured, the verify line at K = 0
+// stands in for it (a verification pass of one position is a plain decode step).
 //   Expected tokens per step   E(K) = (1 − a^(K+1)) / (1 − a)   (K + 1 when a == 1)
 //   Speculative goodput        G(K) = E(K) / (t_draft(K) + t_verify(K))   tokens/s
 //   Direct goodput             G_direct = 1 / t_direct
