@@ -1,0 +1,96 @@
+// SpecController's cost model (spike filter, verify line through the direct step) and
+// run-aware K.
+#include <gtest/gtest.h>
+
+#include "coordinator/spec_controller.h"
+#include "tests/coordinator/spec_controller_test_util.h"
+
+namespace specnode {
+namespace {
+
+using namespace spec_test;
+
+// Once a direct step is timed, the verify line goes through it and only its slope is
+// fitted: a verification of zero drafts is a direct step. (A free two-parameter fit of
+// noisy per-k samples put the intercept at half the direct time and the slope at twice the
+// real one on SmolLM2, and K = 1 looked best even at 95% acceptance.)
+TEST(SpecControllerTest, VerifyLineIsAnchoredAtTheDirectStep) {
+  auto ctl = Make(ExactTimings());
+  ASSERT_TRUE(ctl->RecordVerifyTime(2, 9e-3).ok());
+  ASSERT_TRUE(ctl->RecordVerifyTime(8, 40e-3).ok());
+  // Without a direct time: the origin line (c1 = (2·9 + 8·40) / 68 ms).
+  EXPECT_NEAR(*ctl->PredictVerifySeconds(1), 338.0 / 68 * 1e-3, 1e-12);
+  ASSERT_TRUE(ctl->RecordDirectTime(10e-3).ok());
+  // Through (0, 10 ms): c1 = (2·(9 − 10) + 8·(40 − 10)) / 68 = 3.5 ms per draft.
+  EXPECT_NEAR(*ctl->PredictVerifySeconds(1), 13.5e-3, 1e-12);
+  EXPECT_NEAR(*ctl->PredictVerifySeconds(4), 24e-3, 1e-12);
+  for (int k = 0; k <= 8; ++k) EXPECT_GE(*ctl->PredictVerifySeconds(k), 10e-3 - 1e-15) << k;
+  // One verify sample above the direct time: the line between them.
+  auto one = Make(ExactTimings());
+  ASSERT_TRUE(one->RecordVerifyTime(4, 18e-3).ok());
+  EXPECT_NEAR(*one->PredictVerifySeconds(2), 18e-3, 1e-12);  // flat until direct is known
+  ASSERT_TRUE(one->RecordDirectTime(10e-3).ok());
+  EXPECT_NEAR(*one->PredictVerifySeconds(2), 14e-3, 1e-12);
+  EXPECT_NEAR(*one->PredictVerifySeconds(8), 26e-3, 1e-12);
+}
+
+// Bursty acceptance: fresh guesses are accepted half the time, continuations of a fully
+// accepted step 95% of the time. The domain's K comes from the pooled acceptance; a
+// sequence in a run drafts longer and a fresh one shorter.
+TEST(SpecControllerTest, RunAwareKFollowsTheSequenceState) {
+  SpecControllerConfig c = ExactTimings();
+  c.k_max = 12;
+  auto ctl = Make(c);
+  // Free drafting, verify 10 ms + 2 ms per draft, direct 10 ms.
+  SetTimings(*ctl, 0.0, 10.0, 2.0, 10.0);
+  ScriptedDrafter fresh(0.5), run(0.95);
+  for (int i = 0; i < 256; ++i) {
+    ASSERT_TRUE(ctl->RecordStep("code", 1, fresh.Next() ? 1 : 0, false).ok());
+    ASSERT_TRUE(ctl->RecordStep("code", 1, run.Next() ? 1 : 0, true).ok());
+  }
+  const DomainSnapshot s = ctl->Snapshot("code");
+  EXPECT_NEAR(s.fresh_acceptance, 0.5, 0.02);
+  EXPECT_NEAR(s.run_acceptance, 0.95, 0.02);
+  // G(K) = E(K) / (10 + 2K) ms: at a = 0.5, K = 1 and 2 both give 125/s and K = 3 117/s,
+  // so K <= 2 (the window's estimate is within 0.02 of 0.5); at a = 0.95 the best is
+  // K = 10 (8.6 / 30 ms = 287/s against 2.85 / 14 ms = 204/s at K = 2).
+  const int k_fresh = ctl->ChooseK("code", false);
+  const int k_run = ctl->ChooseK("code", true);
+  EXPECT_LE(k_fresh, 2);
+  EXPECT_GE(k_run, 8);
+  EXPECT_EQ(s.k, k_fresh);
+  EXPECT_EQ(s.k_in_run, k_run);
+  // Turned off, both states get the pooled K.
+  c.run_aware = false;
+  auto pooled = Make(c);
+  SetTimings(*pooled, 0.0, 10.0, 2.0, 10.0);
+  ScriptedDrafter f2(0.5), r2(0.95);
+  for (int i = 0; i < 256; ++i) {
+    ASSERT_TRUE(pooled->RecordStep("code", 1, f2.Next() ? 1 : 0, false).ok());
+    ASSERT_TRUE(pooled->RecordStep("code", 1, r2.Next() ? 1 : 0, true).ok());
+  }
+  EXPECT_EQ(pooled->ChooseK("code", false), pooled->ChooseK("code", true));
+}
+
+// A pass preempted by another process takes many times its normal time; the median of the
+// last timing_median samples keeps one spike out of the model.
+TEST(SpecControllerTest, TimingSpikesAreFiltered) {
+  SpecControllerConfig c;
+  c.timing_alpha = 1.0;
+  c.timing_median = 5;
+  auto ctl = Make(c);
+  for (double ms : {10.0, 10.0, 10.0, 95.0, 10.0}) {
+    ASSERT_TRUE(ctl->RecordDirectTime(ms * 1e-3).ok());
+    ASSERT_TRUE(ctl->RecordVerifyTime(4, (ms + 8.0) * 1e-3).ok());
+  }
+  EXPECT_NEAR(*ctl->DirectSeconds(), 10e-3, 1e-12);
+  EXPECT_NEAR(*ctl->PredictVerifySeconds(4), 18e-3, 1e-12);
+  // A lasting change gets through once it is the majority of the window.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ctl->RecordDirectTime(20e-3).ok());
+  EXPECT_NEAR(*ctl->DirectSeconds(), 20e-3, 1e-12);
+  c.timing_median = 0;
+  EXPECT_FALSE(SpecController::Create(c).ok());
+}
+
+}  // namespace
+}  // namespace specnode
