@@ -5,10 +5,13 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "coordinator/model_runner.h"
 #include "coordinator/ngram_drafter.h"
@@ -245,15 +248,16 @@ TEST_F(SchedulerTest, InteractiveClassIsAdmittedBeforeBatch) {
   EXPECT_LT(ri.last.stats.queue_ms, rb.last.stats.queue_ms);
 }
 
-// A target that dies after `ok_steps` forwards (a tensor-parallel rank gone): Unavailable.
+// A target that dies (a tensor-parallel rank gone: Unavailable) at its first forward after
+// Kill() — the test arms it once every request is in, so no Submit races the failure.
 class DyingRunner : public ModelRunner {
  public:
-  DyingRunner(std::unique_ptr<LocalModelRunner> inner, int ok_steps)
-      : inner_(std::move(inner)), left_(ok_steps) {}
+  explicit DyingRunner(std::unique_ptr<LocalModelRunner> inner) : inner_(std::move(inner)) {}
+  void Kill() { dead_.store(true); }
   int32_t vocab_size() const override { return inner_->vocab_size(); }
   int32_t max_positions() const override { return inner_->max_positions(); }
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override {
-    if (left_-- <= 0) return absl::UnavailableError("target rank 2 (pid 1) is gone");
+    if (dead_.load()) return absl::UnavailableError("target rank 2 (pid 1) is gone");
     return inner_->Forward(batch, logits);
   }
   int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
@@ -262,11 +266,11 @@ class DyingRunner : public ModelRunner {
 
  private:
   std::unique_ptr<LocalModelRunner> inner_;
-  int left_;
+  std::atomic<bool> dead_{false};
 };
 
 TEST_F(SchedulerTest, LostTargetFailsEveryRequestAndStopsAdmitting) {
-  DyingRunner runner(Runner(64 << 20), 3);
+  DyingRunner runner(Runner(64 << 20));
   SpeculativeEngine engine(&runner, {}, {});
   Collector events;
   SchedulerOptions so;
@@ -278,6 +282,7 @@ TEST_F(SchedulerTest, LostTargetFailsEveryRequestAndStopsAdmitting) {
     ASSERT_TRUE(t.ok()) << t.status();
     handles.push_back(t->handle);
   }
+  runner.Kill();
   for (uint64_t h : handles) {
     const Collector::Record r = events.Wait(h);
     EXPECT_EQ(r.terminal, 1);
@@ -286,6 +291,11 @@ TEST_F(SchedulerTest, LostTargetFailsEveryRequestAndStopsAdmitting) {
     EXPECT_TRUE(IsTargetLost(r.last.error));
   }
   EXPECT_EQ(sched.Failure().code(), absl::StatusCode::kUnavailable);
+  // The last terminal reply may leave before the scheduler thread has dropped the request.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!sched.Idle() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_TRUE(sched.Idle());
   auto late = sched.Submit(Request(5, 4));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
