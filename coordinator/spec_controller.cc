@@ -298,7 +298,18 @@ int SpecController::RunAwareK(const DomainState& s, const Decision& d, bool in_r
   if (d.k == 0 || !config_.run_aware || d.mode == SpecMode::kWarmup) return d.k;
   const OutcomeWindow& w = in_run ? s.run_window : s.fresh_window;
   if (w.size() < config_.min_observations) return d.k;
-  return BestK(w.Acceptance()).value_or(d.k);
+  const double a = w.Acceptance();
+  const std::optional<int> best = BestK(a);
+  if (!best.has_value()) return d.k;
+  // The mode's speculate-or-not rule, at this state's acceptance: a fresh guess in a
+  // domain whose runs are long may not pay for its verification on its own.
+  const std::optional<double> g = GoodputLocked(a, *best);
+  const std::optional<double> g_direct = GoodputLocked(a, 0);
+  if (g && g_direct) {
+    const double margin = d.mode == SpecMode::kFree ? config_.free_direct_margin : 0.0;
+    if (*g * (1.0 + margin) < *g_direct) return 0;
+  }
+  return *best;
 }
 
 int SpecController::ChooseK(std::string_view domain, bool in_run) {
@@ -306,7 +317,12 @@ int SpecController::ChooseK(std::string_view domain, bool in_run) {
   DomainState& s = StateFor(domain);
   ++s.decisions;
   const Decision d = Decide(s);
-  if (d.k > 0) return RunAwareK(s, d, in_run);
+  if (d.k > 0) {
+    const int k = RunAwareK(s, d, in_run);
+    if (k > 0) return k;
+    // Direct for this state only: counted and probed like any direct decision, so the
+    // state's window keeps being measured.
+  }
   if (s.direct_since_probe >= ProbeIntervalLocked()) {
     s.direct_since_probe = 0;
     ++s.probes;

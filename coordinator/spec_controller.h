@@ -59,7 +59,11 @@
 // sequence's previous speculative step had every draft accepted ("in a run") or not
 // ("fresh"); when speculating, K = argmax G(K) at the acceptance of the window matching
 // the sequence's state, once that window holds min_observations positions (else the
-// domain's). Mode decisions (free / adapt / disabled, probes) still use the domain window.
+// domain's), and the mode's speculate-or-direct rule (free: direct when slower by more
+// than free_direct_margin; adapt: direct when slower) is applied again at that acceptance,
+// so a fresh guess that does not pay for its verification goes direct while runs still
+// speculate; such direct decisions count towards probes like any other. The mode itself
+// (free / adapt / disabled) still follows the domain window.
 //
 // Probing. Every decision of K = 0 (disabled, or adapt-and-direct) counts as a direct
 // step of its domain; after the probe interval of direct steps the next decision is one

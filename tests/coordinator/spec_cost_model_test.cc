@@ -92,5 +92,32 @@ TEST(SpecControllerTest, TimingSpikesAreFiltered) {
   EXPECT_FALSE(SpecController::Create(c).ok());
 }
 
+// Fresh guesses accepted 15% of the time do not pay for a verification (G(1) = 1.15 /
+// 12 ms = 96/s < 100/s direct) while runs (95%) do: fresh sequences go direct — counted
+// and probed like any direct decision — and sequences in a run keep drafting long.
+TEST(SpecControllerTest, FreshGuessesThatDoNotPayGoDirect) {
+  SpecControllerConfig c = ExactTimings();
+  c.k_max = 12;
+  c.probe_overhead_budget = 0.0;  // probe every probe_every direct decisions
+  auto ctl = Make(c);
+  SetTimings(*ctl, 0.0, 10.0, 2.0, 10.0);
+  ScriptedDrafter fresh(0.15), run(0.95);
+  for (int i = 0; i < 256; ++i) {
+    ASSERT_TRUE(ctl->RecordStep("chat", 1, fresh.Next() ? 1 : 0, false).ok());
+    ASSERT_TRUE(ctl->RecordStep("chat", 1, run.Next() ? 1 : 0, true).ok());
+  }
+  EXPECT_NE(ctl->Snapshot("chat").mode, SpecMode::kDisabled);  // the domain as a whole pays
+  EXPECT_GE(ctl->ChooseK("chat", true), 8);
+  int direct = 0, probes = 0;
+  for (int i = 0; i < 2 * c.probe_every + 2; ++i) {
+    const int k = ctl->ChooseK("chat", false);
+    direct += k == 0;
+    probes += k == c.probe_k;
+  }
+  EXPECT_EQ(probes, 2);
+  EXPECT_EQ(direct, 2 * c.probe_every);
+  EXPECT_EQ(ctl->Snapshot("chat").k, 0);
+}
+
 }  // namespace
 }  // namespace specnode
