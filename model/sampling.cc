@@ -32,6 +32,30 @@ uint64_t SplitMix64(uint64_t* x) {
 uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 }  // namespace
 
+namespace {
+
+// Inverse-CDF draw with one uniform from rng over n entries in id order: id_of(i) and
+// prob_of(i) (need not be normalised; entries <= 0 are never drawn). Shared by the dense
+// SampleFrom and the sparse Sample so both accumulate the same floats in the same order.
+template <typename IdOf, typename ProbOf>
+int32_t DrawInOrder(Rng* rng, size_t n, IdOf id_of, ProbOf prob_of) {
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) total += prob_of(i);
+  const double r = rng->Uniform() * total;
+  double cumulative = 0.0;
+  int32_t last_nonzero = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float p = prob_of(i);
+    if (p <= 0.0f) continue;
+    cumulative += p;
+    last_nonzero = id_of(i);
+    if (r < cumulative) return last_nonzero;
+  }
+  return last_nonzero;  // rounding left r at the very top
+}
+
+}  // namespace
+
 Rng::Rng(uint64_t seed) {
   for (uint64_t& s : s_) s = SplitMix64(&seed);
 }
@@ -66,28 +90,16 @@ void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* id
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
+  // Candidates sorted by logit (descending, ties by id) when top-k or top-p prune; the
+  // full vocabulary in id order otherwise.
+  ids->resize(vocab);
+  std::iota(ids->begin(), ids->end(), 0);
   int32_t keep = vocab;
   if (params_.top_k > 0 && params_.top_k < vocab) {
-    // The top k in one pass: a heap whose front is the worst kept candidate (by_logit is
-    // a total order on ids, so the set and its sorted order equal a partial sort's).
     keep = params_.top_k;
-    ids->clear();
-    ids->reserve(keep);
-    for (int32_t i = 0; i < vocab; ++i) {
-      if (static_cast<int32_t>(ids->size()) < keep) {
-        ids->push_back(i);
-        std::push_heap(ids->begin(), ids->end(), by_logit);
-      } else if (by_logit(i, ids->front())) {
-        std::pop_heap(ids->begin(), ids->end(), by_logit);
-        ids->back() = i;
-        std::push_heap(ids->begin(), ids->end(), by_logit);
-      }
-    }
+    std::partial_sort(ids->begin(), ids->begin() + keep, ids->end(), by_logit);
+  } else if (params_.top_p < 1.0f) {
     std::sort(ids->begin(), ids->end(), by_logit);
-  } else {
-    ids->resize(vocab);
-    std::iota(ids->begin(), ids->end(), 0);
-    if (params_.top_p < 1.0f) std::sort(ids->begin(), ids->end(), by_logit);
   }
   const float inv_t = 1.0f / params_.temperature;
   float max_logit = logits[(*ids)[0]];
@@ -132,18 +144,9 @@ void Sampler::Distribution(std::span<const float> logits, std::vector<float>* pr
 }
 
 int32_t Sampler::SampleFrom(std::span<const float> probs) {
-  double total = 0.0;
-  for (float v : probs) total += v;
-  const double r = rng_.Uniform() * total;
-  double cumulative = 0.0;
-  int32_t last_nonzero = 0;
-  for (int32_t i = 0; i < static_cast<int32_t>(probs.size()); ++i) {
-    if (probs[i] <= 0.0f) continue;
-    cumulative += probs[i];
-    last_nonzero = i;
-    if (r < cumulative) return i;
-  }
-  return last_nonzero;  // rounding left r at the very top
+  return DrawInOrder(
+      &rng_, probs.size(), [](size_t i) { return static_cast<int32_t>(i); },
+      [&](size_t i) { return probs[i]; });
 }
 
 int32_t Sampler::Sample(std::span<const float> logits) {
@@ -158,18 +161,9 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   for (size_t i = 0; i < ids.size(); ++i) kept[i] = {ids[i], static_cast<float>(p[i] / sum)};
   // Without top-k / top-p the candidates are the whole vocabulary, already in id order.
   if (!std::is_sorted(kept.begin(), kept.end())) std::sort(kept.begin(), kept.end());
-  double total = 0.0;
-  for (const auto& [id, prob] : kept) total += prob;
-  const double r = rng_.Uniform() * total;
-  double cumulative = 0.0;
-  int32_t last_nonzero = 0;
-  for (const auto& [id, prob] : kept) {
-    if (prob <= 0.0f) continue;
-    cumulative += prob;
-    last_nonzero = id;
-    if (r < cumulative) return id;
-  }
-  return last_nonzero;
+  return DrawInOrder(
+      &rng_, kept.size(), [&](size_t i) { return kept[i].first; },
+      [&](size_t i) { return kept[i].second; });
 }
 
 }  // namespace specnode
