@@ -191,7 +191,7 @@ int SpecController::ProbeIntervalLocked() const {
   int interval = config_.probe_every;
   if (config_.probe_overhead_budget <= 0.0) return interval;
   const std::optional<double> td = draft_.Predict(config_.probe_k);
-  const std::optional<double> tv = verify_.Predict(config_.probe_k, direct_ewma_);
+  const std::optional<double> tv = VerifySecondsLocked(config_.probe_k);
   const std::optional<double> t_direct = DirectSecondsLocked();
   if (!td || !tv || !t_direct || *t_direct <= 0.0) return interval;
   const double extra = *td + *tv - *t_direct;
@@ -231,6 +231,10 @@ const SpecController::DomainState* SpecController::FindState(std::string_view do
   return it == domains_.end() ? nullptr : &it->second;
 }
 
+std::optional<double> SpecController::VerifySecondsLocked(int k) const {
+  return verify_.Predict(k, direct_ewma_);
+}
+
 std::optional<double> SpecController::DirectSecondsLocked() const {
   if (direct_ewma_.has_value()) return direct_ewma_;
   std::optional<double> proxy = verify_.Predict(0);
@@ -245,7 +249,7 @@ std::optional<double> SpecController::GoodputLocked(double a, int k) const {
     return 1.0 / std::max(*t, kMinStepSeconds);
   }
   std::optional<double> td = draft_.Predict(k);
-  std::optional<double> tv = verify_.Predict(k, direct_ewma_);
+  std::optional<double> tv = VerifySecondsLocked(k);
   if (!td.has_value() || !tv.has_value()) return std::nullopt;
   return ExpectedTokensPerStep(a, k) / std::max(*td + *tv, kMinStepSeconds);
 }
@@ -271,27 +275,22 @@ SpecController::Decision SpecController::Decide(const DomainState& s) const {
   }
   if (s.window.size() < config_.min_observations) return {SpecMode::kWarmup, config_.k_initial};
   const double a = s.window.Acceptance();
+  // Free: speculate unless plain decoding is clearly faster. Adapt band (a <
+  // disable_threshold disables the domain in RecordStep): speculate only when it pays.
+  const SpecMode mode = a >= config_.free_threshold ? SpecMode::kFree : SpecMode::kAdapt;
   const std::optional<int> best = BestK(a);
-  const int k = best.value_or(config_.k_initial);
-  if (a >= config_.free_threshold) {
-    // Free: speculate unless the measured costs say plain decoding is clearly (by
-    // free_direct_margin) faster, e.g. a well-accepted but nearly target-sized draft.
-    if (best.has_value()) {
-      const std::optional<double> g = GoodputLocked(a, k);
-      const std::optional<double> g_direct = GoodputLocked(a, 0);
-      if (g && g_direct && *g * (1.0 + config_.free_direct_margin) < *g_direct) {
-        return {SpecMode::kFree, 0};
-      }
-    }
-    return {SpecMode::kFree, k};
-  }
-  // Adapt band (a < disable_threshold disables the domain in RecordStep).
-  if (best.has_value()) {
-    std::optional<double> g = GoodputLocked(a, k);
-    std::optional<double> g_direct = GoodputLocked(a, 0);
-    if (g.has_value() && g_direct.has_value() && *g < *g_direct) return {SpecMode::kAdapt, 0};
-  }
-  return {SpecMode::kAdapt, k};
+  if (best.has_value() && DirectWinsLocked(mode, a, *best)) return {mode, 0};
+  return {mode, best.value_or(config_.k_initial)};
+}
+
+bool SpecController::DirectWinsLocked(SpecMode mode, double a, int k) const {
+  const std::optional<double> g = GoodputLocked(a, k);
+  const std::optional<double> g_direct = GoodputLocked(a, 0);
+  if (!g.has_value() || !g_direct.has_value()) return false;
+  // Free domains go direct only when it is faster by more than free_direct_margin (e.g. a
+  // well-accepted but nearly target-sized draft); adapt domains whenever it is faster.
+  const double margin = mode == SpecMode::kFree ? config_.free_direct_margin : 0.0;
+  return *g * (1.0 + margin) < *g_direct;
 }
 
 int SpecController::RunAwareK(const DomainState& s, const Decision& d, bool in_run) const {
@@ -303,13 +302,7 @@ int SpecController::RunAwareK(const DomainState& s, const Decision& d, bool in_r
   if (!best.has_value()) return d.k;
   // The mode's speculate-or-not rule, at this state's acceptance: a fresh guess in a
   // domain whose runs are long may not pay for its verification on its own.
-  const std::optional<double> g = GoodputLocked(a, *best);
-  const std::optional<double> g_direct = GoodputLocked(a, 0);
-  if (g && g_direct) {
-    const double margin = d.mode == SpecMode::kFree ? config_.free_direct_margin : 0.0;
-    if (*g * (1.0 + margin) < *g_direct) return 0;
-  }
-  return *best;
+  return DirectWinsLocked(d.mode, a, *best) ? 0 : *best;
 }
 
 int SpecController::ChooseK(std::string_view domain, bool in_run) {
@@ -448,7 +441,7 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
     const std::optional<double> g = GoodputLocked(0.0, 0);
     if (!g.has_value()) return 0.0;
     const std::optional<double> td = draft_.Predict(config_.probe_k);
-    const std::optional<double> tv = verify_.Predict(config_.probe_k, direct_ewma_);
+    const std::optional<double> tv = VerifySecondsLocked(config_.probe_k);
     const std::optional<double> t_direct = DirectSecondsLocked();
     if (!td || !tv || !t_direct || *t_direct <= 0.0) return *g;
     const double extra = std::max(0.0, *td + *tv - *t_direct);
@@ -472,7 +465,7 @@ std::optional<double> SpecController::PredictDraftSeconds(int k) const {
 
 std::optional<double> SpecController::PredictVerifySeconds(int k) const {
   std::shared_lock lock(mu_);
-  return verify_.Predict(k, direct_ewma_);
+  return VerifySecondsLocked(k);
 }
 
 std::optional<double> SpecController::DirectSeconds() const {

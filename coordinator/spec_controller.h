@@ -258,6 +258,12 @@ class SpecController {
   std::optional<int> BestK(double a) const;
   std::optional<double> GoodputLocked(double a, int k) const;
   std::optional<double> DirectSecondsLocked() const;
+  // t_verify(k): the verify line through the timed direct step (see the header comment).
+  std::optional<double> VerifySecondsLocked(int k) const;
+  // The speculate-or-direct rule of a free or adapt decision at acceptance a and length k:
+  // true when plain decoding is faster (free: by more than free_direct_margin). False while
+  // the timings it needs are unknown.
+  bool DirectWinsLocked(SpecMode mode, double a, int k) const;
   // Direct steps between probes (see probe_overhead_budget).
   int ProbeIntervalLocked() const;
   double ExpectedGoodputLocked(const DomainState& s) const;
