@@ -313,7 +313,8 @@ absl::Status Run(const CliArgs& args) {
         const SpecController& ctl = *c->controllers[g];
         for (int k = 0; k <= ctl.config().k_max; ++k) {
           if (auto v = ctl.PredictVerifySeconds(k)) model["verify_s"].push_back(*v);
-          if (auto d = ctl.PredictDraftSeconds(std::max(k, 1))) model["draft_s"].push_back(*d);
+          // Index k like verify_s: drafting nothing (k = 0) costs nothing.
+          if (auto d = ctl.PredictDraftSeconds(k)) model["draft_s"].push_back(k == 0 ? 0.0 : *d);
         }
         if (auto d = ctl.DirectSeconds()) model["direct_s"] = *d;
         jc["cost_model"][c->drafters[g]->name()] = model;
