@@ -1,5 +1,7 @@
 #include "coordinator/domain_router.h"
 
+#include <cassert>
+
 #include <cmath>
 #include <utility>
 
@@ -42,20 +44,43 @@ absl::Status RuleError(size_t index, std::string_view domain, std::string_view w
       absl::StrCat("router rule ", index, " (", std::string(domain), "): ", std::string(what)));
 }
 
-// Shared by both ChooseGroup overloads: eligible[i] false = never chosen.
-int ChooseAmong(std::span<const double> goodputs, const std::vector<bool>* eligible) {
-  int best = -1;
+// Shared by the ChooseGroup overloads: eligible[i] false = never chosen; neutral[i] = a
+// group without estimates by design (no drafter), chosen on load alone; loads empty = no
+// load balancing.
+int ChooseAmong(std::span<const double> goodputs, const std::vector<bool>* eligible,
+                const std::vector<bool>* neutral = nullptr, std::span<const int> loads = {}) {
+  auto is_eligible = [&](size_t i) { return eligible == nullptr || (*eligible)[i]; };
+  auto is_neutral = [&](size_t i) { return neutral != nullptr && (*neutral)[i]; };
+  int best = -1, untried = -1;
   double best_g = 0.0;
   for (size_t i = 0; i < goodputs.size(); ++i) {
-    if (eligible != nullptr && !(*eligible)[i]) continue;
+    if (!is_eligible(i) || is_neutral(i)) continue;
     const double g = goodputs[i];
-    if (!(g > 0.0)) return static_cast<int>(i);  // untried: explore it first
+    if (!(g > 0.0)) {  // untried: explore it first (the least loaded of them)
+      if (loads.empty()) return static_cast<int>(i);
+      if (untried < 0 || loads[i] < loads[untried]) untried = static_cast<int>(i);
+      continue;
+    }
     if (best < 0 || g > best_g) {
       best = static_cast<int>(i);
       best_g = g;
     }
   }
-  return best;
+  if (untried >= 0) return untried;
+  if (loads.empty()) return best;
+  // Near-equals (and groups without estimates): the least loaded, ties to the best goodput,
+  // then the lowest index.
+  int chosen = -1;
+  for (size_t i = 0; i < goodputs.size(); ++i) {
+    if (!is_eligible(i)) continue;
+    if (!is_neutral(i) && goodputs[i] < DomainRouter::kNearBest * best_g) continue;
+    if (chosen < 0 || loads[i] < loads[chosen] ||
+        (loads[i] == loads[chosen] && !is_neutral(i) &&
+         (is_neutral(chosen) || goodputs[i] > goodputs[chosen]))) {
+      chosen = static_cast<int>(i);
+    }
+  }
+  return chosen;
 }
 
 // Stands in for the goodput of a group that loses everywhere: positive (so it is not
@@ -177,12 +202,33 @@ int DomainRouter::ChooseGroup(std::string_view domain,
     if (controllers[i] == nullptr) continue;
     eligible[i] = true;
     goodputs[i] = controllers[i]->ExpectedGoodput(domain);
-    if (!(goodputs[i] > 0.0) && LosesEverywhere(*controllers[i])) {
+    if (!(goodputs[i] > 0.0) &&
+        (LosesEverywhere(*controllers[i]) || controllers[i]->CanNeverWin())) {
       // Not worth a first try: the engine's periodic exploration still visits it.
       goodputs[i] = kLoserGoodput;
     }
   }
   return ChooseAmong(goodputs, &eligible);
+}
+
+int DomainRouter::ChooseGroup(std::string_view domain,
+                              std::span<const SpecController* const> controllers,
+                              std::span<const int> loads) {
+  assert(loads.size() == controllers.size());
+  std::vector<double> goodputs(controllers.size(), 0.0);
+  std::vector<bool> eligible(controllers.size(), true), neutral(controllers.size(), false);
+  for (size_t i = 0; i < controllers.size(); ++i) {
+    if (controllers[i] == nullptr) {
+      neutral[i] = true;
+      continue;
+    }
+    goodputs[i] = controllers[i]->ExpectedGoodput(domain);
+    if (!(goodputs[i] > 0.0) &&
+        (LosesEverywhere(*controllers[i]) || controllers[i]->CanNeverWin())) {
+      goodputs[i] = kLoserGoodput;
+    }
+  }
+  return ChooseAmong(goodputs, &eligible, &neutral, loads);
 }
 
 }  // namespace specnode

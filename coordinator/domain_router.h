@@ -30,9 +30,11 @@
 // acceptance window for it stops moving); the engine re-explores periodically
 // (SpecEngineOptions::explore_every). A group that lost everywhere — disabled on every
 // domain it was judged on, at least kLoserMinDomains of them — gets no first try on a new
-// domain: a first try costs a whole sequence (a draft model also prefills the prompt), and
-// measured on SmolLM2 the self-draft's first tries cost the router 10-20% on long-prompt
-// domains; it is still visited by the periodic exploration.
+// domain, nor does a group that cannot win anywhere (SpecController::CanNeverWin: even at
+// 100% acceptance its drafts cost more than they save, by its live timings): a first try
+// costs a whole sequence (a draft model also prefills the prompt), and measured on SmolLM2
+// the self-draft's first tries cost the router 5-20% on long-prompt domains; both are
+// still visited by the periodic exploration.
 //
 // Thread-safety: immutable after Create; Classify and ChooseGroup are const and may be
 // called from any thread concurrently. No method throws.
@@ -93,6 +95,17 @@ class DomainRouter {
   // domain) (a null controller is never chosen unless all are null: then -1).
   static int ChooseGroup(std::string_view domain,
                          std::span<const SpecController* const> controllers);
+  // With load balancing (a cluster's groups, each its own target): loads[i] = sequences
+  // live on group i's target. Untried groups are still explored first (the least loaded of
+  // them); otherwise, among the
+  // groups whose goodput is at least kNearBest x the best one's, and the groups with a null
+  // controller (no drafter: direct decoding, no estimate), the least loaded wins, ties to
+  // the higher goodput, then the lower index. Identical groups thus share the load instead
+  // of the first one taking every request.
+  static constexpr double kNearBest = 0.9;
+  static int ChooseGroup(std::string_view domain,
+                         std::span<const SpecController* const> controllers,
+                         std::span<const int> loads);
   // True when `controller` is disabled (or probing) on every domain past warmup, and there
   // are at least kLoserMinDomains such domains.
   static constexpr int kLoserMinDomains = 2;

@@ -61,6 +61,17 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Load(const std::stri
   return Finish(std::move(d), config, pool, kv);
 }
 
+absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Remote(
+    std::unique_ptr<LlamaModel> draft, const std::string& path, const LlamaModel& target,
+    const ConnectFn& connect) {
+  SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(path, *draft, target));
+  std::unique_ptr<ModelDrafter> d(new ModelDrafter());
+  d->name_ = std::filesystem::path(path).filename().string();
+  SPECNODE_ASSIGN_OR_RETURN(d->runner_, connect(*draft));
+  d->own_model_ = std::move(draft);
+  return d;
+}
+
 absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::SelfDraft(const LlamaModel& target,
                                                                       int layers, ThreadPool* pool,
                                                                       const KvCacheOptions& kv) {

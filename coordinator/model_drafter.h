@@ -8,6 +8,7 @@
 // drawing from the sequence's own stream, so a seeded request stays reproducible.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,6 +37,17 @@ class ModelDrafter final : public Drafter {
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> SelfDraft(const LlamaModel& target,
                                                                  int layers, ThreadPool* pool,
                                                                  const KvCacheOptions& kv);
+
+  // A draft model that runs elsewhere (another MPI rank): `draft` is the file mapped here
+  // for the vocabulary check (InvalidArgument on a mismatch, before `connect` is called);
+  // `connect` then returns the runner that drives the remote copy (e.g. a
+  // RemoteTargetRunner over the draft rank). Drafting is the same as Load's.
+  using ConnectFn =
+      std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const LlamaModel& draft)>;
+  static absl::StatusOr<std::unique_ptr<ModelDrafter>> Remote(std::unique_ptr<LlamaModel> draft,
+                                                              const std::string& path,
+                                                              const LlamaModel& target,
+                                                              const ConnectFn& connect);
 
   std::string name() const override { return name_; }
   absl::Status Sync(std::span<const DraftRequest> requests) override;

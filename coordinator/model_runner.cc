@@ -1,6 +1,33 @@
 #include "coordinator/model_runner.h"
 
+#include <cassert>
+
+#include "kvstore/kv_store.h"
+
 namespace specnode {
+
+absl::Status ModelRunner::BeginForward(std::span<const BatchEntry> batch) {
+  assert(!has_pending_);
+  pending_ = batch;
+  has_pending_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::EndForward(std::vector<float>* logits) {
+  assert(has_pending_);
+  has_pending_ = false;
+  return Forward(pending_, logits);
+}
+
+std::optional<ModelRunner::KvRoom> ModelRunner::Room(int64_t) const { return std::nullopt; }
+
+absl::Status ModelRunner::SwapOut(SeqId) {
+  return absl::UnimplementedError("this runner cannot swap KV out");
+}
+
+absl::Status ModelRunner::SwapIn(SeqId) {
+  return absl::UnimplementedError("this runner cannot swap KV in");
+}
 
 LocalModelRunner::LocalModelRunner(const LlamaConfig& config, const LlamaWeights& weights,
                                    ThreadPool* pool, std::unique_ptr<KvCache> cache)
@@ -9,6 +36,22 @@ LocalModelRunner::LocalModelRunner(const LlamaConfig& config, const LlamaWeights
 absl::Status LocalModelRunner::Forward(std::span<const BatchEntry> batch,
                                        std::vector<float>* logits) {
   return forward_.Forward(batch, cache_.get(), logits);
+}
+
+std::optional<ModelRunner::KvRoom> LocalModelRunner::Room(int64_t tokens) const {
+  const auto* store = dynamic_cast<const KvStore*>(cache_.get());
+  if (store == nullptr) return std::nullopt;
+  return KvRoom{store->BytesForTokens(tokens), store->AvailableBytes()};
+}
+
+absl::Status LocalModelRunner::SwapOut(SeqId seq) {
+  auto* store = dynamic_cast<KvStore*>(cache_.get());
+  return store == nullptr ? ModelRunner::SwapOut(seq) : store->SwapOut(seq);
+}
+
+absl::Status LocalModelRunner::SwapIn(SeqId seq) {
+  auto* store = dynamic_cast<KvStore*>(cache_.get());
+  return store == nullptr ? ModelRunner::SwapIn(seq) : store->SwapIn(seq);
 }
 
 }  // namespace specnode

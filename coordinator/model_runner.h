@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -31,10 +32,37 @@ class ModelRunner {
   // token of an all_logits entry, else its last token). On error the cache is unchanged.
   virtual absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) = 0;
 
+  // Split-phase Forward, so that targets on different ranks compute at the same time (the
+  // engine begins every group's pass, then ends each). BeginForward starts the pass;
+  // `batch` (and the token spans it points to) must stay valid until EndForward, which
+  // waits for it and fills `logits` exactly as Forward would. At most one pass is pending.
+  // An error from BeginForward means nothing started (no EndForward follows). The default
+  // runs Forward inside EndForward (a runner in this process has nothing to overlap).
+  virtual absl::Status BeginForward(std::span<const BatchEntry> batch);
+  virtual absl::Status EndForward(std::vector<float>* logits);
+
   virtual int32_t Length(SeqId seq) const = 0;
   // Drops cached positions [n, Length(seq)) (rollback of rejected drafts).
   virtual absl::Status Truncate(SeqId seq, int32_t n) = 0;
   virtual void Free(SeqId seq) = 0;
+
+  // KV-aware admission: `needed` = bytes `tokens` more tokens take at most, `available` =
+  // bytes the cache can make available now. nullopt when the runner cannot tell (a remote
+  // target, a dense cache); the scheduler then admits and relies on preemption.
+  struct KvRoom {
+    int64_t needed = 0;
+    int64_t available = 0;
+  };
+  virtual std::optional<KvRoom> Room(int64_t tokens) const;
+  // Preemption that keeps the KV: SwapOut moves a sequence's cached rows to the cache's host
+  // tier and frees its pages; SwapIn brings them back (ResourceExhausted when they do not
+  // fit now; nothing changes). Unimplemented by default: the caller frees and recomputes.
+  virtual absl::Status SwapOut(SeqId seq);
+  virtual absl::Status SwapIn(SeqId seq);
+
+ private:
+  std::span<const BatchEntry> pending_;  // the default split phase's batch
+  bool has_pending_ = false;
 };
 
 // A runner in this process: a LlamaForward over weights it does not own and a cache it owns.
@@ -50,6 +78,10 @@ class LocalModelRunner final : public ModelRunner {
   int32_t Length(SeqId seq) const override { return cache_->Length(seq); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return cache_->Truncate(seq, n); }
   void Free(SeqId seq) override { cache_->Free(seq); }
+  // Through the KvStore (kvstore/kv_store.h) when the cache is one.
+  std::optional<KvRoom> Room(int64_t tokens) const override;
+  absl::Status SwapOut(SeqId seq) override;
+  absl::Status SwapIn(SeqId seq) override;
 
   LlamaForward& forward() { return forward_; }
   KvCache& cache() { return *cache_; }

@@ -108,8 +108,7 @@ void NgramDrafter::Append(History& h, std::span<const int32_t> context) {
 }
 
 std::vector<int32_t> NgramDrafter::LookupHistory(std::string_view domain,
-                                                 std::span<const int32_t> context,
-                                                 int k) const {
+                                                 std::span<const int32_t> context, int k) const {
   const History* h = FindHistory(domain);
   if (h == nullptr || h->tokens.empty()) return {};
   k = std::min(k, options_.history_max_draft);

@@ -4,6 +4,7 @@
 #include <cassert>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/scheduler_internal.h"
 
 namespace specnode {
 namespace {
@@ -40,21 +41,6 @@ const char* FinishKindName(FinishKind kind) {
   }
   return "?";
 }
-
-struct Scheduler::Req {
-  uint64_t handle = 0;
-  GenerationRequest g;
-  const SlaClass* cls = nullptr;
-  Clock::time_point arrival, scheduled, first_token, last_token;
-  bool running = false, scheduled_once = false, done = false;
-  std::vector<int32_t> output;  // generated tokens (survive preemption)
-  Utf8StreamDecoder utf8;
-  std::string text;
-  size_t emitted = 0;                             // bytes of text already sent
-  size_t checked = 0;                             // bytes of text already searched for stop strings
-  size_t max_stop = 0;                            // longest stop string
-  int32_t drafted = 0, accepted = 0, passes = 0;  // over preemptions
-};
 
 Scheduler::Scheduler(SpeculativeEngine* engine, const Tokenizer* tokenizer,
                      SchedulerOptions options, Sink sink)
@@ -164,21 +150,6 @@ SchedulerSnapshot Scheduler::Snapshot() const {
   return s;
 }
 
-void Scheduler::AdmitLocked(Clock::time_point now) {
-  for (auto& [prio, q] : queue_) {
-    while (!q.empty() && static_cast<int>(running_.size()) < options_.max_active) {
-      Req& r = *reqs_.at(q.front());
-      q.pop_front();
-      r.running = true;
-      if (!r.scheduled_once) {
-        r.scheduled_once = true;
-        r.scheduled = now;
-      }
-      running_.push_back(r.handle);
-    }
-  }
-}
-
 void Scheduler::Loop() {
   while (true) {
     std::vector<uint64_t> cancels;
@@ -276,18 +247,13 @@ void Scheduler::RunStep() {
   std::vector<SeqStepResult> results;
   absl::Status st = engine_->Step(seqs, &results);
   while (st.code() == absl::StatusCode::kResourceExhausted && seqs.size() > 1) {
-    // Out of KV memory: preempt the newest sequence (free its KV, requeue it first in its
-    // class; it recomputes later) and retry with the rest.
-    const uint64_t victim = static_cast<uint64_t>(seqs.back());
-    seqs.pop_back();
-    engine_->Finish(static_cast<SeqId>(victim));
+    // Out of KV memory: preempt one sequence (lowest class, newest; its KV swapped to the
+    // host tier, else freed for recompute; requeued first in its class), retry the rest.
+    const uint64_t victim = ChooseVictim(seqs);
+    seqs.erase(std::find(seqs.begin(), seqs.end(), static_cast<SeqId>(victim)));
     {
       std::lock_guard lock(mu_);
-      Req& r = *reqs_.at(victim);
-      r.running = false;
-      running_.erase(std::find(running_.begin(), running_.end(), victim));
-      queue_[r.cls->priority].push_front(victim);
-      stats_.preemptions++;
+      PreemptLocked(victim);
     }
     st = engine_->Step(seqs, &results);
   }

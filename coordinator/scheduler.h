@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,7 +108,10 @@ struct GenerationEvent {
 struct SchedulerSnapshot {
   int queued = 0, active = 0;
   int64_t submitted = 0, completed = 0, cancelled = 0, rejected = 0, failed = 0;
-  int64_t preemptions = 0;
+  int64_t preemptions = 0;                // every preemption (KV memory or a higher class)
+  int64_t swapped = 0;                    // ... that kept the KV in the host tier (else recompute)
+  int64_t class_preemptions = 0;          // ... that made room for a waiting higher class
+  int64_t kv_waits = 0;                   // admission rounds stopped because the KV would not fit
   int64_t steps = 0, step_sequences = 0;  // Σ batch sizes; mean = step_sequences / steps
   int last_batch = 0;
   double window_ms = 0;  // current batching window
@@ -154,7 +158,18 @@ class Scheduler {
  private:
   struct Req;
   void Loop();
+  // Admission and preemption (scheduler_admission.cc), under mu_ on the scheduler thread.
   void AdmitLocked(Clock::time_point now);
+  // With the batch full and a request of a higher class waiting, preempts the newest
+  // running request of the lowest class below it.
+  void MakeRoomForHigherClassLocked();
+  // Among running `seqs`: the lowest class, newest within it.
+  uint64_t ChooseVictim(std::span<const SeqId> seqs) const;
+  // Parks the request's KV in the host tier (SpeculativeEngine::Park), or frees it for
+  // recompute, and requeues it first in its class.
+  void PreemptLocked(uint64_t handle);
+  // Decode tokens an admitted request must have KV room for, beyond its prompt.
+  static constexpr int64_t kAdmitDecodeTokens = 16;
   void RunStep();
   Req* Lookup(uint64_t handle);  // under mu_ (the map may be growing)
   void Finish(Req& r, FinishKind kind);

@@ -328,8 +328,7 @@ int SpecController::ChooseK(std::string_view domain, bool in_run) {
   return 0;
 }
 
-absl::Status SpecController::RecordStep(std::string_view domain, int k, int accepted,
-                                        bool in_run) {
+absl::Status SpecController::RecordStep(std::string_view domain, int k, int accepted, bool in_run) {
   if (k < 0 || k > kMaxRecordedK) {
     return absl::InvalidArgumentError(
         absl::StrCat("RecordStep: k = ", k, " outside [0, ", kMaxRecordedK, "]"));
@@ -449,6 +448,17 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
   }
   if (s.window.size() == 0) return 0.0;  // never observed
   return GoodputLocked(s.window.Acceptance(), d.k).value_or(0.0);
+}
+
+bool SpecController::CanNeverWin() const {
+  std::shared_lock lock(mu_);
+  const std::optional<double> direct = GoodputLocked(1.0, 0);
+  if (!direct.has_value()) return false;
+  for (int k = config_.k_min; k <= config_.k_max; ++k) {
+    const std::optional<double> g = GoodputLocked(1.0, k);
+    if (!g.has_value() || *g > *direct) return false;
+  }
+  return true;
 }
 
 double SpecController::ExpectedGoodput(std::string_view domain) const {

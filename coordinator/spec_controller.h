@@ -200,6 +200,10 @@ class SpecController {
   std::optional<double> PredictDraftSeconds(int k) const;
   std::optional<double> PredictVerifySeconds(int k) const;
   std::optional<double> DirectSeconds() const;  // measured, else the verify line at 0
+  // True when even every draft accepted (a = 1) at the best K would not beat direct
+  // decoding by the live cost model: the drafter costs more per token than it can save
+  // (e.g. a deep self-draft on a compute-bound CPU). False while timings are unknown.
+  bool CanNeverWin() const;
 
   // A domain never seen gives the fresh state (mode warmup, K = k_initial, zeros).
   DomainSnapshot Snapshot(std::string_view domain) const;
@@ -230,9 +234,9 @@ class SpecController {
   };
   // c0 + c1·k through per-k EWMAs (see the header comment).
   struct TimingModel {
-    std::map<int, double> ewma;        // k -> seconds
+    std::map<int, double> ewma;                // k -> seconds
     std::map<int, std::deque<double>> recent;  // k -> last timing_median raw samples
-    bool proportional_single = false;  // one point: through the origin (draft) or flat
+    bool proportional_single = false;          // one point: through the origin (draft) or flat
     void Add(int k, double seconds, double alpha, int median_of);
     // anchor0: a known value at k = 0 (the direct step time, for the verify line).
     std::optional<double> Predict(int k, std::optional<double> anchor0 = std::nullopt) const;

@@ -30,6 +30,7 @@ struct SpeculativeEngine::Seq {
   SpecSeqStats stats;
   bool finished = false;
   bool in_run = false;  // the last step was speculative and accepted every draft
+  bool parked = false;  // KV swapped out to the host tier (Park)
   // This step's plan.
   int k = 0;
   int32_t chunk = 0;
@@ -37,9 +38,40 @@ struct SpeculativeEngine::Seq {
   std::vector<float> q;
 };
 
+// One target's share of a step.
+struct SpeculativeEngine::Pass {
+  ModelRunner* runner = nullptr;
+  std::vector<BatchEntry> batch;
+  std::vector<float> logits;
+  size_t tokens = 0;     // input tokens of the batch
+  double seconds = 0.0;  // from the step's first BeginForward to this pass's EndForward
+};
+
 SpeculativeEngine::SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup> groups,
                                      SpecEngineOptions options)
-    : target_(target), groups_(std::move(groups)), options_(std::move(options)) {}
+    : target_(target),
+      groups_(std::move(groups)),
+      options_(std::move(options)),
+      group_starts_(groups_.size(), 0) {
+  for (DraftGroup& g : groups_) {
+    if (g.target == nullptr) g.target = target_;
+    assert((g.drafter == nullptr) == (g.controller == nullptr));
+    assert(g.target->vocab_size() == target_->vocab_size());
+    assert(g.target->max_positions() == target_->max_positions());
+  }
+}
+
+ModelRunner* SpeculativeEngine::TargetOf(const Seq& s) const {
+  return s.group < 0 ? target_ : groups_[s.group].target;
+}
+
+std::vector<int> SpeculativeEngine::GroupLoads() const {
+  std::vector<int> loads(groups_.size(), 0);
+  for (const auto& [id, s] : seqs_) {
+    if (s->group >= 0) ++loads[s->group];
+  }
+  return loads;
+}
 
 SpeculativeEngine::~SpeculativeEngine() = default;
 
@@ -73,15 +105,74 @@ absl::Status SpeculativeEngine::Start(const SpecRequest& request) {
   if (!groups_.empty()) {
     std::vector<const SpecController*> controllers;
     for (const DraftGroup& g : groups_) controllers.push_back(g.controller);
-    s->group = groups_.size() == 1 ? 0 : DomainRouter::ChooseGroup(request.domain, controllers);
+    if (groups_.size() == 1) {
+      s->group = 0;
+    } else {
+      // Load per group = live sequences on the group's target (groups may share one).
+      const std::vector<int> per_group = GroupLoads();
+      std::vector<int> loads(groups_.size(), 0);
+      for (size_t i = 0; i < groups_.size(); ++i) {
+        for (size_t j = 0; j < groups_.size(); ++j) {
+          if (groups_[j].target == groups_[i].target) loads[i] += per_group[j];
+        }
+      }
+      s->group = DomainRouter::ChooseGroup(request.domain, controllers, loads);
+    }
     const int64_t n = domain_starts_[request.domain]++;
     const int every = options_.explore_every;
     if (groups_.size() > 1 && every > 0 && n % every == every - 1) {
       s->group = static_cast<int>((n / every) % groups_.size());
     }
   }
+  if (s->group >= 0) ++group_starts_[s->group];
   seqs_[request.id] = std::move(s);
   return absl::OkStatus();
+}
+
+bool SpeculativeEngine::HasRoomFor(int64_t tokens) const {
+  std::vector<ModelRunner*> targets = {target_};
+  for (const DraftGroup& g : groups_) {
+    if (std::find(targets.begin(), targets.end(), g.target) == targets.end()) {
+      targets.push_back(g.target);
+    }
+  }
+  for (ModelRunner* t : targets) {
+    const std::optional<ModelRunner::KvRoom> room = t->Room(tokens);
+    if (!room.has_value() || room->needed <= room->available) return true;
+  }
+  return false;
+}
+
+absl::Status SpeculativeEngine::Park(SeqId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrFormat("no sequence %d", id));
+  Seq& s = *it->second;
+  if (s.parked || s.prefilled < s.n_prompt) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("sequence %d is %s", id, s.parked ? "already parked" : "prefilling"));
+  }
+  SPECNODE_RETURN_IF_ERROR(TargetOf(s)->SwapOut(id));
+  for (DraftGroup& g : groups_) {
+    if (g.drafter != nullptr) g.drafter->Free(id);
+  }
+  s.parked = true;
+  s.in_run = false;
+  return absl::OkStatus();
+}
+
+absl::Status SpeculativeEngine::Resume(SeqId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrFormat("no sequence %d", id));
+  Seq& s = *it->second;
+  if (!s.parked) return absl::OkStatus();
+  SPECNODE_RETURN_IF_ERROR(TargetOf(s)->SwapIn(id));
+  s.parked = false;
+  return absl::OkStatus();
+}
+
+bool SpeculativeEngine::Parked(SeqId id) const {
+  auto it = seqs_.find(id);
+  return it != seqs_.end() && it->second->parked;
 }
 
 bool SpeculativeEngine::Prefilling(SeqId id) const {
@@ -109,8 +200,10 @@ int SpeculativeEngine::Group(SeqId id) const {
 void SpeculativeEngine::Finish(SeqId id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
-  target_->Free(id);
-  for (DraftGroup& g : groups_) g.drafter->Free(id);
+  TargetOf(*it->second)->Free(id);
+  for (DraftGroup& g : groups_) {
+    if (g.drafter != nullptr) g.drafter->Free(id);
+  }
   seqs_.erase(it);
 }
 
@@ -135,8 +228,9 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
   std::vector<Seq*> seqs;
   for (SeqId id : ids) {
     auto it = seqs_.find(id);
-    if (it == seqs_.end() || it->second->finished) {
-      return absl::InvalidArgumentError(absl::StrFormat("sequence %d is unknown or finished", id));
+    if (it == seqs_.end() || it->second->finished || it->second->parked) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d is unknown, finished or parked", id));
     }
     if (std::find(seqs.begin(), seqs.end(), it->second.get()) != seqs.end()) {
       return absl::InvalidArgumentError(absl::StrFormat("sequence %d listed twice", id));
@@ -159,10 +253,9 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       has_prefill |= s->chunk > 0;
       continue;
     }
-    if (s->group < 0) continue;
-    int k = options_.adaptive
-                ? groups_[s->group].controller->ChooseK(s->request.domain, s->in_run)
-                : options_.fixed_k;
+    if (s->group < 0 || groups_[s->group].drafter == nullptr) continue;
+    int k = options_.adaptive ? groups_[s->group].controller->ChooseK(s->request.domain, s->in_run)
+                              : options_.fixed_k;
     // A step emits up to k + 1 tokens and caches positions up to len + k - 1.
     const int32_t len = static_cast<int32_t>(s->tokens.size());
     k = std::min(k, s->request.max_new_tokens - s->stats.generated - 1);
@@ -195,37 +288,45 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     }
   }
 
-  // One target pass: prefill chunks, and [last token, drafts...] per decoding sequence.
+  // One pass per target: prefill chunks, and [last token, drafts...] per decoding sequence.
+  std::vector<Pass> passes;
   std::vector<std::vector<int32_t>> inputs(seqs.size());
-  std::vector<BatchEntry> batch;
-  std::vector<size_t> row_of(seqs.size(), 0);
-  size_t rows = 0;
+  std::vector<size_t> pass_of(seqs.size(), 0), row_of(seqs.size(), 0);
+  std::vector<size_t> rows;
   for (size_t i = 0; i < seqs.size(); ++i) {
     Seq* s = seqs[i];
-    if (s->prefilled < s->n_prompt) {
-      if (s->chunk == 0) continue;
+    const bool prefill = s->prefilled < s->n_prompt;
+    if (prefill && s->chunk == 0) continue;
+    ModelRunner* runner = TargetOf(*s);
+    size_t p = 0;
+    while (p < passes.size() && passes[p].runner != runner) ++p;
+    if (p == passes.size()) {
+      passes.emplace_back().runner = runner;
+      rows.push_back(0);
+    }
+    pass_of[i] = p;
+    row_of[i] = rows[p];
+    if (prefill) {
       inputs[i].assign(s->tokens.begin() + s->prefilled,
                        s->tokens.begin() + s->prefilled + s->chunk);
-      batch.push_back({s->request.id, inputs[i], false});
-      row_of[i] = rows++;
-      continue;
+      passes[p].batch.push_back({s->request.id, inputs[i], false});
+      rows[p] += 1;
+    } else {
+      inputs[i].push_back(s->tokens.back());
+      inputs[i].insert(inputs[i].end(), s->drafts.begin(), s->drafts.end());
+      const bool verify = !s->drafts.empty();
+      passes[p].batch.push_back({s->request.id, inputs[i], verify});
+      rows[p] += verify ? inputs[i].size() : 1;
     }
-    inputs[i].push_back(s->tokens.back());
-    inputs[i].insert(inputs[i].end(), s->drafts.begin(), s->drafts.end());
-    const bool verify = !s->drafts.empty();
-    batch.push_back({s->request.id, inputs[i], verify});
-    row_of[i] = rows;
-    rows += verify ? inputs[i].size() : 1;
+    passes[p].tokens += inputs[i].size();
   }
-  const auto t0 = Clock::now();
-  if (!batch.empty()) SPECNODE_RETURN_IF_ERROR(target_->Forward(batch, &logits_));
-  // The pass's time is shared by input tokens: a sequence verifying K drafts brought K+1
+  SPECNODE_RETURN_IF_ERROR(RunPasses(passes));
+  // A pass's time is shared by its input tokens: a sequence verifying K drafts brought K+1
   // rows and pays for K+1, so in a large batch the controller sees what its drafts cost.
-  const double target_s = batch.empty() ? 0.0 : Seconds(t0, Clock::now());
-  size_t batch_tokens = 0;
-  for (const BatchEntry& e : batch) batch_tokens += e.tokens.size();
   auto target_share_of = [&](size_t i) {
-    return batch_tokens == 0 ? 0.0 : target_s * inputs[i].size() / batch_tokens;
+    if (inputs[i].empty()) return 0.0;
+    const Pass& p = passes[pass_of[i]];
+    return p.seconds * inputs[i].size() / p.tokens;
   };
 
   // Accept, roll back, commit, feed the controllers.
@@ -236,7 +337,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     SeqStepResult result;
     result.id = s->request.id;
     const bool greedy = s->request.sampling.temperature == 0.0f;  // for acceptance
-    const float* row0 = logits_.data() + row_of[i] * vocab;
+    const float* row0 =
+        inputs[i].empty() ? nullptr : passes[pass_of[i]].logits.data() + row_of[i] * vocab;
     if (s->prefilled < s->n_prompt) {
       s->prefilled += s->chunk;
       if (s->chunk > 0 && s->prefilled == s->n_prompt) {
@@ -268,7 +370,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
         outcome = AcceptSampled(s->drafts, p_, s->q, vocab, &s->sampler);
       }
       // Keep the last committed token and the accepted drafts in the target cache.
-      SPECNODE_RETURN_IF_ERROR(target_->Truncate(s->request.id, len + outcome.accepted));
+      SPECNODE_RETURN_IF_ERROR(TargetOf(*s)->Truncate(s->request.id, len + outcome.accepted));
     }
     const bool was_in_run = s->in_run;
     s->in_run = k > 0 && outcome.accepted == k;
@@ -280,7 +382,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     s->stats.steps++;
     const double target_share = target_share_of(i);
     s->stats.target_s += target_share;
-    if (s->group >= 0) {
+    if (s->group >= 0 && groups_[s->group].controller != nullptr) {
       SpecController& c = *groups_[s->group].controller;
       if (s->k > 0) {
         // Drafting ran (even if it proposed nothing): its cost counts.
@@ -300,6 +402,38 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     out->push_back(std::move(result));
   }
   return absl::OkStatus();
+}
+
+absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
+  // Lengths before the step, to undo the passes that succeeded if another failed.
+  std::vector<std::vector<int32_t>> before(passes.size());
+  for (size_t p = 0; p < passes.size(); ++p) {
+    for (const BatchEntry& e : passes[p].batch)
+      before[p].push_back(passes[p].runner->Length(e.seq));
+  }
+  const auto t0 = Clock::now();
+  absl::Status first_error;
+  std::vector<bool> begun(passes.size(), false), done(passes.size(), false);
+  for (size_t p = 0; p < passes.size() && first_error.ok(); ++p) {
+    first_error = passes[p].runner->BeginForward(passes[p].batch);
+    begun[p] = first_error.ok();
+  }
+  for (size_t p = 0; p < passes.size(); ++p) {
+    if (!begun[p]) continue;
+    absl::Status st = passes[p].runner->EndForward(&passes[p].logits);
+    passes[p].seconds = Seconds(t0, Clock::now());
+    done[p] = st.ok();
+    if (first_error.ok()) first_error = std::move(st);
+  }
+  if (first_error.ok()) return absl::OkStatus();
+  for (size_t p = 0; p < passes.size(); ++p) {
+    if (!done[p]) continue;
+    for (size_t j = 0; j < passes[p].batch.size(); ++j) {
+      // Best effort: a runner that cannot truncate is broken and fails every later call.
+      (void)passes[p].runner->Truncate(passes[p].batch[j].seq, before[p][j]);
+    }
+  }
+  return first_error;
 }
 
 }  // namespace specnode

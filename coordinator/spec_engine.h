@@ -41,10 +41,13 @@
 
 namespace specnode {
 
-// One drafter with the controller that learns its acceptance per domain.
+// One drafter with the controller that learns its acceptance per domain, and the target
+// that verifies its drafts. In a cluster each group of ranks (a draft + a tensor-parallel
+// target) is one DraftGroup with its own target; a sequence stays on its group's target.
 struct DraftGroup {
-  Drafter* drafter = nullptr;
-  SpecController* controller = nullptr;
+  Drafter* drafter = nullptr;            // null: the group decodes directly (no speculation)
+  SpecController* controller = nullptr;  // null exactly when drafter is null
+  ModelRunner* target = nullptr;         // null: the engine's target
 };
 
 struct SpecEngineOptions {
@@ -97,8 +100,12 @@ struct SeqStepResult {
 class SpeculativeEngine {
  public:
   // groups may be empty (a target-only engine). With several groups each new sequence goes
-  // to the group with the best recent goodput for its domain (DomainRouter::ChooseGroup),
-  // except every explore_every-th, which goes to the groups in turn.
+  // to the group with the best recent goodput for its domain, the least loaded target among
+  // near-equals (DomainRouter::ChooseGroup), except every explore_every-th, which goes to
+  // the groups in turn. Groups' targets must share `target`'s vocabulary and context
+  // length. Each step begins every target's pass before waiting for any (BeginForward), so
+  // targets on different ranks compute together; if one target's pass fails, the others'
+  // are rolled back, so a failed Step still changes no sequence.
   SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup> groups, SpecEngineOptions options);
   ~SpeculativeEngine();
 
@@ -117,23 +124,46 @@ class SpeculativeEngine {
   void Finish(SeqId id);
 
   bool Has(SeqId id) const { return seqs_.count(id) != 0; }
+
+  // KV-aware admission: true when some group's target can hold `tokens` more tokens now,
+  // or no target can tell (ModelRunner::Room).
+  bool HasRoomFor(int64_t tokens) const;
+  // Preemption that keeps the work done: moves a decoding sequence's target KV to the host
+  // tier (ModelRunner::SwapOut); its drafter forgets it and catches up after Resume. A
+  // parked sequence may not Step. FailedPrecondition while it is prefilling or already
+  // parked; otherwise the runner's error (Unimplemented: no host tier; ResourceExhausted:
+  // host tier full), and nothing changed.
+  absl::Status Park(SeqId id);
+  // Brings a parked sequence's KV back. ResourceExhausted when it does not fit now (it stays
+  // parked).
+  absl::Status Resume(SeqId id);
+  bool Parked(SeqId id) const;
   bool Prefilling(SeqId id) const;
   const SpecSeqStats& Stats(SeqId id) const;
   // The committed tokens (prompt + generated).
   std::span<const int32_t> Tokens(SeqId id) const;
   // Which group the router gave the sequence (-1: none).
   int Group(SeqId id) const;
+  // Live sequences per group (the router's load signal; metrics).
+  std::vector<int> GroupLoads() const;
+  // Sequences started per group since the engine was made.
+  std::vector<int64_t> GroupStarts() const { return group_starts_; }
 
  private:
   struct Seq;
+  struct Pass;
   void Emit(Seq& s, std::span<const int32_t> tokens, SeqStepResult* result);
+  ModelRunner* TargetOf(const Seq& s) const;
+  // Runs every pass (begin all, then end each); on any failure rolls the others back.
+  absl::Status RunPasses(std::vector<Pass>& passes);
 
   ModelRunner* target_;
   std::vector<DraftGroup> groups_;
   SpecEngineOptions options_;
   std::map<SeqId, std::unique_ptr<Seq>> seqs_;
   std::map<std::string, int64_t> domain_starts_;  // sequences started per domain
-  std::vector<float> logits_, p_;
+  std::vector<int64_t> group_starts_;             // sequences started per group
+  std::vector<float> p_;
 };
 
 }  // namespace specnode

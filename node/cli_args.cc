@@ -58,8 +58,8 @@ absl::StatusOr<int64_t> CliArgs::GetInt(const std::string& key, int64_t fallback
   if (it == values_.end()) return fallback;
   int64_t v = 0;
   if (!absl::SimpleAtoi(it->second, &v) || v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat("--", key, " must be an integer in [", lo,
-                                                   ", ", hi, "], got '", it->second, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("--", key, " must be an integer in [", lo, ", ",
+                                                   hi, "], got '", it->second, "'"));
   }
   return v;
 }

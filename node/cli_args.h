@@ -15,7 +15,8 @@ namespace specnode {
 class CliArgs {
  public:
   // value_keys take a value; flag_keys do not. argv[0] is the subcommand name.
-  static absl::StatusOr<CliArgs> Parse(int argc, char** argv, const std::set<std::string>& value_keys,
+  static absl::StatusOr<CliArgs> Parse(int argc, char** argv,
+                                       const std::set<std::string>& value_keys,
                                        const std::set<std::string>& flag_keys);
 
   bool Has(const std::string& key) const { return values_.count(key) > 0; }

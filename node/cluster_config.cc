@@ -137,15 +137,18 @@ absl::Status ParseTopology(Reader& r, const YAML::Node& t, Topology* out) {
     std::vector<const RankPlacement*> placed = {&gt.draft};
     for (const RankPlacement& p : gt.target) placed.push_back(&p);
     for (const RankPlacement* p : placed) {
-      if (!ranks.insert(p->rank).second) {
+      // Rank 0 (the coordinator) may hold the draft of several groups.
+      const bool shared_draft = p == &gt.draft && p->rank == 0 && i > 0;
+      if (!ranks.insert(p->rank).second && !shared_draft) {
         return r.Error(g, key, absl::StrCat("rank ", p->rank, " is placed twice"));
       }
     }
     out->groups.push_back(std::move(gt));
   }
   if (*ranks.begin() != 0 || *ranks.rbegin() != static_cast<int>(ranks.size()) - 1) {
-    return r.Error(t, "topology", absl::StrCat("ranks must be exactly 0..", ranks.size() - 1,
-                                               " (one MPI rank per role)"));
+    return r.Error(
+        t, "topology",
+        absl::StrCat("ranks must be exactly 0..", ranks.size() - 1, " (one MPI rank per role)"));
   }
   if (out->groups[0].draft.rank != 0) {
     return r.Error(t, "topology.groups[0].draft.rank",
@@ -208,12 +211,16 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
 
   const YAML::Node kv = root["kv"];
   CFG_TRY(r.Section(kv, "kv",
-                    {"mode", "capacity_mb", "page_tokens", "sink_tokens", "window_tokens",
-                     "critical_threshold"}));
+                    {"mode", "capacity_mb", "host_capacity_mb", "page_tokens", "sink_tokens",
+                     "window_tokens", "critical_threshold"}));
   CFG_TRY(r.String(kv, "kv", "mode", &c.kv.mode));
   int capacity_mb = static_cast<int>(c.kv.capacity_bytes >> 20);
   CFG_TRY(r.Int(kv, "kv", "capacity_mb", 1, 1 << 24, &capacity_mb));
   c.kv.capacity_bytes = static_cast<int64_t>(capacity_mb) << 20;
+  // The swap tier that preemption parks KV in (0 = none: preempted requests recompute).
+  int host_mb = static_cast<int>(c.kv.host_capacity_bytes >> 20);
+  CFG_TRY(r.Int(kv, "kv", "host_capacity_mb", 0, 1 << 24, &host_mb));
+  c.kv.host_capacity_bytes = static_cast<int64_t>(host_mb) << 20;
   CFG_TRY(r.Int(kv, "kv", "page_tokens", 1, 4096, &c.kv.page_tokens));
   CFG_TRY(r.Int(kv, "kv", "sink_tokens", 0, 1 << 20, &c.kv.sink_tokens));
   CFG_TRY(r.Int(kv, "kv", "window_tokens", 1, 1 << 20, &c.kv.window_tokens));

@@ -17,6 +17,9 @@ namespace specnode {
 // config's `topology`, read-only afterwards. A group is one draft rank plus a
 // tensor-parallel target over `target_ranks`; ranks are MPI ranks of the job, numbered
 // 0..world_size-1, rank 0 being the coordinator (front end + router + the first draft).
+// Every rank holds one role, except rank 0, which may also hold the draft of further
+// groups (an n-gram or self draft always runs there; a draft model file may run on a rank
+// of its own, node/serve_cluster.h).
 struct RankPlacement {
   int rank = 0;
   std::string device = "cpu";  // "cpu" or "cuda:N"

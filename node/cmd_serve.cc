@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cassert>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -114,8 +115,9 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
 
 }  // namespace
 
-absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session, ModelRunner* target,
-                       std::vector<RankInfo> ranks) {
+absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
+                       std::vector<ServeGroup> serve_groups, std::vector<RankInfo> ranks) {
+  assert(!serve_groups.empty());
   RouterConfig rc;
   rc.default_domain = cfg.default_domain;
   std::unique_ptr<DomainRouter> router;
@@ -126,13 +128,22 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session, ModelRunne
   }
   const std::string& model_path = cfg.model;
   const int threads = cfg.threads;
+  ModelRunner* target = serve_groups[0].target;
 
-  std::unique_ptr<Drafter> drafter;
-  std::unique_ptr<SpecController> controller;
+  // One drafter and controller per group (a controller learns its own group's costs).
+  std::vector<std::unique_ptr<SpecController>> controllers_owned;
   std::vector<DraftGroup> groups;
-  if (cfg.draft != "none") {
-    SPECNODE_ASSIGN_OR_RETURN(drafter,
-                              MakeDrafter(cfg.draft, session->model(), session->pool(), cfg.kv));
+  std::vector<std::pair<std::string, const SpecController*>> controllers;  // for metrics
+  std::string draft_name = "none";
+  for (ServeGroup& g : serve_groups) {
+    if (g.drafter == nullptr && cfg.draft != "none") {
+      SPECNODE_ASSIGN_OR_RETURN(g.drafter,
+                                MakeDrafter(cfg.draft, session->model(), session->pool(), cfg.kv));
+    }
+    if (g.drafter == nullptr) {
+      groups.push_back({nullptr, nullptr, g.target});
+      continue;
+    }
     SpecControllerConfig cc;
     cc.k_max = cfg.k_max;
     cc.k_initial = std::min(cc.k_max, 4);
@@ -140,20 +151,41 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session, ModelRunne
     cc.free_threshold = cfg.free_threshold;
     cc.disable_threshold = cfg.disable_threshold;
     cc.probe_every = cfg.probe_every;
-    SPECNODE_ASSIGN_OR_RETURN(controller, SpecController::Create(cc));
-    groups.push_back({drafter.get(), controller.get()});
+    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> controller,
+                              SpecController::Create(cc));
+    groups.push_back({g.drafter.get(), controller.get(), g.target});
+    draft_name = g.drafter->name();
+    controllers.push_back(
+        {serve_groups.size() == 1 ? draft_name : g.name + "/" + draft_name, controller.get()});
+    controllers_owned.push_back(std::move(controller));
   }
+  // One group without a drafter: plain target-only decoding.
+  if (groups.size() == 1 && groups[0].drafter == nullptr) groups.clear();
   SpecEngineOptions eo;
   const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
   eo.stop_tokens.insert(eog.begin(), eog.end());
   SpeculativeEngine engine(target, groups, eo);
 
   SchedulerOptions so = cfg.sla;
-  // KV gauges: the target's cache when it lives in this process.
-  if (target == &session->runner()) {
-    KvCache* cache = &session->cache();
-    so.gauges = [cache] { return KvGauges(cache); };
+  // KV gauges: the target's cache when it lives in this process; with several groups,
+  // each group's live sequences and sequences started.
+  KvCache* local_cache = target == &session->runner() ? &session->cache() : nullptr;
+  std::vector<std::string> group_names;
+  if (groups.size() > 1) {
+    for (const ServeGroup& g : serve_groups) group_names.push_back(g.name);
   }
+  so.gauges = [local_cache, group_names, &engine] {
+    std::map<std::string, double> g;
+    if (local_cache != nullptr) g = KvGauges(local_cache);
+    const std::vector<int> live = engine.GroupLoads();
+    const std::vector<int64_t> started = engine.GroupStarts();
+    for (size_t i = 0; i < group_names.size() && i < live.size(); ++i) {
+      const std::string label = absl::StrFormat("{group=\"%s\"}", group_names[i]);
+      g["specnode_group_active_sequences" + label] = live[i];
+      g["specnode_group_started_sequences" + label] = static_cast<double>(started[i]);
+    }
+    return g;
+  };
 
   FrontendOptions fo;
   fo.endpoint = cfg.bind;
@@ -164,8 +196,6 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session, ModelRunne
   std::unique_ptr<Frontend> frontend;
   Scheduler scheduler(&engine, &session->model().tokenizer(), so,
                       [&frontend](GenerationEvent ev) { frontend->OnEvent(std::move(ev)); });
-  std::vector<std::pair<std::string, const SpecController*>> controllers;
-  if (controller) controllers.push_back({drafter->name(), controller.get()});
   frontend = std::make_unique<Frontend>(fo, session, router.get(), &scheduler,
                                         [&scheduler, &frontend, controllers] {
                                           SchedulerSnapshot s = scheduler.Snapshot();
@@ -182,12 +212,15 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session, ModelRunne
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  std::fprintf(stderr, "specnode serve: %s on %s (%s kernels, %lld threads, draft %s%s)\n",
-               model_path.c_str(), fo.endpoint.c_str(), session->kernel_name().c_str(),
-               static_cast<long long>(threads), drafter ? drafter->name().c_str() : "none",
-               fo.ranks.empty() ? ""
-                                : absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1)
-                                      .c_str());
+  std::fprintf(
+      stderr, "specnode serve: %s on %s (%s kernels, %lld threads, draft %s%s)\n",
+      model_path.c_str(), fo.endpoint.c_str(), session->kernel_name().c_str(),
+      static_cast<long long>(threads), draft_name.c_str(),
+      fo.ranks.empty() ? ""
+      : serve_groups.size() == 1
+          ? absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1).c_str()
+          : absl::StrFormat(", %d groups on %d ranks", serve_groups.size(), fo.ranks.size() - 1)
+                .c_str());
   std::fprintf(stderr, "specnode serve: config %s\n", cfg.source.c_str());
   absl::Status st = frontend->Run(&g_stop);
   scheduler.Stop();
@@ -203,7 +236,10 @@ absl::Status Run(const CliArgs& args) {
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv));
-  return ServeNode(cfg, session.get(), &session->runner(), {});
+  std::vector<ServeGroup> groups(1);
+  groups[0].name = "local";
+  groups[0].target = &session->runner();
+  return ServeNode(cfg, session.get(), std::move(groups), {});
 }
 
 }  // namespace

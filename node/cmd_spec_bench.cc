@@ -248,8 +248,8 @@ absl::Status Run(const CliArgs& args) {
     for (size_t j = 0; j < configs.size(); ++j) {
       Config& c = *configs[(i + j) % configs.size()];
       Tally& t = tally[c.name][p.domain];
-      SPECNODE_ASSIGN_OR_RETURN(
-          outputs[c.name], RunOne(c, p, next_id++, sp, static_cast<int32_t>(max_tokens), &t));
+      SPECNODE_ASSIGN_OR_RETURN(outputs[c.name],
+                                RunOne(c, p, next_id++, sp, static_cast<int32_t>(max_tokens), &t));
     }
     for (auto& c : configs) {
       if (outputs[c->name] == outputs["target"]) tally[c->name][p.domain].identical++;

@@ -25,8 +25,8 @@ template <typename Poll>
 absl::Status PollUntil(Poll poll, double timeout_s, const std::string& what,
                        const ControlChannel::Check& check) {
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   auto next_check = start + kCheckEvery;
   PollBackoff backoff;
   while (true) {
@@ -82,8 +82,8 @@ absl::StatusOr<bool> ControlChannel::TryRecv(int source, std::string* frame) {
   SPECNODE_MPI_RETURN_IF_ERROR(MPI_Get_count(&st, MPI_BYTE, &count));
   frame->resize(static_cast<size_t>(count));
   // The message is already here (probed), so this receive completes without waiting.
-  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Recv(frame->data(), count, MPI_BYTE, st.MPI_SOURCE,
-                                        kControlTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Recv(frame->data(), count, MPI_BYTE, st.MPI_SOURCE, kControlTag,
+                                        MPI_COMM_WORLD, MPI_STATUS_IGNORE));
   return true;
 }
 

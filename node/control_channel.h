@@ -35,8 +35,8 @@ class ControlChannel {
   using Check = std::function<absl::Status()>;
 
   // Sends `frame` to world rank `dest`; `what` names the peer in messages ("target rank 2").
-  absl::Status Send(int dest, const std::string& frame, double timeout_s,
-                    const std::string& what, const Check& check = nullptr);
+  absl::Status Send(int dest, const std::string& frame, double timeout_s, const std::string& what,
+                    const Check& check = nullptr);
 
   // Receives the next frame from world rank `source`. DeadlineExceeded:
   // "<what> did not answer within <timeout_s> s".

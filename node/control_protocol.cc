@@ -111,8 +111,8 @@ class Reader {
   bool Need(size_t n, const char* what) {
     if (!status_.ok()) return false;
     if (n > in_.size() - pos_) {
-      Fail(absl::StrFormat("truncated at %s (needs %d bytes, %d left)", what, n,
-                           in_.size() - pos_));
+      Fail(
+          absl::StrFormat("truncated at %s (needs %d bytes, %d left)", what, n, in_.size() - pos_));
       return false;
     }
     return true;
@@ -145,9 +145,8 @@ bool ValidStatusCode(int32_t code) { return code >= 0 && code <= 16; }
 absl::StatusOr<std::string_view> Payload(std::string_view frame, ControlKind want) {
   SPECNODE_ASSIGN_OR_RETURN(ControlKind kind, PeekControlKind(frame));
   if (kind != want) {
-    return absl::InvalidArgumentError(absl::StrFormat("control message: expected %s, got %s",
-                                                      ControlKindName(want),
-                                                      ControlKindName(kind)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "control message: expected %s, got %s", ControlKindName(want), ControlKindName(kind)));
   }
   return frame.substr(kControlHeaderBytes);
 }
@@ -171,8 +170,8 @@ const char* ControlKindName(ControlKind kind) {
 }
 
 std::string DescribeFingerprint(const ModelFingerprint& f) {
-  return absl::StrFormat("%d bytes, %d tensors, vocab %d, %d layers", f.file_bytes,
-                         f.tensor_count, f.vocab_size, f.n_layers);
+  return absl::StrFormat("%d bytes, %d tensors, vocab %d, %d layers", f.file_bytes, f.tensor_count,
+                         f.vocab_size, f.n_layers);
 }
 
 absl::Status StepReplyMessage::status() const {
@@ -278,9 +277,9 @@ std::string EncodeControl(const ShutdownMessage& m) {
 
 absl::StatusOr<ControlKind> PeekControlKind(std::string_view frame) {
   if (frame.size() < kControlHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "control message: %d bytes, shorter than the %d-byte header", frame.size(),
-        kControlHeaderBytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("control message: %d bytes, shorter than the %d-byte header", frame.size(),
+                        kControlHeaderBytes));
   }
   Reader r(frame.substr(0, kControlHeaderBytes));
   const uint32_t magic = r.Get<uint32_t>("magic");
@@ -416,8 +415,8 @@ absl::StatusOr<StepReplyMessage> DecodeStepReply(std::string_view frame) {
   }
   if (r.ok() && local > 1) r.Fail(absl::StrFormat("local_failure %d", local));
   if (r.ok() && (m.n_rows < 0 || m.vocab < 0 || m.kv_tokens < 0)) {
-    r.Fail(absl::StrFormat("negative size (n_rows %d, vocab %d, kv_tokens %d)", m.n_rows,
-                           m.vocab, m.kv_tokens));
+    r.Fail(absl::StrFormat("negative size (n_rows %d, vocab %d, kv_tokens %d)", m.n_rows, m.vocab,
+                           m.kv_tokens));
   }
   if (r.ok() && (m.vocab != 0 && static_cast<uint64_t>(m.n_rows) >
                                      std::numeric_limits<uint64_t>::max() / 4 / m.vocab)) {
@@ -430,8 +429,7 @@ absl::StatusOr<StepReplyMessage> DecodeStepReply(std::string_view frame) {
     m.local_failure = local == 1;
     // Check the bytes left before sizing the vector (n_logits comes off the wire).
     if (n_logits > r.left() / sizeof(float)) {
-      r.Fail(absl::StrFormat("truncated at logits (%d floats, %d bytes left)", n_logits,
-                             r.left()));
+      r.Fail(absl::StrFormat("truncated at logits (%d floats, %d bytes left)", n_logits, r.left()));
     } else {
       m.logits.resize(n_logits);
       r.GetArray(m.logits.data(), n_logits, "logits");

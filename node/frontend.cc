@@ -20,7 +20,7 @@ std::string CodeForSubmitError(const absl::Status& s) {
       return "overloaded";
     case absl::StatusCode::kUnavailable:
       return s.message().find("target failed") != absl::string_view::npos ? "unavailable"
-                                                                         : "shutting_down";
+                                                                          : "shutting_down";
     case absl::StatusCode::kInvalidArgument:
       return s.message().find("SLA class") != absl::string_view::npos ? "unknown_sla"
                                                                       : "bad_request";
@@ -264,10 +264,7 @@ void Frontend::DeliverEvents() {
         Send(a.peer, DoneReply(a.id, ev.finish, a.stream ? "" : ev.text, ev.stats));
         break;
       case GenerationEvent::Kind::kError:
-        SendError(
-            a.peer, a.id,
-            ErrorCodeForStepError(ev.error),
-            std::string(ev.error.message()));
+        SendError(a.peer, a.id, ErrorCodeForStepError(ev.error), std::string(ev.error.message()));
         break;
     }
     by_peer_id_.erase({a.peer, a.id});

@@ -1,8 +1,8 @@
 // specnode: one binary, several subcommands (git style).
+#include <sched.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sched.h>
 #include <string>
 #include <thread>
 

@@ -40,8 +40,18 @@ std::string PrometheusText(
   absl::StrAppendFormat(&out, "specnode_steps_total %d\n", s.steps);
   family("specnode_batching_window_ms", "gauge", "Current batching window.");
   absl::StrAppendFormat(&out, "specnode_batching_window_ms %g\n", s.window_ms);
-  family("specnode_preemptions_total", "counter", "Sequences preempted for KV memory.");
+  family("specnode_preemptions_total", "counter",
+         "Sequences preempted (for KV memory or for a waiting higher SLA class).");
   absl::StrAppendFormat(&out, "specnode_preemptions_total %d\n", s.preemptions);
+  family("specnode_preemptions_swapped_total", "counter",
+         "Preemptions that parked the KV in the host tier instead of recomputing it.");
+  absl::StrAppendFormat(&out, "specnode_preemptions_swapped_total %d\n", s.swapped);
+  family("specnode_preemptions_for_class_total", "counter",
+         "Preemptions that made room for a waiting request of a higher SLA class.");
+  absl::StrAppendFormat(&out, "specnode_preemptions_for_class_total %d\n", s.class_preemptions);
+  family("specnode_admission_kv_waits_total", "counter",
+         "Admission rounds that held requests back because their KV would not fit.");
+  absl::StrAppendFormat(&out, "specnode_admission_kv_waits_total %d\n", s.kv_waits);
   family("specnode_errors_total", "counter", "Error replies by code.");
   for (const auto& [code, n] : s.errors_by_code) {
     absl::StrAppendFormat(&out, "specnode_errors_total{code=\"%s\"} %d\n", code, n);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cassert>
 #include <chrono>
 
 #include "absl/strings/str_format.h"
@@ -20,7 +21,7 @@ bool Recoverable(absl::StatusCode c) {
 }  // namespace
 
 std::string RemoteTargetRunner::RankName(size_t i) const {
-  return absl::StrFormat("target rank %d", options_.shard_ranks[i]);
+  return absl::StrFormat("%s rank %d", options_.role, options_.shard_ranks[i]);
 }
 
 absl::Status RemoteTargetRunner::Break(absl::Status s) {
@@ -52,14 +53,14 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
   hello.coordinator_host = ThisHost();
   const std::string frame = EncodeControl(hello);
   for (size_t i = 0; i < o.shard_ranks.size(); ++i) {
-    SPECNODE_RETURN_IF_ERROR(channel->Send(o.shard_ranks[i], frame, o.startup_timeout_s,
-                                           r->RankName(i)));
+    SPECNODE_RETURN_IF_ERROR(
+        channel->Send(o.shard_ranks[i], frame, o.startup_timeout_s, r->RankName(i)));
   }
   for (size_t i = 0; i < o.shard_ranks.size(); ++i) {
     const std::string name = r->RankName(i);
-    SPECNODE_ASSIGN_OR_RETURN(std::string reply,
-                              channel->Recv(o.shard_ranks[i], o.startup_timeout_s,
-                                            name + " (loading its shard)"));
+    SPECNODE_ASSIGN_OR_RETURN(
+        std::string reply,
+        channel->Recv(o.shard_ranks[i], o.startup_timeout_s, name + " (loading its shard)"));
     absl::StatusOr<HelloAckMessage> ack = DecodeHelloAck(reply);
     if (!ack.ok()) {
       return absl::FailedPreconditionError(
@@ -75,9 +76,9 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
                           ack->protocol_version, kControlProtocolVersion));
     }
     if (!(ack->model == o.model)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s opened a different model file (%s) than rank 0 (%s)", name,
-          DescribeFingerprint(ack->model), DescribeFingerprint(o.model)));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s opened a different model file (%s) than rank 0 (%s)", name,
+                          DescribeFingerprint(ack->model), DescribeFingerprint(o.model)));
     }
     if (ack->tp_rank != static_cast<int32_t>(i) ||
         ack->tp_size != static_cast<int32_t>(o.shard_ranks.size()) ||
@@ -115,16 +116,20 @@ void RemoteTargetRunner::Free(SeqId seq) {
   if (broken_.ok()) pending_ops_.push_back({StepOp::Kind::kFree, seq, 0});
 }
 
-absl::Status RemoteTargetRunner::Exchange(const std::string& plan_frame, uint64_t step,
-                                          std::vector<StepReplyMessage>* replies) {
-  const size_t n = options_.shard_ranks.size();
-  std::vector<size_t> all(n);
-  for (size_t i = 0; i < n; ++i) all[i] = i;
-  for (size_t i = 0; i < n; ++i) {
+absl::Status RemoteTargetRunner::SendPlan(const std::string& plan_frame) {
+  for (size_t i = 0; i < options_.shard_ranks.size(); ++i) {
     absl::Status s = channel_->Send(options_.shard_ranks[i], plan_frame, options_.timeout_s,
                                     RankName(i), [&] { return CheckAlive({i}); });
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTargetRunner::CollectReplies(uint64_t step,
+                                                std::vector<StepReplyMessage>* replies) {
+  const size_t n = options_.shard_ranks.size();
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
   // Every reply in one polling loop, so that a dead shard is noticed whichever we wait on.
   replies->assign(n, {});
   std::vector<bool> got(n, false);
@@ -147,9 +152,9 @@ absl::Status RemoteTargetRunner::Exchange(const std::string& plan_frame, uint64_
                                                    reply.status().message()));
       }
       if (reply->step != step || reply->tp_rank != static_cast<int32_t>(i)) {
-        return absl::InternalError(absl::StrFormat(
-            "%s answered step %d as TP rank %d; expected step %d from TP rank %d", RankName(i),
-            reply->step, reply->tp_rank, step, i));
+        return absl::InternalError(
+            absl::StrFormat("%s answered step %d as TP rank %d; expected step %d from TP rank %d",
+                            RankName(i), reply->step, reply->tp_rank, step, i));
       }
       (*replies)[i] = *std::move(reply);
       got[i] = true;
@@ -169,8 +174,8 @@ absl::Status RemoteTargetRunner::Exchange(const std::string& plan_frame, uint64_
     if (now >= deadline) {
       size_t first = 0;
       while (got[first]) ++first;
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "%s did not answer within %.1f s", RankName(first), options_.timeout_s));
+      return absl::DeadlineExceededError(
+          absl::StrFormat("%s did not answer within %.1f s", RankName(first), options_.timeout_s));
     }
     backoff.Sleep();
   }
@@ -179,17 +184,37 @@ absl::Status RemoteTargetRunner::Exchange(const std::string& plan_frame, uint64_
 
 absl::Status RemoteTargetRunner::Forward(std::span<const BatchEntry> batch,
                                          std::vector<float>* logits) {
+  SPECNODE_RETURN_IF_ERROR(BeginForward(batch));
+  return EndForward(logits);
+}
+
+absl::Status RemoteTargetRunner::BeginForward(std::span<const BatchEntry> batch) {
   if (!broken_.ok()) return broken_;
+  assert(!in_flight_);
   StepPlanMessage plan;
   plan.step = ++step_;
   plan.ops.swap(pending_ops_);
-  int64_t rows = 0;
+  pending_ = {};
+  pending_.step = plan.step;
   for (const BatchEntry& e : batch) {
     plan.entries.push_back({e.seq, e.all_logits, {e.tokens.begin(), e.tokens.end()}});
-    rows += e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
+    pending_.rows += e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
+    pending_.fed.emplace_back(e.seq, static_cast<int32_t>(e.tokens.size()));
   }
+  absl::Status s = SendPlan(EncodeControl(plan));
+  if (!s.ok()) return Break(std::move(s));
+  in_flight_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
+  assert(in_flight_);
+  in_flight_ = false;
+  if (!broken_.ok()) return broken_;
+  const Pending plan = std::move(pending_);
+  const int64_t rows = plan.rows;
   std::vector<StepReplyMessage> replies;
-  absl::Status s = Exchange(EncodeControl(plan), plan.step, &replies);
+  absl::Status s = CollectReplies(plan.step, &replies);
   if (!s.ok()) return Break(std::move(s));
 
   // The shards' verdict: the reply of the shard whose own check failed, else any failure.
@@ -200,12 +225,12 @@ absl::Status RemoteTargetRunner::Forward(std::span<const BatchEntry> batch,
     }
   }
   if (failed != nullptr && !Recoverable(static_cast<absl::StatusCode>(failed->status_code))) {
-    return Break(absl::Status(
-        static_cast<absl::StatusCode>(failed->status_code),
-        absl::StrFormat("%s: %s", RankName(failed->tp_rank), failed->status_message)));
+    return Break(
+        absl::Status(static_cast<absl::StatusCode>(failed->status_code),
+                     absl::StrFormat("%s: %s", RankName(failed->tp_rank), failed->status_message)));
   }
   if (failed == nullptr) {
-    for (const BatchEntry& e : batch) lengths_[e.seq] += static_cast<int32_t>(e.tokens.size());
+    for (const auto& [seq, n] : plan.fed) lengths_[seq] += n;
   }
   // Block tables: every shard must agree with this copy.
   std::vector<std::pair<SeqId, int32_t>> table(lengths_.begin(), lengths_.end());

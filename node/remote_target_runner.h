@@ -54,6 +54,7 @@ struct RemoteTargetOptions {
   ModelFingerprint model;          // rank 0's view of the model file
   int32_t vocab_size = 0;
   int32_t max_positions = 0;
+  std::string role = "target";  // names the ranks in errors: "target rank 2", "draft rank 4"
 };
 
 class RemoteTargetRunner final : public ModelRunner {
@@ -68,6 +69,10 @@ class RemoteTargetRunner final : public ModelRunner {
   int32_t vocab_size() const override { return options_.vocab_size; }
   int32_t max_positions() const override { return options_.max_positions; }
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override;
+  // BeginForward sends the step plan to every shard; EndForward waits for their replies.
+  // Between the two, other runners' shards can compute (several groups of a cluster).
+  absl::Status BeginForward(std::span<const BatchEntry> batch) override;
+  absl::Status EndForward(std::vector<float>* logits) override;
   int32_t Length(SeqId seq) const override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
   void Free(SeqId seq) override;
@@ -87,8 +92,15 @@ class RemoteTargetRunner final : public ModelRunner {
   std::string RankName(size_t i) const;  // "target rank 2"
   // Unavailable "target rank R (pid P) is gone" for the first dead shard among `which`.
   absl::Status CheckAlive(const std::vector<size_t>& which) const;
-  absl::Status Exchange(const std::string& plan_frame, uint64_t step,
-                        std::vector<StepReplyMessage>* replies);
+  absl::Status SendPlan(const std::string& plan_frame);
+  absl::Status CollectReplies(uint64_t step, std::vector<StepReplyMessage>* replies);
+
+  // The step in flight between BeginForward and EndForward.
+  struct Pending {
+    uint64_t step = 0;
+    int64_t rows = 0;                            // logits rows expected
+    std::vector<std::pair<SeqId, int32_t>> fed;  // tokens each entry feeds
+  };
 
   ControlChannel* channel_;
   RemoteTargetOptions options_;
@@ -96,6 +108,8 @@ class RemoteTargetRunner final : public ModelRunner {
   std::map<SeqId, int32_t> lengths_;  // committed length per sequence (ordered: fingerprint)
   std::vector<StepOp> pending_ops_;   // sent with the next plan
   uint64_t step_ = 0;
+  Pending pending_;
+  bool in_flight_ = false;
   absl::Status broken_;
 };
 

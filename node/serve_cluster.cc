@@ -9,7 +9,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/model_drafter.h"
 #include "model/gguf_reader.h"
 #include "model/llama_config.h"
 #include "model/status_macros.h"
@@ -45,101 +47,183 @@ absl::Status Quiet(const absl::Status& s) { return absl::Status(s.code(), ""); }
 std::atomic<bool> g_shard_stop{false};
 void OnShardSignal(int) { g_shard_stop.store(true); }
 
+// A draft spec that runs inside the coordinator (no model file of its own).
+bool CoordinatorDraft(const std::string& spec) {
+  return spec == "none" || spec == "ngram" || absl::StartsWith(spec, "ngram:") ||
+         absl::StartsWith(spec, "self:");
+}
+
 // Checks every rank makes alike, before any weights load.
 absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
   const Topology& t = cfg.topology;
   if (world_size != t.world_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the config %s needs %d ranks, mpirun started %d (use mpirun -np %d)", cfg.source,
-        t.world_size, world_size, t.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the config %s needs %d ranks, mpirun started %d (use mpirun -np %d)",
+                        cfg.source, t.world_size, world_size, t.world_size));
   }
-  if (t.groups.size() != 1) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "%s describes %d groups; serving several draft/target groups is not implemented yet "
-        "(the engine has one target): use one group",
-        cfg.source, t.groups.size()));
-  }
-  const GroupTopology& g = t.groups[0];
-  std::vector<const RankPlacement*> placed = {&g.draft};
-  for (const RankPlacement& p : g.target) placed.push_back(&p);
-  for (const RankPlacement* p : placed) {
-    if (p->device != "cpu") {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s places rank %d on %s, which is not available: this build of specnode runs the "
-          "forward pass on cpu only (use device: cpu)",
-          cfg.source, p->rank, p->device));
+  for (const GroupTopology& g : t.groups) {
+    std::vector<const RankPlacement*> placed = {&g.draft};
+    for (const RankPlacement& p : g.target) placed.push_back(&p);
+    for (const RankPlacement* p : placed) {
+      if (p->device != "cpu") {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "%s places rank %d on %s, which is not available: this build of specnode runs "
+            "the forward pass on cpu only (use device: cpu)",
+            cfg.source, p->rank, p->device));
+      }
+    }
+    if (g.draft.rank != 0 && CoordinatorDraft(cfg.draft)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: group %s places its draft on rank %d, but the draft '%s' runs inside the "
+          "coordinator: place it on rank 0 (draft: {rank: 0}), or give a draft model file",
+          cfg.source, g.name, g.draft.rank, cfg.draft));
     }
   }
-  // The TP split, from the GGUF header only (the file is mapped, no weight page is read).
+  // The target's shape, from the GGUF header only (the file is mapped, no weight page read).
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(cfg.model));
   SPECNODE_ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromGguf(*file));
-  absl::StatusOr<ShardPlan> plan = ShardPlan::Create(config, static_cast<int>(g.target.size()));
-  if (!plan.ok()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: a tensor-parallel target over %d ranks does not fit %s: %s", cfg.source,
-        g.target.size(), cfg.model, plan.status().message()));
+  for (const GroupTopology& g : t.groups) {
+    absl::StatusOr<ShardPlan> plan = ShardPlan::Create(config, static_cast<int>(g.target.size()));
+    if (!plan.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: group %s: a tensor-parallel target over %d ranks does not fit %s: %s", cfg.source,
+          g.name, g.target.size(), cfg.model, plan.status().message()));
+    }
+    if (g.draft.rank != 0) {
+      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> draft, GgufFile::Open(cfg.draft));
+      SPECNODE_RETURN_IF_ERROR(LlamaConfig::FromGguf(*draft).status());
+    }
   }
   return absl::OkStatus();
+}
+
+// What one rank does in the job.
+struct Role {
+  enum class Kind { kCoordinator, kTarget, kDraft } kind = Kind::kCoordinator;
+  std::string model;    // the file a shard serves
+  std::vector<int> tp;  // the shard's TP group (world ranks in TP order)
+};
+
+Role RoleOf(const ServeConfig& cfg, int rank) {
+  Role role;
+  if (rank == 0) return role;
+  for (const GroupTopology& g : cfg.topology.groups) {
+    if (g.draft.rank == rank) return {Role::Kind::kDraft, cfg.draft, {rank}};
+    for (const RankPlacement& p : g.target) {
+      if (p.rank != rank) continue;
+      role = {Role::Kind::kTarget, cfg.model, {}};
+      for (const RankPlacement& q : g.target) role.tp.push_back(q.rank);
+      return role;
+    }
+  }
+  return role;  // unreachable: CheckCluster matched the world size to the ranks 0..n-1
+}
+
+std::vector<int> NonCoordinatorRanks(const Topology& t) {
+  std::vector<int> ranks;
+  for (int r = 1; r < t.world_size; ++r) ranks.push_back(r);
+  return ranks;
 }
 
 void ShutdownShards(ControlChannel* channel, const std::vector<int>& ranks,
                     const std::string& reason) {
   const std::string frame = EncodeControl(ShutdownMessage{reason});
-  for (int r : ranks) (void)channel->Send(r, frame, 1.0, absl::StrFormat("target rank %d", r));
+  for (int r : ranks) (void)channel->Send(r, frame, 1.0, absl::StrFormat("rank %d", r));
 }
 
-absl::Status RunCoordinator(const ServeConfig& cfg, const std::vector<int>& target_ranks) {
+ModelFingerprint FingerprintOf(const LlamaModel& m) {
+  return {m.file().file_size(), m.file().tensors().size(), m.config().vocab_size,
+          m.config().n_layers};
+}
+
+// Rank 0: connects every group's target (and remote draft), then serves.
+absl::Status RunCoordinator(const ServeConfig& cfg) {
   ControlChannel channel;
+  const Topology& t = cfg.topology;
+  std::vector<RemoteTargetRunner*> remotes;  // every remote runner, owned below
+  std::vector<std::unique_ptr<RemoteTargetRunner>> targets;
+  std::vector<ServeGroup> groups;
+  auto fail_start = [&](absl::Status st) {
+    for (RemoteTargetRunner* r : remotes) r->Shutdown("rank 0 failed to start");
+    ShutdownShards(&channel, NonCoordinatorRanks(t), "rank 0 failed to start");
+    return st;
+  };
   absl::StatusOr<std::unique_ptr<ModelSession>> session =
       ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv);
-  if (!session.ok()) {
-    ShutdownShards(&channel, target_ranks, "rank 0 failed to start");
-    return session.status();
-  }
+  if (!session.ok()) return fail_start(session.status());
   const LlamaModel& m = (*session)->model();
-  RemoteTargetOptions ro;
-  ro.shard_ranks = target_ranks;
-  ro.timeout_s = cfg.topology.timeout_s;
-  ro.model = {m.file().file_size(), m.file().tensors().size(), m.config().vocab_size,
-              m.config().n_layers};
-  ro.vocab_size = m.config().vocab_size;
-  ro.max_positions = m.config().context_length;
-  absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> runner =
-      RemoteTargetRunner::Connect(&channel, ro);
-  if (!runner.ok()) {
-    ShutdownShards(&channel, target_ranks, "rank 0 failed to start");
-    return runner.status();
-  }
+  auto connect = [&](const std::vector<int>& ranks, const LlamaModel& model,
+                     const char* what) -> absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> {
+    RemoteTargetOptions ro;
+    ro.shard_ranks = ranks;
+    ro.timeout_s = t.timeout_s;
+    ro.model = FingerprintOf(model);
+    ro.vocab_size = model.config().vocab_size;
+    ro.max_positions = model.config().context_length;
+    ro.role = what;
+    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<RemoteTargetRunner> r,
+                              RemoteTargetRunner::Connect(&channel, ro));
+    remotes.push_back(r.get());
+    return r;
+  };
   std::vector<RankInfo> ranks = {{0, "coordinator", getpid(), ThisHost()}};
-  for (const ShardInfo& s : (*runner)->shards()) {
-    ranks.push_back({s.world_rank, "target", s.pid, s.host});
+  for (const GroupTopology& g : t.groups) {
+    std::vector<int> tp;
+    for (const RankPlacement& p : g.target) tp.push_back(p.rank);
+    absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> target = connect(tp, m, "target");
+    if (!target.ok()) return fail_start(target.status());
+    for (const ShardInfo& s : (*target)->shards()) {
+      ranks.push_back({s.world_rank, "target", s.pid, s.host});
+    }
+    ServeGroup group;
+    group.name = g.name;
+    group.target = target->get();
+    targets.push_back(*std::move(target));
+    if (g.draft.rank != 0) {
+      absl::StatusOr<std::unique_ptr<LlamaModel>> draft = LlamaModel::Load(cfg.draft);
+      if (!draft.ok()) return fail_start(draft.status());
+      const int draft_rank = g.draft.rank;
+      absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter = ModelDrafter::Remote(
+          *std::move(draft), cfg.draft, m,
+          [&](const LlamaModel& d) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+            SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<RemoteTargetRunner> r,
+                                      connect({draft_rank}, d, "draft"));
+            const ShardInfo& s = r->shards()[0];
+            ranks.push_back({s.world_rank, "draft", s.pid, s.host});
+            return std::unique_ptr<ModelRunner>(std::move(r));
+          });
+      if (!drafter.ok()) return fail_start(drafter.status());
+      group.drafter = *std::move(drafter);
+    }
+    groups.push_back(std::move(group));
   }
-  absl::Status st = ServeNode(cfg, session->get(), runner->get(), ranks);
-  // A target lost during the drain still ends the job as a failure.
-  if (st.ok() && !(*runner)->broken().ok()) st = (*runner)->broken();
-  if (st.ok()) {
-    (*runner)->Shutdown("rank 0 drained");
-    return st;
+  absl::Status st = ServeNode(cfg, session->get(), std::move(groups), ranks);
+  absl::Status lost;
+  for (RemoteTargetRunner* r : remotes) {
+    if (lost.ok()) lost = r->broken();
   }
-  if (!(*runner)->broken().ok()) {
+  // A rank lost during the drain still ends the job as a failure.
+  if (st.ok() && !lost.ok()) st = lost;
+  if (!lost.ok()) {
     // A rank is gone or hung: MPI_Finalize could wait for it forever. End the whole job.
     std::fprintf(stderr, "specnode serve: the target failed: %s; ending the job\n",
                  std::string(st.message()).c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  (*runner)->Shutdown("rank 0 failed");
+  for (RemoteTargetRunner* r : remotes) r->Shutdown(st.ok() ? "rank 0 drained" : "rank 0 failed");
   return st;
 }
 
-absl::Status RunShard(const ServeConfig& cfg, int world_rank, const std::vector<int>& ranks) {
+absl::Status RunShard(const ServeConfig& cfg, int world_rank, const Role& role) {
   struct sigaction sa = {};
   sa.sa_handler = OnShardSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  const std::vector<int>& ranks = role.tp;
   ShardWorkerOptions o;
-  o.model_path = cfg.model;
+  o.model_path = role.model;
   o.threads = cfg.threads;
   o.kv = cfg.kv;
   o.world_rank = world_rank;
@@ -206,9 +290,7 @@ absl::Status RunServeCluster(const ServeConfig& cfg) {
   if (!pre.ok()) {
     if (rank != 0) st = Quiet(pre);  // every rank failed alike; rank 0 says why
   } else {
-    std::vector<int> target_ranks;
-    for (const RankPlacement& p : t.groups[0].target) target_ranks.push_back(p.rank);
-    st = rank == 0 ? RunCoordinator(cfg, target_ranks) : RunShard(cfg, rank, target_ranks);
+    st = rank == 0 ? RunCoordinator(cfg) : RunShard(cfg, rank, RoleOf(cfg, rank));
   }
   // Print before MPI_Finalize (env's destructor): once every rank has finalised, mpirun
   // tears the job down as soon as one exits non-zero, and a later print could be lost.

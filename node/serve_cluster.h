@@ -5,12 +5,20 @@
 //               target is a RemoteTargetRunner over ranks 1..T
 //   rank 1..T   target shards (node/shard_worker.h), tensor parallel over an MPI
 //               Communicator among themselves
+// With several groups (topology.groups), each group's target ranks form their own TP
+// group and RemoteTargetRunner; the engine runs one pass per group per step, all groups'
+// shards computing at once, and the router spreads requests over the groups (best recent
+// goodput per domain, least loaded among near-equals). A group's draft runs on rank 0
+// (n-gram, self-draft, or a draft model file) or, for a draft model file, on a rank of its
+// own: a one-rank shard worker serving the draft file, driven by a ModelDrafter over a
+// RemoteTargetRunner ("draft rank N" in errors).
 //
 // Start-up checks, on every rank alike and before any model weights load (only rank 0
 // prints; the others exit quietly with the same status):
 //   - launched by mpirun at all, and world size == topology.world_size
 //     ("the config X.yaml needs 4 ranks, mpirun started 3 (use mpirun -np 4)");
-//   - one group (several groups: Unimplemented — the engine has one target today);
+//   - a group's draft on a rank other than 0 only for a draft model file (n-gram and
+//     self-drafts run inside the coordinator);
 //   - every device available (cuda:N on this CPU-only forward pass: FailedPrecondition);
 //   - the TP size fits the model (ShardPlan, from the GGUF header only).
 // Then the handshake (Hello / HelloAck: protocol version, model fingerprint, ranks).
@@ -23,9 +31,12 @@
 // and exit 0.
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "coordinator/drafter.h"
 #include "coordinator/model_runner.h"
 #include "node/cluster_config.h"
 #include "node/frontend.h"
@@ -41,10 +52,20 @@ bool NeedsCluster(const ServeConfig& cfg);
 // were already reported (by rank 0).
 absl::Status RunServeCluster(const ServeConfig& cfg);
 
+// One group of the serving node: a target (local, or TP shards on other ranks) and its
+// drafter. A null drafter means "the config's draft, built in this process" (none: the
+// group decodes directly).
+struct ServeGroup {
+  std::string name;
+  ModelRunner* target = nullptr;  // not owned
+  std::unique_ptr<Drafter> drafter;
+};
+
 // The serving node on rank 0 (or in a single process): front end + scheduler + engine over
-// `target`, until SIGINT/SIGTERM (OK after the drain) or until the target is lost (that
-// error). `ranks` (empty for one process) is listed in `health`. Defined in cmd_serve.cc.
-absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session, ModelRunner* target,
-                       std::vector<RankInfo> ranks);
+// `groups` (at least one; the router spreads requests over them, see SpeculativeEngine),
+// until SIGINT/SIGTERM (OK after the drain) or until a target is lost (that error). `ranks`
+// (empty for one process) is listed in `health`. Defined in cmd_serve.cc.
+absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
+                       std::vector<ServeGroup> groups, std::vector<RankInfo> ranks);
 
 }  // namespace specnode

@@ -36,8 +36,8 @@ struct ShardWorkerOptions {
   int world_rank = 1;
   int tp_rank = 0;
   int tp_size = 1;
-  double timeout_s = 5.0;           // sends of replies
-  double startup_timeout_s = 300;   // waiting for Hello
+  double timeout_s = 5.0;          // sends of replies
+  double startup_timeout_s = 300;  // waiting for Hello
   const std::atomic<bool>* stop = nullptr;
 };
 

@@ -204,6 +204,65 @@ TEST(DomainRouterTest, ChooseGroupOverControllers) {
   EXPECT_EQ(DomainRouter::ChooseGroup("code", all_null), -1);
 }
 
+// A drafter whose drafts cost more than even full acceptance saves (a deep self-draft on a
+// compute-bound CPU) gets no first try; cheap drafters and unknown timings do.
+TEST(DomainRouterTest, GroupThatCanNeverWinIsNotTriedFirst) {
+  auto cheap = SpecController::Create({}).value();
+  auto costly = SpecController::Create({}).value();
+  EXPECT_FALSE(costly->CanNeverWin());  // no timings yet
+  for (int k : {1, 8}) {
+    ASSERT_TRUE(cheap->RecordDraftTime(k, 1e-4 * k).ok());
+    ASSERT_TRUE(cheap->RecordVerifyTime(k, 10e-3 + 2e-3 * k).ok());
+    // Each draft token costs 7 ms (2/3 of a 10 ms target step) plus 3 ms of verification.
+    ASSERT_TRUE(costly->RecordDraftTime(k, 7e-3 * k).ok());
+    ASSERT_TRUE(costly->RecordVerifyTime(k, 10e-3 + 3e-3 * k).ok());
+  }
+  ASSERT_TRUE(cheap->RecordDirectTime(10e-3).ok());
+  ASSERT_TRUE(costly->RecordDirectTime(10e-3).ok());
+  EXPECT_FALSE(cheap->CanNeverWin());
+  EXPECT_TRUE(costly->CanNeverWin());
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(cheap->RecordStep("chat", 1, i % 10 < 7).ok());
+  std::vector<const SpecController*> groups = {cheap.get(), costly.get()};
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups), 0);  // costly is untried on chat
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, std::vector<int>{5, 0}), 0);
+  // Alone (nothing else to choose) it is still chosen.
+  std::vector<const SpecController*> alone = {costly.get()};
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", alone), 0);
+}
+
+// Cluster groups (each its own target): near-equal groups share the load; a clearly better
+// group still wins; groups without a drafter go by load alone.
+TEST(DomainRouterTest, ChooseGroupBalancesLoadAmongNearEquals) {
+  auto g0 = SpecController::Create({}).value();
+  auto g1 = SpecController::Create({}).value();
+  std::vector<const SpecController*> groups = {g0.get(), g1.get()};
+  using L = std::vector<int>;
+  // Both untried: the less loaded one is explored first.
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, L{3, 1}), 1);
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, L{0, 0}), 0);
+  for (SpecController* g : {g0.get(), g1.get()}) {
+    for (int k : {1, 8}) {
+      ASSERT_TRUE(g->RecordDraftTime(k, 1e-3 * k).ok());
+      ASSERT_TRUE(g->RecordVerifyTime(k, 10e-3).ok());
+    }
+    ASSERT_TRUE(g->RecordDirectTime(10e-3).ok());
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE(g->RecordStep("chat", 1, i % 10 < 8 ? 1 : 0).ok());
+  }
+  // The same drafter on both: equal goodput, the less loaded wins; equal loads: index 0.
+  EXPECT_DOUBLE_EQ(g0->ExpectedGoodput("chat"), g1->ExpectedGoodput("chat"));
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, L{5, 2}), 1);
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, L{2, 5}), 0);
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, L{4, 4}), 0);
+  // Group 1 much worse on chat (disabled: direct goodput): group 0 whatever the load.
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(g1->RecordStep("chat", 1, 0).ok());
+  ASSERT_LT(g1->ExpectedGoodput("chat"), DomainRouter::kNearBest * g0->ExpectedGoodput("chat"));
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, L{9, 0}), 0);
+  // Direct groups (no controller): load only.
+  std::vector<const SpecController*> direct = {nullptr, nullptr, nullptr};
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", direct, L{2, 1, 1}), 1);
+  EXPECT_EQ(DomainRouter::ChooseGroup("chat", direct, L{0, 1, 1}), 0);
+}
+
 // A group disabled on every domain it was judged on (two or more) gets no first try on a
 // new domain; one good domain, or a single judged domain, keeps the first try.
 TEST(DomainRouterTest, GroupThatLosesEverywhereIsNotTriedFirst) {
@@ -220,7 +279,7 @@ TEST(DomainRouterTest, GroupThatLosesEverywhereIsNotTriedFirst) {
   auto feed = [](SpecController* g, const char* domain, int percent) {
     for (int i = 0; i < 100; ++i) ASSERT_TRUE(g->RecordStep(domain, 1, i % 100 < percent).ok());
   };
-  feed(good.get(), "summarize", 30);  // good is disabled on summarize
+  feed(good.get(), "summarize", 30);                             // good is disabled on summarize
   EXPECT_EQ(DomainRouter::ChooseGroup("summarize", groups), 1);  // bad: untried, explored
   feed(bad.get(), "chat", 5);
   EXPECT_FALSE(DomainRouter::LosesEverywhere(*bad));  // one judged domain only

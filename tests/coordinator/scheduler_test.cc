@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "coordinator/model_runner.h"
@@ -74,10 +75,12 @@ class SchedulerTest : public testing::Test {
   }
   void TearDown() override { std::filesystem::remove(path_); }
 
-  std::unique_ptr<LocalModelRunner> Runner(int64_t capacity_bytes) {
+  std::unique_ptr<LocalModelRunner> Runner(int64_t capacity_bytes,
+                                           int64_t host_capacity_bytes = int64_t{64} << 20) {
     KvCacheOptions kv;
     kv.mode = "full";
     kv.capacity_bytes = capacity_bytes;
+    kv.host_capacity_bytes = host_capacity_bytes;
     kv.page_tokens = 8;
     auto cache = MakeKvCache(model_->config(), model_->weights().n_kv_heads_local, kv);
     EXPECT_TRUE(cache.ok()) << cache.status();
@@ -122,12 +125,18 @@ class SchedulerTest : public testing::Test {
   std::unique_ptr<ThreadPool> pool_;
 };
 
-TEST_F(SchedulerTest, ManyRequestsUnderKvPressureAllCompleteCorrectly) {
+// Under KV pressure every request completes with the tokens it gets alone, whether
+// preemption swaps KV to the host tier (kept work) or frees it for recompute (no host
+// tier); KV-aware admission holds requests back instead of admitting all 8 at once.
+class SchedulerKvPressureTest : public SchedulerTest, public testing::WithParamInterface<bool> {};
+
+TEST_P(SchedulerKvPressureTest, ManyRequestsAllCompleteCorrectly) {
+  const bool host_tier = GetParam();
   constexpr int kRequests = 12, kTokens = 40;
   const auto expected = Reference(kRequests, kTokens);
   // 48 KiB holds roughly three sequences at full length (f16, 2 layers x 2 kv heads x 16
-  // dims): the scheduler admits 8 and must preempt (free + recompute) to make progress.
-  auto runner = Runner(48 << 10);
+  // dims): with 8 slots the scheduler must hold requests back and preempt to progress.
+  auto runner = Runner(48 << 10, host_tier ? int64_t{1} << 20 : 0);
   SpeculativeEngine engine(runner.get(), {}, {});
   Collector sink;
   SchedulerOptions so;
@@ -146,9 +155,99 @@ TEST_F(SchedulerTest, ManyRequestsUnderKvPressureAllCompleteCorrectly) {
     EXPECT_EQ(rec.tokens, expected[i]) << "request " << i;
     EXPECT_EQ(rec.last.stats.completion_tokens, kTokens);
   }
-  EXPECT_GT(sched.Snapshot().preemptions, 0) << "capacity was meant to force preemption";
+  // How the pressure splits between held-back admissions and preemptions depends on how
+  // the submissions interleave with the scheduler thread; together they must show.
+  const SchedulerSnapshot snap = sched.Snapshot();
+  EXPECT_GT(snap.preemptions + snap.kv_waits, 0) << "capacity was meant to bind";
+  if (host_tier) {
+    EXPECT_LE(snap.swapped, snap.preemptions);  // a prefilling victim is recomputed
+  } else {
+    EXPECT_EQ(snap.swapped, 0);
+  }
   sched.Stop();
   for (uint64_t h : handles) EXPECT_EQ(sink.Wait(h).after_terminal, 0);
+  EXPECT_EQ(runner->Room(0)->available, 48 << 10) << "every page was returned";
+}
+
+INSTANTIATE_TEST_SUITE_P(HostTier, SchedulerKvPressureTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Swap" : "Recompute";
+                         });
+
+// Delegates to a local runner; Forward number `hold_at` blocks until Release(), so a test
+// can act while the scheduler is known to be mid-request.
+class GatedRunner final : public ModelRunner {
+ public:
+  GatedRunner(std::unique_ptr<LocalModelRunner> inner, int hold_at)
+      : inner_(std::move(inner)), hold_at_(hold_at) {}
+  void WaitHeld() {
+    std::unique_lock lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return held_; }));
+  }
+  void Release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  int32_t max_positions() const override { return inner_->max_positions(); }
+  absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override {
+    if (++forwards_ == hold_at_) {
+      std::unique_lock lock(mu_);
+      held_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return released_; });
+    }
+    return inner_->Forward(batch, logits);
+  }
+  int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
+  absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
+  void Free(SeqId seq) override { inner_->Free(seq); }
+  std::optional<KvRoom> Room(int64_t tokens) const override { return inner_->Room(tokens); }
+  absl::Status SwapOut(SeqId seq) override { return inner_->SwapOut(seq); }
+  absl::Status SwapIn(SeqId seq) override { return inner_->SwapIn(seq); }
+
+ private:
+  std::unique_ptr<LocalModelRunner> inner_;
+  const int hold_at_;
+  int forwards_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false, released_ = false;
+};
+
+// With the batch full, a waiting interactive request preempts the running batch request
+// (its KV parked in the host tier); the batch request resumes afterwards with exactly
+// the tokens it would have produced alone.
+TEST_F(SchedulerTest, WaitingHigherClassPreemptsARunningLowerClass) {
+  const auto expected = Reference(2, 60);
+  GatedRunner runner(Runner(64 << 20), /*hold_at=*/4);
+  SpeculativeEngine engine(&runner, {}, {});
+  Collector sink;
+  SchedulerOptions so;
+  so.max_active = 1;
+  Scheduler sched(&engine, &model_->tokenizer(), so, std::ref(sink));
+  GenerationRequest batch = Request(0, 60);
+  batch.sla = "batch";
+  auto b = sched.Submit(batch);
+  ASSERT_TRUE(b.ok());
+  runner.WaitHeld();  // the batch request is decoding (its 4th forward is in progress)
+  GenerationRequest interactive = Request(1, 8);
+  interactive.sla = "interactive";
+  auto in = sched.Submit(interactive);
+  ASSERT_TRUE(in.ok());
+  runner.Release();
+  const auto ri = sink.Wait(in->handle);
+  const auto rb = sink.Wait(b->handle);
+  ASSERT_EQ(ri.last.kind, GenerationEvent::Kind::kDone);
+  ASSERT_EQ(rb.last.kind, GenerationEvent::Kind::kDone);
+  EXPECT_EQ(rb.tokens, expected[0]);
+  EXPECT_EQ(ri.tokens, std::vector<int32_t>(expected[1].begin(), expected[1].begin() + 8));
+  const SchedulerSnapshot snap = sched.Snapshot();
+  EXPECT_EQ(snap.class_preemptions, 1);
+  EXPECT_EQ(snap.swapped, 1);
+  // The interactive request did not wait for the 60-token batch request to finish.
+  EXPECT_LT(ri.last.stats.total_ms, rb.last.stats.total_ms);
 }
 
 TEST_F(SchedulerTest, CancelQueuedAndRunning) {

@@ -384,6 +384,118 @@ TEST_F(SpecEngineTest, DraftWithAnotherVocabularyIsRefused) {
   EXPECT_FALSE(ModelDrafter::SelfDraft(*target_, 0, pool_.get(), {}).ok());
 }
 
+// Delegates to a runner; fails the next EndForward when told to (after the pass ran, as a
+// remote target whose shards refused the step would).
+class FlakyRunner final : public ModelRunner {
+ public:
+  explicit FlakyRunner(ModelRunner* inner) : inner_(inner) {}
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  int32_t max_positions() const override { return inner_->max_positions(); }
+  absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override {
+    if (fail_next_) {
+      fail_next_ = false;
+      return absl::ResourceExhaustedError("scripted failure");
+    }
+    return inner_->Forward(batch, logits);
+  }
+  int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
+  absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
+  void Free(SeqId seq) override { inner_->Free(seq); }
+  bool fail_next_ = false;
+
+ private:
+  ModelRunner* inner_;
+};
+
+TEST_F(SpecEngineTest, GroupsOnSeparateTargetsShareTheLoadAndGiveTheSameTokens) {
+  auto base_runner = MakeRunner("full");
+  SpeculativeEngine base(base_runner.get(), {}, {});
+  std::vector<SpecRequest> requests = Prompts(0.0f, 24);
+  for (SpecRequest r : Prompts(0.0f, 24)) {
+    r.id += 10;
+    requests.push_back(r);
+  }
+  const auto expected = Run(base, requests);
+
+  // Two "cluster groups": each an n-gram drafter verified on its own target; and two
+  // target-only groups (no drafter).
+  for (bool speculate : {true, false}) {
+    auto ta = MakeRunner("full");
+    auto tb = MakeRunner("full");
+    auto da = MakeDrafter("ngram", "full");
+    auto db = MakeDrafter("ngram", "full");
+    auto ca = NewController();
+    auto cb = NewController();
+    std::vector<DraftGroup> groups = {{da.get(), ca.get(), ta.get()},
+                                      {db.get(), cb.get(), tb.get()}};
+    if (!speculate) groups = {{nullptr, nullptr, ta.get()}, {nullptr, nullptr, tb.get()}};
+    SpeculativeEngine engine(ta.get(), groups, {});
+    for (const SpecRequest& r : requests) ASSERT_TRUE(engine.Start(r).ok());
+    const std::vector<int> loads = engine.GroupLoads();
+    EXPECT_EQ(loads[0] + loads[1], 6);
+    EXPECT_GE(std::min(loads[0], loads[1]), 2) << "one group took (nearly) everything";
+    // Every sequence's KV lives on its group's target only.
+    std::vector<SeqStepResult> res;
+    std::vector<SeqId> ids;
+    for (const SpecRequest& r : requests) ids.push_back(r.id);
+    ASSERT_TRUE(engine.Step(ids, &res).ok());
+    for (SeqId id : ids) {
+      ModelRunner* own = engine.Group(id) == 0 ? ta.get() : tb.get();
+      ModelRunner* other = engine.Group(id) == 0 ? tb.get() : ta.get();
+      EXPECT_GT(own->Length(id), 0) << id;
+      EXPECT_EQ(other->Length(id), 0) << id;
+    }
+    for (SeqId id : ids) engine.Finish(id);
+    EXPECT_EQ(ta->Length(1) + tb->Length(1), 0);
+    EXPECT_EQ(Run(engine, requests), expected) << (speculate ? "n-gram groups" : "direct groups");
+  }
+}
+
+TEST_F(SpecEngineTest, AFailedPassOnOneTargetRollsBackTheOthers) {
+  auto ta = MakeRunner("full");
+  auto tb_inner = MakeRunner("full");
+  FlakyRunner tb(tb_inner.get());
+  auto da = MakeDrafter("draft30", "full");
+  auto db = MakeDrafter("draft30", "full");
+  auto ca = NewController();
+  auto cb = NewController();
+  SpeculativeEngine engine(ta.get(), {{da.get(), ca.get(), ta.get()}, {db.get(), cb.get(), &tb}},
+                           {});
+  auto base_runner = MakeRunner("full");
+  SpeculativeEngine base(base_runner.get(), {}, {});
+  const auto requests = Prompts(0.0f, 16);
+  const auto expected = Run(base, requests);
+
+  for (const SpecRequest& r : requests) ASSERT_TRUE(engine.Start(r).ok());
+  std::vector<SeqId> ids;
+  for (const SpecRequest& r : requests) ids.push_back(r.id);
+  std::map<SeqId, std::vector<int32_t>> generated;
+  std::vector<SeqStepResult> res;
+  int failures = 0;
+  for (int step = 0; !ids.empty() && step < 200; ++step) {
+    std::map<SeqId, int32_t> lengths;
+    for (SeqId id : ids) lengths[id] = ta->Length(id) + tb.Length(id);
+    tb.fail_next_ = step % 3 == 1;  // every third step fails on target B
+    absl::Status st = engine.Step(ids, &res);
+    if (!st.ok()) {
+      ++failures;
+      EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+      // No sequence changed, on either target.
+      for (SeqId id : ids) EXPECT_EQ(ta->Length(id) + tb.Length(id), lengths[id]) << id;
+      continue;
+    }
+    std::vector<SeqId> next;
+    for (const SeqStepResult& r : res) {
+      generated[r.id].insert(generated[r.id].end(), r.tokens.begin(), r.tokens.end());
+      if (r.finish == FinishReason::kNone) next.push_back(r.id);
+    }
+    ids = next;
+  }
+  EXPECT_GT(failures, 0);
+  EXPECT_TRUE(ids.empty());
+  for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(generated[requests[i].id], expected[i]);
+}
+
 TEST(NgramDrafterTest, CopiesTheContinuationOfTheLatestMatch) {
   auto d = std::move(NgramDrafter::Create({})).value();
   // "... 5 6 7 8 9 | 1 2 5 6" -> suffix "5 6" matched at the start -> "7 8 9".
@@ -413,12 +525,12 @@ TEST(NgramDrafterTest, DraftsFromTheDomainHistoryWhenTheContextHasNoMatch) {
     return out[0].tokens;
   };
   EXPECT_TRUE(propose(1, {10, 11, 12, 13, 14, 15}, "code", 4).empty());  // nothing yet
-  d->Free(1);  // seq 1's context (10..15) joins the "code" history
+  d->Free(1);                              // seq 1's context (10..15) joins the "code" history
   EXPECT_EQ(d->HistoryTokens("code"), 8);  // separators on both sides
   EXPECT_EQ(propose(2, {7, 11, 12, 13}, "code", 4), (std::vector<int32_t>{14, 15}));
   EXPECT_EQ(propose(3, {7, 11, 12, 13}, "code", 1), (std::vector<int32_t>{14}));
   EXPECT_TRUE(propose(4, {7, 11, 12, 13}, "chat", 4).empty());
-  EXPECT_TRUE(propose(5, {7, 8, 12, 13}, "code", 4).empty());  // 2-gram: below history_min_n
+  EXPECT_TRUE(propose(5, {7, 8, 12, 13}, "code", 4).empty());   // 2-gram: below history_min_n
   EXPECT_TRUE(propose(6, {9, 13, 14, 15}, "code", 4).empty());  // the context's end: nothing
   // The own context wins over the history.
   EXPECT_EQ(propose(7, {11, 12, 13, 50, 11, 12, 13}, "code", 4),
@@ -439,8 +551,7 @@ TEST(NgramDrafterTest, DraftsFromTheDomainHistoryWhenTheContextHasNoMatch) {
     small->Free(s);
     EXPECT_LE(small->HistoryTokens("x"), 16);
   }
-  EXPECT_EQ(small->LookupHistory("x", std::vector<int32_t>{1, 2, 3}, 2),
-            (std::vector<int32_t>{9}));
+  EXPECT_EQ(small->LookupHistory("x", std::vector<int32_t>{1, 2, 3}, 2), (std::vector<int32_t>{9}));
   o.history_min_n = 1;
   EXPECT_FALSE(NgramDrafter::Create(o).ok());
 }

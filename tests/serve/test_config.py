@@ -57,7 +57,8 @@ def test_shipped_local_config_serves(specnode, tiny_model, tmp_path):
         assert node.stop() == 0
 
 
-@pytest.mark.parametrize("name,ranks", [("mpirun-cpu-tp3.yaml", 4), ("gpu-1node-8gpu.yaml", 8),
+@pytest.mark.parametrize("name,ranks", [("mpirun-cpu-tp3.yaml", 4), ("mpirun-cpu-2groups.yaml", 3),
+                                        ("gpu-1node-8gpu.yaml", 8),
                                         ("gpu-2node-16gpu.yaml", 16)])
 def test_shipped_multirank_configs_pass_the_schema(specnode, tmp_path, name, ranks):
     """Their schema is valid; outside mpirun they are refused with a message naming the

@@ -218,3 +218,177 @@ def test_tiny_model_tp3_is_refused(specnode, tiny_model, tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     assert "tensor-parallel target over 3 ranks does not fit" in out, out
+
+
+def groups_config(tmp_path, groups, draft="ngram", name="groups.yaml"):
+    """groups: [(name, draft_rank, [target ranks])] -> a several-group config."""
+    lines = ["version: 1", "model:", "  threads: 1", "speculation:", f"  draft: {draft}",
+             "kv:", "  mode: full", "  capacity_mb: 64", "topology:", "  timeout_s: 30",
+             "  groups:"]
+    for gname, draft_rank, targets in groups:
+        lines += [f"    - name: {gname}", f"      draft: {{rank: {draft_rank}, device: cpu}}",
+                  "      target:"]
+        lines += [f"        - {{rank: {r}, device: cpu}}" for r in targets]
+    cfg = tmp_path / name
+    cfg.write_text("\n".join(lines) + "\n")
+    return cfg
+
+
+def concurrent_greedy(endpoint, prompts, max_tokens):
+    """Every prompt submitted at once (one client each), so the router sees load."""
+    import threading
+
+    from specnode_client import SpecnodeClient
+
+    results = [None] * len(prompts)
+
+    def run(i):
+        with SpecnodeClient(endpoint, timeout_s=120) as c:
+            results[i] = c.generate(prompt=prompts[i], max_tokens=max_tokens, temperature=0)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert all(r is not None for r in results), results
+    return results
+
+
+def group_gauge(endpoint, family, group):
+    from specnode_client import SpecnodeClient
+
+    with SpecnodeClient(endpoint, timeout_s=10) as c:
+        text = c.metrics()
+    m = re.search(rf'^{family}{{group="{group}"}} (\S+)$', text, re.M)
+    assert m, text
+    return float(m.group(1))
+
+
+GROUP_PROMPTS = ["hello world", "the the the the the the", "one two three one two three",
+                 "a b c d a b c d", "zebra", "hello hello world world"]
+
+
+def test_two_groups_share_requests_and_match_single_process(specnode, tiny_model, tmp_path):
+    """Group a: TP 2 on ranks 1-2; group b: TP 1 on rank 3; both drafts (n-gram) on rank 0."""
+    cfg = groups_config(tmp_path, [("a", 0, [1, 2]), ("b", 0, [3])])
+    single = Node(specnode, tiny_model, tmp_path / "single.log",
+                  extra=["--config", str(single_config(tmp_path, cfg)), "--threads", "1"])
+    try:
+        single.wait_ready()
+        want = greedy(single.endpoint, GROUP_PROMPTS, 16)
+    finally:
+        single.stop()
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 4, cfg)
+    try:
+        h = node.wait_ready(120)
+        assert [r["role"] for r in h["ranks"]] == ["coordinator"] + ["target"] * 3, h
+        got = concurrent_greedy(node.endpoint, GROUP_PROMPTS, 16)
+        started = {g: group_gauge(node.endpoint, "specnode_group_started_sequences", g)
+                   for g in ("a", "b")}
+        log = node.log()
+    finally:
+        node.stop()
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids, (w.text, g.text)
+    assert started["a"] + started["b"] == len(GROUP_PROMPTS), started
+    assert min(started.values()) >= 1, started  # the router used both groups
+    assert "2 groups on 3 ranks" in log, log
+
+
+def test_draft_model_on_its_own_rank(specnode, tiny_model, tmp_path):
+    """Group b's draft model runs on rank 3 (a one-rank shard serving the draft file)."""
+    draft = tmp_path / "draft.gguf"
+    subprocess.run([specnode, "tiny-model", "--out", str(draft), "--perturb", "0.05"], check=True)
+    cfg = groups_config(tmp_path, [("a", 0, [1]), ("b", 3, [2])], draft=str(draft))
+    single = Node(specnode, tiny_model, tmp_path / "single.log",
+                  extra=["--config", str(single_config(tmp_path, cfg)), "--threads", "1"])
+    try:
+        single.wait_ready()
+        want = greedy(single.endpoint, GROUP_PROMPTS, 16)
+    finally:
+        single.stop()
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 4, cfg)
+    try:
+        h = node.wait_ready(120)
+        roles = {r["rank"]: r["role"] for r in h["ranks"]}
+        assert roles == {0: "coordinator", 1: "target", 2: "target", 3: "draft"}, h
+        got = concurrent_greedy(node.endpoint, GROUP_PROMPTS, 16)
+        started_b = group_gauge(node.endpoint, "specnode_group_started_sequences", "b")
+    finally:
+        node.stop()
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids, (w.text, g.text)
+    assert started_b >= 1
+    # The close draft was verified through both groups' targets.
+    assert sum(r.stats["drafted"] for r in got) > 0
+
+
+def test_ngram_draft_off_rank_0_is_refused(specnode, tiny_model, tmp_path):
+    cfg = groups_config(tmp_path, [("a", 0, [1]), ("b", 2, [3])])
+    res, _ = run_job(4, specnode, ["--config", str(cfg), "--model", tiny_model])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "group b places its draft on rank 2, but the draft 'ngram' runs inside the " \
+           "coordinator" in out, out
+
+
+def test_shipped_two_group_config_serves_smollm2(specnode, real_model, tmp_path):
+    """cluster-configs/mpirun-cpu-2groups.yaml: two SmolLM2 replicas behind one front end."""
+    cfg = ROOT / "cluster-configs" / "mpirun-cpu-2groups.yaml"
+    node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 3, cfg)
+    try:
+        h = node.wait_ready(180)
+        assert [r["role"] for r in h["ranks"]] == ["coordinator", "target", "target"], h
+        got = concurrent_greedy(node.endpoint, PROMPTS, 12)
+        started = {g: group_gauge(node.endpoint, "specnode_group_started_sequences", g)
+                   for g in ("a", "b")}
+    finally:
+        node.stop()
+    assert all(len(r.token_ids) > 0 for r in got)
+    assert sum(started.values()) == len(PROMPTS) and min(started.values()) >= 1, started
+
+
+def test_killed_rank_of_one_group_fails_every_request(specnode, real_model, tmp_path):
+    """Two SmolLM2 groups, one request on each; group b's target rank is killed: both
+    clients get `unavailable` naming the rank, and the job exits non-zero, bounded."""
+    import threading
+
+    from specnode_client import SpecnodeClient, SpecnodeError
+
+    cfg = groups_config(tmp_path, [("a", 0, [1]), ("b", 0, [2])])
+    node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 3, cfg)
+    try:
+        h = node.wait_ready(180)
+        victim = next(r for r in h["ranks"] if r["rank"] == 2)
+        errors = [None, None]
+        streaming = threading.Barrier(3, timeout=60)
+
+        def run(i):
+            with SpecnodeClient(node.endpoint, timeout_s=30) as c:
+                seen = 0
+                try:
+                    for m in c.submit(prompt=f"Once upon a time {i}", max_tokens=1000,
+                                      temperature=0):
+                        if m["type"] == "tokens":
+                            seen += 1
+                            if seen == 2:
+                                streaming.wait()
+                except SpecnodeError as e:
+                    errors[i] = e
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        streaming.wait()  # both requests are running, one per group
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        for t in threads:
+            t.join(timeout=30)
+        assert time.monotonic() - killed_at < 15
+        assert all(e is not None and e.code == "unavailable" for e in errors), errors
+        assert any("target rank 2" in e.message for e in errors), errors
+        node.proc.wait(timeout=30)
+        assert node.proc.returncode != 0
+    finally:
+        node.stop()

@@ -1,0 +1,30 @@
+// Private to coordinator/scheduler*.cc: the scheduler's per-request record, shared by
+// scheduler.cc (the step loop, streaming) and scheduler_admission.cc (admission,
+// preemption). Guarded by Scheduler::mu_ where scheduler.h says so.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coordinator/scheduler.h"
+#include "model/tokenizer.h"
+
+namespace specnode {
+
+struct Scheduler::Req {
+  uint64_t handle = 0;
+  GenerationRequest g;
+  const SlaClass* cls = nullptr;
+  Clock::time_point arrival, scheduled, first_token, last_token;
+  bool running = false, scheduled_once = false, done = false;
+  std::vector<int32_t> output;  // generated tokens (survive preemption)
+  Utf8StreamDecoder utf8;
+  std::string text;
+  size_t emitted = 0;                             // bytes of text already sent
+  size_t checked = 0;                             // bytes of text already searched for stop strings
+  size_t max_stop = 0;                            // longest stop string
+  int32_t drafted = 0, accepted = 0, passes = 0;  // over preemptions
+};
+
+}  // namespace specnode
