@@ -21,6 +21,8 @@ absl::Status ModelRunner::EndForward(std::vector<float>* logits) {
 
 std::optional<ModelRunner::KvRoom> ModelRunner::Room(int64_t) const { return std::nullopt; }
 
+std::optional<ModelRunner::KvMemory> ModelRunner::Memory() const { return std::nullopt; }
+
 absl::Status ModelRunner::SwapOut(SeqId) {
   return absl::UnimplementedError("this runner cannot swap KV out");
 }
@@ -42,6 +44,13 @@ std::optional<ModelRunner::KvRoom> LocalModelRunner::Room(int64_t tokens) const 
   const auto* store = dynamic_cast<const KvStore*>(cache_.get());
   if (store == nullptr) return std::nullopt;
   return KvRoom{store->BytesForTokens(tokens), store->AvailableBytes()};
+}
+
+std::optional<ModelRunner::KvMemory> LocalModelRunner::Memory() const {
+  const auto* store = dynamic_cast<const KvStore*>(cache_.get());
+  if (store == nullptr) return std::nullopt;
+  const KvUsage u = store->Usage();
+  return KvMemory{u.capacity_bytes, u.used_bytes};
 }
 
 absl::Status LocalModelRunner::SwapOut(SeqId seq) {

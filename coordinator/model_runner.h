@@ -54,6 +54,13 @@ class ModelRunner {
     int64_t available = 0;
   };
   virtual std::optional<KvRoom> Room(int64_t tokens) const;
+  // KV bytes allowed and in use (summed over a remote target's shards), for metrics;
+  // nullopt when unknown.
+  struct KvMemory {
+    int64_t capacity_bytes = 0;
+    int64_t used_bytes = 0;
+  };
+  virtual std::optional<KvMemory> Memory() const;
   // Preemption that keeps the KV: SwapOut moves a sequence's cached rows to the cache's host
   // tier and frees its pages; SwapIn brings them back (ResourceExhausted when they do not
   // fit now; nothing changes). Unimplemented by default: the caller frees and recomputes.
@@ -80,6 +87,7 @@ class LocalModelRunner final : public ModelRunner {
   void Free(SeqId seq) override { cache_->Free(seq); }
   // Through the KvStore (kvstore/kv_store.h) when the cache is one.
   std::optional<KvRoom> Room(int64_t tokens) const override;
+  std::optional<KvMemory> Memory() const override;
   absl::Status SwapOut(SeqId seq) override;
   absl::Status SwapIn(SeqId seq) override;
 

@@ -171,12 +171,28 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   // each group's live sequences and sequences started.
   KvCache* local_cache = target == &session->runner() ? &session->cache() : nullptr;
   std::vector<std::string> group_names;
-  if (groups.size() > 1) {
-    for (const ServeGroup& g : serve_groups) group_names.push_back(g.name);
+  std::vector<ModelRunner*> remote_targets;  // KV bytes from their shards' replies
+  for (const ServeGroup& g : serve_groups) {
+    if (groups.size() > 1) group_names.push_back(g.name);
+    if (g.target != &session->runner() &&
+        std::find(remote_targets.begin(), remote_targets.end(), g.target) == remote_targets.end()) {
+      remote_targets.push_back(g.target);
+    }
   }
-  so.gauges = [local_cache, group_names, &engine] {
+  so.gauges = [local_cache, group_names, remote_targets, &engine] {
     std::map<std::string, double> g;
     if (local_cache != nullptr) g = KvGauges(local_cache);
+    if (!remote_targets.empty()) {
+      double capacity = 0, used = 0;
+      for (const ModelRunner* t : remote_targets) {
+        const std::optional<ModelRunner::KvMemory> m = t->Memory();
+        if (!m.has_value()) continue;
+        capacity += static_cast<double>(m->capacity_bytes);
+        used += static_cast<double>(m->used_bytes);
+      }
+      g["specnode_kv_capacity_bytes"] = capacity;  // every target rank's, summed
+      g["specnode_kv_used_bytes"] = used;
+    }
     const std::vector<int> live = engine.GroupLoads();
     const std::vector<int64_t> started = engine.GroupStarts();
     for (size_t i = 0; i < group_names.size() && i < live.size(); ++i) {

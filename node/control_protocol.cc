@@ -227,6 +227,8 @@ std::string EncodeControl(const HelloAckMessage& m) {
   w.Put<int32_t>(m.tp_size);
   w.Put<int64_t>(m.kv_capacity_bytes);
   w.Put<int32_t>(m.n_kv_heads_local);
+  w.Put<int64_t>(m.kv_page_bytes);
+  w.Put<int32_t>(m.kv_page_tokens);
   w.Put<int64_t>(m.pid);
   w.PutString(m.host);
   w.Put<int32_t>(m.status_code);
@@ -262,6 +264,8 @@ std::string EncodeControl(const StepReplyMessage& m) {
   w.Put<uint8_t>(m.local_failure ? 1 : 0);
   w.Put<uint64_t>(m.kv_hash);
   w.Put<int64_t>(m.kv_tokens);
+  w.Put<int64_t>(m.kv_available_bytes);
+  w.Put<int64_t>(m.kv_used_bytes);
   w.Put<int64_t>(m.n_rows);
   w.Put<int32_t>(m.vocab);
   w.Put<uint64_t>(m.logits.size());
@@ -332,12 +336,18 @@ absl::StatusOr<HelloAckMessage> DecodeHelloAck(std::string_view frame) {
   m.tp_size = r.Get<int32_t>("tp_size");
   m.kv_capacity_bytes = r.Get<int64_t>("kv_capacity_bytes");
   m.n_kv_heads_local = r.Get<int32_t>("n_kv_heads_local");
+  m.kv_page_bytes = r.Get<int64_t>("kv_page_bytes");
+  m.kv_page_tokens = r.Get<int32_t>("kv_page_tokens");
   m.pid = r.Get<int64_t>("pid");
   m.host = r.GetString("host");
   m.status_code = r.Get<int32_t>("status_code");
   m.status_message = r.GetString("status_message");
   if (r.ok() && !ValidStatusCode(m.status_code)) {
     r.Fail(absl::StrFormat("status code %d", m.status_code));
+  }
+  if (r.ok() && (m.kv_page_bytes < 0 || m.kv_page_tokens < 0)) {
+    r.Fail(absl::StrFormat("KV page geometry (%d bytes, %d tokens)", m.kv_page_bytes,
+                           m.kv_page_tokens));
   }
   if (r.ok() && (m.tp_size < 1 || m.tp_rank < 0 || m.tp_rank >= m.tp_size)) {
     r.Fail(absl::StrFormat("tp rank %d of %d", m.tp_rank, m.tp_size));
@@ -407,6 +417,8 @@ absl::StatusOr<StepReplyMessage> DecodeStepReply(std::string_view frame) {
   const uint8_t local = r.Get<uint8_t>("local_failure");
   m.kv_hash = r.Get<uint64_t>("kv_hash");
   m.kv_tokens = r.Get<int64_t>("kv_tokens");
+  m.kv_available_bytes = r.Get<int64_t>("kv_available_bytes");
+  m.kv_used_bytes = r.Get<int64_t>("kv_used_bytes");
   m.n_rows = r.Get<int64_t>("n_rows");
   m.vocab = r.Get<int32_t>("vocab");
   const uint64_t n_logits = r.Get<uint64_t>("logits count");
@@ -414,6 +426,10 @@ absl::StatusOr<StepReplyMessage> DecodeStepReply(std::string_view frame) {
     r.Fail(absl::StrFormat("status code %d", m.status_code));
   }
   if (r.ok() && local > 1) r.Fail(absl::StrFormat("local_failure %d", local));
+  if (r.ok() && (m.kv_available_bytes < -1 || m.kv_used_bytes < 0)) {
+    r.Fail(
+        absl::StrFormat("KV bytes (available %d, used %d)", m.kv_available_bytes, m.kv_used_bytes));
+  }
   if (r.ok() && (m.n_rows < 0 || m.vocab < 0 || m.kv_tokens < 0)) {
     r.Fail(absl::StrFormat("negative size (n_rows %d, vocab %d, kv_tokens %d)", m.n_rows, m.vocab,
                            m.kv_tokens));

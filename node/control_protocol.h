@@ -34,7 +34,7 @@
 namespace specnode {
 
 inline constexpr uint32_t kControlMagic = 0x50434E53;  // "SNCP" little-endian
-inline constexpr uint16_t kControlProtocolVersion = 1;
+inline constexpr uint16_t kControlProtocolVersion = 2;
 inline constexpr size_t kControlHeaderBytes = 16;
 
 enum class ControlKind : uint16_t {
@@ -72,6 +72,11 @@ struct HelloAckMessage {
   int32_t tp_size = 0;
   int64_t kv_capacity_bytes = 0;
   int32_t n_kv_heads_local = 0;
+  // KV geometry for admission (v2): a new full-precision page's bytes and token slots; a
+  // sequence of n new tokens needs at most (ceil(n / page_tokens) + 1) pages. 0 = the
+  // shard's cache cannot tell (dense).
+  int64_t kv_page_bytes = 0;
+  int32_t kv_page_tokens = 0;
   int64_t pid = 0;
   std::string host;
   // Not OK when the shard could not start (e.g. its weights failed to load).
@@ -116,6 +121,10 @@ struct StepReplyMessage {
   // sequence, so every shard must report the same values (and the coordinator's own).
   uint64_t kv_hash = 0;
   int64_t kv_tokens = 0;
+  // KV memory after the step (v2): bytes the shard's store could make available now
+  // (-1 = cannot tell) and bytes in use; the coordinator's admission and metrics read them.
+  int64_t kv_available_bytes = -1;
+  int64_t kv_used_bytes = 0;
   // Logits [n_rows, vocab] row-major; only TP rank 0 sends them (others: n_rows = 0).
   int64_t n_rows = 0;
   int32_t vocab = 0;

@@ -95,7 +95,12 @@ std::string PrometheusText(
       family(name.c_str(), "gauge", "Engine gauge (see docs/protocol.md, Metrics).");
       last_family = name;
     }
-    absl::StrAppendFormat(&out, "%s %g\n", series, v);
+    // Whole numbers (bytes, counts) exactly; %g alone would round 201326592 to 2.01327e+08.
+    if (v == std::floor(v) && std::fabs(v) < 1e15) {
+      absl::StrAppendFormat(&out, "%s %.0f\n", series, v);
+    } else {
+      absl::StrAppendFormat(&out, "%s %g\n", series, v);
+    }
   }
   return out;
 }

@@ -88,7 +88,10 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
           ack->tp_rank, ack->tp_size, ack->world_rank, i, o.shard_ranks.size()));
     }
     r->shards_.push_back({ack->world_rank, ack->tp_rank, ack->pid, ack->host,
-                          ack->kv_capacity_bytes, ack->n_kv_heads_local});
+                          ack->kv_capacity_bytes, ack->n_kv_heads_local, ack->kv_page_bytes,
+                          ack->kv_page_tokens});
+    r->kv_available_.push_back(ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1);
+    r->kv_used_.push_back(0);
   }
   return r;
 }
@@ -243,6 +246,10 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
           plan.step, RankName(r.tp_rank), r.kv_tokens, r.kv_hash, want.tokens, want.hash)));
     }
   }
+  for (const StepReplyMessage& r : replies) {
+    kv_available_[r.tp_rank] = r.kv_available_bytes;
+    kv_used_[r.tp_rank] = r.kv_used_bytes;
+  }
   if (failed != nullptr) return failed->status();
   StepReplyMessage& head = replies[0];
   if (head.n_rows != rows || head.vocab != options_.vocab_size) {
@@ -252,6 +259,33 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
   }
   logits->swap(head.logits);
   return absl::OkStatus();
+}
+
+std::optional<ModelRunner::KvRoom> RemoteTargetRunner::Room(int64_t tokens) const {
+  if (shards_.empty()) return std::nullopt;
+  std::optional<KvRoom> tightest;  // the shard with the least room to spare
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardInfo& s = shards_[i];
+    if (s.kv_page_bytes <= 0 || s.kv_page_tokens <= 0 || kv_available_[i] < 0) {
+      return std::nullopt;
+    }
+    const int64_t pages = (tokens + s.kv_page_tokens - 1) / s.kv_page_tokens + 1;
+    const KvRoom room{pages * s.kv_page_bytes, kv_available_[i]};
+    if (!tightest || room.available - room.needed < tightest->available - tightest->needed) {
+      tightest = room;
+    }
+  }
+  return tightest;
+}
+
+std::optional<ModelRunner::KvMemory> RemoteTargetRunner::Memory() const {
+  KvMemory m;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (kv_available_[i] < 0) return std::nullopt;
+    m.capacity_bytes += shards_[i].kv_capacity_bytes;
+    m.used_bytes += kv_used_[i];
+  }
+  return m;
 }
 
 void RemoteTargetRunner::Shutdown(const std::string& reason) {

@@ -28,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,8 @@ struct ShardInfo {
   std::string host;
   int64_t kv_capacity_bytes = 0;
   int n_kv_heads_local = 0;
+  int64_t kv_page_bytes = 0;  // 0: the shard's cache cannot tell (HelloAckMessage)
+  int32_t kv_page_tokens = 0;
 };
 
 struct RemoteTargetOptions {
@@ -76,6 +79,12 @@ class RemoteTargetRunner final : public ModelRunner {
   int32_t Length(SeqId seq) const override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
   void Free(SeqId seq) override;
+  // From the shards' page geometry (HelloAck) and their available bytes as of the last
+  // reply (capacity before the first step); the tightest shard decides, since every shard
+  // must hold the sequence's slice. nullopt when a shard cannot tell.
+  std::optional<KvRoom> Room(int64_t tokens) const override;
+  // Summed over the shards, as of the last reply.
+  std::optional<KvMemory> Memory() const override;
 
   // Tells every shard to leave its loop (best effort, ~1 s per shard at most). Call after
   // the last Forward, from the thread that drives the runner.
@@ -109,6 +118,7 @@ class RemoteTargetRunner final : public ModelRunner {
   std::vector<StepOp> pending_ops_;   // sent with the next plan
   uint64_t step_ = 0;
   Pending pending_;
+  std::vector<int64_t> kv_available_, kv_used_;  // per shard, from the last reply
   bool in_flight_ = false;
   absl::Status broken_;
 };

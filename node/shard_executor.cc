@@ -1,5 +1,7 @@
 #include "node/shard_executor.h"
 
+#include "kvstore/kv_store.h"
+
 #include "absl/strings/str_format.h"
 
 namespace specnode {
@@ -47,6 +49,10 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
     const KvFingerprint f = Fingerprint();
     reply.kv_hash = f.hash;
     reply.kv_tokens = f.tokens;
+    if (const auto* store = dynamic_cast<const KvStore*>(cache_.get())) {
+      reply.kv_available_bytes = store->AvailableBytes();
+      reply.kv_used_bytes = store->Usage().used_bytes;
+    }
     return reply;
   };
 

@@ -1,5 +1,7 @@
 #include "node/shard_worker.h"
 
+#include "kvstore/kv_store.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -52,6 +54,10 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
     ack.model = FingerprintOf(*model);
     ack.n_kv_heads_local = model->weights().n_kv_heads_local;
     ack.kv_capacity_bytes = o.kv.capacity_bytes;
+    if (const auto* store = dynamic_cast<const KvStore*>(&exec->cache())) {
+      ack.kv_page_bytes = store->BytesForTokens(0);  // one page: nothing but the spare
+      ack.kv_page_tokens = o.kv.page_tokens;
+    }
     return absl::OkStatus();
   }();
   ack.set_status(load);

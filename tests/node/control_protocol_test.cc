@@ -30,6 +30,8 @@ HelloAckMessage SampleAck() {
   m.tp_size = 3;
   m.kv_capacity_bytes = int64_t{512} << 20;
   m.n_kv_heads_local = 1;
+  m.kv_page_bytes = 24576;
+  m.kv_page_tokens = 8;
   m.pid = 777;
   m.host = "node-b";
   m.status_code = static_cast<int32_t>(absl::StatusCode::kNotFound);
@@ -51,6 +53,8 @@ StepReplyMessage SampleReply() {
   m.tp_rank = 0;
   m.kv_hash = 0xdeadbeefcafef00dull;
   m.kv_tokens = 99;
+  m.kv_available_bytes = 123456;
+  m.kv_used_bytes = 654321;
   m.n_rows = 2;
   m.vocab = 3;
   m.logits = {0.5f, -1.0f, 2.0f, 3.0f, 1e-3f, -7.25f};
@@ -87,6 +91,8 @@ TEST(ControlProtocolTest, HelloAckRoundTrip) {
   EXPECT_EQ(d->tp_size, 3);
   EXPECT_EQ(d->kv_capacity_bytes, m.kv_capacity_bytes);
   EXPECT_EQ(d->n_kv_heads_local, 1);
+  EXPECT_EQ(d->kv_page_bytes, 24576);
+  EXPECT_EQ(d->kv_page_tokens, 8);
   EXPECT_EQ(d->pid, 777);
   EXPECT_EQ(d->host, "node-b");
   EXPECT_EQ(d->status_code, m.status_code);
@@ -114,6 +120,8 @@ TEST(ControlProtocolTest, StepReplyRoundTrip) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->step, 17u);
   EXPECT_EQ(d->kv_hash, m.kv_hash);
+  EXPECT_EQ(d->kv_available_bytes, 123456);
+  EXPECT_EQ(d->kv_used_bytes, 654321);
   EXPECT_EQ(d->kv_tokens, 99);
   EXPECT_EQ(d->n_rows, 2);
   EXPECT_EQ(d->vocab, 3);
@@ -148,10 +156,10 @@ TEST(ControlProtocolTest, HeaderErrors) {
   EXPECT_THAT(DecodeHello(bad_magic).status().message(), HasSubstr("bad magic"));
 
   std::string bad_version = f;
-  bad_version[4] = 2;
+  bad_version[4] = 1;  // an older peer
   EXPECT_EQ(DecodeHello(bad_version).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(DecodeHello(bad_version).status().message(),
-              HasSubstr("control protocol version 2; this build speaks 1"));
+              HasSubstr("control protocol version 1; this build speaks 2"));
 
   std::string bad_kind = f;
   bad_kind[6] = 99;
@@ -265,6 +273,14 @@ TEST(ControlProtocolTest, MalformedStepReply) {
     EXPECT_THAT(DecodeStepReply(EncodeControl(m)).status().message(), HasSubstr("negative size"));
   }
   {
+    StepReplyMessage m = SampleReply();
+    m.kv_available_bytes = -2;
+    EXPECT_THAT(DecodeStepReply(EncodeControl(m)).status().message(), HasSubstr("KV bytes"));
+    HelloAckMessage a = SampleAck();
+    a.kv_page_tokens = -8;
+    EXPECT_THAT(DecodeHelloAck(EncodeControl(a)).status().message(), HasSubstr("KV page geometry"));
+  }
+  {
     // A logits count that claims far more floats than the frame holds.
     StepReplyMessage m;
     m.n_rows = int64_t{1} << 40;
@@ -297,9 +313,8 @@ TEST(ControlProtocolTest, MalformedStepReply) {
 // Random byte flips never crash; the result is either a message or InvalidArgument.
 TEST(ControlProtocolTest, RandomCorruptionNeverCrashes) {
   std::mt19937 rng(7);
-  const std::vector<std::string> frames = {EncodeControl(SamplePlan()),
-                                           EncodeControl(SampleReply()),
-                                           EncodeControl(SampleAck())};
+  const std::vector<std::string> frames = {
+      EncodeControl(SamplePlan()), EncodeControl(SampleReply()), EncodeControl(SampleAck())};
   for (int it = 0; it < 3000; ++it) {
     std::string g = frames[it % frames.size()];
     const int flips = 1 + static_cast<int>(rng() % 4);

@@ -55,6 +55,9 @@ void Handshake(int world, Scenario sc) {
   ack.tp_size = 2;
   ack.pid = getpid();
   ack.host = ThisHost();
+  ack.kv_capacity_bytes = 1 << 20;
+  ack.kv_page_bytes = 4096;
+  ack.kv_page_tokens = 8;
   if (sc == kWrongModel && world == 2) ack.model.file_bytes = 999;
   if (sc == kLoadFailed && world == 1) ack.set_status(absl::NotFoundError("no such file"));
   Send0(EncodeControl(ack));
@@ -70,6 +73,8 @@ StepReplyMessage Reply(const StepPlanMessage& plan, int world, int64_t tokens) {
   const KvFingerprint f = FingerprintLengths(table);
   r.kv_hash = f.hash;
   r.kv_tokens = f.tokens;
+  r.kv_used_bytes = 4096 * world;
+  r.kv_available_bytes = (1 << 20) - 4096 * 10 * world;  // TP rank 1 is the tighter one
   if (world == 1) {
     int64_t rows = 0;
     for (const StepEntry& e : plan.entries) {
@@ -83,16 +88,16 @@ StepReplyMessage Reply(const StepPlanMessage& plan, int world, int64_t tokens) {
 }
 
 void FakeShard(int world) {
-  for (Scenario sc : {kWrongModel, kLoadFailed, kSteps, kDiverged, kExhausted, kSilent,
-                      kMalformed}) {
+  for (Scenario sc :
+       {kWrongModel, kLoadFailed, kSteps, kDiverged, kExhausted, kSilent, kMalformed}) {
     Handshake(world, sc);
     if (sc == kSteps) {
       // Plan 1: seq 1 prefill of 3 tokens; plan 2: ops (truncate 1 -> 2) + one token.
       auto p1 = DecodeStepPlan(Recv0());
       Send0(EncodeControl(Reply(*p1, world, 3)));
       auto p2 = DecodeStepPlan(Recv0());
-      const bool ops_ok = p2.ok() && p2->ops.size() == 1 &&
-                          p2->ops[0] == StepOp{StepOp::Kind::kTruncate, 1, 2};
+      const bool ops_ok =
+          p2.ok() && p2->ops.size() == 1 && p2->ops[0] == StepOp{StepOp::Kind::kTruncate, 1, 2};
       Send0(EncodeControl(Reply(*p2, world, ops_ok ? 3 : 99)));
     } else if (sc == kDiverged) {
       auto p = DecodeStepPlan(Recv0());
@@ -167,10 +172,23 @@ TEST_F(RemoteTargetRunnerTest, StepsCarryOpsAndLogits) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ((*r)->shards().size(), 2u);
   EXPECT_EQ((*r)->shards()[1].world_rank, 2);
+  // KV room: the shards' page geometry from their HelloAcks, the whole capacity free.
+  std::optional<ModelRunner::KvRoom> room = (*r)->Room(17);  // 3 pages + the spare
+  ASSERT_TRUE(room.has_value());
+  EXPECT_EQ(room->needed, 4 * 4096);
+  EXPECT_EQ(room->available, 1 << 20);
   std::vector<int32_t> prompt = {1, 2, 3};
   std::vector<BatchEntry> b1 = {{1, prompt, false}};
   std::vector<float> logits;
   ASSERT_TRUE((*r)->Forward(b1, &logits).ok());
+  // After a step: the tightest shard's available bytes; used bytes summed for metrics.
+  room = (*r)->Room(17);
+  ASSERT_TRUE(room.has_value());
+  EXPECT_EQ(room->available, (1 << 20) - 4096 * 20);
+  const std::optional<ModelRunner::KvMemory> mem = (*r)->Memory();
+  ASSERT_TRUE(mem.has_value());
+  EXPECT_EQ(mem->capacity_bytes, 2 << 20);
+  EXPECT_EQ(mem->used_bytes, 4096 * 3);
   ASSERT_EQ(logits.size(), static_cast<size_t>(kVocab));
   EXPECT_EQ(logits[5], 5.0f);
   EXPECT_EQ((*r)->Length(1), 3);

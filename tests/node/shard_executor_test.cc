@@ -10,8 +10,8 @@
 #include <cmath>
 #include <thread>
 
-#include "gtest/gtest.h"
 #include "coordinator/model_runner.h"
+#include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
 #include "model/llama_model.h"
 #include "model/tiny_model.h"
@@ -146,14 +146,13 @@ TEST_F(ShardExecutorTest, KvExhaustedOnOneShardFailsTheStepOnEveryShard) {
   // Two pages of 8 tokens of this shard's one kv head: the smallest cache that builds.
   for (int64_t cap = 1024; cap < (int64_t{1} << 24); cap *= 2) {
     small.capacity_bytes = cap;
-    if (MakeKvCache(shard_models_[1]->config(), shard_models_[1]->weights().n_kv_heads_local,
-                    small)
+    if (MakeKvCache(shard_models_[1]->config(), shard_models_[1]->weights().n_kv_heads_local, small)
             .ok()) {
       break;
     }
   }
-  auto tiny_cache = MakeKvCache(shard_models_[1]->config(),
-                                shard_models_[1]->weights().n_kv_heads_local, small);
+  auto tiny_cache =
+      MakeKvCache(shard_models_[1]->config(), shard_models_[1]->weights().n_kv_heads_local, small);
   ASSERT_TRUE(tiny_cache.ok()) << tiny_cache.status();
   shards_[1] = std::make_unique<ShardExecutor>(shard_models_[1]->config(),
                                                shard_models_[1]->weights(), shard_pools_[1].get(),

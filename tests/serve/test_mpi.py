@@ -286,6 +286,9 @@ def test_two_groups_share_requests_and_match_single_process(specnode, tiny_model
         got = concurrent_greedy(node.endpoint, GROUP_PROMPTS, 16)
         started = {g: group_gauge(node.endpoint, "specnode_group_started_sequences", g)
                    for g in ("a", "b")}
+        from specnode_client import SpecnodeClient
+        with SpecnodeClient(node.endpoint, timeout_s=10) as c:
+            metrics = c.metrics()
         log = node.log()
     finally:
         node.stop()
@@ -294,6 +297,10 @@ def test_two_groups_share_requests_and_match_single_process(specnode, tiny_model
     assert started["a"] + started["b"] == len(GROUP_PROMPTS), started
     assert min(started.values()) >= 1, started  # the router used both groups
     assert "2 groups on 3 ranks" in log, log
+    # KV bytes come from the shards' replies: every target rank's capacity (64 MiB), summed.
+    cap = re.search(r"^specnode_kv_capacity_bytes (\S+)$", metrics, re.M)
+    assert cap and float(cap.group(1)) == 3 * 64 * 2**20, metrics
+    assert re.search(r"^specnode_kv_used_bytes (\S+)$", metrics, re.M), metrics
 
 
 def test_draft_model_on_its_own_rank(specnode, tiny_model, tmp_path):
