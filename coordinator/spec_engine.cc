@@ -61,6 +61,12 @@ SpeculativeEngine::SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup
   }
 }
 
+void SpeculativeEngine::FreeInDrafters(SeqId id) {
+  for (DraftGroup& g : groups_) {
+    if (g.drafter != nullptr) g.drafter->Free(id);
+  }
+}
+
 ModelRunner* SpeculativeEngine::TargetOf(const Seq& s) const {
   return s.group < 0 ? target_ : groups_[s.group].target;
 }
@@ -152,9 +158,7 @@ absl::Status SpeculativeEngine::Park(SeqId id) {
         absl::StrFormat("sequence %d is %s", id, s.parked ? "already parked" : "prefilling"));
   }
   SPECNODE_RETURN_IF_ERROR(TargetOf(s)->SwapOut(id));
-  for (DraftGroup& g : groups_) {
-    if (g.drafter != nullptr) g.drafter->Free(id);
-  }
+  FreeInDrafters(id);
   s.parked = true;
   s.in_run = false;
   return absl::OkStatus();
@@ -201,9 +205,7 @@ void SpeculativeEngine::Finish(SeqId id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
   TargetOf(*it->second)->Free(id);
-  for (DraftGroup& g : groups_) {
-    if (g.drafter != nullptr) g.drafter->Free(id);
-  }
+  FreeInDrafters(id);
   seqs_.erase(it);
 }
 

@@ -154,6 +154,7 @@ class SpeculativeEngine {
   struct Pass;
   void Emit(Seq& s, std::span<const int32_t> tokens, SeqStepResult* result);
   ModelRunner* TargetOf(const Seq& s) const;
+  void FreeInDrafters(SeqId id);  // every drafter forgets the sequence
   // Runs every pass (begin all, then end each); on any failure rolls the others back.
   absl::Status RunPasses(std::vector<Pass>& passes);
 

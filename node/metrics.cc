@@ -36,22 +36,23 @@ std::string PrometheusText(
   family("specnode_batch_size_mean", "gauge", "Mean sequences per step.");
   absl::StrAppendFormat(&out, "specnode_batch_size_mean %g\n",
                         s.steps ? static_cast<double>(s.step_sequences) / s.steps : 0.0);
-  family("specnode_steps_total", "counter", "Engine steps.");
-  absl::StrAppendFormat(&out, "specnode_steps_total %d\n", s.steps);
+  // Unlabelled counters: one family and one sample each.
+  auto counter = [&](const char* name, const char* help, int64_t value) {
+    family(name, "counter", help);
+    absl::StrAppendFormat(&out, "%s %d\n", name, value);
+  };
+  counter("specnode_steps_total", "Engine steps.", s.steps);
   family("specnode_batching_window_ms", "gauge", "Current batching window.");
   absl::StrAppendFormat(&out, "specnode_batching_window_ms %g\n", s.window_ms);
-  family("specnode_preemptions_total", "counter",
-         "Sequences preempted (for KV memory or for a waiting higher SLA class).");
-  absl::StrAppendFormat(&out, "specnode_preemptions_total %d\n", s.preemptions);
-  family("specnode_preemptions_swapped_total", "counter",
-         "Preemptions that parked the KV in the host tier instead of recomputing it.");
-  absl::StrAppendFormat(&out, "specnode_preemptions_swapped_total %d\n", s.swapped);
-  family("specnode_preemptions_for_class_total", "counter",
-         "Preemptions that made room for a waiting request of a higher SLA class.");
-  absl::StrAppendFormat(&out, "specnode_preemptions_for_class_total %d\n", s.class_preemptions);
-  family("specnode_admission_kv_waits_total", "counter",
-         "Admission rounds that held requests back because their KV would not fit.");
-  absl::StrAppendFormat(&out, "specnode_admission_kv_waits_total %d\n", s.kv_waits);
+  counter("specnode_preemptions_total",
+          "Sequences preempted (for KV memory or for a waiting higher SLA class).", s.preemptions);
+  counter("specnode_preemptions_swapped_total",
+          "Preemptions that parked the KV in the host tier instead of recomputing it.", s.swapped);
+  counter("specnode_preemptions_for_class_total",
+          "Preemptions that made room for a waiting request of a higher SLA class.",
+          s.class_preemptions);
+  counter("specnode_admission_kv_waits_total",
+          "Admission rounds that held requests back because their KV would not fit.", s.kv_waits);
   family("specnode_errors_total", "counter", "Error replies by code.");
   for (const auto& [code, n] : s.errors_by_code) {
     absl::StrAppendFormat(&out, "specnode_errors_total{code=\"%s\"} %d\n", code, n);

@@ -89,14 +89,19 @@ def greedy(endpoint, prompts, max_tokens):
     return results
 
 
-def test_tp3_greedy_matches_single_process(specnode, real_model, tmp_path):
-    single = Node(specnode, real_model, tmp_path / "single.log",
-                  extra=["--config", str(single_config(tmp_path, TP3)), "--threads", "1"])
+def single_process_greedy(specnode, model, tmp_path, cfg, prompts, max_tokens):
+    """What one process serving `cfg` without its topology answers, greedily."""
+    single = Node(specnode, model, tmp_path / "single.log",
+                  extra=["--config", str(single_config(tmp_path, cfg)), "--threads", "1"])
     try:
         single.wait_ready()
-        want = greedy(single.endpoint, PROMPTS, 24)
+        return greedy(single.endpoint, prompts, max_tokens)
     finally:
         single.stop()
+
+
+def test_tp3_greedy_matches_single_process(specnode, real_model, tmp_path):
+    want = single_process_greedy(specnode, real_model, tmp_path, TP3, PROMPTS, 24)
     node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 4, TP3)
     try:
         h = node.wait_ready(180)
@@ -195,13 +200,7 @@ def test_tp2_on_smollm2_is_refused_from_the_header(specnode, real_model, tmp_pat
 def test_tiny_model_tp2_matches_single_process(specnode, tiny_model, tmp_path):
     cfg = tp_config(tmp_path, 2)
     prompts = ["hello world", "the the the the the the"]
-    single = Node(specnode, tiny_model, tmp_path / "single.log",
-                  extra=["--config", str(single_config(tmp_path, cfg)), "--threads", "1"])
-    try:
-        single.wait_ready()
-        want = greedy(single.endpoint, prompts, 16)
-    finally:
-        single.stop()
+    want = single_process_greedy(specnode, tiny_model, tmp_path, cfg, prompts, 16)
     node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, cfg)
     try:
         node.wait_ready(120)
@@ -272,13 +271,7 @@ GROUP_PROMPTS = ["hello world", "the the the the the the", "one two three one tw
 def test_two_groups_share_requests_and_match_single_process(specnode, tiny_model, tmp_path):
     """Group a: TP 2 on ranks 1-2; group b: TP 1 on rank 3; both drafts (n-gram) on rank 0."""
     cfg = groups_config(tmp_path, [("a", 0, [1, 2]), ("b", 0, [3])])
-    single = Node(specnode, tiny_model, tmp_path / "single.log",
-                  extra=["--config", str(single_config(tmp_path, cfg)), "--threads", "1"])
-    try:
-        single.wait_ready()
-        want = greedy(single.endpoint, GROUP_PROMPTS, 16)
-    finally:
-        single.stop()
+    want = single_process_greedy(specnode, tiny_model, tmp_path, cfg, GROUP_PROMPTS, 16)
     node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 4, cfg)
     try:
         h = node.wait_ready(120)
@@ -308,13 +301,7 @@ def test_draft_model_on_its_own_rank(specnode, tiny_model, tmp_path):
     draft = tmp_path / "draft.gguf"
     subprocess.run([specnode, "tiny-model", "--out", str(draft), "--perturb", "0.05"], check=True)
     cfg = groups_config(tmp_path, [("a", 0, [1]), ("b", 3, [2])], draft=str(draft))
-    single = Node(specnode, tiny_model, tmp_path / "single.log",
-                  extra=["--config", str(single_config(tmp_path, cfg)), "--threads", "1"])
-    try:
-        single.wait_ready()
-        want = greedy(single.endpoint, GROUP_PROMPTS, 16)
-    finally:
-        single.stop()
+    want = single_process_greedy(specnode, tiny_model, tmp_path, cfg, GROUP_PROMPTS, 16)
     node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 4, cfg)
     try:
         h = node.wait_ready(120)
