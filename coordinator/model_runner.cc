@@ -27,6 +27,8 @@ absl::Status ModelRunner::SwapOut(SeqId) {
   return absl::UnimplementedError("this runner cannot swap KV out");
 }
 
+absl::Status ModelRunner::Ping() { return absl::OkStatus(); }
+
 absl::Status ModelRunner::SwapIn(SeqId) {
   return absl::UnimplementedError("this runner cannot swap KV in");
 }

@@ -66,6 +66,9 @@ class ModelRunner {
   // fit now; nothing changes). Unimplemented by default: the caller frees and recomputes.
   virtual absl::Status SwapOut(SeqId seq);
   virtual absl::Status SwapIn(SeqId seq);
+  // Liveness while idle: a remote target exchanges an empty step with its ranks (and
+  // flushes queued frees), failing like Forward when one is gone or silent. OK by default.
+  virtual absl::Status Ping();
 
  private:
   std::span<const BatchEntry> pending_;  // the default split phase's batch

@@ -161,13 +161,26 @@ void Scheduler::Loop() {
         }
         return false;
       };
-      cv_.wait(lock,
-               [&] { return stopping_ || !cancels_.empty() || !running_.empty() || has_queue(); });
+      auto has_work = [&] {
+        return stopping_ || !cancels_.empty() || !running_.empty() || has_queue();
+      };
+      if (options_.heartbeat_s > 0 && failure_.ok()) {
+        // Idle: wake up now and then to check that the targets still answer.
+        cv_.wait_for(lock, std::chrono::duration<double>(options_.heartbeat_s), has_work);
+      } else {
+        cv_.wait(lock, has_work);
+      }
       if (stopping_) {
         for (auto& [h, r] : reqs_) cancels.push_back(h);
       } else {
         cancels.swap(cancels_);
       }
+    }
+    if (options_.heartbeat_s > 0 && Failure().ok()) {
+      // Targets without work for heartbeat_s (an idle node, or an idle group of a busy one)
+      // must still answer: a rank that hung while idle fails the node within a bound.
+      absl::Status beat = engine_->Heartbeat(options_.heartbeat_s);
+      if (IsTargetLost(beat)) LoseTarget(beat);
     }
     for (uint64_t h : cancels) {
       Req* r = nullptr;
@@ -209,6 +222,20 @@ void Scheduler::Loop() {
     }
     RunStep();
   }
+}
+
+void Scheduler::LoseTarget(const absl::Status& st) {
+  // The target is gone: nothing can run any more. Fail everything and stop admitting.
+  std::vector<uint64_t> all;
+  {
+    std::lock_guard lock(mu_);
+    if (failure_.ok()) failure_ = st;
+    draining_ = true;
+    for (const auto& [h, r] : reqs_) {
+      if (!r->done) all.push_back(h);
+    }
+  }
+  for (uint64_t h : all) Fail(*Lookup(h), st);
 }
 
 Scheduler::Req* Scheduler::Lookup(uint64_t handle) {
@@ -259,17 +286,7 @@ void Scheduler::RunStep() {
   }
   if (!st.ok()) {
     if (IsTargetLost(st)) {
-      // The target is gone: nothing can run any more. Fail everything and stop admitting.
-      std::vector<uint64_t> all;
-      {
-        std::lock_guard lock(mu_);
-        if (failure_.ok()) failure_ = st;
-        draining_ = true;
-        for (const auto& [h, r] : reqs_) {
-          if (!r->done) all.push_back(h);
-        }
-      }
-      for (uint64_t h : all) Fail(*Lookup(h), st);
+      LoseTarget(st);
       return;
     }
     for (SeqId s : seqs) Fail(*Lookup(static_cast<uint64_t>(s)), st);

@@ -14,7 +14,8 @@
 // If a step fails for lack of KV memory, the newest running request is preempted (its
 // KV freed, requeued at the front of its class to recompute from its prompt + output) and
 // the step is retried; a request that cannot run even alone fails with kResourceExhausted.
-// If a step fails because the target is lost (IsTargetLost: Unavailable or
+// If a step (or, while idle, a heartbeat: SchedulerOptions::heartbeat_s) fails because the
+// target is lost (IsTargetLost: Unavailable or
 // DeadlineExceeded, e.g. a tensor-parallel rank died or stopped answering), every running
 // and queued request fails with that status, admission stops (Submit: Unavailable "the
 // target failed: ...") and Failure() reports it; the scheduler is then Idle().
@@ -61,6 +62,10 @@ struct SchedulerOptions {
   int max_active = 16;           // running sequences (KV permitting)
   int max_queue = 256;           // waiting requests; beyond: overloaded
   double window_fraction = 0.3;  // batching window <= this * tightest TTFT target
+  // A target without work for this long is pinged (SpeculativeEngine::Heartbeat), so a
+  // rank that hangs or dies while idle fails the node within heartbeat_s + its deadline.
+  // 0 = off.
+  double heartbeat_s = 1.0;
   // Called on the scheduler thread after every step (and so safe to read state the engine
   // owns, such as KV usage); its values appear in SchedulerSnapshot::gauges. Optional.
   std::function<std::map<std::string, double>()> gauges;
@@ -171,6 +176,8 @@ class Scheduler {
   // Decode tokens an admitted request must have KV room for, beyond its prompt.
   static constexpr int64_t kAdmitDecodeTokens = 16;
   void RunStep();
+  // Fails every request with `st` (a lost target), stops admitting, records Failure().
+  void LoseTarget(const absl::Status& st);
   Req* Lookup(uint64_t handle);  // under mu_ (the map may be growing)
   void Finish(Req& r, FinishKind kind);
   void Fail(Req& r, absl::Status status);

@@ -174,6 +174,24 @@ absl::Status SpeculativeEngine::Resume(SeqId id) {
   return absl::OkStatus();
 }
 
+absl::Status SpeculativeEngine::Heartbeat(double idle_s) {
+  std::vector<ModelRunner*> targets = {target_};
+  for (const DraftGroup& g : groups_) {
+    if (std::find(targets.begin(), targets.end(), g.target) == targets.end()) {
+      targets.push_back(g.target);
+    }
+  }
+  const auto now = Clock::now();
+  for (ModelRunner* t : targets) {
+    auto [it, fresh] = last_pass_.try_emplace(t, now);  // first sight: the clock starts
+    if (fresh || Seconds(it->second, now) < idle_s) continue;
+    absl::Status st = t->Ping();
+    it->second = Clock::now();
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 bool SpeculativeEngine::Parked(SeqId id) const {
   auto it = seqs_.find(id);
   return it != seqs_.end() && it->second->parked;
@@ -423,7 +441,9 @@ absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
   for (size_t p = 0; p < passes.size(); ++p) {
     if (!begun[p]) continue;
     absl::Status st = passes[p].runner->EndForward(&passes[p].logits);
-    passes[p].seconds = Seconds(t0, Clock::now());
+    const auto end = Clock::now();
+    passes[p].seconds = Seconds(t0, end);
+    last_pass_[passes[p].runner] = end;
     done[p] = st.ok();
     if (first_error.ok()) first_error = std::move(st);
   }

@@ -24,6 +24,7 @@
 // target, drafters and controllers are not owned and must outlive the engine.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -138,6 +139,11 @@ class SpeculativeEngine {
   // parked).
   absl::Status Resume(SeqId id);
   bool Parked(SeqId id) const;
+
+  // Liveness of idle targets: every distinct target whose last pass (or ping) ended at
+  // least idle_s ago is pinged (ModelRunner::Ping: a remote target's ranks must answer
+  // within its deadline). Returns the first failure; the scheduler treats it like a step's.
+  absl::Status Heartbeat(double idle_s);
   bool Prefilling(SeqId id) const;
   const SpecSeqStats& Stats(SeqId id) const;
   // The committed tokens (prompt + generated).
@@ -164,6 +170,7 @@ class SpeculativeEngine {
   std::map<SeqId, std::unique_ptr<Seq>> seqs_;
   std::map<std::string, int64_t> domain_starts_;  // sequences started per domain
   std::vector<int64_t> group_starts_;             // sequences started per group
+  std::map<ModelRunner*, std::chrono::steady_clock::time_point> last_pass_;  // per target
   std::vector<float> p_;
 };
 

@@ -138,8 +138,13 @@ absl::Status RemoteTargetRunner::CollectReplies(uint64_t step,
   std::vector<bool> got(n, false);
   size_t pending = n;
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(options_.timeout_s));
+  // The shards' own collectives give up after timeout_s and then answer with an error
+  // naming the rank they waited for; waiting a little longer lets those answers arrive, so
+  // that the rank reported missing below is the one that hung, not a healthy rank still
+  // stuck in a collective with it.
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(options_.timeout_s * kReplyGraceFactor));
   auto next_check = start + std::chrono::milliseconds(20);
   PollBackoff backoff;
   std::string frame;
@@ -259,6 +264,11 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
   }
   logits->swap(head.logits);
   return absl::OkStatus();
+}
+
+absl::Status RemoteTargetRunner::Ping() {
+  std::vector<float> none;
+  return Forward({}, &none);
 }
 
 std::optional<ModelRunner::KvRoom> RemoteTargetRunner::Room(int64_t tokens) const {

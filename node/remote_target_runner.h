@@ -13,7 +13,8 @@
 //   - ResourceExhausted / InvalidArgument from the shards (they agree on it before any
 //     collective, so every shard fails alike): returned as is; the caches are unchanged,
 //     the runner stays usable (the scheduler preempts and retries).
-//   - A shard that does not answer within timeout_s, a shard process that is gone (same
+//   - A shard that does not answer within timeout_s (awaited 1.5x as long, see
+//     kReplyGraceFactor), a shard process that is gone (same
 //     host: noticed within ~20 ms), a malformed reply, diverging fingerprints, or any other
 //     shard error: the runner is broken. This and every later call return
 //     Unavailable / DeadlineExceeded / Internal naming the rank, e.g.
@@ -62,6 +63,9 @@ struct RemoteTargetOptions {
 
 class RemoteTargetRunner final : public ModelRunner {
  public:
+  // Replies are awaited for timeout_s times this (see CollectReplies): the shards' own
+  // collective deadlines (timeout_s) expire first, so a hung rank is named correctly.
+  static constexpr double kReplyGraceFactor = 1.5;
   // Sends Hello to every shard and checks their HelloAcks: protocol version, model
   // fingerprint, TP rank and size, and the shard's own start-up status. Errors name the
   // rank: FailedPrecondition "target rank 2 opened a different model file (...) than rank 0
@@ -83,6 +87,8 @@ class RemoteTargetRunner final : public ModelRunner {
   // reply (capacity before the first step); the tightest shard decides, since every shard
   // must hold the sequence's slice. nullopt when a shard cannot tell.
   std::optional<KvRoom> Room(int64_t tokens) const override;
+  // An empty StepPlan (ops only): every shard must answer within timeout_s.
+  absl::Status Ping() override;
   // Summed over the shards, as of the last reply.
   std::optional<KvMemory> Memory() const override;
 

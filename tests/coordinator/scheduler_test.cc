@@ -362,6 +362,12 @@ class DyingRunner : public ModelRunner {
   int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
   void Free(SeqId seq) override { inner_->Free(seq); }
+  absl::Status Ping() override {
+    ++pings_;
+    if (dead_.load()) return absl::DeadlineExceededError("target rank 2 did not answer");
+    return absl::OkStatus();
+  }
+  std::atomic<int> pings_{0};
 
  private:
   std::unique_ptr<LocalModelRunner> inner_;
@@ -400,6 +406,33 @@ TEST_F(SchedulerTest, LostTargetFailsEveryRequestAndStopsAdmitting) {
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(late.status().message().find("target failed"), std::string::npos);
   sched.Stop();
+}
+
+// An idle node still notices a target that stopped answering: the heartbeat pings it, and
+// the scheduler fails over exactly as after a failed step.
+TEST_F(SchedulerTest, HeartbeatNoticesATargetLostWhileIdle) {
+  DyingRunner runner(Runner(64 << 20));
+  SpeculativeEngine engine(&runner, {}, {});
+  Collector sink;
+  SchedulerOptions so;
+  so.heartbeat_s = 0.02;
+  Scheduler sched(&engine, &model_->tokenizer(), so, std::ref(sink));
+  auto t = sched.Submit(Request(0, 4));
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ(sink.Wait(t->handle).last.kind, GenerationEvent::Kind::kDone);
+  // Idle and healthy: pinged, nothing fails.
+  for (int i = 0; i < 2000 && runner.pings_.load() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE(runner.pings_.load(), 2);
+  EXPECT_TRUE(sched.Failure().ok());
+  runner.Kill();
+  for (int i = 0; i < 5000 && sched.Failure().ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(sched.Failure().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(sched.Idle());
+  EXPECT_EQ(sched.Submit(Request(1, 4)).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

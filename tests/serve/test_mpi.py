@@ -386,3 +386,31 @@ def test_killed_rank_of_one_group_fails_every_request(specnode, real_model, tmp_
         assert node.proc.returncode != 0
     finally:
         node.stop()
+
+
+def test_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path):
+    """A target rank that stops answering while no request runs (SIGSTOP) is found by the
+    coordinator's heartbeat (an empty step every second) within heartbeat + timeout_s; the
+    job exits non-zero naming the rank."""
+    cfg = tmp_path / "hang.yaml"
+    cfg.write_text(tp_config(tmp_path, 2).read_text().replace("timeout_s: 30", "timeout_s: 2"))
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, cfg)
+    victim = None
+    try:
+        h = node.wait_ready(120)
+        victim = next(r for r in h["ranks"] if r["rank"] == 2)
+        greedy(node.endpoint, ["hello world"], 4)  # healthy first
+        os.kill(victim["pid"], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        node.proc.wait(timeout=30)
+        assert time.monotonic() - stopped_at < 15
+        assert node.proc.returncode != 0
+        log = node.log()
+        assert "target rank 2 did not answer within 2.0 s" in log, log
+    finally:
+        if victim is not None:
+            try:
+                os.kill(victim["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        node.stop()
