@@ -52,7 +52,10 @@ std::optional<ModelRunner::KvMemory> LocalModelRunner::Memory() const {
   const auto* store = dynamic_cast<const KvStore*>(cache_.get());
   if (store == nullptr) return std::nullopt;
   const KvUsage u = store->Usage();
-  return KvMemory{u.capacity_bytes, u.used_bytes};
+  KvMemory m{u.capacity_bytes, u.used_bytes, {}};
+  for (size_t c = 0; c < m.class_bytes.size() && c < u.bytes.size(); ++c)
+    m.class_bytes[c] = u.bytes[c];
+  return m;
 }
 
 absl::Status LocalModelRunner::SwapOut(SeqId seq) {

@@ -8,6 +8,7 @@
 // Not thread-safe: one caller drives a runner (the engine's step loop).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -59,6 +60,7 @@ class ModelRunner {
   struct KvMemory {
     int64_t capacity_bytes = 0;
     int64_t used_bytes = 0;
+    std::array<int64_t, 3> class_bytes{};  // in pages of class f16, int8, int4
   };
   virtual std::optional<KvMemory> Memory() const;
   // Preemption that keeps the KV: SwapOut moves a sequence's cached rows to the cache's host

@@ -5,6 +5,8 @@
 // rank 0 comes back here (ServeNode) with a remote target.
 #include <signal.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cassert>
 #include <cstdio>
@@ -184,11 +186,17 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
     if (local_cache != nullptr) g = KvGauges(local_cache);
     if (!remote_targets.empty()) {
       double capacity = 0, used = 0;
+      std::array<double, 3> by_class{};
       for (const ModelRunner* t : remote_targets) {
         const std::optional<ModelRunner::KvMemory> m = t->Memory();
         if (!m.has_value()) continue;
         capacity += static_cast<double>(m->capacity_bytes);
         used += static_cast<double>(m->used_bytes);
+        for (size_t c = 0; c < by_class.size(); ++c) by_class[c] += m->class_bytes[c];
+      }
+      static const char* kClass[] = {"f16", "int8", "int4"};
+      for (size_t c = 0; c < by_class.size(); ++c) {
+        g[absl::StrFormat("specnode_kv_bytes{class=\"%s\"}", kClass[c])] = by_class[c];
       }
       g["specnode_kv_capacity_bytes"] = capacity;  // every target rank's, summed
       g["specnode_kv_used_bytes"] = used;

@@ -22,6 +22,7 @@
 // Thread-safety: plain value types and pure functions.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -125,6 +126,7 @@ struct StepReplyMessage {
   // (-1 = cannot tell) and bytes in use; the coordinator's admission and metrics read them.
   int64_t kv_available_bytes = -1;
   int64_t kv_used_bytes = 0;
+  std::array<int64_t, 3> kv_class_bytes{};  // bytes in pages of class f16, int8, int4
   // Logits [n_rows, vocab] row-major; only TP rank 0 sends them (others: n_rows = 0).
   int64_t n_rows = 0;
   int32_t vocab = 0;

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
                           ack->kv_page_tokens});
     r->kv_available_.push_back(ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1);
     r->kv_used_.push_back(0);
+    r->kv_class_.push_back({});
   }
   return r;
 }
@@ -254,6 +255,7 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
   for (const StepReplyMessage& r : replies) {
     kv_available_[r.tp_rank] = r.kv_available_bytes;
     kv_used_[r.tp_rank] = r.kv_used_bytes;
+    kv_class_[r.tp_rank] = r.kv_class_bytes;
   }
   if (failed != nullptr) return failed->status();
   StepReplyMessage& head = replies[0];
@@ -294,6 +296,7 @@ std::optional<ModelRunner::KvMemory> RemoteTargetRunner::Memory() const {
     if (kv_available_[i] < 0) return std::nullopt;
     m.capacity_bytes += shards_[i].kv_capacity_bytes;
     m.used_bytes += kv_used_[i];
+    for (size_t c = 0; c < m.class_bytes.size(); ++c) m.class_bytes[c] += kv_class_[i][c];
   }
   return m;
 }

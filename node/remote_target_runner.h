@@ -124,7 +124,8 @@ class RemoteTargetRunner final : public ModelRunner {
   std::vector<StepOp> pending_ops_;   // sent with the next plan
   uint64_t step_ = 0;
   Pending pending_;
-  std::vector<int64_t> kv_available_, kv_used_;  // per shard, from the last reply
+  std::vector<int64_t> kv_available_, kv_used_;   // per shard, from the last reply
+  std::vector<std::array<int64_t, 3>> kv_class_;  // per shard, from the last reply
   bool in_flight_ = false;
   absl::Status broken_;
 };

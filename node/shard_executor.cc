@@ -51,7 +51,11 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
     reply.kv_tokens = f.tokens;
     if (const auto* store = dynamic_cast<const KvStore*>(cache_.get())) {
       reply.kv_available_bytes = store->AvailableBytes();
-      reply.kv_used_bytes = store->Usage().used_bytes;
+      const KvUsage u = store->Usage();
+      reply.kv_used_bytes = u.used_bytes;
+      for (size_t c = 0; c < reply.kv_class_bytes.size() && c < u.bytes.size(); ++c) {
+        reply.kv_class_bytes[c] = u.bytes[c];
+      }
     }
     return reply;
   };

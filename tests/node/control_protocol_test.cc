@@ -55,6 +55,7 @@ StepReplyMessage SampleReply() {
   m.kv_tokens = 99;
   m.kv_available_bytes = 123456;
   m.kv_used_bytes = 654321;
+  m.kv_class_bytes = {600000, 50000, 4321};
   m.n_rows = 2;
   m.vocab = 3;
   m.logits = {0.5f, -1.0f, 2.0f, 3.0f, 1e-3f, -7.25f};
@@ -122,6 +123,7 @@ TEST(ControlProtocolTest, StepReplyRoundTrip) {
   EXPECT_EQ(d->kv_hash, m.kv_hash);
   EXPECT_EQ(d->kv_available_bytes, 123456);
   EXPECT_EQ(d->kv_used_bytes, 654321);
+  EXPECT_EQ(d->kv_class_bytes, m.kv_class_bytes);
   EXPECT_EQ(d->kv_tokens, 99);
   EXPECT_EQ(d->n_rows, 2);
   EXPECT_EQ(d->vocab, 3);

@@ -74,6 +74,7 @@ StepReplyMessage Reply(const StepPlanMessage& plan, int world, int64_t tokens) {
   r.kv_hash = f.hash;
   r.kv_tokens = f.tokens;
   r.kv_used_bytes = 4096 * world;
+  r.kv_class_bytes = {4096 * world, 0, 0};
   r.kv_available_bytes = (1 << 20) - 4096 * 10 * world;  // TP rank 1 is the tighter one
   if (world == 1) {
     int64_t rows = 0;
@@ -189,6 +190,7 @@ TEST_F(RemoteTargetRunnerTest, StepsCarryOpsAndLogits) {
   ASSERT_TRUE(mem.has_value());
   EXPECT_EQ(mem->capacity_bytes, 2 << 20);
   EXPECT_EQ(mem->used_bytes, 4096 * 3);
+  EXPECT_EQ(mem->class_bytes[0], 4096 * 3);
   ASSERT_EQ(logits.size(), static_cast<size_t>(kVocab));
   EXPECT_EQ(logits[5], 5.0f);
   EXPECT_EQ((*r)->Length(1), 3);
