@@ -190,7 +190,7 @@ double WilsonUpperBound(int successes, int trials, double z) {
 int SpecController::ProbeIntervalLocked() const {
   int interval = config_.probe_every;
   if (config_.probe_overhead_budget <= 0.0) return interval;
-  const std::optional<double> td = draft_.Predict(config_.probe_k);
+  const std::optional<double> td = CostLocked().draft.Predict(config_.probe_k);
   const std::optional<double> tv = VerifySecondsLocked(config_.probe_k);
   const std::optional<double> t_direct = DirectSecondsLocked();
   if (!td || !tv || !t_direct || *t_direct <= 0.0) return interval;
@@ -208,8 +208,33 @@ absl::StatusOr<std::unique_ptr<SpecController>> SpecController::Create(
 }
 
 SpecController::SpecController(const SpecControllerConfig& config) : config_(config) {
-  draft_.proportional_single = true;
-  verify_.proportional_single = false;
+  for (CostModel& c : costs_) {
+    c.draft.proportional_single = true;
+    c.verify.proportional_single = false;
+  }
+}
+
+int SpecController::BatchClass(int sequences) {
+  if (sequences <= 1) return 0;
+  if (sequences <= 3) return 1;
+  if (sequences <= 7) return 2;
+  return 3;
+}
+
+void SpecController::SetBatchSize(int sequences) {
+  std::unique_lock lock(mu_);
+  batch_class_ = BatchClass(sequences);
+}
+
+const SpecController::CostModel& SpecController::CostLocked() const {
+  if (costs_[batch_class_].has_timings()) return costs_[batch_class_];
+  for (int c = batch_class_ - 1; c >= 0; --c) {
+    if (costs_[c].has_timings()) return costs_[c];
+  }
+  for (int c = batch_class_ + 1; c < kBatchClasses; ++c) {
+    if (costs_[c].has_timings()) return costs_[c];
+  }
+  return costs_[batch_class_];
 }
 
 SpecController::DomainState& SpecController::StateFor(std::string_view domain) {
@@ -232,12 +257,14 @@ const SpecController::DomainState* SpecController::FindState(std::string_view do
 }
 
 std::optional<double> SpecController::VerifySecondsLocked(int k) const {
-  return verify_.Predict(k, direct_ewma_);
+  const CostModel& c = CostLocked();
+  return c.verify.Predict(k, c.direct_ewma);
 }
 
 std::optional<double> SpecController::DirectSecondsLocked() const {
-  if (direct_ewma_.has_value()) return direct_ewma_;
-  std::optional<double> proxy = verify_.Predict(0);
+  const CostModel& c = CostLocked();
+  if (c.direct_ewma.has_value()) return c.direct_ewma;
+  std::optional<double> proxy = c.verify.Predict(0);
   if (proxy.has_value() && *proxy > 0.0) return proxy;
   return std::nullopt;
 }
@@ -248,7 +275,7 @@ std::optional<double> SpecController::GoodputLocked(double a, int k) const {
     if (!t.has_value()) return std::nullopt;
     return 1.0 / std::max(*t, kMinStepSeconds);
   }
-  std::optional<double> td = draft_.Predict(k);
+  std::optional<double> td = CostLocked().draft.Predict(k);
   std::optional<double> tv = VerifySecondsLocked(k);
   if (!td.has_value() || !tv.has_value()) return std::nullopt;
   return ExpectedTokensPerStep(a, k) / std::max(*td + *tv, kMinStepSeconds);
@@ -405,7 +432,7 @@ absl::Status SpecController::RecordDraftTime(int k, double seconds) {
   absl::Status st = CheckSeconds("RecordDraftTime", seconds);
   if (!st.ok()) return st;
   std::unique_lock lock(mu_);
-  draft_.Add(k, seconds, config_.timing_alpha, config_.timing_median);
+  costs_[batch_class_].draft.Add(k, seconds, config_.timing_alpha, config_.timing_median);
   return absl::OkStatus();
 }
 
@@ -417,7 +444,7 @@ absl::Status SpecController::RecordVerifyTime(int k, double seconds) {
   absl::Status st = CheckSeconds("RecordVerifyTime", seconds);
   if (!st.ok()) return st;
   std::unique_lock lock(mu_);
-  verify_.Add(k, seconds, config_.timing_alpha, config_.timing_median);
+  costs_[batch_class_].verify.Add(k, seconds, config_.timing_alpha, config_.timing_median);
   return absl::OkStatus();
 }
 
@@ -426,9 +453,10 @@ absl::Status SpecController::RecordDirectTime(double seconds) {
   if (!st.ok()) return st;
   std::unique_lock lock(mu_);
   const double alpha = config_.timing_alpha;
-  seconds = MedianFilter(direct_recent_, seconds, config_.timing_median);
-  direct_ewma_ =
-      direct_ewma_.has_value() ? alpha * seconds + (1.0 - alpha) * *direct_ewma_ : seconds;
+  CostModel& c = costs_[batch_class_];
+  seconds = MedianFilter(c.direct_recent, seconds, config_.timing_median);
+  c.direct_ewma =
+      c.direct_ewma.has_value() ? alpha * seconds + (1.0 - alpha) * *c.direct_ewma : seconds;
   return absl::OkStatus();
 }
 
@@ -439,7 +467,7 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
     // worth a little less than plain decoding (so the router prefers cheap probers).
     const std::optional<double> g = GoodputLocked(0.0, 0);
     if (!g.has_value()) return 0.0;
-    const std::optional<double> td = draft_.Predict(config_.probe_k);
+    const std::optional<double> td = CostLocked().draft.Predict(config_.probe_k);
     const std::optional<double> tv = VerifySecondsLocked(config_.probe_k);
     const std::optional<double> t_direct = DirectSecondsLocked();
     if (!td || !tv || !t_direct || *t_direct <= 0.0) return *g;
@@ -470,7 +498,7 @@ double SpecController::ExpectedGoodput(std::string_view domain) const {
 
 std::optional<double> SpecController::PredictDraftSeconds(int k) const {
   std::shared_lock lock(mu_);
-  return draft_.Predict(k);
+  return CostLocked().draft.Predict(k);
 }
 
 std::optional<double> SpecController::PredictVerifySeconds(int k) const {

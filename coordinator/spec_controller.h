@@ -85,6 +85,7 @@
 // (and change nothing) for out-of-range arguments.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -191,6 +192,17 @@ class SpecController {
   absl::Status RecordVerifyTime(int k, double seconds);
   absl::Status RecordDirectTime(double seconds);
 
+  // Batch regimes. On a CPU a step of one sequence is memory-bound (a draft row is cheap
+  // next to the step) while a step of many is compute-bound (a draft row costs as much as a
+  // direct row), so one cost model cannot serve both. The controller keeps one per batch
+  // class — 1, 2-3, 4-7, 8+ sequences in the step — and SetBatchSize selects the class that
+  // later timings are recorded into and K is chosen from, until the next call (class 1
+  // initially). A class without timings yet borrows the nearest smaller class's (then the
+  // nearest larger's).
+  void SetBatchSize(int sequences);
+  static constexpr int kBatchClasses = 4;
+  static int BatchClass(int sequences);  // 0: 1 (or fewer), 1: 2-3, 2: 4-7, 3: 8+
+
   // Tokens/s `domain` is expected to get from this drafter under its current decision:
   // G(K) when speculating, G_direct when direct. 0 when unknown (domain never observed,
   // or the timings it needs were never recorded).
@@ -245,6 +257,13 @@ class SpecController {
     SpecMode mode;
     int k;
   };
+  // The timings of one batch class.
+  struct CostModel {
+    TimingModel draft, verify;
+    std::optional<double> direct_ewma;
+    std::deque<double> direct_recent;
+    bool has_timings() const { return direct_ewma.has_value() || !verify.ewma.empty(); }
+  };
 
   explicit SpecController(const SpecControllerConfig& config);
 
@@ -252,6 +271,9 @@ class SpecController {
   static double MedianFilter(std::deque<double>& recent, double seconds, int median_of);
 
   // The helpers below require mu_ held (shared for the const ones, exclusive for StateFor).
+
+  // The batch class's model, or the nearest one with timings (see SetBatchSize).
+  const CostModel& CostLocked() const;
 
   DomainState& StateFor(std::string_view domain);
   const DomainState* FindState(std::string_view domain) const;
@@ -278,10 +300,8 @@ class SpecController {
   // ThreadSanitizer sees the ordering with the prebuilt (uninstrumented) system absl.
   mutable std::shared_mutex mu_;
   std::map<std::string, DomainState, std::less<>> domains_;
-  TimingModel draft_;
-  TimingModel verify_;
-  std::optional<double> direct_ewma_;
-  std::deque<double> direct_recent_;
+  std::array<CostModel, kBatchClasses> costs_;
+  int batch_class_ = 0;
 };
 
 // Upper end of the Wilson score interval for a binomial proportion (successes of trials)

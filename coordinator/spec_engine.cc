@@ -258,6 +258,16 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     seqs.push_back(it->second.get());
   }
 
+  // The batch regime of this step's costs (SpecController::SetBatchSize): the sequences
+  // that share a target pass.
+  {
+    std::map<ModelRunner*, int> per_target;
+    for (Seq* s : seqs) ++per_target[TargetOf(*s)];
+    for (DraftGroup& g : groups_) {
+      if (g.controller != nullptr) g.controller->SetBatchSize(per_target[g.target]);
+    }
+  }
+
   // Plan: prefill chunks under the budget; K per decoding sequence.
   int32_t budget = options_.prefill_budget;
   bool has_prefill = false;

@@ -34,6 +34,32 @@ TEST(SpecControllerTest, VerifyLineIsAnchoredAtTheDirectStep) {
   EXPECT_NEAR(*one->PredictVerifySeconds(8), 26e-3, 1e-12);
 }
 
+// One sequence per step is memory-bound (a draft row is cheap), sixteen are compute-bound
+// (a draft row costs a direct row): each batch class keeps its own timings, and K follows
+// the class SetBatchSize selects. A class without timings borrows the nearest smaller one.
+TEST(SpecControllerTest, EachBatchClassHasItsOwnCostModel) {
+  EXPECT_EQ(SpecController::BatchClass(1), 0);
+  EXPECT_EQ(SpecController::BatchClass(3), 1);
+  EXPECT_EQ(SpecController::BatchClass(4), 2);
+  EXPECT_EQ(SpecController::BatchClass(16), 3);
+  auto ctl = Make(ExactTimings());
+  SetTimings(*ctl, 0.01, 10, 2, 10);  // alone: 2 ms per draft against a 10 ms step
+  Feed(*ctl, "chat", 0.7, 200);
+  const int alone = ctl->ChooseK("chat");
+  EXPECT_GT(alone, 0);
+  ctl->SetBatchSize(16);  // no batch timings yet: the single-sequence model's K
+  EXPECT_EQ(ctl->ChooseK("chat"), alone);
+  // A sequence's share of a 16-sequence pass: every row costs the same 4 ms.
+  SetTimings(*ctl, 0.01, 4, 4, 4);
+  EXPECT_NEAR(*ctl->PredictVerifySeconds(2), 12e-3, 1e-12);
+  EXPECT_EQ(ctl->ChooseK("chat"), 0) << "at 70% a draft row does not pay for itself";
+  ctl->SetBatchSize(1);
+  EXPECT_NEAR(*ctl->PredictVerifySeconds(2), 14e-3, 1e-12);
+  EXPECT_EQ(ctl->ChooseK("chat"), alone);
+  ctl->SetBatchSize(5);  // class 2 has no timings: borrows class 1's, which has none: class 0
+  EXPECT_NEAR(*ctl->PredictVerifySeconds(2), 14e-3, 1e-12);
+}
+
 // Bursty acceptance: fresh guesses are accepted half the time, continuations of a fully
 // accepted step 95% of the time. The domain's K comes from the pooled acceptance; a
 // sequence in a run drafts longer and a fresh one shorter.
