@@ -359,46 +359,64 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     return p.seconds * inputs[i].size() / p.tokens;
   };
 
-  // Accept, roll back, commit, feed the controllers.
+  // Sample and accept, per sequence (each draws from its own sampler's stream, so the
+  // sequences may be spread over the pool: the results do not depend on the split).
   const int32_t vocab = target_->vocab_size();
+  std::vector<AcceptOutcome> outcomes(seqs.size());
+  std::vector<int32_t> first_token(seqs.size(), -1);
+  if (p_.size() < seqs.size()) p_.resize(seqs.size());
+  auto accept = [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      Seq* s = seqs[i];
+      if (inputs[i].empty()) continue;  // a prefill with no chunk this step
+      const float* row0 = passes[pass_of[i]].logits.data() + row_of[i] * vocab;
+      if (s->prefilled < s->n_prompt) {
+        if (s->prefilled + s->chunk == s->n_prompt) {
+          first_token[i] = s->sampler.Sample({row0, static_cast<size_t>(vocab)});
+        }
+        continue;
+      }
+      const int k = static_cast<int>(s->drafts.size());
+      if (k == 0) {
+        outcomes[i].next_token = s->sampler.Sample({row0, static_cast<size_t>(vocab)});
+      } else if (s->request.sampling.temperature == 0.0f) {
+        outcomes[i] = AcceptGreedy(s->drafts, {row0, static_cast<size_t>(k + 1) * vocab}, vocab);
+      } else {
+        std::vector<float>& p = p_[i];
+        p.resize(static_cast<size_t>(k + 1) * vocab);
+        std::vector<float> dist;
+        for (int r = 0; r <= k; ++r) {
+          s->sampler.Distribution(
+              {row0 + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab)}, &dist);
+          std::copy(dist.begin(), dist.end(), p.begin() + static_cast<size_t>(r) * vocab);
+        }
+        outcomes[i] = AcceptSampled(s->drafts, p, s->q, vocab, &s->sampler);
+      }
+    }
+  };
+  if (options_.pool != nullptr && seqs.size() > 1) {
+    options_.pool->ParallelFor(static_cast<int64_t>(seqs.size()), 1, accept);
+  } else {
+    accept(0, static_cast<int64_t>(seqs.size()), 0);
+  }
+
+  // Roll back, commit, feed the controllers (in order, on this thread).
   out->clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
     Seq* s = seqs[i];
     SeqStepResult result;
     result.id = s->request.id;
-    const bool greedy = s->request.sampling.temperature == 0.0f;  // for acceptance
-    const float* row0 =
-        inputs[i].empty() ? nullptr : passes[pass_of[i]].logits.data() + row_of[i] * vocab;
     if (s->prefilled < s->n_prompt) {
       s->prefilled += s->chunk;
-      if (s->chunk > 0 && s->prefilled == s->n_prompt) {
-        const std::span<const float> row(row0, vocab);
-        const int32_t first = s->sampler.Sample(row);
-        Emit(*s, {&first, 1}, &result);
-      }
+      if (first_token[i] >= 0) Emit(*s, {&first_token[i], 1}, &result);
       s->stats.target_s += target_share_of(i);
       out->push_back(std::move(result));
       continue;
     }
     const int k = static_cast<int>(s->drafts.size());
     const int32_t len = static_cast<int32_t>(s->tokens.size());
-    AcceptOutcome outcome;
-    if (k == 0) {
-      const std::span<const float> row(row0, vocab);
-      outcome.next_token = s->sampler.Sample(row);
-    } else {
-      const std::span<const float> rows_k(row0, static_cast<size_t>(k + 1) * vocab);
-      if (greedy) {
-        outcome = AcceptGreedy(s->drafts, rows_k, vocab);
-      } else {
-        p_.resize(static_cast<size_t>(k + 1) * vocab);
-        std::vector<float> dist;
-        for (int r = 0; r <= k; ++r) {
-          s->sampler.Distribution(rows_k.subspan(static_cast<size_t>(r) * vocab, vocab), &dist);
-          std::copy(dist.begin(), dist.end(), p_.begin() + static_cast<size_t>(r) * vocab);
-        }
-        outcome = AcceptSampled(s->drafts, p_, s->q, vocab, &s->sampler);
-      }
+    const AcceptOutcome& outcome = outcomes[i];
+    if (k > 0) {
       // Keep the last committed token and the accepted drafts in the target cache.
       SPECNODE_RETURN_IF_ERROR(TargetOf(*s)->Truncate(s->request.id, len + outcome.accepted));
     }

@@ -42,6 +42,7 @@
 #include "coordinator/model_runner.h"
 #include "coordinator/spec_controller.h"
 #include "model/sampling.h"
+#include "model/thread_pool.h"
 
 namespace specnode {
 
@@ -68,6 +69,9 @@ struct SpecEngineOptions {
   // turn instead of the best one, so estimates of groups that lost a domain do not go
   // stale (0 = never).
   int explore_every = 16;
+  // Spreads the per-sequence sampling and acceptance of a step over this pool (the one the
+  // forward pass uses; idle at that point). nullptr: on the calling thread.
+  ThreadPool* pool = nullptr;
 };
 
 struct SpecRequest {
@@ -174,7 +178,7 @@ class SpeculativeEngine {
   std::map<std::string, int64_t> domain_starts_;  // sequences started per domain
   std::vector<int64_t> group_starts_;             // sequences started per group
   std::map<ModelRunner*, std::chrono::steady_clock::time_point> last_pass_;  // per target
-  std::vector<float> p_;
+  std::vector<std::vector<float>> p_;  // per sequence of the step: target distributions
 };
 
 }  // namespace specnode

@@ -166,6 +166,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   SpecEngineOptions eo;
   const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
   eo.stop_tokens.insert(eog.begin(), eog.end());
+  eo.pool = session->pool();  // sampling of a batch's sequences in parallel
   SpeculativeEngine engine(target, groups, eo);
 
   SchedulerOptions so = cfg.sla;

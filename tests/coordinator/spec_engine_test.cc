@@ -384,6 +384,24 @@ TEST_F(SpecEngineTest, DraftWithAnotherVocabularyIsRefused) {
   EXPECT_FALSE(ModelDrafter::SelfDraft(*target_, 0, pool_.get(), {}).ok());
 }
 
+// Sampling and acceptance spread over the pool give exactly the tokens of the serial loop
+// (every sequence draws from its own stream).
+TEST_F(SpecEngineTest, SamplingOnThePoolGivesTheSameTokens) {
+  std::vector<std::vector<int32_t>> got[2];
+  for (int with_pool = 0; with_pool < 2; ++with_pool) {
+    auto runner = MakeRunner("full");
+    auto drafter = MakeDrafter("draft30", "full");
+    auto controller = NewController();
+    SpecEngineOptions options;
+    options.pool = with_pool ? pool_.get() : nullptr;
+    SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, options);
+    got[with_pool] = Run(engine, Prompts(0.8f, 24, 7), runner.get());
+  }
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0].size(), 3u);
+  for (const auto& g : got[0]) EXPECT_EQ(g.size(), 24u);
+}
+
 // Delegates to a runner; fails the next EndForward when told to (after the pass ran, as a
 // remote target whose shards refused the step would).
 class FlakyRunner final : public ModelRunner {
