@@ -17,8 +17,8 @@ constexpr int64_t kMinParallelRopeTokens = 4;
 
 }  // namespace
 
-LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weights,
-                           ThreadPool* pool, PartialSumReducer* reducer)
+LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
+                           PartialSumReducer* reducer)
     : config_(config), w_(weights), pool_(pool), reducer_(reducer) {}
 
 absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* cache,
@@ -92,8 +92,7 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
   const int64_t n_out = static_cast<int64_t>(out_rows.size());
   h_.resize(n_out * d);
   for (int64_t r = 0; r < n_out; ++r) {
-    RmsNorm(x_.data() + out_rows[r] * d, w_.output_norm, 1, d, config_.rms_eps,
-            h_.data() + r * d);
+    RmsNorm(x_.data() + out_rows[r] * d, w_.output_norm, 1, d, config_.rms_eps, h_.data() + r * d);
   }
   logits->resize(n_out * config_.vocab_size);
   MatMul(w_.output, h_.data(), n_out, logits->data(), pool_, &scratch_);
@@ -103,8 +102,8 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
   return absl::OkStatus();
 }
 
-void LlamaForward::Layer(int l, std::span<const BatchEntry> batch,
-                         const std::vector<int32_t>& pos0, KvCache* cache) {
+void LlamaForward::Layer(int l, std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0,
+                         KvCache* cache) {
   const LayerWeights& lw = w_.layers[l];
   const int64_t n = static_cast<int64_t>(positions_.size());
   const int d = config_.d_model;
@@ -127,10 +126,10 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch,
   // RoPE recomputes its angles (pow, sin, cos in double) per token: split tokens across the
   // pool for verification passes and prefill.
   auto rope = [&](int64_t t0, int64_t t1, int) {
-    RopeNorm(q_.data() + t0 * nh * hd, positions_.data() + t0, t1 - t0, nh, hd,
-             config_.rope_dim, config_.rope_base);
-    RopeNorm(k_.data() + t0 * nkv * hd, positions_.data() + t0, t1 - t0, nkv, hd,
-             config_.rope_dim, config_.rope_base);
+    RopeNorm(q_.data() + t0 * nh * hd, positions_.data() + t0, t1 - t0, nh, hd, config_.rope_dim,
+             config_.rope_base);
+    RopeNorm(k_.data() + t0 * nkv * hd, positions_.data() + t0, t1 - t0, nkv, hd, config_.rope_dim,
+             config_.rope_base);
   };
   if (pool_ != nullptr && n >= kMinParallelRopeTokens) {
     pool_->ParallelFor(n, 1, rope);
@@ -143,10 +142,21 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch,
   int64_t row = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     first[i] = row;
-    const int32_t count = static_cast<int32_t>(batch[i].tokens.size());
-    cache->Write(batch[i].seq, l, pos0[i], count, k_.data() + row * nkv * hd,
-                 v_.data() + row * nkv * hd);
-    row += count;
+    row += static_cast<int64_t>(batch[i].tokens.size());
+  }
+  // K/V into the cache (rotation and encoding per row): entries are different sequences,
+  // which KvCache lets us write concurrently.
+  auto write = [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int32_t count = static_cast<int32_t>(batch[i].tokens.size());
+      cache->Write(batch[i].seq, l, pos0[i], count, k_.data() + first[i] * nkv * hd,
+                   v_.data() + first[i] * nkv * hd);
+    }
+  };
+  if (pool_ != nullptr && batch.size() > 1) {
+    pool_->ParallelFor(static_cast<int64_t>(batch.size()), 1, write);
+  } else {
+    write(0, static_cast<int64_t>(batch.size()), 0);
   }
   attn_.resize(n * nh * hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -156,8 +166,8 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch,
       const size_t i = static_cast<size_t>(job / nkv);
       const int kv_head = static_cast<int>(job % nkv);
       const int32_t count = static_cast<int32_t>(batch[i].tokens.size());
-      cache->Attend(batch[i].seq, l, pos0[i], count, kv_head, q_.data() + first[i] * nh * hd,
-                    scale, attn_.data() + first[i] * nh * hd);
+      cache->Attend(batch[i].seq, l, pos0[i], count, kv_head, q_.data() + first[i] * nh * hd, scale,
+                    attn_.data() + first[i] * nh * hd);
     }
   };
   if (pool_ != nullptr) {

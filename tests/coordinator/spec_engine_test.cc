@@ -394,6 +394,10 @@ TEST_F(SpecEngineTest, SamplingOnThePoolGivesTheSameTokens) {
     auto controller = NewController();
     SpecEngineOptions options;
     options.pool = with_pool ? pool_.get() : nullptr;
+    // Fixed K: sampled speculation draws differently for another K, and the adaptive K
+    // follows live timings.
+    options.adaptive = false;
+    options.fixed_k = 4;
     SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, options);
     got[with_pool] = Run(engine, Prompts(0.8f, 24, 7), runner.get());
   }
