@@ -55,6 +55,9 @@ class Drafter {
                                std::vector<Draft>* drafts) = 0;
 
   // Releases what the drafter holds for seq. Unknown ids are ignored.
+  // Liveness while idle (SpeculativeEngine::Heartbeat): a drafter whose model runs on
+  // another rank checks that it still answers. OK by default.
+  virtual absl::Status Ping() { return absl::OkStatus(); }
   virtual void Free(SeqId seq) = 0;
 };
 

@@ -53,6 +53,7 @@ class ModelDrafter final : public Drafter {
   absl::Status Sync(std::span<const DraftRequest> requests) override;
   absl::Status Propose(std::span<const DraftRequest> requests, std::vector<Draft>* drafts) override;
   void Free(SeqId seq) override;
+  absl::Status Ping() override { return runner_->Ping(); }  // a remote draft's ranks
 
  private:
   ModelDrafter() = default;

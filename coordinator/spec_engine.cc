@@ -189,6 +189,16 @@ absl::Status SpeculativeEngine::Heartbeat(double idle_s) {
     it->second = Clock::now();
     if (!st.ok()) return st;
   }
+  // Drafters whose model lives on another rank: pinged on the same clock as their group's
+  // target (a drafting step counts as activity only for the target; pings are cheap).
+  for (DraftGroup& g : groups_) {
+    if (g.drafter == nullptr) continue;
+    auto [it, fresh] = last_draft_ping_.try_emplace(g.drafter, now);
+    if (fresh || Seconds(it->second, now) < idle_s) continue;
+    absl::Status st = g.drafter->Ping();
+    it->second = Clock::now();
+    if (!st.ok()) return st;
+  }
   return absl::OkStatus();
 }
 

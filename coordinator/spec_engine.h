@@ -149,7 +149,8 @@ class SpeculativeEngine {
 
   // Liveness of idle targets: every distinct target whose last pass (or ping) ended at
   // least idle_s ago is pinged (ModelRunner::Ping: a remote target's ranks must answer
-  // within its deadline). Returns the first failure; the scheduler treats it like a step's.
+  // within its deadline), and every drafter every idle_s (Drafter::Ping: a draft model on
+  // another rank). Returns the first failure; the scheduler treats it like a step's.
   absl::Status Heartbeat(double idle_s);
   bool Prefilling(SeqId id) const;
   const SpecSeqStats& Stats(SeqId id) const;
@@ -178,6 +179,7 @@ class SpeculativeEngine {
   std::map<std::string, int64_t> domain_starts_;  // sequences started per domain
   std::vector<int64_t> group_starts_;             // sequences started per group
   std::map<ModelRunner*, std::chrono::steady_clock::time_point> last_pass_;  // per target
+  std::map<Drafter*, std::chrono::steady_clock::time_point> last_draft_ping_;
   std::vector<std::vector<float>> p_;  // per sequence of the step: target distributions
 };
 

@@ -259,7 +259,8 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
   }
   if (failed != nullptr) return failed->status();
   StepReplyMessage& head = replies[0];
-  if (head.n_rows != rows || head.vocab != options_.vocab_size) {
+  // An ops-only step (a Ping) has no rows, and the shard sends no vocab with none.
+  if (head.n_rows != rows || (rows > 0 && head.vocab != options_.vocab_size)) {
     return Break(absl::InternalError(
         absl::StrFormat("%s sent %d rows of vocab %d; expected %d rows of %d", RankName(0),
                         head.n_rows, head.vocab, rows, options_.vocab_size)));

@@ -82,7 +82,7 @@ StepReplyMessage Reply(const StepPlanMessage& plan, int world, int64_t tokens) {
       rows += e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
     }
     r.n_rows = rows;
-    r.vocab = kVocab;
+    r.vocab = rows > 0 ? kVocab : 0;  // as ShardExecutor: no vocab without rows
     for (int64_t i = 0; i < rows * kVocab; ++i) r.logits.push_back(static_cast<float>(i));
   }
   return r;
@@ -100,6 +100,10 @@ void FakeShard(int world) {
       const bool ops_ok =
           p2.ok() && p2->ops.size() == 1 && p2->ops[0] == StepOp{StepOp::Kind::kTruncate, 1, 2};
       Send0(EncodeControl(Reply(*p2, world, ops_ok ? 3 : 99)));
+      // Plan 3: a Ping (no entries, no ops).
+      auto p3 = DecodeStepPlan(Recv0());
+      const bool empty = p3.ok() && p3->entries.empty() && p3->ops.empty();
+      Send0(EncodeControl(Reply(*p3, world, empty ? 3 : 99)));
     } else if (sc == kDiverged) {
       auto p = DecodeStepPlan(Recv0());
       Send0(EncodeControl(Reply(*p, world, world == 2 ? 4 : 3)));
@@ -200,6 +204,11 @@ TEST_F(RemoteTargetRunnerTest, StepsCarryOpsAndLogits) {
   std::vector<int32_t> one = {4};
   std::vector<BatchEntry> b2 = {{1, one, false}};
   ASSERT_TRUE((*r)->Forward(b2, &logits).ok());  // the shards saw the truncate op
+  EXPECT_EQ((*r)->Length(1), 3);
+  // A Ping is a step without rows: no logits, no vocab, and the runner stays usable.
+  const absl::Status ping = (*r)->Ping();
+  EXPECT_TRUE(ping.ok()) << ping;
+  EXPECT_TRUE((*r)->broken().ok());
   EXPECT_EQ((*r)->Length(1), 3);
 }
 

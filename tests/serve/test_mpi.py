@@ -205,11 +205,16 @@ def test_tiny_model_tp2_matches_single_process(specnode, tiny_model, tmp_path):
     try:
         node.wait_ready(120)
         got = greedy(node.endpoint, prompts, 16)
+        # Idle past the heartbeat (1 s): the pings (empty steps) leave the node healthy.
+        time.sleep(2.5)
+        again = greedy(node.endpoint, prompts, 16)
+        assert health(node.endpoint)["status"] == "ok"
         # A graceful stop: rank 0 drains, tells the shards to shut down.
     finally:
         node.stop()
-    for w, g in zip(want, got):
+    for w, g, a in zip(want, got, again):
         assert g.token_ids == w.token_ids, (w.text, g.text)
+        assert a.token_ids == w.token_ids, (w.text, a.text)
 
 
 def test_tiny_model_tp3_is_refused(specnode, tiny_model, tmp_path):
@@ -408,6 +413,33 @@ def test_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path):
         assert node.proc.returncode != 0
         log = node.log()
         assert "target rank 2 did not answer within 2.0 s" in log, log
+    finally:
+        if victim is not None:
+            try:
+                os.kill(victim["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        node.stop()
+
+
+def test_draft_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path):
+    """The heartbeat also covers a draft model on a rank of its own."""
+    draft = tmp_path / "draft.gguf"
+    subprocess.run([specnode, "tiny-model", "--out", str(draft), "--perturb", "0.05"], check=True)
+    cfg = groups_config(tmp_path, [("a", 0, [1]), ("b", 3, [2])], draft=str(draft))
+    cfg.write_text(cfg.read_text().replace("timeout_s: 30", "timeout_s: 2"))
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 4, cfg)
+    victim = None
+    try:
+        h = node.wait_ready(120)
+        victim = next(r for r in h["ranks"] if r["role"] == "draft")
+        os.kill(victim["pid"], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        node.proc.wait(timeout=30)
+        assert time.monotonic() - stopped_at < 15
+        assert node.proc.returncode != 0
+        log = node.log()
+        assert "draft rank 3 did not answer within 2.0 s" in log, log
     finally:
         if victim is not None:
             try:
