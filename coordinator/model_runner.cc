@@ -27,15 +27,17 @@ absl::Status ModelRunner::SwapOut(SeqId) {
   return absl::UnimplementedError("this runner cannot swap KV out");
 }
 
-absl::Status ModelRunner::Ping() { return absl::OkStatus(); }
-
 absl::Status ModelRunner::SwapIn(SeqId) {
   return absl::UnimplementedError("this runner cannot swap KV in");
 }
 
+absl::Status ModelRunner::Ping() { return absl::OkStatus(); }
+
 LocalModelRunner::LocalModelRunner(const LlamaConfig& config, const LlamaWeights& weights,
                                    ThreadPool* pool, std::unique_ptr<KvCache> cache)
-    : forward_(config, weights, pool), cache_(std::move(cache)) {}
+    : forward_(config, weights, pool),
+      cache_(std::move(cache)),
+      store_(dynamic_cast<KvStore*>(cache_.get())) {}
 
 absl::Status LocalModelRunner::Forward(std::span<const BatchEntry> batch,
                                        std::vector<float>* logits) {
@@ -43,29 +45,22 @@ absl::Status LocalModelRunner::Forward(std::span<const BatchEntry> batch,
 }
 
 std::optional<ModelRunner::KvRoom> LocalModelRunner::Room(int64_t tokens) const {
-  const auto* store = dynamic_cast<const KvStore*>(cache_.get());
-  if (store == nullptr) return std::nullopt;
-  return KvRoom{store->BytesForTokens(tokens), store->AvailableBytes()};
+  if (store_ == nullptr) return std::nullopt;
+  return KvRoom{store_->BytesForTokens(tokens), store_->AvailableBytes()};
 }
 
 std::optional<ModelRunner::KvMemory> LocalModelRunner::Memory() const {
-  const auto* store = dynamic_cast<const KvStore*>(cache_.get());
-  if (store == nullptr) return std::nullopt;
-  const KvUsage u = store->Usage();
-  KvMemory m{u.capacity_bytes, u.used_bytes, {}};
-  for (size_t c = 0; c < m.class_bytes.size() && c < u.bytes.size(); ++c)
-    m.class_bytes[c] = u.bytes[c];
-  return m;
+  if (store_ == nullptr) return std::nullopt;
+  const KvUsage u = store_->Usage();
+  return KvMemory{u.capacity_bytes, u.used_bytes, u.bytes};
 }
 
 absl::Status LocalModelRunner::SwapOut(SeqId seq) {
-  auto* store = dynamic_cast<KvStore*>(cache_.get());
-  return store == nullptr ? ModelRunner::SwapOut(seq) : store->SwapOut(seq);
+  return store_ == nullptr ? ModelRunner::SwapOut(seq) : store_->SwapOut(seq);
 }
 
 absl::Status LocalModelRunner::SwapIn(SeqId seq) {
-  auto* store = dynamic_cast<KvStore*>(cache_.get());
-  return store == nullptr ? ModelRunner::SwapIn(seq) : store->SwapIn(seq);
+  return store_ == nullptr ? ModelRunner::SwapIn(seq) : store_->SwapIn(seq);
 }
 
 }  // namespace specnode

@@ -16,10 +16,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kvstore/kv_precision.h"
 #include "model/kv_cache.h"
 #include "model/llama_forward.h"
 
 namespace specnode {
+
+class KvStore;
 
 class ModelRunner {
  public:
@@ -60,7 +63,7 @@ class ModelRunner {
   struct KvMemory {
     int64_t capacity_bytes = 0;
     int64_t used_bytes = 0;
-    std::array<int64_t, 3> class_bytes{};  // in pages of class f16, int8, int4
+    std::array<int64_t, kNumKvPrecisions> class_bytes{};  // in pages of each KvPrecision
   };
   virtual std::optional<KvMemory> Memory() const;
   // Preemption that keeps the KV: SwapOut moves a sequence's cached rows to the cache's host
@@ -102,6 +105,7 @@ class LocalModelRunner final : public ModelRunner {
  private:
   LlamaForward forward_;
   std::unique_ptr<KvCache> cache_;
+  KvStore* store_;  // cache_ when it is a KvStore (room, usage, swap tier), else null
 };
 
 }  // namespace specnode

@@ -53,8 +53,12 @@ SpeculativeEngine::SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup
       groups_(std::move(groups)),
       options_(std::move(options)),
       group_starts_(groups_.size(), 0) {
+  targets_.push_back(target_);
   for (DraftGroup& g : groups_) {
     if (g.target == nullptr) g.target = target_;
+    if (std::find(targets_.begin(), targets_.end(), g.target) == targets_.end()) {
+      targets_.push_back(g.target);
+    }
     assert((g.drafter == nullptr) == (g.controller == nullptr));
     assert(g.target->vocab_size() == target_->vocab_size());
     assert(g.target->max_positions() == target_->max_positions());
@@ -136,13 +140,7 @@ absl::Status SpeculativeEngine::Start(const SpecRequest& request) {
 }
 
 bool SpeculativeEngine::HasRoomFor(int64_t tokens) const {
-  std::vector<ModelRunner*> targets = {target_};
-  for (const DraftGroup& g : groups_) {
-    if (std::find(targets.begin(), targets.end(), g.target) == targets.end()) {
-      targets.push_back(g.target);
-    }
-  }
-  for (ModelRunner* t : targets) {
+  for (ModelRunner* t : targets_) {
     const std::optional<ModelRunner::KvRoom> room = t->Room(tokens);
     if (!room.has_value() || room->needed <= room->available) return true;
   }
@@ -175,29 +173,25 @@ absl::Status SpeculativeEngine::Resume(SeqId id) {
 }
 
 absl::Status SpeculativeEngine::Heartbeat(double idle_s) {
-  std::vector<ModelRunner*> targets = {target_};
-  for (const DraftGroup& g : groups_) {
-    if (std::find(targets.begin(), targets.end(), g.target) == targets.end()) {
-      targets.push_back(g.target);
-    }
-  }
   const auto now = Clock::now();
-  for (ModelRunner* t : targets) {
-    auto [it, fresh] = last_pass_.try_emplace(t, now);  // first sight: the clock starts
-    if (fresh || Seconds(it->second, now) < idle_s) continue;
-    absl::Status st = t->Ping();
+  // Pings `ping` when `key` has had nothing for idle_s on `clock` (its first sight starts
+  // the clock).
+  auto ping_if_idle = [&](auto& clock, auto* key, auto&& ping) -> absl::Status {
+    auto [it, fresh] = clock.try_emplace(key, now);
+    if (fresh || Seconds(it->second, now) < idle_s) return absl::OkStatus();
+    absl::Status st = ping();
     it->second = Clock::now();
-    if (!st.ok()) return st;
+    return st;
+  };
+  for (ModelRunner* t : targets_) {
+    SPECNODE_RETURN_IF_ERROR(ping_if_idle(last_pass_, t, [t] { return t->Ping(); }));
   }
-  // Drafters whose model lives on another rank: pinged on the same clock as their group's
-  // target (a drafting step counts as activity only for the target; pings are cheap).
+  // Drafters (a draft model on another rank) are pinged every idle_s on a clock of their
+  // own: drafting does not reset it, and pings are cheap.
   for (DraftGroup& g : groups_) {
     if (g.drafter == nullptr) continue;
-    auto [it, fresh] = last_draft_ping_.try_emplace(g.drafter, now);
-    if (fresh || Seconds(it->second, now) < idle_s) continue;
-    absl::Status st = g.drafter->Ping();
-    it->second = Clock::now();
-    if (!st.ok()) return st;
+    Drafter* d = g.drafter;
+    SPECNODE_RETURN_IF_ERROR(ping_if_idle(last_draft_ping_, d, [d] { return d->Ping(); }));
   }
   return absl::OkStatus();
 }

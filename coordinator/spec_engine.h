@@ -174,6 +174,7 @@ class SpeculativeEngine {
 
   ModelRunner* target_;
   std::vector<DraftGroup> groups_;
+  std::vector<ModelRunner*> targets_;  // target_ and every group's, each once
   SpecEngineOptions options_;
   std::map<SeqId, std::unique_ptr<Seq>> seqs_;
   std::map<std::string, int64_t> domain_starts_;  // sequences started per domain

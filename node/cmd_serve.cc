@@ -58,15 +58,19 @@ std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
 
+// `family`{class="f16"|"int8"|"int4"} for precision class c.
+std::string KvClassSeries(const char* family, int c) {
+  return absl::StrFormat("%s{class=\"%s\"}", family, KvPrecisionName(static_cast<KvPrecision>(c)));
+}
+
 std::map<std::string, double> KvGauges(KvCache* cache) {
   std::map<std::string, double> g;
   const auto* store = dynamic_cast<const KvStore*>(cache);
   if (store == nullptr) return g;
   const KvUsage u = store->Usage();
-  static const char* kClass[] = {"f16", "int8", "int4"};
-  for (int c = 0; c < kNumKvPrecisions && c < 3; ++c) {
-    g[absl::StrFormat("specnode_kv_bytes{class=\"%s\"}", kClass[c])] = u.bytes[c];
-    g[absl::StrFormat("specnode_kv_tokens{class=\"%s\"}", kClass[c])] = u.tokens[c];
+  for (int c = 0; c < kNumKvPrecisions; ++c) {
+    g[KvClassSeries("specnode_kv_bytes", c)] = u.bytes[c];
+    g[KvClassSeries("specnode_kv_tokens", c)] = u.tokens[c];
   }
   g["specnode_kv_capacity_bytes"] = u.capacity_bytes;
   g["specnode_kv_used_bytes"] = u.used_bytes;
@@ -187,17 +191,16 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
     if (local_cache != nullptr) g = KvGauges(local_cache);
     if (!remote_targets.empty()) {
       double capacity = 0, used = 0;
-      std::array<double, 3> by_class{};
+      std::array<double, kNumKvPrecisions> by_class{};
       for (const ModelRunner* t : remote_targets) {
         const std::optional<ModelRunner::KvMemory> m = t->Memory();
         if (!m.has_value()) continue;
         capacity += static_cast<double>(m->capacity_bytes);
         used += static_cast<double>(m->used_bytes);
-        for (size_t c = 0; c < by_class.size(); ++c) by_class[c] += m->class_bytes[c];
+        for (int c = 0; c < kNumKvPrecisions; ++c) by_class[c] += m->class_bytes[c];
       }
-      static const char* kClass[] = {"f16", "int8", "int4"};
-      for (size_t c = 0; c < by_class.size(); ++c) {
-        g[absl::StrFormat("specnode_kv_bytes{class=\"%s\"}", kClass[c])] = by_class[c];
+      for (int c = 0; c < kNumKvPrecisions; ++c) {
+        g[KvClassSeries("specnode_kv_bytes", c)] = by_class[c];
       }
       g["specnode_kv_capacity_bytes"] = capacity;  // every target rank's, summed
       g["specnode_kv_used_bytes"] = used;

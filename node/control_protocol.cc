@@ -267,6 +267,7 @@ std::string EncodeControl(const StepReplyMessage& m) {
   w.Put<int64_t>(m.kv_tokens);
   w.Put<int64_t>(m.kv_available_bytes);
   w.Put<int64_t>(m.kv_used_bytes);
+  static_assert(kNumKvPrecisions == 3, "the wire format carries 3 classes (f16, int8, int4)");
   for (int64_t b : m.kv_class_bytes) w.Put<int64_t>(b);
   w.Put<int64_t>(m.n_rows);
   w.Put<int32_t>(m.vocab);

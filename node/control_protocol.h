@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kvstore/kv_precision.h"
 #include "model/kv_cache.h"
 
 namespace specnode {
@@ -126,7 +127,7 @@ struct StepReplyMessage {
   // (-1 = cannot tell) and bytes in use; the coordinator's admission and metrics read them.
   int64_t kv_available_bytes = -1;
   int64_t kv_used_bytes = 0;
-  std::array<int64_t, 3> kv_class_bytes{};  // bytes in pages of class f16, int8, int4
+  std::array<int64_t, kNumKvPrecisions> kv_class_bytes{};  // bytes in pages per KvPrecision
   // Logits [n_rows, vocab] row-major; only TP rank 0 sends them (others: n_rows = 0).
   int64_t n_rows = 0;
   int32_t vocab = 0;

@@ -90,9 +90,7 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
     r->shards_.push_back({ack->world_rank, ack->tp_rank, ack->pid, ack->host,
                           ack->kv_capacity_bytes, ack->n_kv_heads_local, ack->kv_page_bytes,
                           ack->kv_page_tokens});
-    r->kv_available_.push_back(ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1);
-    r->kv_used_.push_back(0);
-    r->kv_class_.push_back({});
+    r->kv_.push_back({ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1, 0, {}});
   }
   return r;
 }
@@ -253,9 +251,7 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
     }
   }
   for (const StepReplyMessage& r : replies) {
-    kv_available_[r.tp_rank] = r.kv_available_bytes;
-    kv_used_[r.tp_rank] = r.kv_used_bytes;
-    kv_class_[r.tp_rank] = r.kv_class_bytes;
+    kv_[r.tp_rank] = {r.kv_available_bytes, r.kv_used_bytes, r.kv_class_bytes};
   }
   if (failed != nullptr) return failed->status();
   StepReplyMessage& head = replies[0];
@@ -279,11 +275,11 @@ std::optional<ModelRunner::KvRoom> RemoteTargetRunner::Room(int64_t tokens) cons
   std::optional<KvRoom> tightest;  // the shard with the least room to spare
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardInfo& s = shards_[i];
-    if (s.kv_page_bytes <= 0 || s.kv_page_tokens <= 0 || kv_available_[i] < 0) {
+    if (s.kv_page_bytes <= 0 || s.kv_page_tokens <= 0 || kv_[i].available < 0) {
       return std::nullopt;
     }
     const int64_t pages = (tokens + s.kv_page_tokens - 1) / s.kv_page_tokens + 1;
-    const KvRoom room{pages * s.kv_page_bytes, kv_available_[i]};
+    const KvRoom room{pages * s.kv_page_bytes, kv_[i].available};
     if (!tightest || room.available - room.needed < tightest->available - tightest->needed) {
       tightest = room;
     }
@@ -294,10 +290,10 @@ std::optional<ModelRunner::KvRoom> RemoteTargetRunner::Room(int64_t tokens) cons
 std::optional<ModelRunner::KvMemory> RemoteTargetRunner::Memory() const {
   KvMemory m;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    if (kv_available_[i] < 0) return std::nullopt;
+    if (kv_[i].available < 0) return std::nullopt;
     m.capacity_bytes += shards_[i].kv_capacity_bytes;
-    m.used_bytes += kv_used_[i];
-    for (size_t c = 0; c < m.class_bytes.size(); ++c) m.class_bytes[c] += kv_class_[i][c];
+    m.used_bytes += kv_[i].used;
+    for (size_t c = 0; c < m.class_bytes.size(); ++c) m.class_bytes[c] += kv_[i].class_bytes[c];
   }
   return m;
 }

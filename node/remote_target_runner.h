@@ -124,8 +124,13 @@ class RemoteTargetRunner final : public ModelRunner {
   std::vector<StepOp> pending_ops_;   // sent with the next plan
   uint64_t step_ = 0;
   Pending pending_;
-  std::vector<int64_t> kv_available_, kv_used_;   // per shard, from the last reply
-  std::vector<std::array<int64_t, 3>> kv_class_;  // per shard, from the last reply
+  // A shard's KV memory as of its last reply (its whole capacity before the first step).
+  struct ShardKv {
+    int64_t available = -1;  // -1: the shard cannot tell
+    int64_t used = 0;
+    std::array<int64_t, kNumKvPrecisions> class_bytes{};
+  };
+  std::vector<ShardKv> kv_;  // per shard, in TP order
   bool in_flight_ = false;
   absl::Status broken_;
 };

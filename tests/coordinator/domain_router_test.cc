@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "coordinator/spec_controller.h"
+#include "tests/coordinator/spec_controller_test_util.h"
 
 namespace specnode {
 namespace {
@@ -170,13 +171,8 @@ TEST(DomainRouterTest, ChooseGroupByGoodput) {
 TEST(DomainRouterTest, ChooseGroupOverControllers) {
   auto g0 = SpecController::Create({}).value();
   auto g1 = SpecController::Create({}).value();
-  for (SpecController* g : {g0.get(), g1.get()}) {
-    for (int k : {1, 8}) {
-      ASSERT_TRUE(g->RecordDraftTime(k, 1e-3 * k).ok());
-      ASSERT_TRUE(g->RecordVerifyTime(k, 10e-3).ok());
-    }
-    ASSERT_TRUE(g->RecordDirectTime(10e-3).ok());
-  }
+  // 1 ms per draft token, a flat 10 ms verification, a 10 ms direct step.
+  for (SpecController* g : {g0.get(), g1.get()}) spec_test::SetTimings(*g, 1, 10, 0, 10);
   std::vector<const SpecController*> groups = {g0.get(), g1.get()};
   // Nothing observed for "code" anywhere: group 0 is tried first.
   EXPECT_EQ(DomainRouter::ChooseGroup("code", groups), 0);
@@ -210,15 +206,9 @@ TEST(DomainRouterTest, GroupThatCanNeverWinIsNotTriedFirst) {
   auto cheap = SpecController::Create({}).value();
   auto costly = SpecController::Create({}).value();
   EXPECT_FALSE(costly->CanNeverWin());  // no timings yet
-  for (int k : {1, 8}) {
-    ASSERT_TRUE(cheap->RecordDraftTime(k, 1e-4 * k).ok());
-    ASSERT_TRUE(cheap->RecordVerifyTime(k, 10e-3 + 2e-3 * k).ok());
-    // Each draft token costs 7 ms (2/3 of a 10 ms target step) plus 3 ms of verification.
-    ASSERT_TRUE(costly->RecordDraftTime(k, 7e-3 * k).ok());
-    ASSERT_TRUE(costly->RecordVerifyTime(k, 10e-3 + 3e-3 * k).ok());
-  }
-  ASSERT_TRUE(cheap->RecordDirectTime(10e-3).ok());
-  ASSERT_TRUE(costly->RecordDirectTime(10e-3).ok());
+  spec_test::SetTimings(*cheap, 0.1, 10, 2, 10);
+  // Each draft token costs 7 ms (2/3 of a 10 ms target step) plus 3 ms of verification.
+  spec_test::SetTimings(*costly, 7, 10, 3, 10);
   EXPECT_FALSE(cheap->CanNeverWin());
   EXPECT_TRUE(costly->CanNeverWin());
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(cheap->RecordStep("chat", 1, i % 10 < 7).ok());
@@ -241,11 +231,7 @@ TEST(DomainRouterTest, ChooseGroupBalancesLoadAmongNearEquals) {
   EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, L{3, 1}), 1);
   EXPECT_EQ(DomainRouter::ChooseGroup("chat", groups, L{0, 0}), 0);
   for (SpecController* g : {g0.get(), g1.get()}) {
-    for (int k : {1, 8}) {
-      ASSERT_TRUE(g->RecordDraftTime(k, 1e-3 * k).ok());
-      ASSERT_TRUE(g->RecordVerifyTime(k, 10e-3).ok());
-    }
-    ASSERT_TRUE(g->RecordDirectTime(10e-3).ok());
+    spec_test::SetTimings(*g, 1, 10, 0, 10);
     for (int i = 0; i < 100; ++i) ASSERT_TRUE(g->RecordStep("chat", 1, i % 10 < 8 ? 1 : 0).ok());
   }
   // The same drafter on both: equal goodput, the less loaded wins; equal loads: index 0.
@@ -268,13 +254,7 @@ TEST(DomainRouterTest, ChooseGroupBalancesLoadAmongNearEquals) {
 TEST(DomainRouterTest, GroupThatLosesEverywhereIsNotTriedFirst) {
   auto good = SpecController::Create({}).value();
   auto bad = SpecController::Create({}).value();
-  for (SpecController* g : {good.get(), bad.get()}) {
-    for (int k : {1, 8}) {
-      ASSERT_TRUE(g->RecordDraftTime(k, 1e-3 * k).ok());
-      ASSERT_TRUE(g->RecordVerifyTime(k, 10e-3).ok());
-    }
-    ASSERT_TRUE(g->RecordDirectTime(10e-3).ok());
-  }
+  for (SpecController* g : {good.get(), bad.get()}) spec_test::SetTimings(*g, 1, 10, 0, 10);
   std::vector<const SpecController*> groups = {good.get(), bad.get()};
   auto feed = [](SpecController* g, const char* domain, int percent) {
     for (int i = 0; i < 100; ++i) ASSERT_TRUE(g->RecordStep(domain, 1, i % 100 < percent).ok());

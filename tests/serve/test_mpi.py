@@ -394,25 +394,22 @@ def test_killed_rank_of_one_group_fails_every_request(specnode, real_model, tmp_
         node.stop()
 
 
-def test_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path):
-    """A target rank that stops answering while no request runs (SIGSTOP) is found by the
-    coordinator's heartbeat (an empty step every second) within heartbeat + timeout_s; the
-    job exits non-zero naming the rank."""
-    cfg = tmp_path / "hang.yaml"
-    cfg.write_text(tp_config(tmp_path, 2).read_text().replace("timeout_s: 30", "timeout_s: 2"))
-    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, cfg)
+def assert_stopped_rank_ends_job(node, pick, needle, warm_up=None):
+    """On a ready node, SIGSTOPs the rank `pick(ranks)` returns (after `warm_up(endpoint)`);
+    the job must exit non-zero within 15 s with `needle` in its log."""
     victim = None
     try:
         h = node.wait_ready(120)
-        victim = next(r for r in h["ranks"] if r["rank"] == 2)
-        greedy(node.endpoint, ["hello world"], 4)  # healthy first
+        victim = pick(h["ranks"])
+        if warm_up is not None:
+            warm_up(node.endpoint)
         os.kill(victim["pid"], signal.SIGSTOP)
         stopped_at = time.monotonic()
         node.proc.wait(timeout=30)
         assert time.monotonic() - stopped_at < 15
         assert node.proc.returncode != 0
         log = node.log()
-        assert "target rank 2 did not answer within 2.0 s" in log, log
+        assert needle in log, log
     finally:
         if victim is not None:
             try:
@@ -420,6 +417,19 @@ def test_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path):
             except ProcessLookupError:
                 pass
         node.stop()
+
+
+def test_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path):
+    """A target rank that stops answering while no request runs (SIGSTOP) is found by the
+    coordinator's heartbeat (an empty step every second) within heartbeat + timeout_s; the
+    job exits non-zero naming the rank."""
+    cfg = tmp_path / "hang.yaml"
+    cfg.write_text(tp_config(tmp_path, 2).read_text().replace("timeout_s: 30", "timeout_s: 2"))
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, cfg)
+    assert_stopped_rank_ends_job(
+        node, lambda ranks: next(r for r in ranks if r["rank"] == 2),
+        "target rank 2 did not answer within 2.0 s",
+        warm_up=lambda endpoint: greedy(endpoint, ["hello world"], 4))  # healthy first
 
 
 def test_draft_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path):
@@ -429,21 +439,5 @@ def test_draft_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path)
     cfg = groups_config(tmp_path, [("a", 0, [1]), ("b", 3, [2])], draft=str(draft))
     cfg.write_text(cfg.read_text().replace("timeout_s: 30", "timeout_s: 2"))
     node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 4, cfg)
-    victim = None
-    try:
-        h = node.wait_ready(120)
-        victim = next(r for r in h["ranks"] if r["role"] == "draft")
-        os.kill(victim["pid"], signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        node.proc.wait(timeout=30)
-        assert time.monotonic() - stopped_at < 15
-        assert node.proc.returncode != 0
-        log = node.log()
-        assert "draft rank 3 did not answer within 2.0 s" in log, log
-    finally:
-        if victim is not None:
-            try:
-                os.kill(victim["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        node.stop()
+    assert_stopped_rank_ends_job(node, lambda ranks: next(r for r in ranks if r["role"] == "draft"),
+                                 "draft rank 3 did not answer within 2.0 s")
