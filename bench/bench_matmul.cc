@@ -73,6 +73,7 @@ Weights MakeWeights(GgmlType type, int64_t rows, int64_t cols) {
 void BM_MatMul(benchmark::State& state, GgmlType type, MatShape shape) {
   const int64_t n = state.range(0);
   const int threads = static_cast<int>(state.range(1));
+  const ActQuant act = state.range(2) == 8 ? ActQuant::kInt8 : ActQuant::kInt16;
   const Weights w = MakeWeights(type, shape.rows, shape.cols);
   std::vector<float> x(n * shape.cols), y(n * shape.rows);
   std::mt19937 rng(2);
@@ -85,7 +86,7 @@ void BM_MatMul(benchmark::State& state, GgmlType type, MatShape shape) {
   for (auto _ : state) {
     view.data = w.bytes.data() + copy * w.matrix_bytes;
     copy = copy + 1 == w.copies ? 0 : copy + 1;
-    MatMul(view, x.data(), n, y.data(), pool.get(), &scratch);
+    MatMul(view, x.data(), n, y.data(), pool.get(), &scratch, act);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -93,7 +94,7 @@ void BM_MatMul(benchmark::State& state, GgmlType type, MatShape shape) {
                                               benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tok/s"] =
       benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(CpuKernelName());
+  state.SetLabel(CpuKernelName() + " " + ActQuantName(act));
 }
 
 // Every matmul of one SmolLM2-135M decode step, in forward order, on distinct buffers:
@@ -105,6 +106,7 @@ void BM_MatMul(benchmark::State& state, GgmlType type, MatShape shape) {
 void BM_DecodeStep(benchmark::State& state) {
   const int64_t n = state.range(0);
   const int threads = static_cast<int>(state.range(1));
+  const ActQuant act = state.range(2) == 8 ? ActQuant::kInt8 : ActQuant::kInt16;
   struct Mat {
     WeightView view;
     std::vector<uint8_t> bytes;
@@ -158,7 +160,7 @@ void BM_DecodeStep(benchmark::State& state) {
   for (auto _ : state) {
     for (const std::vector<WeightView>& c : calls) {
       MatMulShared(c, x.data(), n, std::span<float* const>(ys.data(), c.size()), pool.get(),
-                   &scratch);
+                   &scratch, act);
     }
     benchmark::ClobberMemory();
   }
@@ -167,7 +169,7 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["tok/s"] =
       benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["MB"] = static_cast<double>(total) / 1e6;
-  state.SetLabel(CpuKernelName());
+  state.SetLabel(CpuKernelName() + " " + ActQuantName(act));
 }
 
 // Only the shapes that matter for each type, to keep a full run short: every shape for
@@ -180,8 +182,8 @@ bool Wanted(GgmlType type, const MatShape& shape) {
 
 void RegisterAll() {
   benchmark::RegisterBenchmark("DecodeStep/SmolLM2", BM_DecodeStep)
-      ->ArgNames({"n", "threads"})
-      ->ArgsProduct({{1, 2, 4, 5, 8, 9, 16}, {1, 2}})
+      ->ArgNames({"n", "threads", "act"})
+      ->ArgsProduct({{1, 2, 4, 5, 8, 9, 16}, {1, 2}, {16, 8}})
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
   for (GgmlType type : kTypes) {
@@ -191,8 +193,8 @@ void RegisterAll() {
                                std::string(GgmlTypeName(static_cast<uint32_t>(type))) + "/" +
                                shape.name;
       benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, type, shape)
-          ->ArgNames({"n", "threads"})
-          ->ArgsProduct({{1, 5, 16}, {1, 2}})
+          ->ArgNames({"n", "threads", "act"})
+          ->ArgsProduct({{1, 5, 16}, {1, 2}, {16, 8}})
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Load(const std::stri
   d->name_ = std::filesystem::path(path).filename().string();
   SPECNODE_ASSIGN_OR_RETURN(d->weights_,
                             LoadLlamaWeights(d->own_model_->file(), d->own_model_->config()));
+  d->weights_.activations = target.weights().activations;  // one compute mode per node
   const LlamaConfig config = d->own_model_->config();
   return Finish(std::move(d), config, pool, kv);
 }
@@ -87,6 +88,7 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::SelfDraft(const Llam
   config.n_layers = layers;
   SPECNODE_ASSIGN_OR_RETURN(d->weights_,
                             LoadLlamaWeights(target.file(), target.config(), {}, layers));
+  d->weights_.activations = target.weights().activations;
   return Finish(std::move(d), config, pool, kv);
 }
 

@@ -20,6 +20,17 @@
 // vpmaddwd / vpdpwssd after widening the weights to int16.
 // F32/F16/BF16 weights use the f32 activations directly.
 //
+// Int8 activations (ActQuant::kInt8, opt-in; llama.cpp's Q8_1 exactly): blocks of 32 int8
+//   qs[j] = round_nearest_even(x[j] * (1 / d_b)),  d_b = max|x| over block b / 127,
+// with the same d_b and s_b side values. The unsigned weight operand of vpdpbusd (u8 x s8,
+// four products per int32 lane, no intermediate saturation) is the nibble for Q4 and, for
+// Q8_0, the quant + 128 (a sign-bit flip), so a Q8_0 block contributes
+//   Q8_0: d_w d_b Σ (q_w + 128) qs - 128 d_w s_b
+// Half the dot instructions of the int16 path per weight group: batched (compute-bound)
+// matmuls run faster, single-token (bandwidth-bound) ones do not care; logits move by
+// the coarser rounding (see cpu_matmul.h). Tables without an int8 kernel leave
+// quantize8/matmul_quant8 null and the dispatcher uses their int16 path.
+//
 // Batch invariance contract, for every kernel: y[t, r] depends only on row r and token t's
 // activations, through an instruction sequence that does not depend on n, the token tile
 // the token fell in, or [row_begin, row_end). Kernels may process several tokens per weight
@@ -31,13 +42,11 @@
 #include <span>
 #include <vector>
 
+#include "model/cpu_matmul.h"
 #include "model/ggml_types.h"
 #include "model/thread_pool.h"
 
 namespace specnode {
-
-struct WeightView;
-struct MatMulScratch;
 
 namespace cpu_kernels {
 
@@ -59,8 +68,17 @@ namespace cpu_kernels {
 //                          kernel may read whole 256-byte groups of 4 blocks
 //   d[t * ds_stride + b], s[t * ds_stride + b]  f32, b < cols/32; zero up to ds_stride (a
 //                          multiple of 16) so a kernel may load whole 16-block chunks
+//
+// Int8 tables (quantize8) use the same strides with int8 values in qs8:
+//   scalar: natural order;
+//   avx512-vnni: Q4_0/Q4_1: groups of 4 blocks (128 bytes) as 2 planes of 64: byte
+//     p*64 + 4j + i (j = 4m + k; m, k, i < 4) is block b+k's value 4m + i + 16p (plane 0 pairs
+//     with the low nibbles of quant bytes 4m..4m+3, plane 1 with the high ones);
+//     Q8_0: pairs of blocks b, b+1 (64 bytes): byte 4l + i (l < 16, i < 4) is block
+//     b + (l & 1)'s value 4(l / 2) + i.
 struct QuantActs {
-  const int16_t* qs = nullptr;  // [n, qs_stride]
+  const int16_t* qs = nullptr;  // [n, qs_stride] (int16 kernels)
+  const int8_t* qs8 = nullptr;  // [n, qs_stride] (int8 kernels)
   const float* d = nullptr;     // [n, ds_stride]
   const float* s = nullptr;     // [n, ds_stride]
   int64_t qs_stride = 0;
@@ -101,6 +119,11 @@ struct KernelTable {
                    float* s);
   void (*matmul_quant)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
   void (*matmul_float)(const FloatMatMulArgs& args, int64_t row_begin, int64_t row_end);
+  // Int8 activations: as quantize/matmul_quant with d_b = max|x| / 127 and args.x.qs8.
+  // Null in tables without an int8 kernel.
+  void (*quantize8)(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
+                    float* s);
+  void (*matmul_quant8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 };
 
 // Weight rows are streamed once per call; hardware prefetch alone leaves the kernels
@@ -131,11 +154,12 @@ std::vector<const KernelTable*> SupportedKernels();
 
 // MatMul (see cpu_matmul.h) forced onto one kernel table.
 void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x /*[n, cols]*/,
-                int64_t n, float* y /*[n, rows]*/, ThreadPool* pool, MatMulScratch* scratch);
+                int64_t n, float* y /*[n, rows]*/, ThreadPool* pool, MatMulScratch* scratch,
+                ActQuant act = ActQuant::kInt16);
 // MatMulShared (see cpu_matmul.h) forced onto one kernel table.
 void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws, const float* x,
                       int64_t n, std::span<float* const> ys, ThreadPool* pool,
-                      MatMulScratch* scratch);
+                      MatMulScratch* scratch, ActQuant act = ActQuant::kInt16);
 
 }  // namespace cpu_kernels
 }  // namespace specnode

@@ -291,6 +291,7 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
-const KernelTable kAvx2Kernels = {"avx2", &Quantize, &MatMulQuant, &MatMulFloat};
+// No int8 kernel: int8 requests run the int16 path (cpu_matmul.h).
+const KernelTable kAvx2Kernels = {"avx2", &Quantize, &MatMulQuant, &MatMulFloat, nullptr, nullptr};
 
 }  // namespace specnode::cpu_kernels

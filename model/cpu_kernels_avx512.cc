@@ -117,14 +117,83 @@ void Quantize(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs,
   }
 }
 
+// One block rounded to int8 (natural order), its d and s.
+inline __m256i QuantizeBlock8(const float* xb, float* d, float* s) {
+  const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const float db = amax / 127.0f;
+  const float id = db != 0.0f ? 1.0f / db : 0.0f;
+  const __m512 vid = _mm512_set1_ps(id);
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+  const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+  *d = db;
+  *s = db * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(q0)),
+                                 _mm512_cvtsepi32_epi8(q1), 1);
+}
+
+// Dword indices into two natural-order block pairs (A = blocks 0|1, B = blocks 2|3; index
+// 16 + i is B's dword i) giving the int8 Q4 planes (cpu_kernels.h): plane p's dword j = 4m + k
+// is block k's dword m + 4p. And the Q8_0 pair order: dword l is block (l & 1)'s dword l / 2.
+struct ActOrder8 {
+  alignas(64) int32_t q4[2][16];
+  alignas(64) int32_t q8[16];
+  constexpr ActOrder8() : q4(), q8() {
+    for (int p = 0; p < 2; ++p) {
+      for (int j = 0; j < 16; ++j) {
+        const int m = j / 4, k = j % 4;
+        q4[p][j] = (k / 2) * 16 + (k % 2) * 8 + m + 4 * p;
+      }
+    }
+    for (int l = 0; l < 16; ++l) q8[l] = (l & 1) * 8 + l / 2;
+  }
+};
+constexpr ActOrder8 kActOrder8;
+
+inline __m512i Join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+void Quantize8(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
+               float* s) {
+  const int per = weight_type == GgmlType::kQ8_0 ? 2 : 4;
+  for (int64_t g = 0; g < blocks; g += per) {
+    __m256i q[4] = {};
+    for (int k = 0; k < per; ++k) {
+      const int64_t b = g + k;
+      q[k] = b < blocks ? QuantizeBlock8(x + b * kBlock, d + b, s + b) : _mm256_setzero_si256();
+    }
+    int8_t* out = qs + g * kBlock;
+    const __m512i a = Join(q[0], q[1]);
+    if (per == 2) {
+      _mm512_storeu_si512(out, _mm512_permutexvar_epi32(_mm512_load_si512(kActOrder8.q8), a));
+      continue;
+    }
+    const __m512i b = Join(q[2], q[3]);
+    for (int p = 0; p < 2; ++p) {
+      _mm512_storeu_si512(out + 64 * p,
+                          _mm512_permutex2var_epi32(a, _mm512_load_si512(kActOrder8.q4[p]), b));
+    }
+  }
+}
+
+// A token's activations; q points at int16 or int8 values (Act).
+template <typename Act>
 struct TileActs {
-  const int16_t* q;
+  const Act* q;
   const float* d;
   const float* s;
 };
 
-inline TileActs ActsFor(const QuantActs& x, int64_t t) {
-  return {x.qs + t * x.qs_stride, x.d + t * x.ds_stride, x.s + t * x.ds_stride};
+template <typename Act>
+inline TileActs<Act> ActsFor(const QuantActs& x, int64_t t) {
+  const Act* q;
+  if constexpr (sizeof(Act) == 1) {
+    q = x.qs8;
+  } else {
+    q = x.qs;
+  }
+  return {q + t * x.qs_stride, x.d + t * x.ds_stride, x.s + t * x.ds_stride};
 }
 
 inline __mmask16 FirstLanes(int k) {
@@ -169,6 +238,17 @@ inline __m512 PairScales(const float* scales) {
   double pair;
   std::memcpy(&pair, scales, sizeof(pair));
   return _mm512_castpd_ps(_mm512_set1_pd(pair));
+}
+
+// Q8_0 quants of blocks (j, j+1) at p, p + 34 (or j alone, zeros for j+1) + 128 as u8,
+// dword-interleaved like the int8 activations (cpu_kernels.h).
+template <bool kSecond>
+inline __m512i PairWeightsQ8U8(const uint8_t* p) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i b = kSecond ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 34))
+                            : _mm256_set1_epi8(static_cast<char>(0x80));  // -> 0 after the flip
+  const __m512i ab = _mm512_xor_si512(Join(a, b), _mm512_set1_epi8(static_cast<char>(0x80)));
+  return _mm512_permutexvar_epi32(_mm512_load_si512(kActOrder8.q8), ab);
 }
 
 // Q8_0 quants of blocks (j, j+1) at p, p + 34 (or j alone, zeros for j+1), widened and
@@ -240,6 +320,12 @@ inline __m512i DotI16(const __m512i* w, const int16_t* x) {
   }
 }
 
+// Σ_p w[p] · x[p] over 2 u8 x s8 vectors (vpdpbusd), as int32 quads.
+inline __m512i DotU8(const __m512i* w, const int8_t* x) {
+  const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_loadu_si512(x));
+  return _mm512_dpbusd_epi32(dot, w[1], _mm512_loadu_si512(x + 64));
+}
+
 // Row `row` against tokens [t0, t0 + T), segment by segment:
 //  1. scales: 16 blocks' d (and m) per masked gather; per token d_w*d_x is stored, and the
 //     min term m_w*s_x (Q4_1) or -8 d_w*s_x (Q4_0) accumulated;
@@ -247,49 +333,75 @@ inline __m512i DotI16(const __m512i* w, const int16_t* x) {
 //     pairs of blocks. Converted and scaled by the stored scales (a broadcast load) into
 //     the token's accumulator. One FMA chain per token is enough: a group's other work
 //     outlasts the FMA's latency, and several tokens' chains interleave.
-// Q4 weights are unsigned nibbles (Q4_0's -8 is folded into the min term).
-template <GgmlType kType, bool kVnni, int T>
+// Q4 weights are unsigned nibbles (Q4_0's -8 is folded into the min term). Int8
+// activations (Act = int8_t, VNNI only): Q4 groups are 2 nibble planes of bytes, one
+// vpdpbusd each; Q8_0 pairs are one u8 vector (quant + 128, the -128 d_w s_x in the min term).
+template <GgmlType kType, bool kVnni, typename Act, int T>
 void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512* sums,
                int sums_stride) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
+  constexpr bool kI8 = sizeof(Act) == 1;
+  static_assert(!kI8 || kVnni, "int8 activations need vpdpbusd");
   constexpr size_t bb = kQ8                        ? sizeof(BlockQ8_0)
                         : kType == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
                                                    : sizeof(BlockQ4_0);
   constexpr int qoff = kType == GgmlType::kQ4_1 ? 4 : 2;
   const __m512i offsets = HeadOffsets(bb);
   const __m512i transpose = TransposeIndex<bb>();  // unused for Q8_0
-  TileActs x[T];
+  TileActs<Act> x[T];
   __m512 acc[T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
-    x[t] = ActsFor(a.x, t0 + t);
+    x[t] = ActsFor<Act>(a.x, t0 + t);
     acc[t] = _mm512_setzero_ps();
   }
   alignas(64) float scales[T][kSegment];
 
   // Q4: group of blocks [g, g + 4) of the segment, `valid` quant bytes from its first
   // block's.
-  auto group = [&](const uint8_t* q, const int16_t* const* xq, int g, int64_t valid)
+  auto group = [&](const uint8_t* q, const Act* const* xq, int g, int64_t valid)
       __attribute__((always_inline)) {
     const __m512i t = GroupPart<bb>(q, valid, transpose);
-    const __m512i low = _mm512_set1_epi16(0x0F);
-    const __m512i w[4] = {_mm512_and_si512(t, low), _mm512_and_si512(_mm512_srli_epi16(t, 4), low),
-                          _mm512_and_si512(_mm512_srli_epi16(t, 8), low), _mm512_srli_epi16(t, 12)};
+    if constexpr (kI8) {
+      const __m512i low = _mm512_set1_epi8(0x0F);
+      const __m512i w[2] = {_mm512_and_si512(t, low),
+                            _mm512_and_si512(_mm512_srli_epi16(t, 4), low)};
 #pragma GCC unroll 8
-    for (int tt = 0; tt < T; ++tt) {
-      const __m512i dot = DotI16<kVnni, 4>(w, xq[tt] + g * kBlock);
-      acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), GroupScales(&scales[tt][g]), acc[tt]);
+      for (int tt = 0; tt < T; ++tt) {
+        const __m512i dot = DotU8(w, xq[tt] + g * kBlock);
+        acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), GroupScales(&scales[tt][g]), acc[tt]);
+      }
+    } else {
+      const __m512i low = _mm512_set1_epi16(0x0F);
+      const __m512i w[4] = {
+          _mm512_and_si512(t, low), _mm512_and_si512(_mm512_srli_epi16(t, 4), low),
+          _mm512_and_si512(_mm512_srli_epi16(t, 8), low), _mm512_srli_epi16(t, 12)};
+#pragma GCC unroll 8
+      for (int tt = 0; tt < T; ++tt) {
+        const __m512i dot = DotI16<kVnni, 4>(w, xq[tt] + g * kBlock);
+        acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), GroupScales(&scales[tt][g]), acc[tt]);
+      }
     }
   };
   // Q8_0: blocks (j, j+1) of the segment (or j alone) at q.
-  auto pair = [&]<bool kSecond>(const uint8_t* q, const int16_t* const* xq, int j)
+  auto pair = [&]<bool kSecond>(const uint8_t* q, const Act* const* xq, int j)
       __attribute__((always_inline)) {
-    __m512i w[2];
-    PairWeightsQ8<kSecond>(q, w);
+    if constexpr (kI8) {
+      const __m512i w = PairWeightsQ8U8<kSecond>(q);
 #pragma GCC unroll 8
-    for (int tt = 0; tt < T; ++tt) {
-      const __m512 dot = _mm512_cvtepi32_ps(DotI16<kVnni, 2>(w, xq[tt] + j * kBlock));
-      acc[tt] = _mm512_fmadd_ps(dot, PairScales(&scales[tt][j]), acc[tt]);
+      for (int tt = 0; tt < T; ++tt) {
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w,
+                                                _mm512_loadu_si512(xq[tt] + j * kBlock));
+        acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), PairScales(&scales[tt][j]), acc[tt]);
+      }
+    } else {
+      __m512i w[2];
+      PairWeightsQ8<kSecond>(q, w);
+#pragma GCC unroll 8
+      for (int tt = 0; tt < T; ++tt) {
+        const __m512 dot = _mm512_cvtepi32_ps(DotI16<kVnni, 2>(w, xq[tt] + j * kBlock));
+        acc[tt] = _mm512_fmadd_ps(dot, PairScales(&scales[tt][j]), acc[tt]);
+      }
     }
   };
 
@@ -305,16 +417,18 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
         mw = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1));
       } else if constexpr (kType == GgmlType::kQ4_0) {
         mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+      } else if constexpr (kI8) {
+        mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
       }
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         _mm512_store_ps(&scales[t][c], _mm512_mul_ps(dw, _mm512_loadu_ps(x[t].d + s0 + c)));
-        if constexpr (!kQ8) {
+        if constexpr (!kQ8 || kI8) {
           acc[t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(x[t].s + s0 + c), acc[t]);
         }
       }
     }
-    const int16_t* xq[T];
+    const Act* xq[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) xq[t] = x[t].q + s0 * kBlock;
     const uint8_t* q = seg + qoff;
@@ -379,23 +493,23 @@ void ReduceRows16(const __m512* v, float* out, int rows) {
   _mm512_mask_storeu_ps(out, FirstLanes(rows), all);
 }
 
-template <GgmlType kType, bool kVnni, int... kTiles>
+template <GgmlType kType, bool kVnni, typename Act, int... kTiles>
 inline void TileDispatchImpl(int tile, const QuantMatMulArgs& a, const uint8_t* row, int64_t t0,
                              __m512* sums, int sums_stride, std::integer_sequence<int, kTiles...>) {
-  ((tile == kTiles + 1 ? TileQuant<kType, kVnni, kTiles + 1>(a, row, t0, sums, sums_stride)
+  ((tile == kTiles + 1 ? TileQuant<kType, kVnni, Act, kTiles + 1>(a, row, t0, sums, sums_stride)
                        : void()),
    ...);
 }
 
 // TileQuant for a run-time tile size in [1, kQuantTile].
-template <GgmlType kType, bool kVnni>
+template <GgmlType kType, bool kVnni, typename Act>
 inline void TileDispatch(int tile, const QuantMatMulArgs& a, const uint8_t* row, int64_t t0,
                          __m512* sums, int sums_stride) {
-  TileDispatchImpl<kType, kVnni>(tile, a, row, t0, sums, sums_stride,
-                                 std::make_integer_sequence<int, kQuantTile>());
+  TileDispatchImpl<kType, kVnni, Act>(tile, a, row, t0, sums, sums_stride,
+                                      std::make_integer_sequence<int, kQuantTile>());
 }
 
-template <GgmlType kType, bool kVnni>
+template <GgmlType kType, bool kVnni, typename Act>
 void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   constexpr size_t bb = kType == GgmlType::kQ8_0   ? sizeof(BlockQ8_0)
                         : kType == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
@@ -421,7 +535,7 @@ void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
         const int64_t r = r0 + i;
         const uint8_t* row = a.w + r * a.row_stride;
         if (t0 == 0 && r + ahead < row_end) PrefetchBytes(row + ahead * a.row_stride, row_bytes);
-        TileDispatch<kType, kVnni>(tile, a, row, t0, &sums[0][i], kRowBlock);
+        TileDispatch<kType, kVnni, Act>(tile, a, row, t0, &sums[0][i], kRowBlock);
       }
       for (int t = 0; t < tile; ++t) ReduceRows16(sums[t], a.y + (t0 + t) * a.ldy + r0, nr);
       t0 += tile;
@@ -429,14 +543,14 @@ void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
-template <bool kVnni>
+template <bool kVnni, typename Act = int16_t>
 void MatMulQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   if (a.type == GgmlType::kQ8_0) {
-    RowsQuant<GgmlType::kQ8_0, kVnni>(a, row_begin, row_end);
+    RowsQuant<GgmlType::kQ8_0, kVnni, Act>(a, row_begin, row_end);
   } else if (a.type == GgmlType::kQ4_1) {
-    RowsQuant<GgmlType::kQ4_1, kVnni>(a, row_begin, row_end);
+    RowsQuant<GgmlType::kQ4_1, kVnni, Act>(a, row_begin, row_end);
   } else {
-    RowsQuant<GgmlType::kQ4_0, kVnni>(a, row_begin, row_end);
+    RowsQuant<GgmlType::kQ4_0, kVnni, Act>(a, row_begin, row_end);
   }
 }
 
@@ -494,7 +608,10 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
-const KernelTable kAvx512Kernels = {"avx512", &Quantize, &MatMulQuant<false>, &MatMulFloat};
-const KernelTable kAvx512VnniKernels = {"avx512-vnni", &Quantize, &MatMulQuant<true>, &MatMulFloat};
+// int8 needs vpdpbusd (vpmaddubsw would saturate Q8_0's 255 x 127 pairs): VNNI only.
+const KernelTable kAvx512Kernels = {"avx512",     &Quantize, &MatMulQuant<false>,
+                                    &MatMulFloat, nullptr,   nullptr};
+const KernelTable kAvx512VnniKernels = {"avx512-vnni", &Quantize,  &MatMulQuant<true>,
+                                        &MatMulFloat,  &Quantize8, &MatMulQuant<true, int8_t>};
 
 }  // namespace specnode::cpu_kernels

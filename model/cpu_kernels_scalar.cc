@@ -21,19 +21,19 @@ float LoadF16(const uint8_t* p) {
 }
 
 // Same arithmetic as the SIMD versions (division for d and 1/d, round-to-nearest-even of
-// x * (1/d)), so every path sees identical quantised activations.
-void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int16_t* qs, float* d,
-              float* s) {
+// x * (1/d)), so every path sees identical quantised activations. kMax: 32767 or 127.
+template <typename Q, int kMax>
+void QuantizeTo(const float* x, int64_t blocks, Q* qs, float* d, float* s) {
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.0f;
     for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float db = amax / 32767.0f;
+    const float db = amax / static_cast<float>(kMax);
     const float id = db != 0.0f ? 1.0f / db : 0.0f;
     int sum = 0;
     for (int j = 0; j < kBlock; ++j) {
       const int q = static_cast<int>(std::nearbyint(xb[j] * id));
-      qs[b * kBlock + j] = static_cast<int16_t>(q);
+      qs[b * kBlock + j] = static_cast<Q>(q);
       sum += q;
     }
     d[b] = db;
@@ -41,8 +41,19 @@ void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int16_t*
   }
 }
 
+void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int16_t* qs, float* d,
+              float* s) {
+  QuantizeTo<int16_t, 32767>(x, blocks, qs, d, s);
+}
+
+void Quantize8(const float* x, int64_t blocks, GgmlType /*weight_type*/, int8_t* qs, float* d,
+               float* s) {
+  QuantizeTo<int8_t, 127>(x, blocks, qs, d, s);
+}
+
 // Integer dot of one weight block with 32 activation values.
-int DotQ4(const uint8_t* qs, const int16_t* x, int offset) {
+template <typename Q>
+int DotQ4(const uint8_t* qs, const Q* x, int offset) {
   int sum = 0;
   for (int j = 0; j < 16; ++j) {
     sum += ((qs[j] & 15) - offset) * x[j];
@@ -51,7 +62,8 @@ int DotQ4(const uint8_t* qs, const int16_t* x, int offset) {
   return sum;
 }
 
-int DotQ8(const int8_t* qs, const int16_t* x) {
+template <typename Q>
+int DotQ8(const int8_t* qs, const Q* x) {
   int sum = 0;
   for (int j = 0; j < kBlock; ++j) sum += qs[j] * x[j];
   return sum;
@@ -59,11 +71,12 @@ int DotQ8(const int8_t* qs, const int16_t* x) {
 
 // One (row, token) result. Q4_0 subtracts its offset inside the integer dot here; the SIMD
 // kernels use the unsigned dot plus -8 d_w s_b, which is equal up to float rounding.
-float RowDot(GgmlType type, const uint8_t* row, int64_t blocks, const int16_t* xq, const float* xd,
+template <typename Q>
+float RowDot(GgmlType type, const uint8_t* row, int64_t blocks, const Q* xq, const float* xd,
              const float* xs) {
   float acc = 0.0f, acc_min = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int16_t* xb = xq + b * kBlock;
+    const Q* xb = xq + b * kBlock;
     switch (type) {
       case GgmlType::kQ4_0: {
         const uint8_t* blk = row + b * sizeof(BlockQ4_0);
@@ -89,12 +102,16 @@ float RowDot(GgmlType type, const uint8_t* row, int64_t blocks, const int16_t* x
   return acc + acc_min;
 }
 
+template <bool kInt8>
 void MatMulQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t r = row_begin; r < row_end; ++r) {
     const uint8_t* row = a.w + r * a.row_stride;
     for (int64_t t = 0; t < a.n; ++t) {
-      a.y[t * a.ldy + r] = RowDot(a.type, row, a.blocks, a.x.qs + t * a.x.qs_stride,
-                                  a.x.d + t * a.x.ds_stride, a.x.s + t * a.x.ds_stride);
+      const float* d = a.x.d + t * a.x.ds_stride;
+      const float* s = a.x.s + t * a.x.ds_stride;
+      a.y[t * a.ldy + r] =
+          kInt8 ? RowDot(a.type, row, a.blocks, a.x.qs8 + t * a.x.qs_stride, d, s)
+                : RowDot(a.type, row, a.blocks, a.x.qs + t * a.x.qs_stride, d, s);
     }
   }
 }
@@ -133,6 +150,7 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
-const KernelTable kScalarKernels = {"scalar", &Quantize, &MatMulQuant, &MatMulFloat};
+const KernelTable kScalarKernels = {"scalar",     &Quantize,  &MatMulQuant<false>,
+                                    &MatMulFloat, &Quantize8, &MatMulQuant<true>};
 
 }  // namespace specnode::cpu_kernels

@@ -57,14 +57,14 @@ std::vector<const KernelTable*> SupportedKernels() {
 }
 
 void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x, int64_t n,
-                float* y, ThreadPool* pool, MatMulScratch* scratch) {
+                float* y, ThreadPool* pool, MatMulScratch* scratch, ActQuant act) {
   MatMulSharedWith(kernels, std::span<const WeightView>(&w, 1), x, n,
-                   std::span<float* const>(&y, 1), pool, scratch);
+                   std::span<float* const>(&y, 1), pool, scratch, act);
 }
 
 void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws, const float* x,
                       int64_t n, std::span<float* const> ys, ThreadPool* pool,
-                      MatMulScratch* scratch) {
+                      MatMulScratch* scratch, ActQuant act) {
   assert(ws.size() == ys.size());
   if (n <= 0 || ws.empty()) return;
   // One quantisation and one dispatch serve every matrix only if they agree on the input
@@ -75,7 +75,7 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
         (IsQuantised(ws[i].type) ? ws[i].type == ws[0].type : !IsQuantised(ws[0].type));
     if (!same || ws.size() > kMaxShared) {
       for (size_t j = 0; j < ws.size(); ++j) {
-        MatMulSharedWith(kernels, ws.subspan(j, 1), x, n, ys.subspan(j, 1), pool, scratch);
+        MatMulSharedWith(kernels, ws.subspan(j, 1), x, n, ys.subspan(j, 1), pool, scratch, act);
       }
       return;
     }
@@ -121,30 +121,41 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   assert(cols % kQuantBlock == 0);
   const GgmlType type = ws[0].type;
   const int64_t blocks = cols / kQuantBlock;
-  // Scratch: [n, qs_stride] int16, then d and s as [n, ds_stride] f32 each, 64-byte aligned.
+  const bool int8 = act == ActQuant::kInt8 && kernels.matmul_quant8 != nullptr;
+  const int64_t value_bytes = int8 ? 1 : 2;
+  // Scratch: [n, qs_stride] int16 (int8), then d and s as [n, ds_stride] f32 each, 64-byte
+  // aligned.
   const int64_t qs_stride = RoundUp(cols, 128);
   const int64_t ds_stride = RoundUp(blocks, 16);
-  const size_t bytes = static_cast<size_t>(n * qs_stride * 2 + 2 * n * ds_stride * 4 + 64);
+  const size_t bytes =
+      static_cast<size_t>(n * qs_stride * value_bytes + 2 * n * ds_stride * 4 + 64);
   thread_local MatMulScratch fallback;
   if (scratch == nullptr) scratch = &fallback;
   if (scratch->buffer.size() < bytes) scratch->buffer.resize(bytes);
   uint8_t* base = scratch->buffer.data();
   base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
   auto* qs = reinterpret_cast<int16_t*>(base);
-  auto* d = reinterpret_cast<float*>(base + n * qs_stride * 2);
+  auto* qs8 = reinterpret_cast<int8_t*>(base);
+  auto* d = reinterpret_cast<float*>(base + n * qs_stride * value_bytes);
   float* s = d + n * ds_stride;
 
   auto quantize = [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t) {
-      int16_t* qt = qs + t * qs_stride;
       float* dt = d + t * ds_stride;
       float* st = s + t * ds_stride;
       // Zero padding first (kernels read whole 4-block groups and 16-block chunks); a
       // quantiser may then write past `cols` within a group.
-      std::fill(qt + cols, qt + qs_stride, int16_t{0});
       std::fill(dt + blocks, dt + ds_stride, 0.0f);
       std::fill(st + blocks, st + ds_stride, 0.0f);
-      kernels.quantize(x + t * cols, blocks, type, qt, dt, st);
+      if (int8) {
+        int8_t* qt = qs8 + t * qs_stride;
+        std::fill(qt + cols, qt + qs_stride, int8_t{0});
+        kernels.quantize8(x + t * cols, blocks, type, qt, dt, st);
+      } else {
+        int16_t* qt = qs + t * qs_stride;
+        std::fill(qt + cols, qt + qs_stride, int16_t{0});
+        kernels.quantize(x + t * cols, blocks, type, qt, dt, st);
+      }
     }
   };
   if (pool != nullptr && n > 1 && n * cols >= kMinParallelQuantize) {
@@ -153,27 +164,53 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
     quantize(0, n, 0);
   }
 
-  const QuantActs acts{qs, d, s, qs_stride, ds_stride};
+  QuantActs acts;
+  acts.qs = int8 ? nullptr : qs;
+  acts.qs8 = int8 ? qs8 : nullptr;
+  acts.d = d;
+  acts.s = s;
+  acts.qs_stride = qs_stride;
+  acts.ds_stride = ds_stride;
+  const auto matmul = int8 ? kernels.matmul_quant8 : kernels.matmul_quant;
   RunRows(pool, total, work, [&](int64_t b, int64_t e, int) {
     for_parts(b, e, [&](size_t i, int64_t lo, int64_t hi) {
       const WeightView& w = ws[i];
       const QuantMatMulArgs args{
           type, static_cast<const uint8_t*>(w.data), w.row_stride, blocks, acts, n, ys[i], w.rows};
-      kernels.matmul_quant(args, lo, hi);
+      matmul(args, lo, hi);
     });
   });
 }
 
 }  // namespace cpu_kernels
 
+const char* ActQuantName(ActQuant requested) {
+  return requested == ActQuant::kInt8 && cpu_kernels::SelectedKernels().matmul_quant8 != nullptr
+             ? "int8"
+             : "int16";
+}
+
+bool ParseActQuant(const std::string& name, ActQuant* out) {
+  if (name == "int16") {
+    *out = ActQuant::kInt16;
+  } else if (name == "int8") {
+    *out = ActQuant::kInt8;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
-            MatMulScratch* scratch) {
-  cpu_kernels::MatMulWith(cpu_kernels::SelectedKernels(), w, x, n, y, pool, scratch);
+            MatMulScratch* scratch, ActQuant act) {
+  cpu_kernels::MatMulWith(cpu_kernels::SelectedKernels(), w, x, n, y, pool, scratch, act);
 }
 
 void MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
-                  std::span<float* const> ys, ThreadPool* pool, MatMulScratch* scratch) {
-  cpu_kernels::MatMulSharedWith(cpu_kernels::SelectedKernels(), ws, x, n, ys, pool, scratch);
+                  std::span<float* const> ys, ThreadPool* pool, MatMulScratch* scratch,
+                  ActQuant act) {
+  cpu_kernels::MatMulSharedWith(cpu_kernels::SelectedKernels(), ws, x, n, ys, pool, scratch,
+                                act);
 }
 
 void MatMulReference(const WeightView& w, const float* x, int64_t n, float* y) {

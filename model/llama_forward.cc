@@ -95,7 +95,7 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
     RmsNorm(x_.data() + out_rows[r] * d, w_.output_norm, 1, d, config_.rms_eps, h_.data() + r * d);
   }
   logits->resize(n_out * config_.vocab_size);
-  MatMul(w_.output, h_.data(), n_out, logits->data(), pool_, &scratch_);
+  MatMul(w_.output, h_.data(), n_out, logits->data(), pool_, &scratch_, w_.activations);
   for (size_t i = 0; i < batch.size(); ++i) {
     cache->Commit(batch[i].seq, pos0[i] + static_cast<int32_t>(batch[i].tokens.size()));
   }
@@ -121,7 +121,7 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch, const std::ve
   {
     const WeightView ws[] = {lw.wq, lw.wk, lw.wv};
     float* const ys[] = {q_.data(), k_.data(), v_.data()};
-    MatMulShared(ws, h_.data(), n, ys, pool_, &scratch_);
+    MatMulShared(ws, h_.data(), n, ys, pool_, &scratch_, w_.activations);
   }
   // RoPE recomputes its angles (pow, sin, cos in double) per token: split tokens across the
   // pool for verification passes and prefill.
@@ -175,7 +175,7 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch, const std::ve
   } else {
     attend(0, n_jobs, 0);
   }
-  MatMul(lw.wo, attn_.data(), n, h_.data(), pool_, &scratch_);
+  MatMul(lw.wo, attn_.data(), n, h_.data(), pool_, &scratch_, w_.activations);
   if (reducer_ != nullptr) {
     absl::Status s = reducer_->AllReduceSum(h_.data(), n * d);
     if (!s.ok()) reduce_status_ = s;
@@ -189,7 +189,7 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch, const std::ve
   {
     const WeightView ws[] = {lw.w_gate, lw.w_up};
     float* const ys[] = {gate_.data(), up_.data()};
-    MatMulShared(ws, h_.data(), n, ys, pool_, &scratch_);
+    MatMulShared(ws, h_.data(), n, ys, pool_, &scratch_, w_.activations);
   }
   // Elementwise, so split across the pool: serial, SwiGLU's exp would leave the workers
   // idle for ~3% of a verification step.
@@ -202,7 +202,7 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch, const std::ve
   } else {
     swiglu(0, act, 0);
   }
-  MatMul(lw.w_down, gate_.data(), n, h_.data(), pool_, &scratch_);
+  MatMul(lw.w_down, gate_.data(), n, h_.data(), pool_, &scratch_, w_.activations);
   if (reducer_ != nullptr) {
     absl::Status s = reducer_->AllReduceSum(h_.data(), n * d);
     if (!s.ok()) reduce_status_ = s;

@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   auto weights = LoadLlamaWeights(*m->file_, m->config_, options.shard, options.n_layers);
   if (!weights.ok()) return WithPath(weights.status(), path);
   m->weights_ = std::move(weights).value();
+  m->weights_.activations = options.activations;
   auto tokenizer = Tokenizer::FromGguf(*m->file_);
   if (!tokenizer.ok()) return WithPath(tokenizer.status(), path);
   m->tokenizer_ = std::move(tokenizer).value();

@@ -49,6 +49,9 @@ struct LlamaWeights {
   std::vector<LayerWeights> layers;
   // Norm vectors converted to f32 when the file stores them as F16/BF16.
   std::vector<std::vector<float>> owned_norms;
+  // How LlamaForward's matmuls round activations for the quantised matrices (cpu_matmul.h);
+  // a compute choice carried with the weights so every forward pass over them agrees.
+  ActQuant activations = ActQuant::kInt16;
 };
 
 // n_layers < 0 loads every layer; otherwise the first n_layers (a self-speculative draft

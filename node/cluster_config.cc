@@ -170,9 +170,15 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
   CFG_TRY(ParseTopology(r, root["topology"], &c.topology));
   const YAML::Node model = root["model"];
-  CFG_TRY(r.Section(model, "model", {"target", "threads"}));
+  CFG_TRY(r.Section(model, "model", {"target", "threads", "activations"}));
   CFG_TRY(r.String(model, "model", "target", &c.model));
   CFG_TRY(r.Int(model, "model", "threads", 0, 1024, &c.threads));
+  std::string activations = "int16";
+  CFG_TRY(r.String(model, "model", "activations", &activations));
+  if (!ParseActQuant(activations, &c.activations)) {
+    return r.Error(model["activations"], "model.activations",
+                   "expected int16 or int8, got \"" + activations + "\"");
+  }
 
   const YAML::Node serve = root["serve"];
   CFG_TRY(r.Section(

@@ -43,6 +43,7 @@ struct ServeConfig {
   std::string source = "(defaults)";  // file name, for messages
   std::string model = "default";      // "default" = DefaultModelPath()
   int threads = 0;                    // 0 = DefaultThreads()
+  ActQuant activations = ActQuant::kInt16;  // model.activations: int16 | int8 (every rank)
   std::string bind = "tcp://127.0.0.1:5555";
   int max_active = 16;
   int max_queue = 256;

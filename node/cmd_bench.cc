@@ -61,6 +61,7 @@ absl::StatusOr<Result> RunBatch(ModelSession& s, int64_t batch, int64_t prompt_t
 
 absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
+  SPECNODE_ASSIGN_OR_RETURN(const ActQuant activations, ActQuantFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(int64_t prompt_tokens, args.GetInt("prompt-tokens", 128, 1, 1 << 16));
   SPECNODE_ASSIGN_OR_RETURN(int64_t decode_tokens, args.GetInt("decode-tokens", 64, 1, 1 << 16));
   SPECNODE_ASSIGN_OR_RETURN(int64_t repeats, args.GetInt("repeats", 1, 1, 100));
@@ -73,7 +74,8 @@ absl::Status Run(const CliArgs& args) {
   if (!args.Has("kv-capacity-mb")) kv.capacity_bytes = int64_t{4} << 30;
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> s,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
-                                               static_cast<int>(threads), false, kv));
+                                               static_cast<int>(threads), false, kv,
+                                               activations));
   SPECNODE_RETURN_IF_ERROR(s->CheckPrompt(std::vector<int32_t>(prompt_tokens, 0), decode_tokens));
   // Warm-up: touches code paths and scratch buffers once.
   SPECNODE_RETURN_IF_ERROR(RunBatch(*s, 1, 8, 4, 99).status());
@@ -97,6 +99,7 @@ absl::Status Run(const CliArgs& args) {
     j["threads"] = threads;
     j["kernels"] = s->kernel_name();
     j["kv_mode"] = kv.mode;
+    j["activations"] = ActQuantName(activations);
     j["prompt_tokens"] = prompt_tokens;
     j["decode_tokens"] = decode_tokens;
     j["results"] = results;

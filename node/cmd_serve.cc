@@ -105,6 +105,9 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
   if (args.Has("bind")) c.bind = args.Get("bind");
   if (args.Has("draft")) c.draft = args.Get("draft");
   if (args.Has("router-rules")) c.router_rules_file = args.Get("router-rules");
+  if (args.Has("activations")) {
+    SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
+  }
   // --kv-* flags replace the config's KV section when any is given.
   for (const std::string& key : KvValueKeys()) {
     if (args.Has(key)) {
@@ -241,9 +244,9 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   std::fprintf(
-      stderr, "specnode serve: %s on %s (%s kernels, %lld threads, draft %s%s)\n",
+      stderr, "specnode serve: %s on %s (%s kernels, %s activations, %lld threads, draft %s%s)\n",
       model_path.c_str(), fo.endpoint.c_str(), session->kernel_name().c_str(),
-      static_cast<long long>(threads), draft_name.c_str(),
+      ActQuantName(cfg.activations), static_cast<long long>(threads), draft_name.c_str(),
       fo.ranks.empty() ? ""
       : serve_groups.size() == 1
           ? absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1).c_str()
@@ -263,7 +266,8 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
-                            ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv));
+                            ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
+                                               cfg.activations));
   std::vector<ServeGroup> groups(1);
   groups[0].name = "local";
   groups[0].target = &session->runner();

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/chat_template.h"
 #include "model/cpu_features.h"
@@ -11,9 +12,11 @@ namespace specnode {
 
 absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::string& path,
                                                                  int threads, bool show_progress,
-                                                                 const KvCacheOptions& kv) {
+                                                                 const KvCacheOptions& kv,
+                                                                 ActQuant activations) {
   auto s = std::make_unique<ModelSession>();
   LoadOptions options;
+  options.activations = activations;
   if (show_progress) {
     options.progress = [&path](double f) {
       std::fprintf(stderr, "\rloading %s: %3d%%", path.c_str(), static_cast<int>(f * 100));
@@ -100,6 +103,20 @@ const char kKvFlagsHelp[] =
     "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
     "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n";
 
+const char kActivationsFlagHelp[] =
+    "  --activations MODE  int16 (default: follows a float reference's greedy path) or int8\n"
+    "                      (llama.cpp's rounding; faster batched matmuls on AVX-512 VNNI)\n";
+
+absl::StatusOr<ActQuant> ActQuantFromArgs(const CliArgs& args) {
+  ActQuant act = ActQuant::kInt16;
+  const std::string name = args.Get("activations", "int16");
+  if (!ParseActQuant(name, &act)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--activations: expected int16 or int8, got \"", name, "\""));
+  }
+  return act;
+}
+
 std::set<std::string> KvValueKeys() {
   return {"kv-mode",         "kv-capacity-mb",        "kv-window",
           "kv-sinks",        "kv-critical-threshold", "kv-sample-every",
@@ -141,15 +158,17 @@ int RunModelCommand(const char* name, const char* help, int argc, char** argv,
                     std::set<std::string> value_keys, std::set<std::string> flag_keys,
                     absl::Status (*run)(const CliArgs&)) {
   value_keys.merge(KvValueKeys());
+  value_keys.insert("activations");
   flag_keys.insert("help");
   auto args = CliArgs::Parse(argc, argv, value_keys, WithKvFlags(std::move(flag_keys)));
   if (!args.ok()) {
-    std::fprintf(stderr, "specnode %s: %s\n%s%s", name,
-                 std::string(args.status().message()).c_str(), help, kKvFlagsHelp);
+    std::fprintf(stderr, "specnode %s: %s\n%s%s%s", name,
+                 std::string(args.status().message()).c_str(), help, kKvFlagsHelp,
+                 kActivationsFlagHelp);
     return 2;
   }
   if (args->Has("help")) {
-    std::printf("%s%s", help, kKvFlagsHelp);
+    std::printf("%s%s%s", help, kKvFlagsHelp, kActivationsFlagHelp);
     return 0;
   }
   absl::Status s = run(*args);

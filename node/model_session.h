@@ -24,7 +24,8 @@ class ModelSession {
   // Loads `path`; show_progress draws a load progress bar on stderr.
   static absl::StatusOr<std::unique_ptr<ModelSession>> Open(const std::string& path, int threads,
                                                             bool show_progress,
-                                                            const KvCacheOptions& kv = {});
+                                                            const KvCacheOptions& kv = {},
+                                                            ActQuant activations = ActQuant::kInt16);
 
   const LlamaModel& model() const { return *model_; }
   LlamaForward& forward() { return runner_->forward(); }
@@ -69,6 +70,11 @@ std::set<std::string> KvValueKeys();
 // `flags` plus the boolean KV flags (--kv-no-rotate).
 std::set<std::string> WithKvFlags(std::set<std::string> flags);
 absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args);
+
+// --activations int16|int8 (every model-running subcommand; default int16): how matmuls
+// round activations for quantised weights (cpu_matmul.h).
+extern const char kActivationsFlagHelp[];
+absl::StatusOr<ActQuant> ActQuantFromArgs(const CliArgs& args);
 
 // The shared entry of the model-running subcommands: parses argv with `value_keys` and
 // `flag_keys` plus the KV keys and --help, prints usage (`help` + the KV flags) on a

@@ -149,7 +149,7 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     return st;
   };
   absl::StatusOr<std::unique_ptr<ModelSession>> session =
-      ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv);
+      ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv, cfg.activations);
   if (!session.ok()) return fail_start(session.status());
   const LlamaModel& m = (*session)->model();
   auto connect = [&](const std::vector<int>& ranks, const LlamaModel& model,
@@ -225,6 +225,7 @@ absl::Status RunShard(const ServeConfig& cfg, int world_rank, const Role& role) 
   ShardWorkerOptions o;
   o.model_path = role.model;
   o.threads = cfg.threads;
+  o.activations = cfg.activations;
   o.kv = cfg.kv;
   o.world_rank = world_rank;
   o.tp_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), world_rank) - ranks.begin());

@@ -44,6 +44,7 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
   absl::Status load = [&]() -> absl::Status {
     LoadOptions lo;
     lo.shard = ShardSpec{o.tp_rank, o.tp_size};
+    lo.activations = o.activations;
     SPECNODE_ASSIGN_OR_RETURN(model, LlamaModel::Load(o.model_path, lo));
     pool = std::make_unique<ThreadPool>(o.threads);
     SPECNODE_ASSIGN_OR_RETURN(

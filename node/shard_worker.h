@@ -32,6 +32,7 @@ namespace specnode {
 struct ShardWorkerOptions {
   std::string model_path;
   int threads = 1;
+  ActQuant activations = ActQuant::kInt16;
   KvCacheOptions kv;
   int world_rank = 1;
   int tp_rank = 0;

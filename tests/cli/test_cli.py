@@ -53,6 +53,7 @@ def test_generate_on_tiny_model_is_deterministic(specnode, tiny_model):
     (["--max-tokens", "0"], "--max-tokens"),
     (["--max-tokens", "abc"], "--max-tokens"),
     (["--threads", "0"], "--threads"),
+    (["--activations", "fp8"], "--activations: expected int16 or int8"),
 ])
 def test_invalid_sampling_and_limits(specnode, tiny_model, args, needle):
     res = run([specnode, "generate", "--model", tiny_model, "--prompt", "hi"] + args)
@@ -109,3 +110,20 @@ def test_bench_json(specnode, tiny_model):
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert [r["batch"] for r in out["results"]] == [1, 4]
     assert all(r["decode_tokens_per_s"] > 0 for r in out["results"])
+    assert out["activations"] == "int16"
+
+
+def test_int8_activations_generate_coherent_text(specnode, real_model):
+    """--activations int8 (llama.cpp's rounding) on the real model: same facts, and the
+    run reports which rounding it used."""
+    res = run([specnode, "generate", "--model", real_model, "--prompt",
+               "The capital of France is", "--temperature", "0", "--max-tokens", "8",
+               "--activations", "int8", "--json", "--quiet"])
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert "Paris" in summary["text"], summary["text"]
+    bench = run([specnode, "bench", "--model", real_model, "--batch", "1", "--prompt-tokens",
+                 "8", "--decode-tokens", "2", "--activations", "int8", "--json"])
+    assert bench.returncode == 0, bench.stderr
+    # int8 where the CPU has an int8 kernel (AVX-512 VNNI), else the int16 path.
+    assert json.loads(bench.stdout.strip().splitlines()[-1])["activations"] in ("int8", "int16")

@@ -13,6 +13,8 @@
 //    Each path is also compared with the reference run on the activations quantised and
 //    dequantised by the documented rule (cpu_kernels.h), which leaves only float rounding:
 //    |y - ref_q| <= 1e-5 S.
+//  * Int8 activations (ActQuant::kInt8, tables with an int8 kernel): the same two bounds
+//    with d_b = max|x| / 127.
 #include <cmath>
 #include <cstring>
 #include <ostream>
@@ -76,15 +78,29 @@ std::vector<float> MakeActs(int64_t n, int64_t cols, uint32_t seed) {
   return x;
 }
 
+// Largest quantised activation magnitude of a mode.
+float ActMax(ActQuant act) { return act == ActQuant::kInt8 ? 127.0f : 32767.0f; }
+
+// The tables that run `act` with their own kernel (int8: those with matmul_quant8).
+std::vector<const KernelTable*> TablesFor(ActQuant act) {
+  std::vector<const KernelTable*> out;
+  for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+    if (act == ActQuant::kInt16 || k->matmul_quant8 != nullptr) out.push_back(k);
+  }
+  return out;
+}
+
+const char* ActName(ActQuant act) { return act == ActQuant::kInt8 ? "int8" : "int16"; }
+
 // The documented activation rounding (cpu_kernels.h), dequantised back to floats.
 std::vector<float> RoundTripActs(const std::vector<float>& x, int64_t n, int64_t cols,
-                                 std::vector<float>* half_step) {
+                                 ActQuant act, std::vector<float>* half_step) {
   std::vector<float> out(x.size());
   half_step->assign(x.size(), 0.0f);
   for (int64_t i0 = 0; i0 < n * cols; i0 += kQuantBlock) {
     float amax = 0.0f;
     for (int j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(x[i0 + j]));
-    const float d = amax / 32767.0f;
+    const float d = amax / ActMax(act);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int j = 0; j < kQuantBlock; ++j) {
       out[i0 + j] = std::nearbyint(x[i0 + j] * id) * d;
@@ -126,12 +142,13 @@ std::string ShapeName(const Shape& s) {
 // Readable parameters in gtest's failure messages.
 void PrintTo(const Shape& s, std::ostream* os) { *os << ShapeName(s); }
 
-using Param = std::tuple<GgmlType, Shape>;
+using Param = std::tuple<GgmlType, Shape, ActQuant>;
 
 class MatMulTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(MatMulTest, MatchesReferenceOnEveryKernel) {
-  const auto [type, shape] = GetParam();
+  const auto [type, shape, act] = GetParam();
+  if (!IsQuantised(type) && act == ActQuant::kInt8) GTEST_SKIP() << "float weights: f32 acts";
   if (IsQuantised(type) && shape.cols % kQuantBlock != 0) GTEST_SKIP() << "not blockable";
   const int64_t full = std::max(shape.full_cols, shape.cols);
   const TestWeights w = MakeWeights(type, shape.rows, shape.cols, full, shape.col_offset, 7);
@@ -145,7 +162,7 @@ TEST_P(MatMulTest, MatchesReferenceOnEveryKernel) {
   std::vector<double> quant_bound(outs, 0.0);
   if (IsQuantised(type)) {
     std::vector<float> half_step;
-    xq = RoundTripActs(x, shape.n, shape.cols, &half_step);
+    xq = RoundTripActs(x, shape.n, shape.cols, act, &half_step);
     ref_q.resize(outs);
     MatMulReference(w.view, xq.data(), shape.n, ref_q.data());
     quant_bound = AbsDot(w.view, half_step, shape.n);
@@ -153,10 +170,10 @@ TEST_P(MatMulTest, MatchesReferenceOnEveryKernel) {
 
   ThreadPool pool(2);
   MatMulScratch scratch;
-  for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+  for (const KernelTable* k : TablesFor(act)) {
     SCOPED_TRACE(k->name);
     std::vector<float> y(outs, NAN);
-    cpu_kernels::MatMulWith(*k, w.view, x.data(), shape.n, y.data(), &pool, &scratch);
+    cpu_kernels::MatMulWith(*k, w.view, x.data(), shape.n, y.data(), &pool, &scratch, act);
     int bad = 0;
     for (int64_t i = 0; i < outs && bad < 5; ++i) {
       const double s = abs_x[i];
@@ -187,31 +204,33 @@ INSTANTIATE_TEST_SUITE_P(
     AllTypes, MatMulTest,
     ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
                                          GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1),
-                       ::testing::ValuesIn(kShapes)),
+                       ::testing::ValuesIn(kShapes),
+                       ::testing::Values(ActQuant::kInt16, ActQuant::kInt8)),
     [](const ::testing::TestParamInfo<Param>& info) {
       return std::string(GgmlTypeName(static_cast<uint32_t>(std::get<0>(info.param)))) + "_" +
-             ShapeName(std::get<1>(info.param));
+             ShapeName(std::get<1>(info.param)) + "_" + ActName(std::get<2>(info.param));
     });
 
 // y[t, :] at batch n must equal, bit for bit, the same token run alone, and the result must
-// not depend on the thread count: for every type and every kernel table.
-class InvarianceTest : public ::testing::TestWithParam<GgmlType> {};
+// not depend on the thread count: for every type, activation mode and kernel table.
+class InvarianceTest : public ::testing::TestWithParam<std::tuple<GgmlType, ActQuant>> {};
 
 TEST_P(InvarianceTest, BatchAndThreadInvariant) {
-  const GgmlType type = GetParam();
+  const auto [type, act] = GetParam();
   const int64_t rows = 200, cols = 576;
   const TestWeights w = MakeWeights(type, rows, cols, cols, 0, 3);
   // Every token-tile size of every kernel (avx512: 1..8, avx2: 1..4), and several tiles
   // per row (n > 8, where the avx512 kernel converts weight scales once per row block).
   for (const int64_t n : {16, 13, 9, 8, 7, 6, 5, 4, 3, 2}) {
     const std::vector<float> x = MakeActs(n, cols, 9);
-    for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+    for (const KernelTable* k : TablesFor(act)) {
       SCOPED_TRACE(std::string(k->name) + " n=" + std::to_string(n));
       std::vector<float> batch(n * rows);
-      cpu_kernels::MatMulWith(*k, w.view, x.data(), n, batch.data(), nullptr, nullptr);
+      cpu_kernels::MatMulWith(*k, w.view, x.data(), n, batch.data(), nullptr, nullptr, act);
       for (int64_t t = 0; t < n; ++t) {
         std::vector<float> one(rows);
-        cpu_kernels::MatMulWith(*k, w.view, x.data() + t * cols, 1, one.data(), nullptr, nullptr);
+        cpu_kernels::MatMulWith(*k, w.view, x.data() + t * cols, 1, one.data(), nullptr, nullptr,
+                                act);
         ASSERT_EQ(0, std::memcmp(one.data(), batch.data() + t * rows, rows * sizeof(float)))
             << "token " << t;
       }
@@ -221,7 +240,7 @@ TEST_P(InvarianceTest, BatchAndThreadInvariant) {
       shifted.data = static_cast<const uint8_t*>(w.view.data) + 5 * w.view.row_stride;
       shifted.rows = rows - 5;
       std::vector<float> tail(n * (rows - 5));
-      cpu_kernels::MatMulWith(*k, shifted, x.data(), n, tail.data(), nullptr, nullptr);
+      cpu_kernels::MatMulWith(*k, shifted, x.data(), n, tail.data(), nullptr, nullptr, act);
       for (int64_t t = 0; t < n; ++t) {
         ASSERT_EQ(0, std::memcmp(tail.data() + t * (rows - 5), batch.data() + t * rows + 5,
                                  (rows - 5) * sizeof(float)))
@@ -230,7 +249,7 @@ TEST_P(InvarianceTest, BatchAndThreadInvariant) {
       for (int threads : {2, 3}) {
         ThreadPool pool(threads);
         std::vector<float> y(n * rows);
-        cpu_kernels::MatMulWith(*k, w.view, x.data(), n, y.data(), &pool, nullptr);
+        cpu_kernels::MatMulWith(*k, w.view, x.data(), n, y.data(), &pool, nullptr, act);
         ASSERT_EQ(0, std::memcmp(y.data(), batch.data(), y.size() * sizeof(float)))
             << threads << " threads";
       }
@@ -238,12 +257,15 @@ TEST_P(InvarianceTest, BatchAndThreadInvariant) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTypes, InvarianceTest,
-                         ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
-                                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1),
-                         [](const ::testing::TestParamInfo<GgmlType>& info) {
-                           return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    AllTypes, InvarianceTest,
+    ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
+                                         GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1),
+                       ::testing::Values(ActQuant::kInt16, ActQuant::kInt8)),
+    [](const ::testing::TestParamInfo<std::tuple<GgmlType, ActQuant>>& info) {
+      return std::string(GgmlTypeName(static_cast<uint32_t>(std::get<0>(info.param)))) + "_" +
+             ActName(std::get<1>(info.param));
+    });
 
 // MatMulShared (one quantisation and one dispatch for several matrices of one input) must
 // give exactly what one MatMul per matrix gives, whether or not the matrices can share.
@@ -270,9 +292,10 @@ TEST(MatMulSharedTest, EqualsSeparateMatMuls) {
     for (const TestWeights& w : ws) views.push_back(w.view);
     for (const int64_t n : {1, 5, 12}) {
       const std::vector<float> x = MakeActs(n, cols, 8);
-      for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+      for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})
+      for (const KernelTable* k : TablesFor(act)) {
         for (int threads : {1, 2}) {
-          SCOPED_TRACE(std::string(k->name) + " n=" + std::to_string(n) +
+          SCOPED_TRACE(std::string(k->name) + " " + ActName(act) + " n=" + std::to_string(n) +
                        " threads=" + std::to_string(threads) +
                        " first=" + std::string(GgmlTypeName(static_cast<uint32_t>(c.types[0]))));
           ThreadPool pool(threads);
@@ -284,9 +307,10 @@ TEST(MatMulSharedTest, EqualsSeparateMatMuls) {
             alone[i].assign(n * views[i].rows, NAN);
             ys.push_back(shared[i].data());
           }
-          cpu_kernels::MatMulSharedWith(*k, views, x.data(), n, ys, &pool, &scratch);
+          cpu_kernels::MatMulSharedWith(*k, views, x.data(), n, ys, &pool, &scratch, act);
           for (size_t i = 0; i < views.size(); ++i) {
-            cpu_kernels::MatMulWith(*k, views[i], x.data(), n, alone[i].data(), nullptr, nullptr);
+            cpu_kernels::MatMulWith(*k, views[i], x.data(), n, alone[i].data(), nullptr, nullptr,
+                                    act);
             EXPECT_EQ(
                 0, std::memcmp(shared[i].data(), alone[i].data(), alone[i].size() * sizeof(float)))
                 << "matrix " << i;
@@ -351,8 +375,9 @@ TEST(MatMulSliceTest, SliceEqualsCompactCopy) {
 // format though ggml never writes it) and 127, Q4 nibbles 0 and 15, activations at ±max.
 TEST(MatMulEdgeTest, ZerosAndExtremes) {
   const int64_t rows = 6, cols = 96, n = 2;
-  for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
-    SCOPED_TRACE(k->name);
+  for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})
+  for (const KernelTable* k : TablesFor(act)) {
+    SCOPED_TRACE(std::string(k->name) + " " + ActName(act));
     for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
       const size_t row_bytes = GgmlRowBytes(type, cols);
       std::vector<uint8_t> w(rows * row_bytes);
@@ -375,12 +400,12 @@ TEST(MatMulEdgeTest, ZerosAndExtremes) {
       }
       const WeightView view{type, w.data(), rows, cols, row_bytes};
       std::vector<float> x(n * cols, 0.0f), y(n * rows, NAN), ref(n * rows);
-      cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr);
+      cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr, act);
       for (float v : y) EXPECT_EQ(v, 0.0f);
       for (int64_t i = 0; i < n * cols; ++i) x[i] = (i % 3 == 0) ? -1000.0f : 1000.0f;
       MatMulReference(view, x.data(), n, ref.data());
       const std::vector<double> s = AbsDot(view, x, n);
-      cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr);
+      cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr, act);
       for (int64_t i = 0; i < n * rows; ++i) {
         EXPECT_NEAR(y[i], ref[i], 1e-5 * s[i]) << GgmlTypeName(static_cast<uint32_t>(type));
       }

@@ -4,12 +4,14 @@
 #include "model/llama_forward.h"
 
 #include <algorithm>
+#include <cmath>
 #include <barrier>
 #include <unistd.h>
 
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -34,9 +36,10 @@ struct Harness {
   std::unique_ptr<DenseKvCache> cache;
 
   Harness(const std::string& path, int threads, int64_t kv_tokens = 4096, ShardSpec shard = {},
-          PartialSumReducer* reducer = nullptr) {
+          PartialSumReducer* reducer = nullptr, ActQuant act = ActQuant::kInt16) {
     LoadOptions lo;
     lo.shard = shard;
+    lo.activations = act;
     auto m = LlamaModel::Load(path, lo);
     EXPECT_TRUE(m.ok()) << m.status();
     model = std::move(m).value();
@@ -61,18 +64,23 @@ std::vector<int32_t> Tokens(int n, int offset) {
   return t;
 }
 
-class ForwardTest : public ::testing::TestWithParam<GgmlType> {
+// Every weight type, in both activation modes (int8 changes quantised types only): the
+// invariances speculative decoding relies on hold in each.
+class ForwardTest : public ::testing::TestWithParam<std::tuple<GgmlType, ActQuant>> {
  protected:
   std::string Path() {
     TinyModelOptions o;
     o.n_layers = 2;
-    o.weight_type = GetParam();
-    return WriteModel(o, std::string(GgmlTypeName(static_cast<uint32_t>(GetParam()))));
+    o.weight_type = std::get<0>(GetParam());
+    return WriteModel(o, std::string(GgmlTypeName(static_cast<uint32_t>(o.weight_type))));
+  }
+  Harness Make(const std::string& path, int threads) {
+    return Harness(path, threads, 4096, {}, nullptr, std::get<1>(GetParam()));
   }
 };
 
 TEST_P(ForwardTest, IncrementalDecodeEqualsOnePassBitExact) {
-  Harness h(Path(), 2);
+  Harness h = Make(Path(), 2);
   const int vocab = h.model->config().vocab_size;
   auto toks = Tokens(12, 1);
   auto all = h.Run({{1, toks, true}});
@@ -92,7 +100,7 @@ TEST_P(ForwardTest, IncrementalDecodeEqualsOnePassBitExact) {
 // decoding the same tokens one at a time, bit for bit, for every pass size up to 9 (every
 // token-tile size of the matmul kernels, and two tiles at 9).
 TEST_P(ForwardTest, VerificationPassEqualsOneAtATime) {
-  Harness h(Path(), 2);
+  Harness h = Make(Path(), 2);
   const auto prefix = Tokens(6, 7);
   const auto drafts = Tokens(9, 70);
   h.Run({{1, prefix, false}});
@@ -112,7 +120,7 @@ TEST_P(ForwardTest, VerificationPassEqualsOneAtATime) {
 
 TEST_P(ForwardTest, BatchInvariantAcrossSequencesAndThreads) {
   const std::string path = Path();
-  Harness h1(path, 1), h2(path, 2);
+  Harness h1 = Make(path, 1), h2 = Make(path, 2);
   auto a = Tokens(7, 2), b = Tokens(3, 9), c = Tokens(11, 4);
   auto alone = h1.Run({{5, a, true}});
   auto batched = h2.Run({{1, b, true}, {5, a, true}, {9, c, false}});
@@ -124,7 +132,7 @@ TEST_P(ForwardTest, BatchInvariantAcrossSequencesAndThreads) {
 }
 
 TEST_P(ForwardTest, TruncateRollsBackLikeAFreshSequence) {
-  Harness h(Path(), 2);
+  Harness h = Make(Path(), 2);
   auto prefix = Tokens(6, 3), wrong = Tokens(4, 50), right = Tokens(4, 60);
   h.Run({{1, prefix, false}});
   h.Run({{1, wrong, true}});
@@ -136,11 +144,38 @@ TEST_P(ForwardTest, TruncateRollsBackLikeAFreshSequence) {
   EXPECT_EQ(after_rollback, fresh);
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, ForwardTest,
-                         ::testing::Values(GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_1),
-                         [](const auto& info) {
-                           return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Types, ForwardTest,
+    ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_1),
+                       ::testing::Values(ActQuant::kInt16, ActQuant::kInt8)),
+    [](const auto& info) {
+      return std::string(GgmlTypeName(static_cast<uint32_t>(std::get<0>(info.param)))) +
+             (std::get<1>(info.param) == ActQuant::kInt8 ? "_int8" : "_int16");
+    });
+
+// Int8 activations are a different rounding, not a different model: a Q4_1 model's
+// logits stay close to the int16 ones (a few percent of their spread), and differ (the mode
+// is really applied).
+TEST(Forward, Int8ActivationsStayCloseToInt16) {
+  TinyModelOptions o;
+  o.n_layers = 2;
+  o.weight_type = GgmlType::kQ4_1;
+  const std::string path = WriteModel(o, "int8_close");
+  Harness h16(path, 2), h8(path, 2, 4096, {}, nullptr, ActQuant::kInt8);
+  const auto toks = Tokens(10, 5);
+  const auto a = h16.Run({{1, toks, true}});
+  const auto b = h8.Run({{1, toks, true}});
+  ASSERT_EQ(a.size(), b.size());
+  double diff2 = 0.0, spread2 = 0.0, mean = 0.0;
+  for (float v : a) mean += v;
+  mean /= static_cast<double>(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff2 += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
+    spread2 += (a[i] - mean) * (a[i] - mean);
+  }
+  EXPECT_GT(diff2, 0.0) << "int8 mode computed exactly the int16 logits";
+  EXPECT_LT(std::sqrt(diff2 / spread2), 0.05);
+}
 
 TEST(Forward, RejectsBadTokensWithoutTouchingTheCache) {
   TinyModelOptions o;

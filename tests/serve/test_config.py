@@ -18,6 +18,8 @@ BAD = [
     ("serve: [1, 2\n", "bad.yaml:2: not valid YAML"),
     ("version: 2\n", "bad.yaml:1: .version"),
     ("modle:\n  target: x\n", "bad.yaml:1: modle: unknown key"),
+    ("model:\n  activations: int4\n",
+     'bad.yaml:2: model.activations: expected int16 or int8, got "int4"'),
     ("topology:\n  groups:\n    - draft: {rank: 0}\n      target: [{rank: 0}]\n",
      "rank 0 is placed twice"),
     ("topology:\n  groups:\n    - draft: {rank: 0}\n      target: [{rank: 2}]\n",
