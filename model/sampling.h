@@ -68,8 +68,15 @@ class Sampler {
   void Candidates(std::span<const float> logits, std::vector<int32_t>* ids,
                   std::vector<double>* weights, double* sum) const;
 
+  // No top-k / top-p pruning: every id is a candidate.
+  bool KeepsWholeVocabulary(size_t vocab) const;
+  // probs[vocab] = Candidates' weights / sum in id order, without building its id list (the
+  // unpruned case is most sampled requests; the lists cost more than the exps there).
+  void DenseProbabilities(std::span<const float> logits, float* probs) const;
+
   SamplingParams params_;
   Rng rng_;
+  std::vector<float> dense_probs_;  // scratch of Sample
 };
 
 }  // namespace specnode

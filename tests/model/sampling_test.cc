@@ -115,6 +115,27 @@ TEST(Sampling, SampleFromIgnoresZeroEntries) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(s.SampleFrom(probs), 2);
 }
 
+// Without top-k / top-p the whole vocabulary is kept (a path with no id list): the
+// distribution is softmax(logits / T), and top_k >= vocab is the same thing exactly.
+TEST(Sampling, UnprunedDistributionIsTheSoftmax) {
+  Rng gen(3);
+  std::vector<float> logits(3000);
+  for (float& l : logits) l = static_cast<float>(gen.Uniform() * 20.0 - 10.0);
+  for (float temperature : {0.5f, 1.0f, 3.0f}) {
+    std::vector<float> probs, probs_k;
+    Sampler(SamplingParams{temperature, 0, 1.0f, 1}).Distribution(logits, &probs);
+    Sampler(SamplingParams{temperature, 3000, 1.0f, 1}).Distribution(logits, &probs_k);
+    EXPECT_EQ(probs, probs_k);
+    double max_l = logits[0], sum = 0.0;
+    for (float l : logits) max_l = std::max<double>(max_l, l);
+    for (float l : logits) sum += std::exp((l - max_l) / temperature);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      const double want = std::exp((logits[i] - max_l) / temperature) / sum;
+      ASSERT_NEAR(probs[i], want, 1e-6 * want + 1e-12) << "id " << i << " T " << temperature;
+    }
+  }
+}
+
 // Sample's sparse top-k path draws exactly what SampleFrom(Distribution(...)) draws, seed
 // for seed, over top-k / top-p / temperature settings and logits with many ties.
 TEST(Sampling, SampleEqualsSampleFromDistribution) {
