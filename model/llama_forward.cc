@@ -21,15 +21,14 @@ LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weight
                            PartialSumReducer* reducer)
     : config_(config), w_(weights), pool_(pool), reducer_(reducer) {}
 
-absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* cache,
-                                   std::vector<float>* logits) {
+absl::StatusOr<int64_t> ValidateBatch(std::span<const BatchEntry> batch, int32_t vocab_size) {
   int64_t n = 0;
   for (const BatchEntry& e : batch) {
     if (e.tokens.empty()) return absl::InvalidArgumentError("batch entry without tokens");
     for (int32_t t : e.tokens) {
-      if (t < 0 || t >= config_.vocab_size) {
+      if (t < 0 || t >= vocab_size) {
         return absl::InvalidArgumentError(
-            absl::StrFormat("token id %d outside the vocabulary [0, %d)", t, config_.vocab_size));
+            absl::StrFormat("token id %d outside the vocabulary [0, %d)", t, vocab_size));
       }
     }
     for (const BatchEntry& other : batch) {
@@ -40,6 +39,12 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
     }
     n += static_cast<int64_t>(e.tokens.size());
   }
+  return n;
+}
+
+absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* cache,
+                                   std::vector<float>* logits) {
+  SPECNODE_ASSIGN_OR_RETURN(const int64_t n, ValidateBatch(batch, config_.vocab_size));
   // Reserve everything first; undo on failure so the cache is unchanged.
   std::vector<int32_t> pos0(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "model/cpu_matmul.h"
 #include "model/kv_cache.h"
 #include "model/llama_config.h"
@@ -31,6 +32,10 @@ struct BatchEntry {
   std::span<const int32_t> tokens;
   bool all_logits = false;  // logits for every token (verification) or only the last
 };
+
+// Checks a batch before anything runs: every entry has tokens, every id is in
+// [0, vocab_size), no sequence appears twice. Returns the total token count.
+absl::StatusOr<int64_t> ValidateBatch(std::span<const BatchEntry> batch, int32_t vocab_size);
 
 // Hook for tensor parallelism: sums partial [n, d_model] activations across shards after
 // the row-parallel O and down projections. Null for a single shard.

@@ -170,7 +170,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
   CFG_TRY(ParseTopology(r, root["topology"], &c.topology));
   const YAML::Node model = root["model"];
-  CFG_TRY(r.Section(model, "model", {"target", "threads", "activations"}));
+  CFG_TRY(r.Section(model, "model", {"target", "threads", "activations", "device"}));
   CFG_TRY(r.String(model, "model", "target", &c.model));
   CFG_TRY(r.Int(model, "model", "threads", 0, 1024, &c.threads));
   std::string activations = "int16";
@@ -178,6 +178,19 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   if (!ParseActQuant(activations, &c.activations)) {
     return r.Error(model["activations"], "model.activations",
                    "expected int16 or int8, got \"" + activations + "\"");
+  }
+  CFG_TRY(r.String(model, "model", "device", &c.device));
+  {
+    const bool cuda = c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5 &&
+                      c.device.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (c.device != "cpu" && !cuda) {
+      return r.Error(model["device"], "model.device", "expected \"cpu\" or \"cuda:N\"");
+    }
+    if (c.device != "cpu" && root["topology"].IsDefined()) {
+      return r.Error(model["device"], "model.device",
+                     "applies to a single-process node; with a topology, set each rank's "
+                     "device in topology.groups");
+    }
   }
 
   const YAML::Node serve = root["serve"];

@@ -44,6 +44,9 @@ struct ServeConfig {
   std::string model = "default";      // "default" = DefaultModelPath()
   int threads = 0;                    // 0 = DefaultThreads()
   ActQuant activations = ActQuant::kInt16;  // model.activations: int16 | int8 (every rank)
+  // model.device: cpu | cuda:N — the target of a single-process node (with a topology,
+  // each rank's device is in topology.groups).
+  std::string device = "cpu";
   std::string bind = "tcp://127.0.0.1:5555";
   int max_active = 16;
   int max_queue = 256;

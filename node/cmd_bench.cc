@@ -40,7 +40,7 @@ absl::StatusOr<Result> RunBatch(ModelSession& s, int64_t batch, int64_t prompt_t
   for (int64_t b = 0; b < batch; ++b) entries[b] = {1000 + b, prompts[b], false};
   std::vector<float> logits;
   auto t0 = Clock::now();
-  SPECNODE_RETURN_IF_ERROR(s.forward().Forward(entries, &s.cache(), &logits));
+  SPECNODE_RETURN_IF_ERROR(s.runner().Forward(entries, &logits));
   auto t1 = Clock::now();
   std::vector<int32_t> next(batch);
   for (int64_t step = 0; step < decode_tokens; ++step) {
@@ -48,10 +48,10 @@ absl::StatusOr<Result> RunBatch(ModelSession& s, int64_t batch, int64_t prompt_t
       next[b] = ArgMax(std::span<const float>(logits).subspan(b * vocab, vocab));
       entries[b].tokens = std::span<const int32_t>(&next[b], 1);
     }
-    SPECNODE_RETURN_IF_ERROR(s.forward().Forward(entries, &s.cache(), &logits));
+    SPECNODE_RETURN_IF_ERROR(s.runner().Forward(entries, &logits));
   }
   auto t2 = Clock::now();
-  for (int64_t b = 0; b < batch; ++b) s.cache().Free(1000 + b);
+  for (int64_t b = 0; b < batch; ++b) s.runner().Free(1000 + b);
   Result r;
   r.batch = batch;
   r.prefill_tps = batch * prompt_tokens / std::chrono::duration<double>(t1 - t0).count();
@@ -61,7 +61,7 @@ absl::StatusOr<Result> RunBatch(ModelSession& s, int64_t batch, int64_t prompt_t
 
 absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
-  SPECNODE_ASSIGN_OR_RETURN(const ActQuant activations, ActQuantFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(int64_t prompt_tokens, args.GetInt("prompt-tokens", 128, 1, 1 << 16));
   SPECNODE_ASSIGN_OR_RETURN(int64_t decode_tokens, args.GetInt("decode-tokens", 64, 1, 1 << 16));
   SPECNODE_ASSIGN_OR_RETURN(int64_t repeats, args.GetInt("repeats", 1, 1, 100));
@@ -75,7 +75,7 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> s,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv,
-                                               activations));
+                                               compute));
   SPECNODE_RETURN_IF_ERROR(s->CheckPrompt(std::vector<int32_t>(prompt_tokens, 0), decode_tokens));
   // Warm-up: touches code paths and scratch buffers once.
   SPECNODE_RETURN_IF_ERROR(RunBatch(*s, 1, 8, 4, 99).status());
@@ -99,7 +99,7 @@ absl::Status Run(const CliArgs& args) {
     j["threads"] = threads;
     j["kernels"] = s->kernel_name();
     j["kv_mode"] = kv.mode;
-    j["activations"] = ActQuantName(activations);
+    j["activations"] = ActQuantName(compute.activations);
     j["prompt_tokens"] = prompt_tokens;
     j["decode_tokens"] = decode_tokens;
     j["results"] = results;

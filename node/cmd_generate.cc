@@ -65,7 +65,7 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_RETURN_IF_ERROR(ValidateSamplingParams(sp));
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 128, 1, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
-  SPECNODE_ASSIGN_OR_RETURN(const ActQuant activations, ActQuantFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   if (args.Has("prompt") == args.Has("prompt-ids")) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-ids");
   }
@@ -83,7 +83,7 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), !quiet, kv,
-                                               activations));
+                                               compute));
   const Tokenizer& tok = session->model().tokenizer();
 
   std::vector<int32_t> prompt;

@@ -55,7 +55,7 @@ struct ModeStats {
 
 absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
-  SPECNODE_ASSIGN_OR_RETURN(const ActQuant activations, ActQuantFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 2048, 16, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t prefill, args.GetInt("prefill", 32, 1, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t n_generate, args.GetInt("generate", 128, 0, 1 << 16));
@@ -69,7 +69,8 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv,
-                                               activations));
+                                               compute));
+  SPECNODE_RETURN_IF_ERROR(session->RequireCpu("kv-eval"));
   const LlamaModel& model = session->model();
   const int vocab = model.config().vocab_size;
 

@@ -23,21 +23,21 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(std::vector<int64_t> ids64, args.GetIntList("tokens"));
   if (!args.Has("out")) return absl::InvalidArgumentError("--out is required");
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
-  SPECNODE_ASSIGN_OR_RETURN(const ActQuant activations, ActQuantFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(int64_t chunk, args.GetInt("chunk", 1 << 30, 1, 1 << 30));
   SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
   if (!args.Has("kv-mode")) kv.mode = "dense";  // oracle comparisons default to f32 KV
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv,
-                                               activations));
+                                               compute));
   std::vector<int32_t> ids(ids64.begin(), ids64.end());
   SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(ids, 0));
   std::vector<float> all, logits;
   for (size_t begin = 0; begin < ids.size(); begin += chunk) {
     const size_t count = std::min<size_t>(chunk, ids.size() - begin);
     BatchEntry entry{0, std::span<const int32_t>(ids).subspan(begin, count), true};
-    SPECNODE_RETURN_IF_ERROR(session->forward().Forward({&entry, 1}, &session->cache(), &logits));
+    SPECNODE_RETURN_IF_ERROR(session->runner().Forward({&entry, 1}, &logits));
     all.insert(all.end(), logits.begin(), logits.end());
   }
   const std::string path = args.Get("out");

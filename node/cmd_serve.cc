@@ -108,6 +108,15 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
   if (args.Has("activations")) {
     SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
   }
+  if (args.Has("device")) {
+    SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
+    c.device = compute.device;
+    if (c.device != "cpu" && !c.topology.single_process()) {
+      return absl::InvalidArgumentError(
+          "--device applies to a single-process node; with a topology, set each rank's device "
+          "in topology.groups");
+    }
+  }
   // --kv-* flags replace the config's KV section when any is given.
   for (const std::string& key : KvValueKeys()) {
     if (args.Has(key)) {
@@ -179,12 +188,14 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   SchedulerOptions so = cfg.sla;
   // KV gauges: the target's cache when it lives in this process; with several groups,
   // each group's live sequences and sequences started.
-  KvCache* local_cache = target == &session->runner() ? &session->cache() : nullptr;
+  KvCache* local_cache =
+      session->on_cpu() && target == &session->runner() ? &session->cache() : nullptr;
   std::vector<std::string> group_names;
-  std::vector<ModelRunner*> remote_targets;  // KV bytes from their shards' replies
+  // KV bytes through ModelRunner::Memory: shards' replies, or a GPU runner's pool.
+  std::vector<ModelRunner*> remote_targets;
   for (const ServeGroup& g : serve_groups) {
     if (groups.size() > 1) group_names.push_back(g.name);
-    if (g.target != &session->runner() &&
+    if ((g.target != &session->runner() || !session->on_cpu()) &&
         std::find(remote_targets.begin(), remote_targets.end(), g.target) == remote_targets.end()) {
       remote_targets.push_back(g.target);
     }
@@ -267,7 +278,7 @@ absl::Status Run(const CliArgs& args) {
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
-                                               cfg.activations));
+                                               ComputeOptions{cfg.activations, cfg.device}));
   std::vector<ServeGroup> groups(1);
   groups[0].name = "local";
   groups[0].target = &session->runner();

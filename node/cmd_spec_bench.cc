@@ -169,12 +169,12 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t k_max, args.GetInt("k-max", 8, 1, SpecController::kMaxK));
   SPECNODE_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 0.0, 0.0, 100.0));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
-  SPECNODE_ASSIGN_OR_RETURN(const ActQuant activations, ActQuantFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv,
-                                               activations));
+                                               compute));
   SPECNODE_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, LoadPrompts(*session, args.Get("prompts"),
                                                                      !args.Has("raw"), per_domain));
   int64_t routed_right = 0;
@@ -269,7 +269,7 @@ absl::Status Run(const CliArgs& args) {
   out["temperature"] = temperature;
   out["threads"] = threads;
   out["kv_mode"] = kv.mode;
-  out["activations"] = ActQuantName(activations);
+  out["activations"] = ActQuantName(compute.activations);
   if (args.Has("router-rules")) {
     out["router_rules"] = args.Get("router-rules");
     out["router_rules_correct"] = routed_right;

@@ -7,16 +7,19 @@
 #include "model/chat_template.h"
 #include "model/cpu_features.h"
 #include "model/status_macros.h"
+#include "node/gpu_runner.h"
 
 namespace specnode {
 
 absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::string& path,
                                                                  int threads, bool show_progress,
                                                                  const KvCacheOptions& kv,
-                                                                 ActQuant activations) {
+                                                                 const ComputeOptions& compute) {
+  SPECNODE_ASSIGN_OR_RETURN(const int device, ParseDevice(compute.device, "device"));
   auto s = std::make_unique<ModelSession>();
+  s->device_ = compute.device;
   LoadOptions options;
-  options.activations = activations;
+  options.activations = compute.activations;
   if (show_progress) {
     options.progress = [&path](double f) {
       std::fprintf(stderr, "\rloading %s: %3d%%", path.c_str(), static_cast<int>(f * 100));
@@ -26,14 +29,26 @@ absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::stri
   SPECNODE_ASSIGN_OR_RETURN(s->model_, LlamaModel::Load(path, options));
   const LlamaConfig& c = s->model_->config();
   s->pool_ = std::make_unique<ThreadPool>(threads);
+  if (device >= 0) {
+    SPECNODE_ASSIGN_OR_RETURN(s->runner_, MakeGpuRunner(*s->model_, device, kv));
+    return s;
+  }
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                             MakeKvCache(c, s->model_->weights().n_kv_heads_local, kv));
-  s->runner_ =
+  auto local =
       std::make_unique<LocalModelRunner>(c, s->model_->weights(), s->pool_.get(), std::move(cache));
+  s->local_ = local.get();
+  s->runner_ = std::move(local);
   return s;
 }
 
-std::string ModelSession::kernel_name() const { return CpuKernelName(); }
+std::string ModelSession::kernel_name() const { return on_cpu() ? CpuKernelName() : device_; }
+
+absl::Status ModelSession::RequireCpu(const char* command) const {
+  if (on_cpu()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(command, " runs the CPU forward pass only (got --device ", device_, ")"));
+}
 
 absl::StatusOr<std::vector<int32_t>> ModelSession::EncodePrompt(const std::string& text,
                                                                 bool chat) const {
@@ -80,7 +95,8 @@ absl::StatusOr<std::span<const float>> ModelSession::Decode(SeqId seq, int32_t t
 }
 
 std::string ModelSession::KvSummary(SeqId seq) const {
-  const auto* store = dynamic_cast<const KvStore*>(&runner_->cache());
+  if (!on_cpu()) return "";
+  const auto* store = dynamic_cast<const KvStore*>(&local_->cache());
   if (store == nullptr) return "";
   const KvUsage u = store->Usage();
   const auto t = store->SequenceTokens(seq);
@@ -103,9 +119,11 @@ const char kKvFlagsHelp[] =
     "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
     "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n";
 
-const char kActivationsFlagHelp[] =
+const char kComputeFlagsHelp[] =
     "  --activations MODE  int16 (default: follows a float reference's greedy path) or int8\n"
-    "                      (llama.cpp's rounding; faster batched matmuls on AVX-512 VNNI)\n";
+    "                      (llama.cpp's rounding; faster batched matmuls on AVX-512 VNNI)\n"
+    "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV cache on\n"
+    "                      that GPU (f16 KV of --kv-capacity-mb; builds with the CUDA backend)\n";
 
 absl::StatusOr<ActQuant> ActQuantFromArgs(const CliArgs& args) {
   ActQuant act = ActQuant::kInt16;
@@ -115,6 +133,14 @@ absl::StatusOr<ActQuant> ActQuantFromArgs(const CliArgs& args) {
         absl::StrCat("--activations: expected int16 or int8, got \"", name, "\""));
   }
   return act;
+}
+
+absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args) {
+  ComputeOptions c;
+  SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
+  c.device = args.Get("device", "cpu");
+  SPECNODE_RETURN_IF_ERROR(ParseDevice(c.device, "--device").status());
+  return c;
 }
 
 std::set<std::string> KvValueKeys() {
@@ -159,16 +185,17 @@ int RunModelCommand(const char* name, const char* help, int argc, char** argv,
                     absl::Status (*run)(const CliArgs&)) {
   value_keys.merge(KvValueKeys());
   value_keys.insert("activations");
+  value_keys.insert("device");
   flag_keys.insert("help");
   auto args = CliArgs::Parse(argc, argv, value_keys, WithKvFlags(std::move(flag_keys)));
   if (!args.ok()) {
     std::fprintf(stderr, "specnode %s: %s\n%s%s%s", name,
                  std::string(args.status().message()).c_str(), help, kKvFlagsHelp,
-                 kActivationsFlagHelp);
+                 kComputeFlagsHelp);
     return 2;
   }
   if (args->Has("help")) {
-    std::printf("%s%s%s", help, kKvFlagsHelp, kActivationsFlagHelp);
+    std::printf("%s%s%s", help, kKvFlagsHelp, kComputeFlagsHelp);
     return 0;
   }
   absl::Status s = run(*args);

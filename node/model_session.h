@@ -19,20 +19,35 @@
 
 namespace specnode {
 
+// Where and how the model computes (--activations, --device; model.activations and
+// model.device in a serve config).
+struct ComputeOptions {
+  ActQuant activations = ActQuant::kInt16;  // CPU matmuls (cpu_matmul.h)
+  std::string device = "cpu";               // "cpu" or "cuda:N" (the target's forward pass)
+};
+
 class ModelSession {
  public:
-  // Loads `path`; show_progress draws a load progress bar on stderr.
+  // Loads `path`; show_progress draws a load progress bar on stderr. On "cuda:N" the target
+  // runs on that GPU (node/gpu_runner.h; its KV cache sized by kv.capacity_bytes); drafts and
+  // everything else stay on the CPU.
   static absl::StatusOr<std::unique_ptr<ModelSession>> Open(const std::string& path, int threads,
                                                             bool show_progress,
                                                             const KvCacheOptions& kv = {},
-                                                            ActQuant activations = ActQuant::kInt16);
+                                                            const ComputeOptions& compute = {});
 
   const LlamaModel& model() const { return *model_; }
-  LlamaForward& forward() { return runner_->forward(); }
-  KvCache& cache() { return runner_->cache(); }
-  // The forward pass and cache as the speculative engine drives them.
-  LocalModelRunner& runner() { return *runner_; }
+  // The forward pass and cache as the speculative engine drives them (CPU or GPU).
+  ModelRunner& runner() { return *runner_; }
+  // CPU sessions only (on_cpu()): the CPU forward pass and its cache, for the commands that
+  // drive them directly (logits, kv-eval).
+  bool on_cpu() const { return local_ != nullptr; }
+  LlamaForward& forward() { return local_->forward(); }
+  KvCache& cache() { return local_->cache(); }
+  // FailedPrecondition naming `command` when the session is not on the CPU.
+  absl::Status RequireCpu(const char* command) const;
   ThreadPool* pool() { return pool_.get(); }
+  // "avx512-vnni", ... on the CPU; "cuda:0" on a GPU.
   std::string kernel_name() const;
 
   // Text -> ids; with chat, the text becomes one user turn in the model's chat template
@@ -57,7 +72,9 @@ class ModelSession {
  private:
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<LocalModelRunner> runner_;
+  std::unique_ptr<ModelRunner> runner_;
+  LocalModelRunner* local_ = nullptr;  // runner_ when on the CPU
+  std::string device_ = "cpu";
   std::vector<float> logits_;
 };
 
@@ -71,10 +88,12 @@ std::set<std::string> KvValueKeys();
 std::set<std::string> WithKvFlags(std::set<std::string> flags);
 absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args);
 
-// --activations int16|int8 (every model-running subcommand; default int16): how matmuls
-// round activations for quantised weights (cpu_matmul.h).
-extern const char kActivationsFlagHelp[];
+// --activations int16|int8 (default int16): how CPU matmuls round activations for quantised
+// weights (cpu_matmul.h); --device cpu|cuda:N (default cpu): where the target computes. Every
+// model-running subcommand takes both.
+extern const char kComputeFlagsHelp[];
 absl::StatusOr<ActQuant> ActQuantFromArgs(const CliArgs& args);
+absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args);
 
 // The shared entry of the model-running subcommands: parses argv with `value_keys` and
 // `flag_keys` plus the KV keys and --help, prints usage (`help` + the KV flags) on a

@@ -149,7 +149,8 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     return st;
   };
   absl::StatusOr<std::unique_ptr<ModelSession>> session =
-      ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv, cfg.activations);
+      ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
+                         ComputeOptions{cfg.activations, "cpu"});
   if (!session.ok()) return fail_start(session.status());
   const LlamaModel& m = (*session)->model();
   auto connect = [&](const std::vector<int>& ranks, const LlamaModel& model,

@@ -54,6 +54,7 @@ def test_generate_on_tiny_model_is_deterministic(specnode, tiny_model):
     (["--max-tokens", "abc"], "--max-tokens"),
     (["--threads", "0"], "--threads"),
     (["--activations", "fp8"], "--activations: expected int16 or int8"),
+    (["--device", "gpu"], '--device: expected cpu or cuda:N, got "gpu"'),
 ])
 def test_invalid_sampling_and_limits(specnode, tiny_model, args, needle):
     res = run([specnode, "generate", "--model", tiny_model, "--prompt", "hi"] + args)
@@ -111,6 +112,19 @@ def test_bench_json(specnode, tiny_model):
     assert [r["batch"] for r in out["results"]] == [1, 4]
     assert all(r["decode_tokens_per_s"] > 0 for r in out["results"])
     assert out["activations"] == "int16"
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(specnode, tiny_model):
+    """--device cuda:N on a machine (or build) without CUDA fails cleanly, naming why; with
+    a GPU it generates (the GPU forward pass is tested in cuda/tests/)."""
+    res = run([specnode, "generate", "--model", tiny_model, "--prompt", "hi", "--max-tokens",
+               "4", "--device", "cuda:0", "--json", "--quiet"])
+    if res.returncode == 0:
+        assert len(json.loads(res.stdout.strip().splitlines()[-1])["generated_ids"]) == 4
+        return
+    assert_clean_error(res)
+    assert ("no CUDA device" in res.stderr or "without the CUDA backend" in res.stderr
+            or "does not exist" in res.stderr), res.stderr
 
 
 def test_int8_activations_generate_coherent_text(specnode, real_model):

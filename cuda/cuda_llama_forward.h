@@ -1,0 +1,108 @@
+// CudaLlamaForward: the Llama forward pass of model/llama_forward.h on one GPU, over its own
+// paged f16 KV cache (cuda_kv_cache.h). Same batch contract: entries are sequences each
+// adding one or more tokens; logits come back to the host as [n_rows, vocab] (every token of
+// an all_logits entry, else its last token); on error no sequence changes.
+//
+// Weights are copied to the device once at Create (each matrix compacted to its own rows, in
+// its GGUF storage type; norms as f32), so the host mapping may be dropped afterwards.
+// Matmuls use CudaMatMul's fused kernel (batch-invariant, f32 activations), attention the
+// paged kernel of cuda_attention.h, norms / RoPE / SwiGLU / residual adds cuda_ops.h: a
+// token's logits do not depend on what else is in the batch, so speculative verification
+// gives exactly the tokens of one-at-a-time decoding, as on the CPU.
+//
+// Differences from the CPU pass, bounded by tests against it (cuda/tests/
+// cuda_forward_test.cc): activations stay f32 into the matmuls (the CPU rounds them to int16
+// or int8 blocks), KV is f16 (the CPU's "full" mode; no mixed precision or host tier yet),
+// and one device only (no tensor-parallel reducer yet).
+//
+// Not thread-safe. Create() and every call with the same device current; all work runs on
+// the forward's own stream, and Forward returns after the logits reached the host.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cuda/cuda_kv_cache.h"
+#include "cuda/cuda_matmul.h"
+#include "cuda/device_buffer.h"
+#include "model/llama_config.h"
+#include "model/llama_forward.h"
+#include "model/llama_weights.h"
+
+namespace specnode {
+
+struct CudaForwardOptions {
+  int device = 0;
+  int64_t kv_capacity_bytes = int64_t{1} << 30;
+  int kv_page_tokens = 16;
+};
+
+class CudaLlamaForward {
+ public:
+  // Selects `options.device`, uploads the weights, allocates the KV pools. Unavailable
+  // without a usable device; InvalidArgument for a model the kernels cannot run (a
+  // tensor-parallel shard, head_dim > 256).
+  static absl::StatusOr<std::unique_ptr<CudaLlamaForward>> Create(
+      const LlamaConfig& config, const LlamaWeights& weights, const CudaForwardOptions& options);
+  ~CudaLlamaForward();
+  CudaLlamaForward(const CudaLlamaForward&) = delete;
+  CudaLlamaForward& operator=(const CudaLlamaForward&) = delete;
+
+  // As LlamaForward::Forward with this forward's cache. `logits` may be null (cache only).
+  absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits);
+
+  CudaKvCache& cache() { return *cache_; }
+  const CudaKvCache& cache() const { return *cache_; }
+  const LlamaConfig& config() const { return config_; }
+  int device() const { return device_; }
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  struct DeviceMatrix {
+    DeviceBuffer buffer;
+    WeightView view;  // data = buffer
+  };
+  struct DeviceLayer {
+    DeviceBuffer attn_norm, ffn_norm;  // [d_model] f32
+    DeviceMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+
+  CudaLlamaForward() = default;
+  absl::StatusOr<DeviceMatrix> Upload(const WeightView& w);
+  absl::StatusOr<DeviceBuffer> UploadNorm(const float* v, int64_t n);
+  absl::Status Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0, int64_t n,
+                   std::vector<float>* logits);
+  absl::Status Layer(int l, int64_t n);
+  // Grows `buf` to hold `bytes` (contents discarded when it grows).
+  static absl::Status Ensure(DeviceBuffer& buf, size_t bytes);
+  absl::Status ToDevice(DeviceBuffer& buf, const void* host, size_t bytes);
+
+  LlamaConfig config_;
+  int device_ = 0;
+  int64_t weight_bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaMatMulContext> mm_;
+  std::unique_ptr<CudaKvCache> cache_;
+  DeviceMatrix token_embd_, output_;
+  DeviceBuffer output_norm_;
+  std::vector<DeviceLayer> layers_;
+  int n_heads_ = 0, n_kv_heads_ = 0, d_ff_ = 0;
+
+  // Per-step device buffers, grown on demand: activations [n, ...] f32 and the step's
+  // integer tables (token ids, positions, KV rows, page table, per-token table row and
+  // context length, rows that need logits).
+  DeviceBuffer x_, h_, q_, k_, v_, attn_, gate_, up_, normed_, logits_;
+  DeviceBuffer ids_, positions_, kv_rows_, page_table_, table_row_, ctx_;
+  // Host copies of the step's tables.
+  std::vector<int32_t> h_ids_, h_positions_, h_kv_rows_, h_page_table_, h_table_row_, h_ctx_;
+  std::vector<int64_t> out_rows_;
+  int max_pages_ = 0;
+};
+
+}  // namespace specnode

@@ -1,0 +1,307 @@
+// The GPU forward pass (cuda_llama_forward.h) against the CPU one (model/llama_forward.h) on
+// tiny models of every weight type, plus the invariances speculative decoding relies on,
+// checked on the GPU alone (bit-exact), and the engine driving a CudaModelRunner.
+//
+// Tolerance GPU vs CPU, per logit: |gpu - cpu| <= 2e-2 * (1 + max|cpu logit| of the row).
+// The GPU keeps K/V in f16 (relative rounding 2^-11 per value) and f32 activations into the
+// matmuls, the CPU an f32 KV cache and int16 activation blocks (~1e-5); through 2 layers the
+// f16 KV dominates, leaving differences of ~1e-3 of the logit range. Greedy choices must
+// agree wherever the CPU's top-2 gap exceeds 0.05.
+//
+// Without a GPU every test here skips, except the argument checks, which run everywhere.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/ngram_drafter.h"
+#include "coordinator/spec_engine.h"
+#include "cuda/cuda_attention.h"
+#include "cuda/cuda_llama_forward.h"
+#include "cuda/cuda_model_runner.h"
+#include "cuda/tests/cuda_test_util.h"
+#include "gtest/gtest.h"
+#include "model/dense_kv_cache.h"
+#include "model/llama_model.h"
+#include "model/sampling.h"
+#include "model/tiny_model.h"
+
+namespace specnode {
+namespace {
+
+using cuda_test::CudaTestWithParam;
+
+std::string TinyModel(GgmlType type, const std::string& tag) {
+  TinyModelOptions o;
+  o.n_layers = 2;
+  o.weight_type = type;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("specnode_cudafwd_" + std::to_string(getpid()) + "_" + tag + ".gguf"))
+                               .string();
+  EXPECT_TRUE(WriteTinyModel(o, path).ok());
+  return path;
+}
+
+std::vector<int32_t> Tokens(int n, int offset) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 37 + offset) % 250 + 3;
+  return t;
+}
+
+struct Pair {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<LlamaForward> cpu;
+  std::unique_ptr<DenseKvCache> cpu_cache;
+  std::unique_ptr<CudaLlamaForward> gpu;
+
+  explicit Pair(const std::string& path, int64_t kv_bytes = int64_t{64} << 20) {
+    auto m = LlamaModel::Load(path);
+    EXPECT_TRUE(m.ok()) << m.status();
+    model = std::move(m).value();
+    const LlamaConfig& c = model->config();
+    pool = std::make_unique<ThreadPool>(2);
+    cpu = std::make_unique<LlamaForward>(c, model->weights(), pool.get());
+    cpu_cache = std::make_unique<DenseKvCache>(c.n_layers, model->weights().n_kv_heads_local,
+                                               c.head_dim, c.gqa_group(), c.context_length, 4096);
+    CudaForwardOptions o;
+    o.kv_capacity_bytes = kv_bytes;
+    o.kv_page_tokens = 4;  // small pages: sequences span several, tails are partial
+    auto g = CudaLlamaForward::Create(c, model->weights(), o);
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (g.ok()) gpu = std::move(g).value();
+  }
+  std::vector<float> Cpu(std::vector<BatchEntry> batch) {
+    std::vector<float> logits;
+    const absl::Status s = cpu->Forward(batch, cpu_cache.get(), &logits);
+    EXPECT_TRUE(s.ok()) << s;
+    return logits;
+  }
+  std::vector<float> Gpu(std::vector<BatchEntry> batch) {
+    std::vector<float> logits;
+    const absl::Status s = gpu->Forward(batch, &logits);
+    EXPECT_TRUE(s.ok()) << s;
+    return logits;
+  }
+};
+
+void ExpectCloseRows(const std::vector<float>& gpu, const std::vector<float>& cpu, int vocab,
+                     const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  for (size_t r = 0; r * vocab < cpu.size(); ++r) {
+    const float* c = cpu.data() + r * vocab;
+    const float* g = gpu.data() + r * vocab;
+    float big = 0.0f;
+    for (int i = 0; i < vocab; ++i) big = std::max(big, std::fabs(c[i]));
+    const double tol = 2e-2 * (1.0 + big);
+    int bad = 0;
+    for (int i = 0; i < vocab && bad < 3; ++i) {
+      if (!(std::fabs(g[i] - c[i]) <= tol)) {
+        ADD_FAILURE() << what << " row " << r << " id " << i << ": gpu " << g[i] << " cpu " << c[i];
+        ++bad;
+      }
+    }
+    std::vector<float> sorted(c, c + vocab);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] > 0.05f) {
+      EXPECT_EQ(ArgMax({g, static_cast<size_t>(vocab)}), ArgMax({c, static_cast<size_t>(vocab)}))
+          << what << " row " << r;
+    }
+  }
+}
+
+class CudaForwardTest : public CudaTestWithParam<GgmlType> {
+ protected:
+  std::string Path() {
+    return TinyModel(GetParam(), std::string(GgmlTypeName(static_cast<uint32_t>(GetParam()))));
+  }
+};
+
+TEST_P(CudaForwardTest, LogitsMatchTheCpuPass) {
+  Pair p(Path());
+  ASSERT_NE(p.gpu, nullptr);
+  const int vocab = p.model->config().vocab_size;
+  const auto prompt = Tokens(9, 1);
+  ExpectCloseRows(p.Gpu({{1, prompt, true}}), p.Cpu({{1, prompt, true}}), vocab, "prefill");
+  const auto more = Tokens(8, 40);
+  for (size_t i = 0; i < more.size(); ++i) {
+    const std::span<const int32_t> one(&more[i], 1);
+    ExpectCloseRows(p.Gpu({{1, one, false}}), p.Cpu({{1, one, false}}), vocab,
+                    "decode " + std::to_string(i));
+  }
+  EXPECT_EQ(p.gpu->cache().Length(1), static_cast<int32_t>(prompt.size() + more.size()));
+}
+
+// K + 1 tokens in one pass give bit-identical logits to one at a time, for every pass size.
+TEST_P(CudaForwardTest, VerificationPassEqualsOneAtATime) {
+  Pair p(Path());
+  ASSERT_NE(p.gpu, nullptr);
+  const int vocab = p.model->config().vocab_size;
+  const auto prefix = Tokens(6, 7);
+  const auto drafts = Tokens(9, 70);
+  p.Gpu({{1, prefix, false}});
+  std::vector<float> one_at_a_time;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    auto l = p.Gpu({{1, std::span<const int32_t>(drafts).subspan(i, 1), false}});
+    one_at_a_time.insert(one_at_a_time.end(), l.begin(), l.end());
+  }
+  for (size_t n = 1; n <= drafts.size(); ++n) {
+    ASSERT_TRUE(p.gpu->cache().Truncate(1, static_cast<int32_t>(prefix.size())).ok());
+    auto pass = p.Gpu({{1, std::span<const int32_t>(drafts).subspan(0, n), true}});
+    ASSERT_EQ(pass.size(), n * vocab);
+    EXPECT_TRUE(std::equal(pass.begin(), pass.end(), one_at_a_time.begin())) << n << " tokens";
+  }
+}
+
+TEST_P(CudaForwardTest, BatchInvariantAcrossSequences) {
+  Pair p(Path());
+  ASSERT_NE(p.gpu, nullptr);
+  const int vocab = p.model->config().vocab_size;
+  auto a = Tokens(7, 2), b = Tokens(3, 9), c = Tokens(11, 4);
+  auto alone = p.Gpu({{5, a, true}});
+  p.gpu->cache().Free(5);
+  auto batched = p.Gpu({{1, b, true}, {5, a, true}, {9, c, false}});
+  std::vector<float> slice(batched.begin() + b.size() * vocab,
+                           batched.begin() + (b.size() + a.size()) * vocab);
+  EXPECT_EQ(slice, alone);
+  EXPECT_EQ(batched.size(), (b.size() + a.size() + 1) * vocab);
+}
+
+TEST_P(CudaForwardTest, TruncateRollsBackLikeAFreshSequence) {
+  Pair p(Path());
+  ASSERT_NE(p.gpu, nullptr);
+  auto prefix = Tokens(6, 3), wrong = Tokens(4, 50), right = Tokens(4, 60);
+  p.Gpu({{1, prefix, false}});
+  p.Gpu({{1, wrong, true}});
+  ASSERT_EQ(p.gpu->cache().Length(1), 10);
+  ASSERT_TRUE(p.gpu->cache().Truncate(1, 6).ok());
+  auto after_rollback = p.Gpu({{1, right, true}});
+  p.Gpu({{2, prefix, false}});
+  auto fresh = p.Gpu({{2, right, true}});
+  EXPECT_EQ(after_rollback, fresh);
+}
+
+// A pass the cache cannot hold fails with ResourceExhausted and changes no sequence; bad
+// token ids fail before anything runs.
+TEST_P(CudaForwardTest, FailedPassChangesNothing) {
+  Pair probe(Path());
+  ASSERT_NE(probe.gpu, nullptr);
+  const int64_t page = probe.gpu->cache().page_bytes();
+  Pair p(Path(), 5 * page);  // 5 pages of 4 tokens
+  ASSERT_NE(p.gpu, nullptr);
+  const auto first = Tokens(10, 5);  // 3 pages
+  p.Gpu({{1, first, false}});
+  const int32_t free_before = p.gpu->cache().free_pages();
+  const auto big = Tokens(12, 8);  // 3 more pages for a new sequence: only 2 free
+  std::vector<float> logits;
+  const std::vector<BatchEntry> batch = {{1, std::span<const int32_t>(first).first(2), false},
+                                         {2, big, false}};
+  const absl::Status s = p.gpu->Forward(batch, &logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(p.gpu->cache().Length(1), 10);
+  EXPECT_EQ(p.gpu->cache().Length(2), 0);
+  EXPECT_EQ(p.gpu->cache().free_pages(), free_before);
+  const int32_t bad = 1 << 20;
+  const absl::Status s2 = p.gpu->Forward({{{1, {&bad, 1}, false}}}, &logits);
+  EXPECT_EQ(s2.code(), absl::StatusCode::kInvalidArgument) << s2;
+  EXPECT_EQ(p.gpu->cache().Length(1), 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaForwardTest,
+                         ::testing::Values(GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_1),
+                         [](const auto& info) {
+                           return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
+                         });
+
+// The speculative engine on a GPU target with the n-gram drafter gives exactly the greedy
+// tokens of the GPU target alone.
+TEST(CudaModelRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
+  SPECNODE_SKIP_WITHOUT_CUDA();
+  const std::string path = TinyModel(GgmlType::kQ4_1, "runner");
+  auto model = LlamaModel::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto generate = [&](bool speculate) {
+    auto runner = CudaModelRunner::Create((*model)->config(), (*model)->weights(), {});
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return std::vector<int32_t>{};
+    std::unique_ptr<Drafter> drafter;
+    std::unique_ptr<SpecController> controller;
+    std::vector<DraftGroup> groups;
+    if (speculate) {
+      drafter = std::move(NgramDrafter::Create({})).value();
+      controller = std::move(SpecController::Create({})).value();
+      groups.push_back({drafter.get(), controller.get()});
+    }
+    SpecEngineOptions eo;
+    eo.adaptive = false;
+    eo.fixed_k = 4;
+    SpeculativeEngine engine(runner->get(), groups, eo);
+    // A repetitive prompt, so the n-gram drafter proposes something.
+    SpecRequest r;
+    r.id = 1;
+    for (int rep = 0; rep < 4; ++rep) {
+      for (int32_t t : Tokens(6, 11)) r.prompt.push_back(t);
+    }
+    r.max_new_tokens = 24;
+    r.ignore_stop = true;
+    EXPECT_TRUE(engine.Start(r).ok());
+    std::vector<int32_t> out;
+    std::vector<SeqStepResult> results;
+    for (int guard = 0; guard < 1000; ++guard) {
+      const absl::Status st = engine.Step(std::vector<SeqId>{1}, &results);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) break;
+      out.insert(out.end(), results[0].tokens.begin(), results[0].tokens.end());
+      if (results[0].finish != FinishReason::kNone) break;
+    }
+    return out;
+  };
+  const std::vector<int32_t> direct = generate(false);
+  EXPECT_EQ(direct.size(), 24u);
+  EXPECT_EQ(generate(true), direct);
+}
+
+// Argument checks happen before any CUDA call: same errors with or without a GPU.
+TEST(CudaAttentionArgsTest, BadArgumentsAreInvalidArgument) {
+  CudaAttentionArgs a;
+  a.n = 1;
+  a.n_heads = 4;
+  a.n_kv_heads = 3;
+  EXPECT_EQ(CudaPagedAttention(a).code(), absl::StatusCode::kInvalidArgument);
+  a.n_kv_heads = 2;
+  a.head_dim = 300;
+  EXPECT_EQ(CudaPagedAttention(a).code(), absl::StatusCode::kInvalidArgument);
+  a.head_dim = 64;
+  a.page_tokens = 16;
+  a.max_pages = 1;
+  EXPECT_EQ(CudaPagedAttention(a).code(), absl::StatusCode::kInvalidArgument);  // null pointers
+  a.n = 0;
+  EXPECT_TRUE(CudaPagedAttention(a).ok());
+  EXPECT_EQ(CudaKvWrite(nullptr, nullptr, nullptr, 1, 0, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  const WeightView odd{GgmlType::kQ8_0, nullptr, 4, 40, 0};
+  EXPECT_EQ(CudaEmbeddingRows(odd, nullptr, 1, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaForwardCreateTest, NoDeviceOrBadDeviceIsAnError) {
+  const std::string path = TinyModel(GgmlType::kF32, "create");
+  auto model = LlamaModel::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  CudaForwardOptions o;
+  if (!cuda_test::CudaUnavailableReason().empty()) {
+    auto f = CudaLlamaForward::Create((*model)->config(), (*model)->weights(), o);
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kUnavailable) << f.status();
+    return;
+  }
+  o.device = 99;
+  auto f = CudaLlamaForward::Create((*model)->config(), (*model)->weights(), o);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+}
+
+}  // namespace
+}  // namespace specnode
