@@ -100,6 +100,7 @@ absl::Status Run(const CliArgs& args) {
     j["kernels"] = s->kernel_name();
     j["kv_mode"] = kv.mode;
     j["activations"] = ActQuantName(compute.activations);
+    j["device"] = compute.device;
     j["prompt_tokens"] = prompt_tokens;
     j["decode_tokens"] = decode_tokens;
     j["results"] = results;
