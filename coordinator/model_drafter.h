@@ -38,10 +38,10 @@ class ModelDrafter final : public Drafter {
                                                                  int layers, ThreadPool* pool,
                                                                  const KvCacheOptions& kv);
 
-  // A draft model that runs elsewhere (another MPI rank): `draft` is the file mapped here
-  // for the vocabulary check (InvalidArgument on a mismatch, before `connect` is called);
-  // `connect` then returns the runner that drives the remote copy (e.g. a
-  // RemoteTargetRunner over the draft rank). Drafting is the same as Load's.
+  // A draft model that runs elsewhere (another MPI rank, or a GPU): `draft` is the file
+  // mapped here for the vocabulary check (InvalidArgument on a mismatch, before `connect` is
+  // called); `connect` then returns the runner that drives it (a RemoteTargetRunner over the
+  // draft rank, a CudaModelRunner on rank 0's GPU). Drafting is the same as Load's.
   using ConnectFn =
       std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const LlamaModel& draft)>;
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> Remote(std::unique_ptr<LlamaModel> draft,

@@ -33,9 +33,14 @@ absl::Status ModelRunner::SwapIn(SeqId) {
 
 absl::Status ModelRunner::Ping() { return absl::OkStatus(); }
 
+absl::Status ModelRunner::Reserve(SeqId, int32_t) {
+  return absl::UnimplementedError("this runner does not reserve ahead of a pass");
+}
+
 LocalModelRunner::LocalModelRunner(const LlamaConfig& config, const LlamaWeights& weights,
-                                   ThreadPool* pool, std::unique_ptr<KvCache> cache)
-    : forward_(config, weights, pool),
+                                   ThreadPool* pool, std::unique_ptr<KvCache> cache,
+                                   PartialSumReducer* reducer)
+    : forward_(config, weights, pool, reducer),
       cache_(std::move(cache)),
       store_(dynamic_cast<KvStore*>(cache_.get())) {}
 

@@ -46,6 +46,11 @@ class ModelRunner {
   virtual absl::Status EndForward(std::vector<float>* logits);
 
   virtual int32_t Length(SeqId seq) const = 0;
+  // Makes room for `count` more tokens of `seq` ahead of a Forward that adds them (KvCache
+  // Reserve semantics: ResourceExhausted when the cache is full, nothing changes). Forward
+  // reserves on its own; a tensor-parallel shard reserves first so that every shard can
+  // agree on the outcome before the pass's collectives. Unimplemented by default.
+  virtual absl::Status Reserve(SeqId seq, int32_t count);
   // Drops cached positions [n, Length(seq)) (rollback of rejected drafts).
   virtual absl::Status Truncate(SeqId seq, int32_t n) = 0;
   virtual void Free(SeqId seq) = 0;
@@ -81,16 +86,18 @@ class ModelRunner {
 };
 
 // A runner in this process: a LlamaForward over weights it does not own and a cache it owns.
-// `weights` and `pool` must outlive the runner.
+// `weights`, `pool` and `reducer` (a tensor-parallel shard's all-reduce; null for a whole
+// model) must outlive the runner.
 class LocalModelRunner final : public ModelRunner {
  public:
   LocalModelRunner(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
-                   std::unique_ptr<KvCache> cache);
+                   std::unique_ptr<KvCache> cache, PartialSumReducer* reducer = nullptr);
 
   int32_t vocab_size() const override { return forward_.config().vocab_size; }
   int32_t max_positions() const override { return forward_.config().context_length; }
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override;
   int32_t Length(SeqId seq) const override { return cache_->Length(seq); }
+  absl::Status Reserve(SeqId seq, int32_t count) override { return cache_->Reserve(seq, count); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return cache_->Truncate(seq, n); }
   void Free(SeqId seq) override { cache_->Free(seq); }
   // Through the KvStore (kvstore/kv_store.h) when the cache is one.

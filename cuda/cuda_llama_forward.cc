@@ -20,9 +20,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaForward>> CudaLlamaForward::Create(
     return absl::InvalidArgumentError(absl::StrCat("cuda:", options.device, " does not exist (",
                                                    devices, " CUDA devices visible)"));
   }
-  if (weights.shard.size > 1) {
+  if (weights.shard.size > 1 && options.reducer == nullptr) {
     return absl::InvalidArgumentError(
-        "the GPU forward pass runs whole models only (tensor-parallel shards run on the CPU)");
+        "a tensor-parallel shard on the GPU needs a reducer (an NCCL all-reduce)");
   }
   if (config.head_dim > 256) {
     return absl::InvalidArgumentError(
@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaForward>> CudaLlamaForward::Create(
   f->n_heads_ = weights.n_heads_local;
   f->n_kv_heads_ = weights.n_kv_heads_local;
   f->d_ff_ = weights.d_ff_local;
+  f->reducer_ = weights.shard.size > 1 ? options.reducer : nullptr;
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&f->stream_, cudaStreamNonBlocking));
   SPECNODE_ASSIGN_OR_RETURN(f->mm_, CudaMatMulContext::Create(f->stream_));
@@ -275,6 +276,7 @@ absl::Status CudaLlamaForward::Layer(int l, int64_t n) {
   a.out = attn;
   SPECNODE_RETURN_IF_ERROR(CudaPagedAttention(a, stream_));
   SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.wo.view, attn, n, h));
+  SPECNODE_RETURN_IF_ERROR(AllReduce(h, n * d));
   SPECNODE_RETURN_IF_ERROR(CudaAddInPlace(x, h, n * d, stream_));
 
   // Feed-forward block.
@@ -284,7 +286,16 @@ absl::Status CudaLlamaForward::Layer(int l, int64_t n) {
   SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.w_up.view, h, n, up));
   SPECNODE_RETURN_IF_ERROR(CudaSwiGlu(gate, up, n * d_ff_, gate, stream_));
   SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.w_down.view, gate, n, h));
+  SPECNODE_RETURN_IF_ERROR(AllReduce(h, n * d));
   return CudaAddInPlace(x, h, n * d, stream_);
+}
+
+absl::Status CudaLlamaForward::AllReduce(float* h, int64_t count) {
+  if (reducer_ == nullptr) return absl::OkStatus();
+  // The reducer runs on its own stream and returns when the sum is in place: the partial
+  // sums must be complete first, and later kernels on stream_ start after it returned.
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return reducer_->AllReduceSum(h, count);
 }
 
 }  // namespace specnode

@@ -13,7 +13,7 @@
 // Differences from the CPU pass, bounded by tests against it (cuda/tests/
 // cuda_forward_test.cc): activations stay f32 into the matmuls (the CPU rounds them to int16
 // or int8 blocks), KV is f16 (the CPU's "full" mode; no mixed precision or host tier yet),
-// and one device only (no tensor-parallel reducer yet).
+// and a tensor-parallel shard all-reduces through a synchronous reducer (the stream waits).
 //
 // Not thread-safe. Create() and every call with the same device current; all work runs on
 // the forward's own stream, and Forward returns after the logits reached the host.
@@ -41,13 +41,17 @@ struct CudaForwardOptions {
   int device = 0;
   int64_t kv_capacity_bytes = int64_t{1} << 30;
   int kv_page_tokens = 16;
+  // A tensor-parallel shard's all-reduce over DEVICE buffers (a CommunicatorReducer over an
+  // NcclCommunicator on `device`), called after the O and down projections with the
+  // forward's stream synchronised; null for a whole model. Borrowed.
+  PartialSumReducer* reducer = nullptr;
 };
 
 class CudaLlamaForward {
  public:
-  // Selects `options.device`, uploads the weights, allocates the KV pools. Unavailable
-  // without a usable device; InvalidArgument for a model the kernels cannot run (a
-  // tensor-parallel shard, head_dim > 256).
+  // Selects `options.device`, uploads the weights (a shard's slices only), allocates the KV
+  // pools. Unavailable without a usable device; InvalidArgument for a model the kernels
+  // cannot run (head_dim > 256) or a shard without a reducer.
   static absl::StatusOr<std::unique_ptr<CudaLlamaForward>> Create(
       const LlamaConfig& config, const LlamaWeights& weights, const CudaForwardOptions& options);
   ~CudaLlamaForward();
@@ -79,6 +83,8 @@ class CudaLlamaForward {
   absl::Status Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0, int64_t n,
                    std::vector<float>* logits);
   absl::Status Layer(int l, int64_t n);
+  // Sums `h` [n, d_model] over the shards (no-op for a whole model).
+  absl::Status AllReduce(float* h, int64_t count);
   // Grows `buf` to hold `bytes` (contents discarded when it grows).
   static absl::Status Ensure(DeviceBuffer& buf, size_t bytes);
   absl::Status ToDevice(DeviceBuffer& buf, const void* host, size_t bytes);
@@ -93,6 +99,7 @@ class CudaLlamaForward {
   DeviceBuffer output_norm_;
   std::vector<DeviceLayer> layers_;
   int n_heads_ = 0, n_kv_heads_ = 0, d_ff_ = 0;
+  PartialSumReducer* reducer_ = nullptr;
 
   // Per-step device buffers, grown on demand: activations [n, ...] f32 and the step's
   // integer tables (token ids, positions, KV rows, page table, per-token table row and

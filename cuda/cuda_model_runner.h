@@ -29,6 +29,9 @@ class CudaModelRunner final : public ModelRunner {
     return forward_->Forward(batch, logits);
   }
   int32_t Length(SeqId seq) const override { return forward_->cache().Length(seq); }
+  absl::Status Reserve(SeqId seq, int32_t count) override {
+    return forward_->cache().Reserve(seq, count);
+  }
   absl::Status Truncate(SeqId seq, int32_t n) override { return forward_->cache().Truncate(seq, n); }
   void Free(SeqId seq) override { forward_->cache().Free(seq); }
   // Whole pages: `tokens` more tokens need at most ceil(tokens / page) + 1 pages.

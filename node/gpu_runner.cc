@@ -6,6 +6,9 @@
 #ifdef SPECNODE_HAVE_CUDA
 #include "cuda/cuda_model_runner.h"
 #endif
+#ifdef SPECNODE_HAVE_NCCL
+#include "tensor-parallel/nccl_communicator.h"
+#endif
 
 namespace specnode {
 
@@ -26,10 +29,12 @@ bool HaveCudaBackend() {
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeGpuRunner(const LlamaModel& model, int device,
-                                                           const KvCacheOptions& kv) {
+                                                           const KvCacheOptions& kv,
+                                                           PartialSumReducer* reducer) {
 #ifdef SPECNODE_HAVE_CUDA
   CudaForwardOptions o;
   o.device = device;
+  o.reducer = reducer;
   o.kv_capacity_bytes = kv.capacity_bytes;
   o.kv_page_tokens = kv.page_tokens;
   auto runner = CudaModelRunner::Create(model.config(), model.weights(), o);
@@ -38,9 +43,32 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> MakeGpuRunner(const LlamaModel& mod
 #else
   (void)model;
   (void)kv;
+  (void)reducer;
   return absl::UnimplementedError(absl::StrCat(
       "cuda:", device, " requested, but this specnode was built without the CUDA backend "
       "(configure with nvcc on PATH, or -DSPECNODE_CUDA=ON)"));
+#endif
+}
+
+GpuShardLink::~GpuShardLink() = default;
+
+absl::StatusOr<std::unique_ptr<GpuShardLink>> GpuShardLink::Create(Communicator* group,
+                                                                   int device, double timeout_s) {
+  std::unique_ptr<GpuShardLink> link(new GpuShardLink());
+  if (group->size() == 1) return link;
+#ifdef SPECNODE_HAVE_NCCL
+  CommunicatorOptions co;
+  co.timeout_s = timeout_s;
+  auto nccl = NcclCommunicator::Create(group, device, co);
+  if (!nccl.ok()) return nccl.status();
+  link->nccl_ = std::move(nccl).value();
+  link->reducer_ = std::make_unique<CommunicatorReducer>(link->nccl_.get());
+  return link;
+#else
+  (void)timeout_s;
+  return absl::UnimplementedError(absl::StrCat(
+      "a tensor-parallel group on cuda:", device,
+      " needs NCCL, and this specnode was built without it (CUDA + MPI + NCCL)"));
 #endif
 }
 

@@ -10,6 +10,7 @@
 #include "coordinator/model_runner.h"
 #include "kvstore/kv_cache_factory.h"
 #include "model/llama_model.h"
+#include "tensor-parallel/communicator.h"
 
 namespace specnode {
 
@@ -20,8 +21,28 @@ absl::StatusOr<int> ParseDevice(const std::string& device, const std::string& wh
 // pages of kv.page_tokens (f16; the CPU's mixed-precision options do not apply). The model
 // must outlive only this call (weights are copied to the device). Unimplemented in a build
 // without the CUDA backend; Unavailable without a usable device.
+// `reducer`: a tensor-parallel shard's all-reduce over device buffers (GpuShardLink), null
+// for a whole model.
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeGpuRunner(const LlamaModel& model, int device,
-                                                           const KvCacheOptions& kv);
+                                                           const KvCacheOptions& kv,
+                                                           PartialSumReducer* reducer = nullptr);
+
+// A GPU shard's data path to the other shards of its group: an NCCL communicator on
+// `device`, bootstrapped over the group's host communicator `group` (collective: every rank
+// of the group calls Create), and the reducer the forward pass all-reduces with. A group of
+// one rank needs none: reducer() is null. Unimplemented in builds without NCCL.
+class GpuShardLink {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuShardLink>> Create(Communicator* group, int device,
+                                                              double timeout_s);
+  ~GpuShardLink();
+  PartialSumReducer* reducer() const { return reducer_.get(); }
+
+ private:
+  GpuShardLink() = default;
+  std::unique_ptr<Communicator> nccl_;
+  std::unique_ptr<PartialSumReducer> reducer_;
+};
 
 // True when this binary was built with the CUDA backend.
 bool HaveCudaBackend();

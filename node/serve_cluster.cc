@@ -15,6 +15,7 @@
 #include "model/gguf_reader.h"
 #include "model/llama_config.h"
 #include "model/status_macros.h"
+#include "node/gpu_runner.h"
 
 #ifdef SPECNODE_HAVE_MPI
 #include <mpi.h>
@@ -62,14 +63,31 @@ absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
                         cfg.source, t.world_size, world_size, t.world_size));
   }
   for (const GroupTopology& g : t.groups) {
+    // Devices: shard ranks (targets, draft-model ranks) may take a GPU in a CUDA build, a
+    // TP group all alike; rank 0 only for a draft model file (n-gram and self drafts are
+    // part of the coordinator, which runs on the CPU).
+    if (g.draft.rank == 0 && g.draft.device != "cpu" && CoordinatorDraft(cfg.draft)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s places rank 0 on %s, but the draft '%s' runs inside the coordinator on the CPU "
+          "(use device: cpu, or a draft model file)",
+          cfg.source, g.draft.device, cfg.draft));
+    }
     std::vector<const RankPlacement*> placed = {&g.draft};
     for (const RankPlacement& p : g.target) placed.push_back(&p);
     for (const RankPlacement* p : placed) {
-      if (p->device != "cpu") {
+      if (p->device != "cpu" && !HaveCudaBackend()) {
         return absl::FailedPreconditionError(absl::StrFormat(
-            "%s places rank %d on %s, which is not available: this build of specnode runs "
-            "the forward pass on cpu only (use device: cpu)",
+            "%s places rank %d on %s, which is not available: this build of specnode has no "
+            "CUDA backend (use device: cpu)",
             cfg.source, p->rank, p->device));
+      }
+    }
+    for (const RankPlacement& p : g.target) {
+      if ((p.device == "cpu") != (g.target[0].device == "cpu")) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: group %s mixes cpu and cuda target ranks (%d on %s, %d on %s): a "
+            "tensor-parallel group runs on one kind of device",
+            cfg.source, g.name, g.target[0].rank, g.target[0].device, p.rank, p.device));
       }
     }
     if (g.draft.rank != 0 && CoordinatorDraft(cfg.draft)) {
@@ -102,16 +120,17 @@ struct Role {
   enum class Kind { kCoordinator, kTarget, kDraft } kind = Kind::kCoordinator;
   std::string model;    // the file a shard serves
   std::vector<int> tp;  // the shard's TP group (world ranks in TP order)
+  std::string device = "cpu";
 };
 
 Role RoleOf(const ServeConfig& cfg, int rank) {
   Role role;
   if (rank == 0) return role;
   for (const GroupTopology& g : cfg.topology.groups) {
-    if (g.draft.rank == rank) return {Role::Kind::kDraft, cfg.draft, {rank}};
+    if (g.draft.rank == rank) return {Role::Kind::kDraft, cfg.draft, {rank}, g.draft.device};
     for (const RankPlacement& p : g.target) {
       if (p.rank != rank) continue;
-      role = {Role::Kind::kTarget, cfg.model, {}};
+      role = {Role::Kind::kTarget, cfg.model, {}, p.device};
       for (const RankPlacement& q : g.target) role.tp.push_back(q.rank);
       return role;
     }
@@ -180,7 +199,18 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     group.name = g.name;
     group.target = target->get();
     targets.push_back(*std::move(target));
-    if (g.draft.rank != 0) {
+    if (g.draft.rank == 0 && g.draft.device != "cpu") {
+      // A draft model on rank 0's GPU: a GPU runner in this process.
+      absl::StatusOr<int> device = ParseDevice(g.draft.device, "draft device");
+      if (!device.ok()) return fail_start(device.status());
+      absl::StatusOr<std::unique_ptr<LlamaModel>> draft = LlamaModel::Load(cfg.draft);
+      if (!draft.ok()) return fail_start(draft.status());
+      absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter = ModelDrafter::Remote(
+          *std::move(draft), cfg.draft, m,
+          [&](const LlamaModel& d) { return MakeGpuRunner(d, *device, cfg.kv); });
+      if (!drafter.ok()) return fail_start(drafter.status());
+      group.drafter = *std::move(drafter);
+    } else if (g.draft.rank != 0) {
       absl::StatusOr<std::unique_ptr<LlamaModel>> draft = LlamaModel::Load(cfg.draft);
       if (!draft.ok()) return fail_start(draft.status());
       const int draft_rank = g.draft.rank;
@@ -227,6 +257,7 @@ absl::Status RunShard(const ServeConfig& cfg, int world_rank, const Role& role) 
   o.model_path = role.model;
   o.threads = cfg.threads;
   o.activations = cfg.activations;
+  o.device = role.device;
   o.kv = cfg.kv;
   o.world_rank = world_rank;
   o.tp_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), world_rank) - ranks.begin());

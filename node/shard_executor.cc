@@ -8,11 +8,14 @@ namespace specnode {
 
 ShardExecutor::ShardExecutor(const LlamaConfig& config, const LlamaWeights& weights,
                              ThreadPool* pool, Communicator* comm, std::unique_ptr<KvCache> cache)
-    : config_(config),
-      comm_(comm),
-      reducer_(comm),
-      forward_(config, weights, pool, comm->size() > 1 ? &reducer_ : nullptr),
-      cache_(std::move(cache)) {}
+    : config_(config), comm_(comm), reducer_(comm), cache_(cache.get()) {
+  model_ = std::make_unique<LocalModelRunner>(config, weights, pool, std::move(cache),
+                                              comm->size() > 1 ? &reducer_ : nullptr);
+}
+
+ShardExecutor::ShardExecutor(const LlamaConfig& config, std::unique_ptr<ModelRunner> model,
+                             Communicator* comm)
+    : config_(config), comm_(comm), reducer_(comm), model_(std::move(model)) {}
 
 absl::Status ShardExecutor::CheckBatch(const StepPlanMessage& plan) const {
   std::set<SeqId> seen;
@@ -35,7 +38,7 @@ absl::Status ShardExecutor::CheckBatch(const StepPlanMessage& plan) const {
 KvFingerprint ShardExecutor::Fingerprint() const {
   std::vector<std::pair<SeqId, int32_t>> table;
   table.reserve(live_.size());
-  for (SeqId s : live_) table.push_back({s, cache_->Length(s)});
+  for (SeqId s : live_) table.push_back({s, model_->Length(s)});
   return FingerprintLengths(table);
 }
 
@@ -49,12 +52,13 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
     const KvFingerprint f = Fingerprint();
     reply.kv_hash = f.hash;
     reply.kv_tokens = f.tokens;
-    if (const auto* store = dynamic_cast<const KvStore*>(cache_.get())) {
-      reply.kv_available_bytes = store->AvailableBytes();
-      const KvUsage u = store->Usage();
-      reply.kv_used_bytes = u.used_bytes;
-      for (size_t c = 0; c < reply.kv_class_bytes.size() && c < u.bytes.size(); ++c) {
-        reply.kv_class_bytes[c] = u.bytes[c];
+    if (const std::optional<ModelRunner::KvRoom> room = model_->Room(0)) {
+      reply.kv_available_bytes = room->available;
+    }
+    if (const std::optional<ModelRunner::KvMemory> m = model_->Memory()) {
+      reply.kv_used_bytes = m->used_bytes;
+      for (size_t c = 0; c < reply.kv_class_bytes.size() && c < m->class_bytes.size(); ++c) {
+        reply.kv_class_bytes[c] = m->class_bytes[c];
       }
     }
     return reply;
@@ -64,10 +68,10 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
   // here means the tables already diverged.
   for (const StepOp& op : plan.ops) {
     if (op.kind == StepOp::Kind::kFree) {
-      cache_->Free(op.seq);
+      model_->Free(op.seq);
       live_.erase(op.seq);
     } else {
-      absl::Status s = cache_->Truncate(op.seq, op.n);
+      absl::Status s = model_->Truncate(op.seq, op.n);
       if (!s.ok()) {
         return finish(absl::InternalError(absl::StrFormat("truncate of sequence %d to %d: %s",
                                                           op.seq, op.n, s.message())),
@@ -81,8 +85,8 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
   std::vector<SeqId> created;
   if (local.ok()) {
     for (const StepEntry& e : plan.entries) {
-      const bool is_new = cache_->Length(e.seq) == 0;
-      absl::Status s = cache_->Reserve(e.seq, static_cast<int32_t>(e.tokens.size()));
+      const bool is_new = model_->Length(e.seq) == 0;
+      absl::Status s = model_->Reserve(e.seq, static_cast<int32_t>(e.tokens.size()));
       if (is_new) created.push_back(e.seq);  // Free of an unknown id is a no-op
       if (!s.ok()) {
         local = s;
@@ -99,7 +103,7 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
     if (!g.ok()) return finish(g, true);
     for (int r = 0; r < comm_->size(); ++r) {
       if (local.ok() && codes[r] != 0.0f) {
-        for (SeqId seq : created) cache_->Free(seq);
+        for (SeqId seq : created) model_->Free(seq);
         return finish(absl::Status(static_cast<absl::StatusCode>(static_cast<int>(codes[r])),
                                    absl::StrFormat("TP rank %d failed this step", r)),
                       false);
@@ -107,7 +111,7 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
     }
   }
   if (!local.ok()) {
-    for (SeqId s : created) cache_->Free(s);
+    for (SeqId s : created) model_->Free(s);
     return finish(local, true);
   }
 
@@ -120,7 +124,7 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
       live_.insert(e.seq);
     }
     const bool head = comm_->rank() == 0;
-    absl::Status s = forward_.Forward(batch, cache_.get(), head ? &logits_ : nullptr);
+    absl::Status s = model_->Forward(batch, head ? &logits_ : nullptr);
     if (!s.ok()) return finish(s, true);
     if (head) {
       reply.vocab = config_.vocab_size;

@@ -12,20 +12,25 @@
 //      shard only, say), every shard undoes its reservations and replies with that status
 //      (ResourceExhausted stays ResourceExhausted, so the scheduler preempts as with a
 //      local target) — no shard is left waiting in an all-reduce;
-//   4. runs LlamaForward with the group's reducer; only TP rank 0 computes the head and
-//      returns logits [n_rows, vocab];
+//   4. runs the shard's forward pass (its ModelRunner: a CPU LlamaForward or a GPU one, each
+//      with the group's all-reduce); only TP rank 0 computes the head and returns logits
+//      [n_rows, vocab];
 //   5. reports the block-table fingerprint (FingerprintLengths over its live sequences).
 // A communicator failure in 3 or 4 (a peer gone, deadline) is returned in the reply's
 // status; the group is broken after it (Communicator contract).
 //
 // Not thread-safe: one Execute at a time. config, weights, pool and comm are borrowed and
-// must outlive the executor; the cache is owned.
+// must outlive the executor; the cache (or model runner) is owned. `comm` carries the step's
+// agreement (step 3) in host memory; the pass's own all-reduce is the runner's business.
+//
+// Memory: the reply's KV fields come from the runner's Room / Memory (ModelRunner).
 #pragma once
 
 #include <memory>
 #include <set>
 #include <vector>
 
+#include "coordinator/model_runner.h"
 #include "model/kv_cache.h"
 #include "model/llama_forward.h"
 #include "node/control_protocol.h"
@@ -35,12 +40,19 @@ namespace specnode {
 
 class ShardExecutor {
  public:
+  // A CPU shard: LlamaForward over `cache`, all-reducing through `comm` when size > 1.
   ShardExecutor(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
                 Communicator* comm, std::unique_ptr<KvCache> cache);
+  // Any shard model (a GPU one: cuda/cuda_model_runner.h with an NCCL all-reduce) that
+  // implements Reserve; `comm` is a host-memory communicator of the same group.
+  ShardExecutor(const LlamaConfig& config, std::unique_ptr<ModelRunner> model,
+                Communicator* comm);
 
   StepReplyMessage Execute(const StepPlanMessage& plan);
 
-  KvCache& cache() { return *cache_; }
+  ModelRunner& model() { return *model_; }
+  // The CPU shard's cache (null for other runners).
+  KvCache* cache() { return cache_; }
   int tp_rank() const { return comm_->rank(); }
 
  private:
@@ -49,9 +61,9 @@ class ShardExecutor {
 
   const LlamaConfig& config_;
   Communicator* comm_;
-  CommunicatorReducer reducer_;
-  LlamaForward forward_;
-  std::unique_ptr<KvCache> cache_;
+  CommunicatorReducer reducer_;  // the CPU shard's all-reduce (outlives model_)
+  std::unique_ptr<ModelRunner> model_;
+  KvCache* cache_ = nullptr;  // inside model_, CPU shards only
   std::set<SeqId> live_;  // sequences that may hold tokens (superset; Length 0 skipped)
   std::vector<float> logits_;
 };

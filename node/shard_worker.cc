@@ -14,6 +14,7 @@
 #include "model/status_macros.h"
 #include "model/thread_pool.h"
 #include "node/control_protocol.h"
+#include "node/gpu_runner.h"
 #include "node/shard_executor.h"
 
 namespace specnode {
@@ -34,6 +35,7 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
   // 1. Load (errors are reported to rank 0 in the HelloAck).
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<GpuShardLink> gpu;  // NCCL + its reducer: outlives exec
   std::unique_ptr<ShardExecutor> exec;
   HelloAckMessage ack;
   ack.world_rank = o.world_rank;
@@ -47,16 +49,27 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
     lo.activations = o.activations;
     SPECNODE_ASSIGN_OR_RETURN(model, LlamaModel::Load(o.model_path, lo));
     pool = std::make_unique<ThreadPool>(o.threads);
-    SPECNODE_ASSIGN_OR_RETURN(
-        std::unique_ptr<KvCache> cache,
-        MakeKvCache(model->config(), model->weights().n_kv_heads_local, o.kv));
-    exec = std::make_unique<ShardExecutor>(model->config(), model->weights(), pool.get(), comm,
-                                           std::move(cache));
+    SPECNODE_ASSIGN_OR_RETURN(const int device, ParseDevice(o.device, "device"));
+    if (device >= 0) {
+      SPECNODE_ASSIGN_OR_RETURN(gpu, GpuShardLink::Create(comm, device, o.timeout_s));
+      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                                MakeGpuRunner(*model, device, o.kv, gpu->reducer()));
+      exec = std::make_unique<ShardExecutor>(model->config(), std::move(runner), comm);
+    } else {
+      SPECNODE_ASSIGN_OR_RETURN(
+          std::unique_ptr<KvCache> cache,
+          MakeKvCache(model->config(), model->weights().n_kv_heads_local, o.kv));
+      exec = std::make_unique<ShardExecutor>(model->config(), model->weights(), pool.get(), comm,
+                                             std::move(cache));
+    }
     ack.model = FingerprintOf(*model);
     ack.n_kv_heads_local = model->weights().n_kv_heads_local;
     ack.kv_capacity_bytes = o.kv.capacity_bytes;
-    if (const auto* store = dynamic_cast<const KvStore*>(&exec->cache())) {
+    if (const auto* store = dynamic_cast<const KvStore*>(exec->cache())) {
       ack.kv_page_bytes = store->BytesForTokens(0);  // one page: nothing but the spare
+      ack.kv_page_tokens = o.kv.page_tokens;
+    } else if (const std::optional<ModelRunner::KvRoom> room = exec->model().Room(0)) {
+      ack.kv_page_bytes = room->needed;  // Room(0): one page
       ack.kv_page_tokens = o.kv.page_tokens;
     }
     return absl::OkStatus();

@@ -33,6 +33,10 @@ struct ShardWorkerOptions {
   std::string model_path;
   int threads = 1;
   ActQuant activations = ActQuant::kInt16;
+  // "cpu" or "cuda:N": a GPU shard runs CudaLlamaForward (node/gpu_runner.h) and, in a group
+  // of several ranks, all-reduces over NCCL (every rank of the group on a GPU; the group's
+  // `comm` still carries the step agreement and NCCL's bootstrap).
+  std::string device = "cpu";
   KvCacheOptions kv;
   int world_rank = 1;
   int tp_rank = 0;

@@ -166,15 +166,47 @@ def test_wrong_np_is_refused_before_loading(specnode, tmp_path):
     assert "none.gguf" not in out
 
 
-def test_cuda_device_is_refused_on_cpu(specnode, tmp_path):
-    cfg = tmp_path / "cuda.yaml"
-    cfg.write_text(TP3.read_text().replace("- {rank: 2, device: cpu}",
-                                           "- {rank: 2, device: \"cuda:0\"}"))
-    res, _ = run_job(4, specnode, ["--config", str(cfg), "--model", str(tmp_path / "none.gguf")])
+def test_bad_device_placements_are_refused_before_loading(specnode, tmp_path):
+    """A TP group mixing cpu and cuda ranks, and the coordinator on a GPU, are refused by
+    every rank before any file is opened (one message, from rank 0)."""
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text(TP3.read_text().replace("- {rank: 2, device: cpu}",
+                                             "- {rank: 2, device: \"cuda:0\"}"))
+    res, _ = run_job(4, specnode, ["--config", str(mixed), "--model", str(tmp_path / "none.gguf")])
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
-    assert "places rank 2 on cuda:0, which is not available" in out, out
+    assert ("mixes cpu and cuda target ranks" in out
+            or "places rank 2 on cuda:0, which is not available" in out), out  # no CUDA build
     assert "none.gguf" not in out
+    coord = tmp_path / "coord.yaml"
+    coord.write_text(TP3.read_text().replace("draft: {rank: 0, device: cpu}",
+                                             "draft: {rank: 0, device: \"cuda:0\"}"))
+    res, _ = run_job(4, specnode, ["--config", str(coord), "--model", str(tmp_path / "none.gguf")])
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "places rank 0 on cuda:0" in out, out
+    assert "none.gguf" not in out
+
+
+def test_gpu_target_group_without_a_gpu_fails_cleanly(specnode, tiny_model, tmp_path):
+    """A whole TP-2 group on cuda devices: on a machine without a GPU (or a build without
+    CUDA / NCCL) the shards fail to load, rank 0 reports why, and the job ends non-zero
+    without hanging. With GPUs the group serves (docs/gpu.md)."""
+    probe = subprocess.run([specnode, "generate", "--model", tiny_model, "--prompt", "hi",
+                            "--max-tokens", "1", "--device", "cuda:0", "--quiet"],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode == 0:
+        pytest.skip("a GPU is usable here: the failure path needs a machine without one")
+    cfg = tp_config(tmp_path, 2)
+    cfg.write_text(cfg.read_text().replace("- {rank: 1, device: cpu}", '- {rank: 1, device: "cuda:0"}')
+                   .replace("- {rank: 2, device: cpu}", '- {rank: 2, device: "cuda:1"}'))
+    assert "cuda:1" in cfg.read_text()
+    res, elapsed = run_job(3, specnode, ["--config", str(cfg), "--model", tiny_model], timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert any(why in out for why in ("no CUDA device", "without the CUDA backend",
+                                      "built without it", "not available", "does not exist")), out
+    assert elapsed < 90, elapsed
 
 
 def tp_config(tmp_path, tp, name="tp.yaml"):
