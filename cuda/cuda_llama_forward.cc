@@ -70,10 +70,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaForward>> CudaLlamaForward::Create(
 }
 
 CudaLlamaForward::~CudaLlamaForward() {
-  if (stream_ != nullptr) {
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaStreamDestroy(stream_);
-  }
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  mm_.reset();  // its cuBLAS handle is bound to stream_
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
 absl::StatusOr<CudaLlamaForward::DeviceMatrix> CudaLlamaForward::Upload(const WeightView& w) {
