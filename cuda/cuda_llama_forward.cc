@@ -201,17 +201,7 @@ absl::Status CudaLlamaForward::Run(std::span<const BatchEntry> batch,
     return absl::OkStatus();
   }
   // Final norm and head over the rows that need logits only.
-  out_rows_.clear();
-  int64_t row = 0;
-  for (const BatchEntry& e : batch) {
-    const int64_t count = static_cast<int64_t>(e.tokens.size());
-    if (e.all_logits) {
-      for (int64_t j = 0; j < count; ++j) out_rows_.push_back(row + j);
-    } else {
-      out_rows_.push_back(row + count - 1);
-    }
-    row += count;
-  }
+  out_rows_ = LogitRows(batch);
   const int64_t n_out = static_cast<int64_t>(out_rows_.size());
   const int64_t vocab = config_.vocab_size;
   SPECNODE_RETURN_IF_ERROR(Ensure(normed_, n_out * d * f));

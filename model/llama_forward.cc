@@ -42,6 +42,21 @@ absl::StatusOr<int64_t> ValidateBatch(std::span<const BatchEntry> batch, int32_t
   return n;
 }
 
+std::vector<int64_t> LogitRows(std::span<const BatchEntry> batch) {
+  std::vector<int64_t> rows;
+  int64_t row = 0;
+  for (const BatchEntry& e : batch) {
+    const int64_t count = static_cast<int64_t>(e.tokens.size());
+    if (e.all_logits) {
+      for (int64_t j = 0; j < count; ++j) rows.push_back(row + j);
+    } else {
+      rows.push_back(row + count - 1);
+    }
+    row += count;
+  }
+  return rows;
+}
+
 absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* cache,
                                    std::vector<float>* logits) {
   SPECNODE_ASSIGN_OR_RETURN(const int64_t n, ValidateBatch(batch, config_.vocab_size));
@@ -83,17 +98,7 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
     }
     return absl::OkStatus();
   }
-  std::vector<int64_t> out_rows;
-  row = 0;
-  for (const BatchEntry& e : batch) {
-    const int64_t count = static_cast<int64_t>(e.tokens.size());
-    if (e.all_logits) {
-      for (int64_t j = 0; j < count; ++j) out_rows.push_back(row + j);
-    } else {
-      out_rows.push_back(row + count - 1);
-    }
-    row += count;
-  }
+  const std::vector<int64_t> out_rows = LogitRows(batch);
   const int64_t n_out = static_cast<int64_t>(out_rows.size());
   h_.resize(n_out * d);
   for (int64_t r = 0; r < n_out; ++r) {

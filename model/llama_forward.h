@@ -37,6 +37,10 @@ struct BatchEntry {
 // [0, vocab_size), no sequence appears twice. Returns the total token count.
 absl::StatusOr<int64_t> ValidateBatch(std::span<const BatchEntry> batch, int32_t vocab_size);
 
+// The batch rows whose logits a pass returns, in order: every token of an all_logits
+// entry, else the entry's last token (rows numbered over the whole batch).
+std::vector<int64_t> LogitRows(std::span<const BatchEntry> batch);
+
 // Hook for tensor parallelism: sums partial [n, d_model] activations across shards after
 // the row-parallel O and down projections. Null for a single shard.
 class PartialSumReducer {
