@@ -18,8 +18,11 @@ namespace {
 
 constexpr char kHelp[] =
     "usage: specnode bench [--model PATH] [--threads N] [--batch 1,4,16]\n"
-    "       [--prompt-tokens P] [--decode-tokens D] [--repeats R] [--json]\n"
-    "Reports prefill and decode tokens/s per batch size (best of R repeats, default 1).\n";
+    "       [--prompt-tokens P] [--decode-tokens D] [--repeats R] [--verify 2,4,8] [--json]\n"
+    "Reports prefill and decode tokens/s per batch size (best of R repeats, default 1).\n"
+    "--verify K,...: the cost of a speculative verification pass of K + 1 tokens on one\n"
+    "sequence after P prompt tokens (D passes, each rolled back to one accepted token),\n"
+    "against a one-token step: ms per pass and per extra row (the engine's draft cost).\n";
 
 struct Result {
   int64_t batch;
@@ -59,6 +62,35 @@ absl::StatusOr<Result> RunBatch(ModelSession& s, int64_t batch, int64_t prompt_t
   return r;
 }
 
+// Mean seconds of a pass of `rows` tokens on one sequence of `prompt_tokens` context, each
+// pass followed by a rollback that keeps one new token (as a speculative step with every
+// draft rejected), over `passes` passes.
+absl::StatusOr<double> VerifyPassSeconds(ModelSession& s, int64_t prompt_tokens, int64_t rows,
+                                         int64_t passes) {
+  using Clock = std::chrono::steady_clock;
+  const int32_t vocab = s.model().config().vocab_size;
+  Rng rng(7);
+  std::vector<int32_t> prompt(prompt_tokens);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng.Next() % vocab);
+  const SeqId seq = 5000;
+  std::vector<float> logits;
+  BatchEntry entry{seq, prompt, false};
+  SPECNODE_RETURN_IF_ERROR(s.runner().Forward({&entry, 1}, &logits));
+  std::vector<int32_t> tokens(rows);
+  double total = 0.0;
+  for (int64_t p = 0; p < passes; ++p) {
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng.Next() % vocab);
+    const int32_t before = s.runner().Length(seq);
+    entry = {seq, tokens, rows > 1};
+    const auto t0 = Clock::now();
+    SPECNODE_RETURN_IF_ERROR(s.runner().Forward({&entry, 1}, &logits));
+    total += std::chrono::duration<double>(Clock::now() - t0).count();
+    SPECNODE_RETURN_IF_ERROR(s.runner().Truncate(seq, before + 1));
+  }
+  s.runner().Free(seq);
+  return total / static_cast<double>(passes);
+}
+
 absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
@@ -67,6 +99,10 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t repeats, args.GetInt("repeats", 1, 1, 100));
   SPECNODE_ASSIGN_OR_RETURN(std::vector<int64_t> batches, args.GetIntList("batch"));
   if (batches.empty()) batches = {1, 4, 16};
+  SPECNODE_ASSIGN_OR_RETURN(std::vector<int64_t> verify, args.GetIntList("verify"));
+  for (int64_t k : verify) {
+    if (k < 1 || k > 64) return absl::InvalidArgumentError("--verify K must be in [1, 64]");
+  }
   for (int64_t b : batches) {
     if (b < 1 || b > 256) return absl::InvalidArgumentError("--batch sizes must be in [1, 256]");
   }
@@ -93,6 +129,26 @@ absl::Status Run(const CliArgs& args) {
                        {"prefill_tokens_per_s", best.prefill_tps},
                        {"decode_tokens_per_s", best.decode_tps}});
   }
+  nlohmann::json verify_results = nlohmann::json::array();
+  if (!verify.empty()) {
+    SPECNODE_RETURN_IF_ERROR(
+        s->CheckPrompt(std::vector<int32_t>(prompt_tokens, 0), decode_tokens + 65));
+    SPECNODE_ASSIGN_OR_RETURN(const double one,
+                              VerifyPassSeconds(*s, prompt_tokens, 1, decode_tokens));
+    for (int64_t k : verify) {
+      SPECNODE_ASSIGN_OR_RETURN(const double pass,
+                                VerifyPassSeconds(*s, prompt_tokens, k + 1, decode_tokens));
+      const double per_row = (pass - one) / static_cast<double>(k);
+      std::fprintf(stderr,
+                   "verify K=%2lld: %6.2f ms per pass, one-token step %5.2f ms, %5.2f ms per "
+                   "extra row (%.2f of a step)\n",
+                   static_cast<long long>(k), pass * 1e3, one * 1e3, per_row * 1e3, per_row / one);
+      verify_results.push_back({{"k", k},
+                                {"pass_s", pass},
+                                {"one_token_step_s", one},
+                                {"per_extra_row_s", per_row}});
+    }
+  }
   if (args.Has("json")) {
     nlohmann::json j;
     j["model"] = args.Get("model", DefaultModelPath());
@@ -104,6 +160,7 @@ absl::Status Run(const CliArgs& args) {
     j["prompt_tokens"] = prompt_tokens;
     j["decode_tokens"] = decode_tokens;
     j["results"] = results;
+    if (!verify.empty()) j["verify"] = verify_results;
     std::printf("%s\n", j.dump().c_str());
   }
   return absl::OkStatus();
@@ -113,7 +170,8 @@ absl::Status Run(const CliArgs& args) {
 
 int RunBench(int argc, char** argv) {
   return RunModelCommand("bench", kHelp, argc, argv,
-                         {"model", "threads", "batch", "prompt-tokens", "decode-tokens", "repeats"},
+                         {"model", "threads", "batch", "prompt-tokens", "decode-tokens", "repeats",
+                          "verify"},
                          {"json"}, Run);
 }
 

@@ -112,6 +112,13 @@ def test_bench_json(specnode, tiny_model):
     assert [r["batch"] for r in out["results"]] == [1, 4]
     assert all(r["decode_tokens_per_s"] > 0 for r in out["results"])
     assert out["activations"] == "int16"
+    res = run([specnode, "bench", "--model", tiny_model, "--batch", "1", "--prompt-tokens", "8",
+               "--decode-tokens", "3", "--verify", "1,3", "--json"])
+    assert res.returncode == 0, res.stderr
+    verify = json.loads(res.stdout.strip().splitlines()[-1])["verify"]
+    assert [v["k"] for v in verify] == [1, 3]
+    assert all(v["pass_s"] > 0 and v["one_token_step_s"] > 0 for v in verify)
+    assert_clean_error(run([specnode, "bench", "--model", tiny_model, "--verify", "0"]), "--verify")
 
 
 def test_device_cuda_without_a_gpu_is_a_clear_error(specnode, tiny_model):
