@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace specnode {
 
@@ -16,16 +17,24 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float 
   }
 }
 
-void RopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
-              int rope_dim, float base) {
+void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, float* table) {
   // Angles are computed in double: at positions in the thousands a float product loses the
   // low bits that separate neighbouring positions.
   for (int64_t t = 0; t < n; ++t) {
     const double pos = positions[t];
     for (int i = 0; i < rope_dim / 2; ++i) {
       const double theta = pos * std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
-      const float c = static_cast<float>(std::cos(theta));
-      const float s = static_cast<float>(std::sin(theta));
+      table[t * rope_dim + 2 * i] = static_cast<float>(std::cos(theta));
+      table[t * rope_dim + 2 * i + 1] = static_cast<float>(std::sin(theta));
+    }
+  }
+}
+
+void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_dim, int rope_dim) {
+  for (int64_t t = 0; t < n; ++t) {
+    for (int i = 0; i < rope_dim / 2; ++i) {
+      const float c = table[t * rope_dim + 2 * i];
+      const float s = table[t * rope_dim + 2 * i + 1];
       for (int h = 0; h < n_heads; ++h) {
         float* p = x + (t * n_heads + h) * head_dim + 2 * i;
         const float a = p[0], b = p[1];
@@ -34,6 +43,13 @@ void RopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int he
       }
     }
   }
+}
+
+void RopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
+              int rope_dim, float base) {
+  std::vector<float> table(static_cast<size_t>(n) * rope_dim);
+  RopeAngles(positions, n, rope_dim, base, table.data());
+  RopeApply(x, table.data(), n, n_heads, head_dim, rope_dim);
 }
 
 void SwiGlu(const float* gate, const float* up, int64_t n, float* out) {

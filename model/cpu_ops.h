@@ -17,6 +17,14 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float 
 void RopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
               int rope_dim, float base);
 
+// RopeNorm in two halves, so a forward pass computes the angles once for all its layers
+// and heads: RopeAngles fills table [n, rope_dim] with (cos, sin) of pair i of token t at
+// table[t * rope_dim + 2i], table[t * rope_dim + 2i + 1] (angles in double, rounded to f32
+// as RopeNorm does); RopeApply rotates x [n, n_heads, head_dim] by them. Together they are
+// bit-identical to RopeNorm.
+void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, float* table);
+void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_dim, int rope_dim);
+
 // out[i] = silu(gate[i]) * up[i] for n values; silu(g) = g / (1 + exp(-g)).
 void SwiGlu(const float* gate, const float* up, int64_t n, float* out);
 

@@ -84,6 +84,9 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
       positions_[row] = pos0[i] + static_cast<int32_t>(j);
     }
   }
+  // RoPE angles depend on the position only: once per pass, not per layer and head.
+  rope_table_.resize(static_cast<size_t>(n) * config_.rope_dim);
+  RopeAngles(positions_.data(), n, config_.rope_dim, config_.rope_base, rope_table_.data());
   reduce_status_ = absl::OkStatus();
   for (int l = 0; l < static_cast<int>(w_.layers.size()); ++l) {
     Layer(l, batch, pos0, cache);
@@ -133,13 +136,12 @@ void LlamaForward::Layer(int l, std::span<const BatchEntry> batch, const std::ve
     float* const ys[] = {q_.data(), k_.data(), v_.data()};
     MatMulShared(ws, h_.data(), n, ys, pool_, &scratch_, w_.activations);
   }
-  // RoPE recomputes its angles (pow, sin, cos in double) per token: split tokens across the
-  // pool for verification passes and prefill.
+  // The pass's angles were computed once (Forward); split tokens across the pool for
+  // verification passes and prefill.
+  const int rd = config_.rope_dim;
   auto rope = [&](int64_t t0, int64_t t1, int) {
-    RopeNorm(q_.data() + t0 * nh * hd, positions_.data() + t0, t1 - t0, nh, hd, config_.rope_dim,
-             config_.rope_base);
-    RopeNorm(k_.data() + t0 * nkv * hd, positions_.data() + t0, t1 - t0, nkv, hd, config_.rope_dim,
-             config_.rope_base);
+    RopeApply(q_.data() + t0 * nh * hd, rope_table_.data() + t0 * rd, t1 - t0, nh, hd, rd);
+    RopeApply(k_.data() + t0 * nkv * hd, rope_table_.data() + t0 * rd, t1 - t0, nkv, hd, rd);
   };
   if (pool_ != nullptr && n >= kMinParallelRopeTokens) {
     pool_->ParallelFor(n, 1, rope);

@@ -76,6 +76,7 @@ class LlamaForward {
   // Per-step activations, [n_tokens, ...].
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<int32_t> positions_;
+  std::vector<float> rope_table_;  // [n_tokens, rope_dim] (cos, sin) pairs (cpu_ops.h)
   absl::Status reduce_status_;
 };
 

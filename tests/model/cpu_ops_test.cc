@@ -68,6 +68,35 @@ TEST(RopeNorm, RotatesAdjacentPairsByPositionTimesFrequency) {
   }
 }
 
+// The forward pass computes the angles once per pass (RopeAngles) and rotates every layer's
+// q and k with them (RopeApply): bit-identical to rotating with freshly computed angles.
+TEST(RopeNorm, AnglesTableThenApplyIsBitIdenticalToOnePass) {
+  const int n_heads = 3, head_dim = 16, rope_dim = 12;
+  const float base = 10000.0f;
+  const int32_t pos[4] = {0, 7, 513, 4095};
+  auto x = RandomVector(4 * n_heads * head_dim, 9);
+  auto want = x;
+  for (int t = 0; t < 4; ++t) {
+    for (int i = 0; i < rope_dim / 2; ++i) {
+      const double theta = double(pos[t]) * std::pow(double(base), -2.0 * i / rope_dim);
+      const float c = static_cast<float>(std::cos(theta)), sn = static_cast<float>(std::sin(theta));
+      for (int h = 0; h < n_heads; ++h) {
+        float* p = &want[(t * n_heads + h) * head_dim + 2 * i];
+        const float a = p[0], b = p[1];
+        p[0] = a * c - b * sn;
+        p[1] = a * sn + b * c;
+      }
+    }
+  }
+  std::vector<float> table(4 * rope_dim);
+  RopeAngles(pos, 4, rope_dim, base, table.data());
+  auto got = x;
+  RopeApply(got.data(), table.data(), 4, n_heads, head_dim, rope_dim);
+  EXPECT_EQ(got, want);
+  RopeNorm(x.data(), pos, 4, n_heads, head_dim, rope_dim, base);
+  EXPECT_EQ(x, want);
+}
+
 TEST(RopeNorm, LeavesDimsBeyondRopeDimAlone) {
   auto x = RandomVector(16, 6);
   auto orig = x;
