@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/ngram_drafter.h"
@@ -216,6 +218,97 @@ INSTANTIATE_TEST_SUITE_P(Types, CudaForwardTest,
                          [](const auto& info) {
                            return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
                          });
+
+// Shards of one device's tensor-parallel group in lockstep on threads: AllReduceSum copies
+// each shard's DEVICE partial sums to the host, adds them in rank order, and copies the sum
+// back (what NCCL does across GPUs, here on the one GPU a test machine has).
+class DeviceThreadReducer : public PartialSumReducer {
+ public:
+  DeviceThreadReducer(int rank, std::vector<std::vector<float>>* slots, std::barrier<>* barrier)
+      : rank_(rank), slots_(slots), barrier_(barrier) {}
+  absl::Status AllReduceSum(float* data, int64_t count) override {
+    std::vector<float>& mine = (*slots_)[rank_];
+    mine.resize(count);
+    absl::Status s = SPECNODE_CUDA_STATUS(
+        cudaMemcpy(mine.data(), data, count * sizeof(float), cudaMemcpyDeviceToHost));
+    barrier_->arrive_and_wait();
+    std::vector<float> sum(count);
+    for (int64_t i = 0; i < count; ++i) {
+      double acc = 0;
+      for (const auto& slot : *slots_) acc += slot[i];
+      sum[i] = static_cast<float>(acc);
+    }
+    barrier_->arrive_and_wait();
+    if (!s.ok()) return s;
+    return SPECNODE_CUDA_STATUS(
+        cudaMemcpy(data, sum.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+  }
+
+ private:
+  int rank_;
+  std::vector<std::vector<float>>* slots_;
+  std::barrier<>* barrier_;
+};
+
+// A TP-2 GPU group (both shards on device 0) gives the whole model's logits (partial sums
+// are added in another order: tolerance), the same on both shards.
+TEST(CudaTensorParallelTest, ShardsMatchTheWholeModel) {
+  SPECNODE_SKIP_WITHOUT_CUDA();
+  TinyModelOptions o;
+  o.n_layers = 2;
+  o.n_heads = 4;
+  o.n_kv_heads = 2;
+  o.d_model = 128;
+  o.d_ff = 256;
+  o.weight_type = GgmlType::kQ8_0;
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("specnode_cudafwd_" + std::to_string(getpid()) + "_tp.gguf")).string();
+  ASSERT_TRUE(WriteTinyModel(o, path).ok());
+  const auto toks = Tokens(9, 5);
+  std::vector<float> whole;
+  {
+    auto model = LlamaModel::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto f = CudaLlamaForward::Create((*model)->config(), (*model)->weights(), {});
+    ASSERT_TRUE(f.ok()) << f.status();
+    const std::vector<BatchEntry> batch = {{1, toks, true}};
+    SPECNODE_ASSERT_OK((*f)->Forward(batch, &whole));
+  }
+  const int T = 2;
+  std::vector<std::vector<float>> slots(T), got(T);
+  std::barrier<> barrier(T);
+  std::vector<absl::Status> status(T);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < T; ++r) {
+    threads.emplace_back([&, r] {
+      DeviceThreadReducer reducer(r, &slots, &barrier);
+      LoadOptions lo;
+      lo.shard = ShardSpec{r, T};
+      auto model = LlamaModel::Load(path, lo);
+      if (!model.ok()) {
+        status[r] = model.status();
+        return;
+      }
+      CudaForwardOptions fo;
+      fo.reducer = &reducer;
+      auto f = CudaLlamaForward::Create((*model)->config(), (*model)->weights(), fo);
+      if (!f.ok()) {
+        status[r] = f.status();
+        return;
+      }
+      const std::vector<BatchEntry> batch = {{1, toks, true}};
+      status[r] = (*f)->Forward(batch, &got[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < T; ++r) ASSERT_TRUE(status[r].ok()) << "shard " << r << ": " << status[r];
+  ASSERT_EQ(got[0].size(), whole.size());
+  EXPECT_EQ(got[0], got[1]);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    ASSERT_NEAR(got[0][i], whole[i], 1e-3 * (1 + std::abs(whole[i]))) << i;
+  }
+}
 
 // The speculative engine on a GPU target with the n-gram drafter gives exactly the greedy
 // tokens of the GPU target alone.
