@@ -3,24 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_attention_kernels.h"
 #include "cuda/cuda_check.h"
+#include "model/ggml_types.h"
 
 namespace specnode {
-namespace {
-
-bool KnownType(GgmlType t) {
-  switch (t) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-      return true;
-  }
-  return false;
-}
-
-}  // namespace
 
 absl::Status CudaKvWrite(const float* k, const float* v, const int32_t* rows, int64_t n,
                          int kv_dim, uint16_t* k_pool, uint16_t* v_pool, cudaStream_t stream) {
@@ -68,7 +53,9 @@ absl::Status CudaPagedAttention(const CudaAttentionArgs& a, cudaStream_t stream)
 
 absl::Status CudaEmbeddingRows(const WeightView& w, const int32_t* ids, int64_t n, float* out,
                                cudaStream_t stream) {
-  if (!KnownType(w.type)) return absl::InvalidArgumentError("CudaEmbeddingRows: unknown type");
+  if (!IsSupportedGgmlType(static_cast<uint32_t>(w.type))) {
+    return absl::InvalidArgumentError("CudaEmbeddingRows: unknown type");
+  }
   if (n < 0 || n > 0x7fffffff) {
     return absl::InvalidArgumentError(absl::StrCat("CudaEmbeddingRows: bad n ", n));
   }

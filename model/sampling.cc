@@ -1,6 +1,7 @@
 #include "model/sampling.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <numeric>
 
@@ -97,6 +98,16 @@ int32_t ArgMax(std::span<const float> logits) {
   return 0;  // NaN at id 0 (the old loop kept id 0 then too)
 }
 
+namespace {
+
+// The unnormalised weight of a logit, exp((l - max) / T): one expression for the pruned
+// (Candidates) and unpruned (DenseProbabilities) paths, so both give the same bits.
+double LogitWeight(float logit, float max_logit, float inv_t) {
+  return std::exp(static_cast<double>(logit - max_logit) * inv_t);
+}
+
+}  // namespace
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
 void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* ids,
@@ -105,8 +116,9 @@ void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* id
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  // Candidates sorted by logit (descending, ties by id) when top-k or top-p prune; the
-  // full vocabulary in id order otherwise.
+  // Candidates sorted by logit (descending, ties by id): top-k or top-p prunes here (the
+  // unpruned case goes to DenseProbabilities instead).
+  assert(!KeepsWholeVocabulary(logits.size()));
   ids->resize(vocab);
   std::iota(ids->begin(), ids->end(), 0);
   int32_t keep = vocab;
@@ -123,7 +135,7 @@ void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* id
   p.resize(keep);
   *sum = 0.0;
   for (int32_t i = 0; i < keep; ++i) {
-    p[i] = std::exp(static_cast<double>(logits[(*ids)[i]] - max_logit) * inv_t);
+    p[i] = LogitWeight(logits[(*ids)[i]], max_logit, inv_t);
     *sum += p[i];
   }
   if (params_.top_p < 1.0f) {
@@ -150,7 +162,8 @@ bool Sampler::KeepsWholeVocabulary(size_t vocab) const {
 }
 
 void Sampler::DenseProbabilities(std::span<const float> logits, float* probs) const {
-  // Candidates' arithmetic without its id list: the same weights, sum and quotients.
+  // Candidates' arithmetic without its id list: the same weights (LogitWeight), sum and
+  // quotients.
   const size_t vocab = logits.size();
   const float inv_t = 1.0f / params_.temperature;
   float max_logit = logits[0];
@@ -159,7 +172,7 @@ void Sampler::DenseProbabilities(std::span<const float> logits, float* probs) co
   thread_local std::vector<double> w;  // scratch, per thread (samplers run on the pool)
   w.resize(vocab);
   for (size_t i = 0; i < vocab; ++i) {
-    w[i] = std::exp(static_cast<double>(logits[i] - max_logit) * inv_t);
+    w[i] = LogitWeight(logits[i], max_logit, inv_t);
     sum += w[i];
   }
   for (size_t i = 0; i < vocab; ++i) probs[i] = static_cast<float>(w[i] / sum);
@@ -206,8 +219,8 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   // probabilities accumulated in the same (id) order, one uniform draw.
   std::vector<std::pair<int32_t, float>> kept(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) kept[i] = {ids[i], static_cast<float>(p[i] / sum)};
-  // Without top-k / top-p the candidates are the whole vocabulary, already in id order.
-  if (!std::is_sorted(kept.begin(), kept.end())) std::sort(kept.begin(), kept.end());
+  // Pruned candidates come in logit order: back to id order.
+  std::sort(kept.begin(), kept.end());
   return DrawInOrder(
       &rng_, kept.size(), [&](size_t i) { return kept[i].first; },
       [&](size_t i) { return kept[i].second; });

@@ -62,9 +62,9 @@ class Sampler {
   Rng& rng() { return rng_; }
 
  private:
-  // The kept candidates (temperature > 0): ids in descending logit order (ties: lower id
-  // first) after top-k and top-p, and their unnormalised weights exp((l - max) / T) with
-  // their sum.
+  // The kept candidates when top-k or top-p prunes (temperature > 0, not
+  // KeepsWholeVocabulary): ids in descending logit order (ties: lower id first), and their
+  // unnormalised weights exp((l - max) / T) with their sum.
   void Candidates(std::span<const float> logits, std::vector<int32_t>* ids,
                   std::vector<double>* weights, double* sum) const;
 

@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
+#include "node/gpu_runner.h"
 
 namespace specnode {
 namespace {
@@ -93,10 +94,7 @@ absl::Status ParsePlacement(Reader& r, const YAML::Node& n, const std::string& k
   CFG_TRY(r.Int(n, key, "rank", 0, 65535, &out->rank));
   CFG_TRY(r.String(n, key, "device", &out->device));
   CFG_TRY(r.String(n, key, "host", &out->host));
-  const std::string& d = out->device;
-  const bool cuda = d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
-                    d.find_first_not_of("0123456789", 5) == std::string::npos;
-  if (d != "cpu" && !cuda) {
+  if (!ParseDevice(out->device, key + ".device").ok()) {
     return r.Error(n["device"], key + ".device", "expected \"cpu\" or \"cuda:N\"");
   }
   return absl::OkStatus();
@@ -180,17 +178,13 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
                    "expected int16 or int8, got \"" + activations + "\"");
   }
   CFG_TRY(r.String(model, "model", "device", &c.device));
-  {
-    const bool cuda = c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5 &&
-                      c.device.find_first_not_of("0123456789", 5) == std::string::npos;
-    if (c.device != "cpu" && !cuda) {
-      return r.Error(model["device"], "model.device", "expected \"cpu\" or \"cuda:N\"");
-    }
-    if (c.device != "cpu" && root["topology"].IsDefined()) {
-      return r.Error(model["device"], "model.device",
-                     "applies to a single-process node; with a topology, set each rank's "
-                     "device in topology.groups");
-    }
+  if (!ParseDevice(c.device, "model.device").ok()) {
+    return r.Error(model["device"], "model.device", "expected \"cpu\" or \"cuda:N\"");
+  }
+  if (c.device != "cpu" && root["topology"].IsDefined()) {
+    return r.Error(model["device"], "model.device",
+                   "applies to a single-process node; with a topology, set each rank's device "
+                   "in topology.groups");
   }
 
   const YAML::Node serve = root["serve"];

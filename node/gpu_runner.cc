@@ -15,7 +15,12 @@ namespace specnode {
 absl::StatusOr<int> ParseDevice(const std::string& device, const std::string& what) {
   if (device == "cpu") return -1;
   int n = -1;
-  if (device.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(device.substr(5), &n) && n >= 0) return n;
+  // Digits only after "cuda:" (SimpleAtoi alone would take a sign or spaces).
+  if (device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+      device.find_first_not_of("0123456789", 5) == std::string::npos &&
+      absl::SimpleAtoi(device.substr(5), &n)) {
+    return n;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat(what, ": expected cpu or cuda:N, got \"", device, "\""));
 }

@@ -14,7 +14,8 @@
 
 namespace specnode {
 
-// Parses "cpu" (-1) or "cuda:N" (N); InvalidArgument naming `what` otherwise.
+// Parses "cpu" (-1) or "cuda:N" (N, decimal digits only); InvalidArgument naming `what`
+// otherwise. The one place device names are checked (CLI flags and YAML configs).
 absl::StatusOr<int> ParseDevice(const std::string& device, const std::string& what);
 
 // A runner for `model` on CUDA device `device`, its KV pool sized by kv.capacity_bytes in

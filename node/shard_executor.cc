@@ -1,7 +1,5 @@
 #include "node/shard_executor.h"
 
-#include "kvstore/kv_store.h"
-
 #include "absl/strings/str_format.h"
 
 namespace specnode {
@@ -16,24 +14,6 @@ ShardExecutor::ShardExecutor(const LlamaConfig& config, const LlamaWeights& weig
 ShardExecutor::ShardExecutor(const LlamaConfig& config, std::unique_ptr<ModelRunner> model,
                              Communicator* comm)
     : config_(config), comm_(comm), reducer_(comm), model_(std::move(model)) {}
-
-absl::Status ShardExecutor::CheckBatch(const StepPlanMessage& plan) const {
-  std::set<SeqId> seen;
-  for (const StepEntry& e : plan.entries) {
-    if (e.tokens.empty()) return absl::InvalidArgumentError("batch entry without tokens");
-    if (!seen.insert(e.seq).second) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("sequence %d appears twice in one batch", e.seq));
-    }
-    for (int32_t t : e.tokens) {
-      if (t < 0 || t >= config_.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("token id %d outside the vocabulary [0, %d)", t, config_.vocab_size));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
 
 KvFingerprint ShardExecutor::Fingerprint() const {
   std::vector<std::pair<SeqId, int32_t>> table;
@@ -80,8 +60,13 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
     }
   }
 
-  // 2. Check and reserve; remember new sequences to undo.
-  absl::Status local = CheckBatch(plan);
+  // 2. Check (the forward pass's own rules) and reserve; remember new sequences to undo.
+  std::vector<BatchEntry> batch;
+  batch.reserve(plan.entries.size());
+  for (const StepEntry& e : plan.entries) {
+    batch.push_back({e.seq, {e.tokens.data(), e.tokens.size()}, e.all_logits});
+  }
+  absl::Status local = ValidateBatch(batch, config_.vocab_size).status();
   std::vector<SeqId> created;
   if (local.ok()) {
     for (const StepEntry& e : plan.entries) {
@@ -116,13 +101,8 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
   }
 
   // 4. The forward pass (Reserve inside is a no-op now). Only TP rank 0 needs logits.
-  if (!plan.entries.empty()) {
-    std::vector<BatchEntry> batch;
-    batch.reserve(plan.entries.size());
-    for (const StepEntry& e : plan.entries) {
-      batch.push_back({e.seq, {e.tokens.data(), e.tokens.size()}, e.all_logits});
-      live_.insert(e.seq);
-    }
+  if (!batch.empty()) {
+    for (const BatchEntry& e : batch) live_.insert(e.seq);
     const bool head = comm_->rank() == 0;
     absl::Status s = model_->Forward(batch, head ? &logits_ : nullptr);
     if (!s.ok()) return finish(s, true);

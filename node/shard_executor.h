@@ -56,7 +56,6 @@ class ShardExecutor {
   int tp_rank() const { return comm_->rank(); }
 
  private:
-  absl::Status CheckBatch(const StepPlanMessage& plan) const;
   KvFingerprint Fingerprint() const;
 
   const LlamaConfig& config_;
