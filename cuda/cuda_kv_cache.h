@@ -74,7 +74,7 @@ class CudaKvCache {
   CudaKvCacheOptions o_;
   int32_t n_pages_ = 0;
   DeviceBuffer pools_;          // [n_layers][K, V][n_pages * page_tokens, kv_dim] f16
-  std::vector<int32_t> free_;   // free page ids, highest last-popped first (see .cc)
+  std::vector<int32_t> free_;   // free page ids; taken from the back (lowest id first)
   std::unordered_map<SeqId, Seq> seqs_;
 };
 

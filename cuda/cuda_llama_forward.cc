@@ -201,13 +201,13 @@ absl::Status CudaLlamaForward::Run(std::span<const BatchEntry> batch,
     return absl::OkStatus();
   }
   // Final norm and head over the rows that need logits only.
-  out_rows_ = LogitRows(batch);
-  const int64_t n_out = static_cast<int64_t>(out_rows_.size());
+  const std::vector<int64_t> out_rows = LogitRows(batch);
+  const int64_t n_out = static_cast<int64_t>(out_rows.size());
   const int64_t vocab = config_.vocab_size;
   SPECNODE_RETURN_IF_ERROR(Ensure(normed_, n_out * d * f));
   SPECNODE_RETURN_IF_ERROR(Ensure(logits_, n_out * vocab * f));
   for (int64_t r = 0; r < n_out; ++r) {
-    SPECNODE_RETURN_IF_ERROR(CudaRmsNorm(x_.as<float>() + out_rows_[r] * d,
+    SPECNODE_RETURN_IF_ERROR(CudaRmsNorm(x_.as<float>() + out_rows[r] * d,
                                          output_norm_.as<float>(), 1, d, config_.rms_eps,
                                          normed_.as<float>() + r * d, stream_));
   }

@@ -103,12 +103,11 @@ class CudaLlamaForward {
 
   // Per-step device buffers, grown on demand: activations [n, ...] f32 and the step's
   // integer tables (token ids, positions, KV rows, page table, per-token table row and
-  // context length, rows that need logits).
+  // context length).
   DeviceBuffer x_, h_, q_, k_, v_, attn_, gate_, up_, normed_, logits_;
   DeviceBuffer ids_, positions_, kv_rows_, page_table_, table_row_, ctx_;
   // Host copies of the step's tables.
   std::vector<int32_t> h_ids_, h_positions_, h_kv_rows_, h_page_table_, h_table_row_, h_ctx_;
-  std::vector<int64_t> out_rows_;
   int max_pages_ = 0;
 };
 

@@ -48,7 +48,6 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
     lo.shard = ShardSpec{o.tp_rank, o.tp_size};
     lo.activations = o.activations;
     SPECNODE_ASSIGN_OR_RETURN(model, LlamaModel::Load(o.model_path, lo));
-    pool = std::make_unique<ThreadPool>(o.threads);
     SPECNODE_ASSIGN_OR_RETURN(const int device, ParseDevice(o.device, "device"));
     if (device >= 0) {
       SPECNODE_ASSIGN_OR_RETURN(gpu, GpuShardLink::Create(comm, device, o.timeout_s));
@@ -56,6 +55,7 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
                                 MakeGpuRunner(*model, device, o.kv, gpu->reducer()));
       exec = std::make_unique<ShardExecutor>(model->config(), std::move(runner), comm);
     } else {
+      pool = std::make_unique<ThreadPool>(o.threads);  // the CPU pass's workers
       SPECNODE_ASSIGN_OR_RETURN(
           std::unique_ptr<KvCache> cache,
           MakeKvCache(model->config(), model->weights().n_kv_heads_local, o.kv));

@@ -37,15 +37,19 @@ namespace {
 
 using cuda_test::CudaTestWithParam;
 
-std::string TinyModel(GgmlType type, const std::string& tag) {
-  TinyModelOptions o;
-  o.n_layers = 2;
-  o.weight_type = type;
+std::string TinyModel(const TinyModelOptions& o, const std::string& tag) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("specnode_cudafwd_" + std::to_string(getpid()) + "_" + tag + ".gguf"))
                                .string();
   EXPECT_TRUE(WriteTinyModel(o, path).ok());
   return path;
+}
+
+std::string TinyModel(GgmlType type, const std::string& tag) {
+  TinyModelOptions o;
+  o.n_layers = 2;
+  o.weight_type = type;
+  return TinyModel(o, tag);
 }
 
 std::vector<int32_t> Tokens(int n, int offset) {
@@ -261,10 +265,7 @@ TEST(CudaTensorParallelTest, ShardsMatchTheWholeModel) {
   o.d_model = 128;
   o.d_ff = 256;
   o.weight_type = GgmlType::kQ8_0;
-  const std::string path =
-      (std::filesystem::temp_directory_path() /
-       ("specnode_cudafwd_" + std::to_string(getpid()) + "_tp.gguf")).string();
-  ASSERT_TRUE(WriteTinyModel(o, path).ok());
+  const std::string path = TinyModel(o, "tp");
   const auto toks = Tokens(9, 5);
   std::vector<float> whole;
   {
