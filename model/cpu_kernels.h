@@ -146,6 +146,8 @@ extern const KernelTable kScalarKernels;
 extern const KernelTable kAvx2Kernels;
 extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpmaddwd
 extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpwssd
+// The AVX-512 tables' matmul_float (cpu_kernels_avx512_float.cc; needs CpuFeatures::avx512).
+void MatMulFloatAvx512(const FloatMatMulArgs& args, int64_t row_begin, int64_t row_end);
 
 // The best table GetCpuFeatures() allows (honours SPECNODE_CPU), chosen once.
 const KernelTable& SelectedKernels();

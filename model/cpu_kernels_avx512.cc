@@ -15,6 +15,9 @@
 // sign-extended (vpmovsxbw), then two dword permutes interleave them so that int32 lane i
 // holds values of block b + (i & 1), scales (s_b, s_b+1) repeated; an odd last block is
 // paired with zeros. Quantize picks the order from the weight type.
+// Int8 activations (the VNNI table's quantize8 / matmul_quant8): vpdpbusd on the same
+// transposed group, 2 nibble planes of bytes per group, or Q8_0 pairs as u8 (quant + 128).
+// Float weights (F32/F16/BF16) are cpu_kernels_avx512_float.cc.
 //
 // Float rule for batch invariance: every float add here takes an FMA result or a sum, never
 // a bare product, so -ffp-contract cannot fuse anything differently between tile sizes.
@@ -38,7 +41,6 @@ namespace specnode::cpu_kernels {
 namespace {
 
 constexpr int kBlock = kQuantBlock;
-constexpr int kTile = 4;       // float weights: tokens per weight load when n >= 4
 // Quantised weights: up to 8 tokens per weight load. n tokens go in ceil(n / 8) tiles of
 // near-equal size (5: one tile of 5; 9: 5 + 4), each an instantiation for its exact size,
 // so a verification pass of K + 1 <= 8 tokens streams the weights once.
@@ -554,64 +556,14 @@ void MatMulQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
-// Up to 16 weights of a float-type row as f32; masked lanes are zero and not read.
-template <GgmlType kType>
-inline __m512 Load16(const uint8_t* p, __mmask16 m) {
-  if constexpr (kType == GgmlType::kF32) {
-    return _mm512_maskz_loadu_ps(m, p);
-  } else if constexpr (kType == GgmlType::kF16) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-  } else {
-    const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-  }
-}
-
-template <GgmlType kType, int T>
-void TileFloat(const FloatMatMulArgs& a, const uint8_t* row, int64_t r, int64_t t0) {
-  constexpr size_t elem = kType == GgmlType::kF32 ? 4 : 2;
-  __m512 acc[T];
-#pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < a.cols; j += 16) {
-    const __mmask16 m = FirstLanes(static_cast<int>(std::min<int64_t>(16, a.cols - j)));
-    const __m512 wv = Load16<kType>(row + j * elem, m);
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) {
-      acc[t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, a.x + (t0 + t) * a.ldx + j), acc[t]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r] = _mm512_reduce_add_ps(acc[t]);
-}
-
-template <GgmlType kType>
-void RowsFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* row = a.w + r * a.row_stride;
-    int64_t t = 0;
-    for (; t + kTile <= a.n; t += kTile) TileFloat<kType, kTile>(a, row, r, t);
-    for (; t < a.n; ++t) TileFloat<kType, 1>(a, row, r, t);
-  }
-}
-
-void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  switch (a.type) {
-    case GgmlType::kF16:
-      return RowsFloat<GgmlType::kF16>(a, row_begin, row_end);
-    case GgmlType::kBF16:
-      return RowsFloat<GgmlType::kBF16>(a, row_begin, row_end);
-    default:
-      return RowsFloat<GgmlType::kF32>(a, row_begin, row_end);
-  }
-}
-
 }  // namespace
 
 // int8 needs vpdpbusd (vpmaddubsw would saturate Q8_0's 255 x 127 pairs): VNNI only.
-const KernelTable kAvx512Kernels = {"avx512",     &Quantize, &MatMulQuant<false>,
-                                    &MatMulFloat, nullptr,   nullptr};
-const KernelTable kAvx512VnniKernels = {"avx512-vnni", &Quantize,  &MatMulQuant<true>,
-                                        &MatMulFloat,  &Quantize8, &MatMulQuant<true, int8_t>};
+// Float weights: cpu_kernels_avx512_float.cc.
+const KernelTable kAvx512Kernels = {"avx512",         &Quantize, &MatMulQuant<false>,
+                                    &MatMulFloatAvx512, nullptr,   nullptr};
+const KernelTable kAvx512VnniKernels = {
+    "avx512-vnni",      &Quantize,  &MatMulQuant<true>,
+    &MatMulFloatAvx512, &Quantize8, &MatMulQuant<true, int8_t>};
 
 }  // namespace specnode::cpu_kernels
