@@ -199,30 +199,31 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     group.name = g.name;
     group.target = target->get();
     targets.push_back(*std::move(target));
-    if (g.draft.rank == 0 && g.draft.device != "cpu") {
-      // A draft model on rank 0's GPU: a GPU runner in this process.
+    // A draft model file drafts through a runner of its own: on its rank (a one-rank shard
+    // worker) or on rank 0's GPU. Drafts on rank 0's CPU are made by ServeNode.
+    ModelDrafter::ConnectFn connect_draft;
+    if (g.draft.rank != 0) {
+      const int draft_rank = g.draft.rank;
+      connect_draft = [&, draft_rank](const LlamaModel& d)
+          -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+        SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<RemoteTargetRunner> r,
+                                  connect({draft_rank}, d, "draft"));
+        const ShardInfo& s = r->shards()[0];
+        ranks.push_back({s.world_rank, "draft", s.pid, s.host});
+        return std::unique_ptr<ModelRunner>(std::move(r));
+      };
+    } else if (g.draft.device != "cpu") {
       absl::StatusOr<int> device = ParseDevice(g.draft.device, "draft device");
       if (!device.ok()) return fail_start(device.status());
+      connect_draft = [&cfg, gpu = *device](const LlamaModel& d) {
+        return MakeGpuRunner(d, gpu, cfg.kv);
+      };
+    }
+    if (connect_draft) {
       absl::StatusOr<std::unique_ptr<LlamaModel>> draft = LlamaModel::Load(cfg.draft);
       if (!draft.ok()) return fail_start(draft.status());
-      absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter = ModelDrafter::Remote(
-          *std::move(draft), cfg.draft, m,
-          [&](const LlamaModel& d) { return MakeGpuRunner(d, *device, cfg.kv); });
-      if (!drafter.ok()) return fail_start(drafter.status());
-      group.drafter = *std::move(drafter);
-    } else if (g.draft.rank != 0) {
-      absl::StatusOr<std::unique_ptr<LlamaModel>> draft = LlamaModel::Load(cfg.draft);
-      if (!draft.ok()) return fail_start(draft.status());
-      const int draft_rank = g.draft.rank;
-      absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter = ModelDrafter::Remote(
-          *std::move(draft), cfg.draft, m,
-          [&](const LlamaModel& d) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-            SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<RemoteTargetRunner> r,
-                                      connect({draft_rank}, d, "draft"));
-            const ShardInfo& s = r->shards()[0];
-            ranks.push_back({s.world_rank, "draft", s.pid, s.host});
-            return std::unique_ptr<ModelRunner>(std::move(r));
-          });
+      absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter =
+          ModelDrafter::Remote(*std::move(draft), cfg.draft, m, connect_draft);
       if (!drafter.ok()) return fail_start(drafter.status());
       group.drafter = *std::move(drafter);
     }
