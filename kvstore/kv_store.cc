@@ -267,8 +267,7 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
     s->mass_sum[h].resize(s->loc.size(), 0.0f);
     s->mass_cnt[h].resize(s->loc.size(), 0.0f);
   }
-  s->track =
-      config_.mode == KvMode::kMixed && (n_new > 1 || s->step % config_.mass_sample_every == 0);
+  s->track = config_.mode == KvMode::kMixed;
   return absl::OkStatus();
 }
 
@@ -398,7 +397,11 @@ void KvStore::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
     for (int c = 0; c < kNumKvPrecisions; ++c) {
       if (len[c] == 0) continue;
       kv_kernels::KvMassOut mass;
-      const bool observe = s.track && n_ctx - min_distance > 0;
+      // Sampled by the query's position, not by step: a sequence observes the same
+      // queries whether it decodes one token per step, verifies drafts or prefills, and a
+      // verification pass costs no more per row than a decode step.
+      const bool observe = s.track && n_ctx - min_distance > 0 &&
+                           (n_ctx - 1) % config_.mass_sample_every == 0;
       if (observe) {
         const int32_t* p = sc.pos[c].data();
         mass.sum = s.mass_sum[kv_head].data();
@@ -458,7 +461,6 @@ void KvStore::Commit(SeqId seq, int32_t new_length) {
   assert(new_length <= static_cast<int32_t>(s.loc.size()));
   s.length = new_length;
   SetPendingBytes(s, 0);
-  ++s.step;
   if (config_.mode == KvMode::kMixed) {
     const int32_t from = std::max(config_.sink_tokens, s.demoted_upto);
     const int32_t to = new_length - config_.window_tokens;

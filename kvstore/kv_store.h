@@ -20,8 +20,10 @@
 // while it is recent says little about whether later tokens will need it), is at least
 // `critical_threshold` — else to INT4. Demotion moves a
 // token to a page of the lower class (never rewrites a row in place), so pages shared
-// with other sequences stay intact. Attention mass is observed on prefill steps and on one
-// decode step in `mass_sample_every` (its cost is extra adds in the attention loop).
+// with other sequences stay intact. Attention mass is observed by one query position in
+// `mass_sample_every` (positions p with p % mass_sample_every == 0), in prefill, decode
+// and verification passes alike (its cost is extra adds in the attention loop): the
+// observed queries do not depend on how a sequence was stepped.
 // Modes kFull / kInt8 / kInt4 store every token in that class from the start.
 // Optional sliding-window eviction (off by default; lossy, logged once when on) drops
 // tokens older than `evict_window` except the sinks.

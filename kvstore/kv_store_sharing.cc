@@ -30,7 +30,6 @@ absl::Status KvStore::Fork(SeqId src, SeqId dst) {
   }
   d->demoted_upto = std::min(s.demoted_upto, s.length);
   d->evicted_upto = std::min(s.evicted_upto, s.length);
-  d->step = s.step;
   seqs_[dst] = std::move(d);
   return absl::OkStatus();
 }

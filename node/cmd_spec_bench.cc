@@ -50,6 +50,9 @@ constexpr char kHelp[] =
     "                      results are still grouped by the field, and the rules' accuracy\n"
     "                      is reported\n"
     "  --raw               do not wrap prompts in the chat template\n"
+    "  --ignore-eos        decode --max-tokens tokens per prompt, through end-of-generation\n"
+    "                      tokens (default: a generation ends there, as it does when served;\n"
+    "                      what a model writes past its end is not what users run)\n"
     "  --json              print the results as JSON on stdout (the table goes to stderr)\n";
 
 struct Prompt {
@@ -126,14 +129,14 @@ absl::Status AddDrafterGroup(Config& c, const std::string& spec, ModelSession& s
 // Generates one prompt on c; returns the tokens and adds to the tally.
 absl::StatusOr<std::vector<int32_t>> RunOne(Config& c, const Prompt& p, SeqId id,
                                             const SamplingParams& sp, int32_t max_tokens,
-                                            Tally* t) {
+                                            bool ignore_eos, Tally* t) {
   SpecRequest r;
   r.id = id;
   r.prompt = p.ids;
   r.sampling = sp;
   r.max_new_tokens = max_tokens;
   r.domain = p.routed_domain;
-  r.ignore_stop = true;  // equal lengths: every configuration decodes the same count
+  r.ignore_stop = ignore_eos;
   SPECNODE_RETURN_IF_ERROR(c.engine->Start(r));
   const SeqId ids[] = {id};
   std::vector<SeqStepResult> results;
@@ -177,6 +180,7 @@ absl::Status Run(const CliArgs& args) {
                                                compute));
   SPECNODE_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, LoadPrompts(*session, args.Get("prompts"),
                                                                      !args.Has("raw"), per_domain));
+  const bool ignore_eos = args.Has("ignore-eos");
   int64_t routed_right = 0;
   if (args.Has("router-rules")) {
     SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<DomainRouter> router,
@@ -232,13 +236,15 @@ absl::Status Run(const CliArgs& args) {
     SpecEngineOptions options;
     options.adaptive = c->adaptive;
     options.fixed_k = static_cast<int>(spec_k);
+    const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
+    options.stop_tokens.insert(eog.begin(), eog.end());
     c->engine = std::make_unique<SpeculativeEngine>(&session->runner(), groups, options);
   }
 
   // Warm-up (page cache, allocator): one untimed target-only generation.
   Tally scratch;
   SPECNODE_RETURN_IF_ERROR(
-      RunOne(*configs[0], prompts[0], 0, sp, static_cast<int32_t>(max_tokens), &scratch).status());
+      RunOne(*configs[0], prompts[0], 0, sp, static_cast<int32_t>(max_tokens), ignore_eos, &scratch).status());
 
   std::map<std::string, std::map<std::string, Tally>> tally;  // config -> domain -> tally
   SeqId next_id = 1;
@@ -251,7 +257,7 @@ absl::Status Run(const CliArgs& args) {
       Config& c = *configs[(i + j) % configs.size()];
       Tally& t = tally[c.name][p.domain];
       SPECNODE_ASSIGN_OR_RETURN(outputs[c.name],
-                                RunOne(c, p, next_id++, sp, static_cast<int32_t>(max_tokens), &t));
+                                RunOne(c, p, next_id++, sp, static_cast<int32_t>(max_tokens), ignore_eos, &t));
     }
     for (auto& c : configs) {
       if (outputs[c->name] == outputs["target"]) tally[c->name][p.domain].identical++;
@@ -269,6 +275,7 @@ absl::Status Run(const CliArgs& args) {
   out["temperature"] = temperature;
   out["threads"] = threads;
   out["kv_mode"] = kv.mode;
+  out["ignore_eos"] = ignore_eos;
   out["activations"] = ActQuantName(compute.activations);
   if (args.Has("router-rules")) {
     out["router_rules"] = args.Get("router-rules");
@@ -340,7 +347,7 @@ int RunSpecBench(int argc, char** argv) {
   return RunModelCommand("spec-bench", kHelp, argc, argv,
                          {"model", "prompts", "drafters", "per-domain", "max-tokens", "spec-k",
                           "temperature", "threads", "router-rules", "k-max"},
-                         {"raw", "json"}, Run);
+                         {"raw", "json", "ignore-eos"}, Run);
 }
 
 }  // namespace specnode

@@ -115,7 +115,7 @@ const char kKvFlagsHelp[] =
     "  --kv-sinks N        leading tokens kept full precision (default 4)\n"
     "  --kv-page-tokens N  token slots per KV page (default 8)\n"
     "  --kv-critical-threshold X  relative attention mass that keeps a token INT8 (default 4)\n"
-    "  --kv-sample-every N observe attention mass on 1 decode step in N (default 4)\n"
+    "  --kv-sample-every N observe attention mass at 1 query position in N (default 4)\n"
     "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
     "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n";
 

@@ -97,6 +97,35 @@ def test_smollm2_greedy_speculation_matches_target_only(specnode, real_model):
     assert ngram["domains"]["summarize"]["accepted"] > 0
 
 
+def test_spec_bench_stops_at_end_of_generation(specnode, real_model, tmp_path):
+    """spec-bench decodes what a served request would: up to the end-of-generation token
+    (the tokens `generate` prints), unless --ignore-eos asks for max-tokens every time."""
+    prompts = tmp_path / "short.jsonl"
+    prompts.write_text(json.dumps({"domain": "chat",
+                                   "prompt": "What is the capital of France?"}) + "\n")
+    base = [specnode, "spec-bench", "--model", real_model, "--prompts", str(prompts),
+            "--per-domain", "1", "--max-tokens", "48", "--drafters", "ngram", "--threads", "2",
+            "--kv-mode", "full", "--json"]
+    want = last_json(run([specnode, "generate", "--model", real_model, "--chat", "--prompt",
+                          "What is the capital of France?", "--max-tokens", "48",
+                          "--temperature", "0", "--kv-mode", "full", "--json", "--quiet"]))
+    assert len(want["generated_ids"]) < 48  # a short answer, then the end token
+    def bench(args):
+        res = run(args)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    stopped = bench(base)
+    assert stopped["ignore_eos"] is False
+    for config in stopped["configs"]:
+        # The first token comes from the prefill and is not a decode token.
+        assert config["domains"]["chat"]["tokens"] == len(want["generated_ids"]) - 1, config
+    through = bench(base + ["--ignore-eos"])
+    assert through["ignore_eos"] is True
+    for config in through["configs"]:
+        assert config["domains"]["chat"]["tokens"] == 47, config
+
+
 def test_router_rules_name_the_domain(specnode, tiny_pair):
     rules = str(ROOT / "bench/prompts/router-rules.json")
     base = [specnode, "generate", "--model", tiny_pair["target"], "--max-tokens", "4",
