@@ -53,8 +53,8 @@ absl::Status CudaPagedAttention(const CudaAttentionArgs& a, cudaStream_t stream)
 
 absl::Status CudaEmbeddingRows(const WeightView& w, const int32_t* ids, int64_t n, float* out,
                                cudaStream_t stream) {
-  if (!IsSupportedGgmlType(static_cast<uint32_t>(w.type))) {
-    return absl::InvalidArgumentError("CudaEmbeddingRows: unknown type");
+  if (!IsComputeGgmlType(w.type)) {
+    return absl::InvalidArgumentError("CudaEmbeddingRows: unsupported type");
   }
   if (n < 0 || n > 0x7fffffff) {
     return absl::InvalidArgumentError(absl::StrCat("CudaEmbeddingRows: bad n ", n));

@@ -35,7 +35,7 @@ std::string TypeName(GgmlType type) {
 }
 
 absl::Status ValidateArgs(const WeightView& w, const float* x, int64_t n, const float* y) {
-  if (!IsSupportedGgmlType(static_cast<uint32_t>(w.type))) {
+  if (!IsComputeGgmlType(w.type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaMatMul: unsupported weight type ", TypeName(w.type)));
   }

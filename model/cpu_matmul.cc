@@ -67,6 +67,10 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
                       MatMulScratch* scratch, ActQuant act) {
   assert(ws.size() == ys.size());
   if (n <= 0 || ws.empty()) return;
+  for (const WeightView& w : ws) {
+    assert(IsComputeGgmlType(w.type) && "K-quants are converted at load (ggml_converted_types.h)");
+    (void)w;
+  }
   // One quantisation and one dispatch serve every matrix only if they agree on the input
   // width and on how it is consumed (activation order depends on the weight type).
   for (size_t i = 1; i < ws.size(); ++i) {

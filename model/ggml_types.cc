@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "model/ggml_converted_types.h"
 
 namespace specnode {
 namespace {
@@ -126,10 +127,19 @@ bool IsSupportedGgmlType(uint32_t raw) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1:
     case GgmlType::kQ8_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
     case GgmlType::kBF16:
       return true;
   }
   return false;
+}
+
+bool IsComputeGgmlType(GgmlType type) {
+  return IsSupportedGgmlType(static_cast<uint32_t>(type)) && !IsConvertedType(type);
 }
 
 std::string_view GgmlTypeName(uint32_t raw) {
@@ -147,7 +157,13 @@ int GgmlBlockSize(GgmlType type) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1:
     case GgmlType::kQ8_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
       return kQuantBlock;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      return kKQuantBlock;
   }
   assert(false && "GgmlBlockSize: unsupported type");
   return 1;
@@ -166,6 +182,16 @@ size_t GgmlBlockBytes(GgmlType type) {
       return sizeof(BlockQ4_1);
     case GgmlType::kQ8_0:
       return sizeof(BlockQ8_0);
+    case GgmlType::kQ5_0:
+      return sizeof(BlockQ5_0);
+    case GgmlType::kQ5_1:
+      return sizeof(BlockQ5_1);
+    case GgmlType::kQ4_K:
+      return sizeof(BlockQ4K);
+    case GgmlType::kQ5_K:
+      return sizeof(BlockQ5K);
+    case GgmlType::kQ6_K:
+      return sizeof(BlockQ6K);
   }
   assert(false && "GgmlBlockBytes: unsupported type");
   return 1;
@@ -281,6 +307,13 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t cols) {
       }
       return;
     }
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      DequantizeConvertedRow(type, src, dst, cols);
+      return;
   }
   assert(false && "DequantizeRow: unsupported type");
 }
@@ -308,6 +341,13 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t cols) {
       return;
     case GgmlType::kQ8_0:
       QuantizeQ8_0(src, static_cast<uint8_t*>(dst), cols / kQuantBlock);
+      return;
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      QuantizeConvertedRow(type, src, dst, cols);
       return;
   }
   assert(false && "QuantizeRow: unsupported type");

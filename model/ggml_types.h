@@ -20,7 +20,12 @@ enum class GgmlType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,  // storage only: converted at load (ggml_converted_types.h)
+  kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ4_K = 12,  // storage only, as Q5_0 / Q5_1
+  kQ5_K = 13,
+  kQ6_K = 14,
   kBF16 = 30,
 };
 
@@ -43,8 +48,11 @@ static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ8_0) == 34);
 
-// Is `raw` one of the types above (the ones this engine can compute with)?
+// Is `raw` one of the types above (the ones this engine reads)? The kernels compute with all
+// but Q5_0, Q5_1 and the K-quants, which LoadLlamaWeights converts (ggml_converted_types.h).
 bool IsSupportedGgmlType(uint32_t raw);
+// F32, F16, BF16, Q4_0, Q4_1 or Q8_0: the types MatMul and the GPU upload take.
+bool IsComputeGgmlType(GgmlType type);
 // "Q4_1", "F32", ...; "type#N" for unknown numbers.
 std::string_view GgmlTypeName(uint32_t raw);
 // Values per block (1 for plain types). Only valid for supported types.

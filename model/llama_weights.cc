@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "model/ggml_converted_types.h"
 #include "model/gguf_reader.h"
 #include "model/status_macros.h"
 
@@ -16,8 +17,8 @@ absl::StatusOr<WeightView> Matrix(const GgufFile& file, const std::string& name,
   if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
     std::string dims;
     for (int64_t d : t->dims) absl::StrAppend(&dims, dims.empty() ? "" : ", ", d);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor %s has dims [%s], expected [%d, %d]", name, dims, cols, rows));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor %s has dims [%s], expected [%d, %d]", name, dims, cols, rows));
   }
   WeightView w;
   w.type = t->type;
@@ -26,6 +27,24 @@ absl::StatusOr<WeightView> Matrix(const GgufFile& file, const std::string& name,
   w.cols = cols;
   w.row_stride = GgmlRowBytes(t->type, cols);
   return w;
+}
+
+// v itself when its type is a compute type; else a copy converted to one, owned by `owned`.
+WeightView ToCompute(const WeightView& v,
+                     std::vector<std::unique_ptr<std::vector<uint8_t>>>* owned) {
+  if (!IsConvertedType(v.type)) return v;
+  WeightView c = v;
+  c.type = ComputeTypeOf(v.type);
+  c.row_stride = GgmlRowBytes(c.type, v.cols);
+  auto buffer = std::make_unique<std::vector<uint8_t>>(c.row_stride * v.rows);
+  const auto* src = static_cast<const uint8_t*>(v.data);
+  for (int64_t r = 0; r < v.rows; ++r) {
+    ConvertRowToComputeType(v.type, src + r * v.row_stride, buffer->data() + r * c.row_stride,
+                            v.cols);
+  }
+  c.data = buffer->data();
+  owned->push_back(std::move(buffer));
+  return c;
 }
 
 // Output rows [begin, begin + count) of w.
@@ -41,9 +60,9 @@ absl::StatusOr<WeightView> ColSlice(const WeightView& w, int64_t begin, int64_t 
                                     const std::string& name) {
   const int block = GgmlBlockSize(w.type);
   if (begin % block != 0 || count % block != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor %s: column slice [%d, %d) is not aligned to its %d-value blocks", name, begin,
-        begin + count, block));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor %s: column slice [%d, %d) is not aligned to its %d-value blocks",
+                        name, begin, begin + count, block));
   }
   WeightView s = w;
   s.data = static_cast<const uint8_t*>(w.data) + GgmlRowBytes(w.type, begin);
@@ -61,10 +80,10 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
         absl::StrFormat("invalid shard %d of %d", shard.rank, shard.size));
   }
   if (config.n_heads % t != 0 || config.n_kv_heads % t != 0 || config.d_ff % t != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor-parallel size %d must divide head_count %d, head_count_kv %d and "
-        "feed_forward_length %d",
-        t, config.n_heads, config.n_kv_heads, config.d_ff));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor-parallel size %d must divide head_count %d, head_count_kv %d and "
+                        "feed_forward_length %d",
+                        t, config.n_heads, config.n_kv_heads, config.d_ff));
   }
   if (n_layers < 0) n_layers = config.n_layers;
   if (n_layers == 0 || n_layers > config.n_layers) {
@@ -93,13 +112,17 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   };
   w.owned_norms.reserve(2 * n_layers + 1);  // pointers into it must stay valid
 
-  SPECNODE_ASSIGN_OR_RETURN(w.token_embd,
-                            Matrix(file, "token_embd.weight", config.vocab_size, d));
+  // Row slices are converted after slicing (a shard converts only its rows), column slices
+  // before (K-quant blocks span 256 columns, a shard's range need not).
+  auto convert = [&](const WeightView& v) { return ToCompute(v, &w.owned_matrices); };
+  SPECNODE_ASSIGN_OR_RETURN(w.token_embd, Matrix(file, "token_embd.weight", config.vocab_size, d));
+  w.token_embd = convert(w.token_embd);
   SPECNODE_ASSIGN_OR_RETURN(w.output_norm, norm("output_norm.weight"));
   if (config.tied_embeddings) {
     w.output = w.token_embd;
   } else {
     SPECNODE_ASSIGN_OR_RETURN(w.output, Matrix(file, "output.weight", config.vocab_size, d));
+    w.output = convert(w.output);
   }
   const int64_t q_begin = shard.rank * w.n_heads_local * hd;
   const int64_t q_count = w.n_heads_local * hd;
@@ -120,13 +143,15 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
     SPECNODE_ASSIGN_OR_RETURN(WeightView wg, Matrix(file, p + "ffn_gate.weight", config.d_ff, d));
     SPECNODE_ASSIGN_OR_RETURN(WeightView wu, Matrix(file, p + "ffn_up.weight", config.d_ff, d));
     SPECNODE_ASSIGN_OR_RETURN(WeightView wd, Matrix(file, p + "ffn_down.weight", d, config.d_ff));
-    lw.wq = RowSlice(wq, q_begin, q_count);
-    lw.wk = RowSlice(wk, kv_begin, kv_count);
-    lw.wv = RowSlice(wv, kv_begin, kv_count);
-    lw.w_gate = RowSlice(wg, ff_begin, ff_count);
-    lw.w_up = RowSlice(wu, ff_begin, ff_count);
-    SPECNODE_ASSIGN_OR_RETURN(lw.wo, ColSlice(wo, q_begin, q_count, p + "attn_output.weight"));
-    SPECNODE_ASSIGN_OR_RETURN(lw.w_down, ColSlice(wd, ff_begin, ff_count, p + "ffn_down.weight"));
+    lw.wq = convert(RowSlice(wq, q_begin, q_count));
+    lw.wk = convert(RowSlice(wk, kv_begin, kv_count));
+    lw.wv = convert(RowSlice(wv, kv_begin, kv_count));
+    lw.w_gate = convert(RowSlice(wg, ff_begin, ff_count));
+    lw.w_up = convert(RowSlice(wu, ff_begin, ff_count));
+    SPECNODE_ASSIGN_OR_RETURN(lw.wo,
+                              ColSlice(convert(wo), q_begin, q_count, p + "attn_output.weight"));
+    SPECNODE_ASSIGN_OR_RETURN(lw.w_down,
+                              ColSlice(convert(wd), ff_begin, ff_count, p + "ffn_down.weight"));
     w.layers.push_back(lw);
   }
   return w;

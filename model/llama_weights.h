@@ -1,6 +1,9 @@
 // Views of a Llama model's weights inside a mapped GGUF file, optionally restricted to one
-// tensor-parallel shard. Matrices stay in their storage type (no dequantised copies); the
-// views point into the GgufFile mapping, which must outlive the LlamaWeights.
+// tensor-parallel shard. Matrices stay in their storage type (no dequantised copies) and the
+// views point into the GgufFile mapping, which must outlive the LlamaWeights — except
+// K-quant matrices (Q4_K, Q5_K, Q6_K), which are converted at load into the 32-value type
+// the kernels compute with (ggml_converted_types.h) and owned here; every view's type is a compute
+// type (IsComputeGgmlType).
 //
 // Tensor-parallel slicing (Megatron style, shard r of T):
 //   Q, K, V     by output rows, whole heads: query heads [r*H/T, (r+1)*H/T), kv heads
@@ -11,6 +14,7 @@
 // Column slices must fall on 32-value block boundaries (checked).
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,12 +47,14 @@ struct LlamaWeights {
   int n_heads_local = 0;     // query heads on this shard
   int n_kv_heads_local = 0;  // kv heads on this shard
   int d_ff_local = 0;
-  WeightView token_embd;     // [vocab rows, d_model cols]
+  WeightView token_embd;               // [vocab rows, d_model cols]
   const float* output_norm = nullptr;  // [d_model]
-  WeightView output;         // [vocab, d_model]; token_embd when tied
+  WeightView output;                   // [vocab, d_model]; token_embd when tied
   std::vector<LayerWeights> layers;
   // Norm vectors converted to f32 when the file stores them as F16/BF16.
   std::vector<std::vector<float>> owned_norms;
+  // K-quant matrices converted to their compute type (the views above point into these).
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> owned_matrices;
   // How LlamaForward's matmuls round activations for the quantised matrices (cpu_matmul.h);
   // a compute choice carried with the weights so every forward pass over them agrees.
   ActQuant activations = ActQuant::kInt16;

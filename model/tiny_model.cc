@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "model/ggml_converted_types.h"
 #include "model/gguf_writer.h"
 #include "model/status_macros.h"
 
@@ -232,6 +233,16 @@ uint32_t FileType(GgmlType t) {
       return 3;
     case GgmlType::kQ8_0:
       return 7;
+    case GgmlType::kQ5_0:
+      return 8;
+    case GgmlType::kQ5_1:
+      return 9;
+    case GgmlType::kQ4_K:
+      return 15;  // MOSTLY_Q4_K_M
+    case GgmlType::kQ5_K:
+      return 17;  // MOSTLY_Q5_K_M
+    case GgmlType::kQ6_K:
+      return 18;
     case GgmlType::kBF16:
       return 32;
   }
@@ -306,6 +317,13 @@ class TensorMaker {
           o_.perturb * static_cast<float>(std::sqrt(sum_sq / static_cast<double>(n)));
       Rng noise(o_.perturb_seed ^ 0x5bd1e9955bd1e995ull, name);
       for (float& v : values) v += scale * noise.Normal();
+    }
+    // As llama.cpp's quantiser: a K-quant needs rows of whole 256-value blocks; narrower
+    // matrices fall back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).
+    if (dims[0] % kKQuantBlock != 0) {
+      if (type == GgmlType::kQ4_K) type = GgmlType::kQ5_0;
+      if (type == GgmlType::kQ5_K) type = GgmlType::kQ5_1;
+      if (type == GgmlType::kQ6_K) type = GgmlType::kQ8_0;
     }
     return w_.AddTensorF32(name, type, dims, values);
   }

@@ -176,8 +176,7 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
-                                               static_cast<int>(threads), false, kv,
-                                               compute));
+                                               static_cast<int>(threads), false, kv, compute));
   SPECNODE_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, LoadPrompts(*session, args.Get("prompts"),
                                                                      !args.Has("raw"), per_domain));
   const bool ignore_eos = args.Has("ignore-eos");
@@ -244,7 +243,8 @@ absl::Status Run(const CliArgs& args) {
   // Warm-up (page cache, allocator): one untimed target-only generation.
   Tally scratch;
   SPECNODE_RETURN_IF_ERROR(
-      RunOne(*configs[0], prompts[0], 0, sp, static_cast<int32_t>(max_tokens), ignore_eos, &scratch).status());
+      RunOne(*configs[0], prompts[0], 0, sp, static_cast<int32_t>(max_tokens), ignore_eos, &scratch)
+          .status());
 
   std::map<std::string, std::map<std::string, Tally>> tally;  // config -> domain -> tally
   SeqId next_id = 1;
@@ -256,8 +256,9 @@ absl::Status Run(const CliArgs& args) {
     for (size_t j = 0; j < configs.size(); ++j) {
       Config& c = *configs[(i + j) % configs.size()];
       Tally& t = tally[c.name][p.domain];
-      SPECNODE_ASSIGN_OR_RETURN(outputs[c.name],
-                                RunOne(c, p, next_id++, sp, static_cast<int32_t>(max_tokens), ignore_eos, &t));
+      SPECNODE_ASSIGN_OR_RETURN(
+          outputs[c.name],
+          RunOne(c, p, next_id++, sp, static_cast<int32_t>(max_tokens), ignore_eos, &t));
     }
     for (auto& c : configs) {
       if (outputs[c->name] == outputs["target"]) tally[c->name][p.domain].identical++;

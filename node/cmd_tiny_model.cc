@@ -18,8 +18,10 @@ namespace {
 constexpr char kUsage[] =
     "usage: specnode tiny-model --out PATH [--layers N] [--d-model N] [--heads N]\n"
     "         [--kv-heads N] [--ff N] [--merges N] [--context N]\n"
-    "         [--type f32|f16|bf16|q8_0|q4_0|q4_1] [--seed S] [--perturb EPS]\n"
-    "         [--perturb-seed S] [--untied]\n";
+    "         [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n"
+    "         [--perturb EPS] [--perturb-seed S] [--untied]\n"
+    "K-quant types apply to matrices whose rows are whole 256-value blocks; narrower ones\n"
+    "fall back as in llama.cpp's quantiser (q4_k to q5_0, q5_k to q5_1, q6_k to q8_0).\n";
 
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "specnode tiny-model: %s\n", message.c_str());
@@ -33,8 +35,15 @@ absl::StatusOr<GgmlType> ParseType(const std::string& s) {
   if (s == "q8_0") return GgmlType::kQ8_0;
   if (s == "q4_0") return GgmlType::kQ4_0;
   if (s == "q4_1") return GgmlType::kQ4_1;
+  if (s == "q5_0") return GgmlType::kQ5_0;
+  if (s == "q5_1") return GgmlType::kQ5_1;
+  if (s == "q4_k") return GgmlType::kQ4_K;
+  if (s == "q5_k") return GgmlType::kQ5_K;
+  if (s == "q6_k") return GgmlType::kQ6_K;
   return absl::InvalidArgumentError(
-      "--type must be one of f32, f16, bf16, q8_0, q4_0, q4_1, got '" + s + "'");
+      "--type must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, "
+      "got '" +
+      s + "'");
 }
 
 // Reads every option into `o`; the first bad value wins.

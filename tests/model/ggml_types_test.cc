@@ -152,12 +152,14 @@ TEST(GgmlTypesTest, NamesAndSizes) {
   EXPECT_EQ(GgmlTypeName(3), "Q4_1");
   EXPECT_EQ(GgmlTypeName(8), "Q8_0");
   EXPECT_EQ(GgmlTypeName(30), "BF16");
-  EXPECT_EQ(GgmlTypeName(12), "Q4_K");  // known to ggml, unsupported here
+  EXPECT_EQ(GgmlTypeName(12), "Q4_K");
+  EXPECT_EQ(GgmlTypeName(10), "Q2_K");  // known to ggml, unsupported here
   EXPECT_EQ(GgmlTypeName(4), "type#4");
   EXPECT_EQ(GgmlTypeName(77), "type#77");
   EXPECT_EQ(GgmlTypeName(0xffffffffu), "type#>1023");
   for (uint32_t t : {0u, 1u, 2u, 3u, 8u, 30u}) EXPECT_TRUE(IsSupportedGgmlType(t)) << t;
-  for (uint32_t t : {4u, 6u, 12u, 29u, 31u, 1000u}) EXPECT_FALSE(IsSupportedGgmlType(t)) << t;
+  for (uint32_t t : {4u, 5u, 9u, 10u, 11u, 15u, 29u, 31u, 1000u}) EXPECT_FALSE(IsSupportedGgmlType(t)) << t;
+  for (uint32_t t : {6u, 7u, 12u, 13u, 14u}) EXPECT_TRUE(IsSupportedGgmlType(t)) << t;  // converted at load
   EXPECT_EQ(GgmlBlockSize(GgmlType::kF32), 1);
   EXPECT_EQ(GgmlBlockSize(GgmlType::kQ4_1), 32);
   EXPECT_EQ(GgmlBlockBytes(GgmlType::kF16), 2u);
@@ -324,6 +326,8 @@ TEST_P(QuantRoundTripTest, ErrorWithinReferenceBounds) {
           bound = 0.5 * d + 15 * (d * h + tiny) + std::fabs(mn) * h + tiny + 1e-6 * amax;
           break;
         }
+        default:
+          FAIL() << "no bound for this type (K-quants: ggml_converted_types_test.cc)";
       }
       ASSERT_LE(std::fabs(static_cast<double>(y[j]) - x[j]), bound)
           << GgmlTypeName(static_cast<uint32_t>(type)) << " cols " << cols << " index " << j

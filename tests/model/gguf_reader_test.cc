@@ -323,8 +323,8 @@ TEST(GgufBadInputTest, ValidSingleTensor) {
 }
 
 TEST(GgufBadInputTest, UnknownTensorType) {
-  auto s = Parse(OneTensor({256}, 12, 0, 256));
-  EXPECT_THAT(s, IsError(kInvalid, "type 12 (Q4_K)"));
+  auto s = Parse(OneTensor({256}, 11, 0, 256));
+  EXPECT_THAT(s, IsError(kInvalid, "type 11 (Q3_K)"));
   EXPECT_THAT(s, IsError(kInvalid, "blk.0.w"));
   EXPECT_THAT(Parse(OneTensor({4}, 77, 0, 64)), IsError(kInvalid, "type 77"));
 }

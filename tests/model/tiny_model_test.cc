@@ -271,7 +271,7 @@ TEST(TinyModelTest, BadOptionsAreRejected) {
   rejected([](TinyModelOptions& o) { o.rms_eps = std::nanf(""); }, "nan eps");
   rejected([](TinyModelOptions& o) { o.perturb = -0.1f; }, "negative perturb");
   rejected([](TinyModelOptions& o) { o.perturb = INFINITY; }, "infinite perturb");
-  rejected([](TinyModelOptions& o) { o.weight_type = static_cast<GgmlType>(12); }, "Q4_K");
+  rejected([](TinyModelOptions& o) { o.weight_type = static_cast<GgmlType>(10); }, "Q2_K");
   rejected(
       [](TinyModelOptions& o) {
         o.d_model = 16384;

@@ -23,7 +23,7 @@ SHAPES = {
     "mqa": (1, 128, 2, 1, 256),
     "deep": (4, 64, 4, 2, 96),
 }
-TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"]
+TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
 
 # Tolerances relative to std(oracle logits): (max |engine - oracle|, RMS, near-tie margin).
 # They were sized by running the oracle against itself with the activation rounding a
@@ -44,7 +44,20 @@ TOLERANCES = {
     "q8_0": (0.25, 0.06, 0.12),
     "q4_0": (0.25, 0.06, 0.12),
     "q4_1": (0.25, 0.06, 0.12),
+    # Q5_0 / Q5_1 and the K-quants: the engine converts them at load (Q5_0 -> Q8_0 exactly,
+    # Q5_1 / Q5_K / Q6_K -> Q8_0 requantised, Q4_K -> Q4_1 with f16-rounded sub-block
+    # factors: model/ggml_converted_types.h); the oracle decodes them exactly with gguf-py. Those conversions are far below the activation rounding
+    # these bounds were sized for, so the quantised types' bounds apply unchanged.
+    "q5_0": (0.25, 0.06, 0.12),
+    "q5_1": (0.25, 0.06, 0.12),
+    "q4_k": (0.25, 0.06, 0.12),
+    "q5_k": (0.25, 0.06, 0.12),
+    "q6_k": (0.25, 0.06, 0.12),
 }
+# K-quant matrices need rows of whole 256-value blocks (narrower ones fall back to Q8_0 in
+# tiny-model, as in llama.cpp's quantiser), so they get a shape where every matrix has them.
+K_SHAPE = (2, 256, 4, 2, 512)
+K_TYPES = ["q4_k", "q5_k", "q6_k"]
 # A half-precision KV cache adds its own rounding (measured the same way with
 # NumpyLlama(kv_round=...) on f32 weights: f16 K/V max 1.3e-3 / RMS 2.7e-4, bf16 K/V max
 # 1.2e-2 / RMS 2.4e-3; llama.cpp with its default f16 cache: max 1.0e-3). Tell the test
@@ -105,6 +118,21 @@ def test_logits_match_oracle(specnode, tiny_model, tmp_path, shape, wtype):
     want = oracle.logits(tokens)
     got = specnode.logits(path, tokens, tmp_path / "logits.bin")
     compare_logits(got, want, tolerance(wtype), f"{shape}/{wtype}")
+
+
+@pytest.mark.parametrize("wtype", K_TYPES)
+def test_k_quant_logits_match_oracle(specnode, tiny_model, tmp_path, wtype):
+    """K-quant files (as Q4_K_M / Q5_K_M / Q6_K GGUFs store their matrices): gguf-py's own
+    decoder is the reference for both the engine's K-quant decoding and its conversion."""
+    layers, d_model, heads, kv_heads, ff = K_SHAPE
+    path = tiny_model(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ff=ff,
+                      type=wtype, seed=11)
+    oracle = NumpyLlama(path, dtype=np.float64)
+    matrices = {n: t for n, t in oracle.types.items() if not n.endswith("norm.weight")}
+    assert matrices and all(t.name == wtype.upper() for t in matrices.values()), matrices
+    tokens = token_list(oracle.cfg.vocab_size, N_TOKENS, 11)
+    got = specnode.logits(path, tokens, tmp_path / "logits.bin")
+    compare_logits(got, oracle.logits(tokens), tolerance(wtype), f"k256/{wtype}")
 
 
 def test_logits_are_causal(specnode, tiny_model, tmp_path):
