@@ -40,7 +40,9 @@
 //
 // Decision for the next step of a sequence in a domain (ChooseK):
 //   warmup    fewer than min_observations evaluated positions: K = k_initial (unless
-//             early disabling already judged the domain bad, see early_z).
+//             early disabling already judged the domain bad, see early_z), or K = 0 when
+//             the drafter can never win (CanNeverWin): the domain is then probed like an
+//             adapt-direct one instead of warmed up.
 //   free      a >= free_threshold: speculate; K = argmax G(K) over [k_min, k_max], unless
 //             plain decoding is faster by more than free_direct_margin (then K = 0, and
 //             the domain is probed like an adapt-direct one).
@@ -292,6 +294,7 @@ class SpecController {
   bool DirectWinsLocked(SpecMode mode, double a, int k) const;
   // Direct steps between probes (see probe_overhead_budget).
   int ProbeIntervalLocked() const;
+  bool CanNeverWinLocked() const;
   double ExpectedGoodputLocked(const DomainState& s) const;
   DomainSnapshot SnapshotLocked(std::string_view name, const DomainState& s) const;
 

@@ -430,6 +430,28 @@ TEST(SpecControllerTest, HopelessDrafterIsDisabledEarly) {
   EXPECT_EQ(patient->Snapshot("chat").mode, SpecMode::kDisabled);
 }
 
+TEST(SpecControllerTest, DrafterThatCanNeverWinDoesNotWarmUpNewDomains) {
+  // Draft 8 ms/token, verify 10 + 3k ms, direct 10 ms: even all accepted, K drafts give
+  // K + 1 tokens for 10 + 11K ms, never better than 10 ms per token.
+  auto ctl = Make();
+  SetTimings(*ctl, 8.0, 10.0, 3.0, 10.0);
+  ASSERT_TRUE(ctl->CanNeverWin());
+  EXPECT_EQ(ctl->ChooseK("new"), 0);  // no warm-up speculation
+  EXPECT_EQ(ctl->Snapshot("new").mode, SpecMode::kWarmup);
+  // Probed at the budgeted interval: a k=2 probe costs 16 + 16 - 10 = 22 ms more than a
+  // direct step, at 2% of 10 ms that is one probe per 110 direct steps.
+  int direct = 1;
+  int k = 0;
+  while ((k = ctl->ChooseK("new")) == 0) ASSERT_LT(++direct, 1000);
+  EXPECT_NEAR(direct, 110, 1);  // ceil of a float quotient
+  EXPECT_EQ(k, 2);
+  // A drafter that can win still warms up with k_initial.
+  auto fine = Make();
+  SetTimings(*fine, 0.0, 10.0, 0.5, 10.0);
+  ASSERT_FALSE(fine->CanNeverWin());
+  EXPECT_EQ(fine->ChooseK("new"), 4);
+}
+
 TEST(SpecControllerTest, ExpensiveProbesAreSpacedOut) {
   // Draft 5 ms/token, verify 10 + 0.5k ms, direct 10 ms: a k=2 probe costs 10 + 11 - 10 =
   // 11 ms more than a direct step; at a 2% budget that is one probe per 55 direct steps.
