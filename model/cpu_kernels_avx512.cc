@@ -41,10 +41,13 @@ namespace specnode::cpu_kernels {
 namespace {
 
 constexpr int kBlock = kQuantBlock;
-// Quantised weights: up to 8 tokens per weight load. n tokens go in ceil(n / 8) tiles of
-// near-equal size (5: one tile of 5; 9: 5 + 4), each an instantiation for its exact size,
-// so a verification pass of K + 1 <= 8 tokens streams the weights once.
-constexpr int kQuantTile = 8;
+// Quantised weights: up to 12 tokens per weight load. n tokens go in ceil(n / 12) tiles of
+// near-equal size (9: one tile of 9; 16: 8 + 8), each an instantiation for its exact size,
+// so a verification pass of K + 1 <= 12 tokens streams the weights once. 8 split 9 tokens
+// into 5 + 4 and made a 9-token step cost as much as a 16-token one (DecodeStep, 1
+// thread, int16: n=9 52 ms vs n=16 58-62 ms; with 12: 31-33 ms); 16 spills registers
+// (n=16 in one tile: 86 ms against 55 ms as 8 + 8).
+constexpr int kQuantTile = 12;
 constexpr int kChunk = 16;     // blocks whose scales are converted together
 // Loops over a tile's tokens carry `#pragma GCC unroll`: -O2 does not unroll them on its
 // own, and rolled they keep the per-token accumulators in memory.
@@ -352,7 +355,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
   const __m512i transpose = TransposeIndex<bb>();  // unused for Q8_0
   TileActs<Act> x[T];
   __m512 acc[T];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     x[t] = ActsFor<Act>(a.x, t0 + t);
     acc[t] = _mm512_setzero_ps();
@@ -368,7 +371,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
       const __m512i low = _mm512_set1_epi8(0x0F);
       const __m512i w[2] = {_mm512_and_si512(t, low),
                             _mm512_and_si512(_mm512_srli_epi16(t, 4), low)};
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int tt = 0; tt < T; ++tt) {
         const __m512i dot = DotU8(w, xq[tt] + g * kBlock);
         acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), GroupScales(&scales[tt][g]), acc[tt]);
@@ -378,7 +381,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
       const __m512i w[4] = {
           _mm512_and_si512(t, low), _mm512_and_si512(_mm512_srli_epi16(t, 4), low),
           _mm512_and_si512(_mm512_srli_epi16(t, 8), low), _mm512_srli_epi16(t, 12)};
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int tt = 0; tt < T; ++tt) {
         const __m512i dot = DotI16<kVnni, 4>(w, xq[tt] + g * kBlock);
         acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), GroupScales(&scales[tt][g]), acc[tt]);
@@ -390,7 +393,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
       __attribute__((always_inline)) {
     if constexpr (kI8) {
       const __m512i w = PairWeightsQ8U8<kSecond>(q);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int tt = 0; tt < T; ++tt) {
         const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w,
                                                 _mm512_loadu_si512(xq[tt] + j * kBlock));
@@ -399,7 +402,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
     } else {
       __m512i w[2];
       PairWeightsQ8<kSecond>(q, w);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int tt = 0; tt < T; ++tt) {
         const __m512 dot = _mm512_cvtepi32_ps(DotI16<kVnni, 2>(w, xq[tt] + j * kBlock));
         acc[tt] = _mm512_fmadd_ps(dot, PairScales(&scales[tt][j]), acc[tt]);
@@ -422,7 +425,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
       } else if constexpr (kI8) {
         mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
       }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int t = 0; t < T; ++t) {
         _mm512_store_ps(&scales[t][c], _mm512_mul_ps(dw, _mm512_loadu_ps(x[t].d + s0 + c)));
         if constexpr (!kQ8 || kI8) {
@@ -431,7 +434,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
       }
     }
     const Act* xq[T];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int t = 0; t < T; ++t) xq[t] = x[t].q + s0 * kBlock;
     const uint8_t* q = seg + qoff;
     // Loops step two groups (pairs) at a time: measurably faster than one at a time.
@@ -462,7 +465,7 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
       if (g < nseg) group(q, xq, g, bb * (nseg - g - 1) + 16);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) sums[t * sums_stride] = acc[t];
 }
 
