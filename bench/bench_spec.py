@@ -12,7 +12,11 @@ Writes bench/results/spec-<date>.json and, when matplotlib is installed
 and configuration, with the 1.0 (target-only) and 0.97 lines.
 
   ~/.cache/specnode/venv/bin/python bench/bench_spec.py [--specnode build/node/specnode]
-      [--drafters ngram,self:20] [--per-domain 8] [--max-tokens 64] [--threads 2]
+      [--drafters ngram,self:20] [--per-domain 8] [--max-tokens 128] [--threads 2]
+      [--extra "--ignore-eos"]
+
+Generations end at the model's end-of-generation token, as served requests do (most
+answers end before 128 tokens); `--extra "--ignore-eos"` decodes --max-tokens every time.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def main() -> int:
     ap.add_argument("--model", default=os.environ.get("SPECNODE_MODEL", ""))
     ap.add_argument("--drafters", default="ngram,self:20")
     ap.add_argument("--per-domain", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--spec-k", type=int, default=4, help="K of the fixed-K (router off) runs")
     ap.add_argument("--k-max", type=int, default=8, help="largest K of the adaptive runs")
     ap.add_argument("--router-rules", default=str(ROOT / "bench/prompts/router-rules.json"),
