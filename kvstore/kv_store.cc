@@ -267,7 +267,6 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
     s->mass_sum[h].resize(s->loc.size(), 0.0f);
     s->mass_cnt[h].resize(s->loc.size(), 0.0f);
   }
-  s->track = config_.mode == KvMode::kMixed;
   return absl::OkStatus();
 }
 
@@ -400,7 +399,7 @@ void KvStore::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
       // Sampled by the query's position, not by step: a sequence observes the same
       // queries whether it decodes one token per step, verifies drafts or prefills, and a
       // verification pass costs no more per row than a decode step.
-      const bool observe = s.track && n_ctx - min_distance > 0 &&
+      const bool observe = config_.mode == KvMode::kMixed && n_ctx - min_distance > 0 &&
                            (n_ctx - 1) % config_.mass_sample_every == 0;
       if (observe) {
         const int32_t* p = sc.pos[c].data();

@@ -28,7 +28,6 @@ struct KvStore::Sequence {
   std::vector<std::vector<float>> mass_sum, mass_cnt;
   int32_t demoted_upto = 0;  // positions below have been considered for demotion
   int32_t evicted_upto = 0;
-  bool track = false;            // mixed mode: Attend observes attention mass
   int64_t pending_bytes = 0;     // reserved for the next Commit's demotions
   // Swap tier: per position the class (or 255 = evicted) and the rows, in Row() order.
   bool swapped = false;

@@ -104,9 +104,6 @@ void EncodeQ5(const uint8_t* q, Block* b) {
   std::memcpy(b->qh, &qh, 4);
 }
 
-// Values per block of a converted type.
-int BlockValues(GgmlType type) { return GgmlBlockSize(type); }
-
 void DequantizeBlock(GgmlType type, const uint8_t* src, float* y) {
   if (type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1) {
     uint8_t q[32];
@@ -278,7 +275,7 @@ void QuantizeBlock(GgmlType type, const float* x, uint8_t* dst) {
 }  // namespace
 
 void DequantizeConvertedRow(GgmlType type, const void* src, float* dst, int64_t cols) {
-  const int bs = BlockValues(type);
+  const int bs = GgmlBlockSize(type);
   assert(IsConvertedType(type) && cols % bs == 0);
   const auto* bytes = static_cast<const uint8_t*>(src);
   const size_t bb = GgmlBlockBytes(type);
@@ -286,7 +283,7 @@ void DequantizeConvertedRow(GgmlType type, const void* src, float* dst, int64_t 
 }
 
 void QuantizeConvertedRow(GgmlType type, const float* src, void* dst, int64_t cols) {
-  const int bs = BlockValues(type);
+  const int bs = GgmlBlockSize(type);
   assert(IsConvertedType(type) && cols % bs == 0);
   auto* bytes = static_cast<uint8_t*>(dst);
   const size_t bb = GgmlBlockBytes(type);
@@ -308,7 +305,7 @@ GgmlType ComputeTypeOf(GgmlType type) {
 }
 
 void ConvertRowToComputeType(GgmlType type, const void* src, void* dst, int64_t cols) {
-  const int bs = BlockValues(type);
+  const int bs = GgmlBlockSize(type);
   assert(IsConvertedType(type) && cols % bs == 0);
   const auto* in = static_cast<const uint8_t*>(src);
   auto* out = static_cast<uint8_t*>(dst);

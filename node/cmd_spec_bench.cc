@@ -227,6 +227,7 @@ absl::Status Run(const CliArgs& args) {
     }
     configs.push_back(std::move(c));
   }
+  const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
   for (auto& c : configs) {
     std::vector<DraftGroup> groups;
     for (size_t i = 0; i < c->drafters.size(); ++i) {
@@ -235,7 +236,6 @@ absl::Status Run(const CliArgs& args) {
     SpecEngineOptions options;
     options.adaptive = c->adaptive;
     options.fixed_k = static_cast<int>(spec_k);
-    const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
     options.stop_tokens.insert(eog.begin(), eog.end());
     c->engine = std::make_unique<SpeculativeEngine>(&session->runner(), groups, options);
   }
