@@ -22,20 +22,13 @@
 // Float rule for batch invariance: every float add here takes an FMA result or a sum, never
 // a bare product, so -ffp-contract cannot fuse anything differently between tile sizes.
 
-// GCC 12's AVX-512 headers build their "undefined" vectors as self-initialised locals, which
-// -Wuninitialized reports at every inlined use; the diagnostics are spurious.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <utility>
 
 #include "model/cpu_kernels.h"
+#include "model/cpu_kernels_avx512_common.h"
 
 namespace specnode::cpu_kernels {
 namespace {
@@ -48,7 +41,7 @@ constexpr int kBlock = kQuantBlock;
 // thread, int16: n=9 52 ms vs n=16 58-62 ms; with 12: 31-33 ms); 16 spills registers
 // (n=16 in one tile: 86 ms against 55 ms as 8 + 8).
 constexpr int kQuantTile = 12;
-constexpr int kChunk = 16;     // blocks whose scales are converted together
+constexpr int kChunk = 16;  // blocks whose scales are converted together
 // Loops over a tile's tokens carry `#pragma GCC unroll`: -O2 does not unroll them on its
 // own, and rolled they keep the per-token accumulators in memory.
 
@@ -201,9 +194,7 @@ inline TileActs<Act> ActsFor(const QuantActs& x, int64_t t) {
   return {q + t * x.qs_stride, x.d + t * x.ds_stride, x.s + t * x.ds_stride};
 }
 
-inline __mmask16 FirstLanes(int k) {
-  return static_cast<__mmask16>(k >= 16 ? 0xFFFFu : (1u << k) - 1u);
-}
+using avx512::FirstLanes;
 
 // The 16 blocks' first 4 bytes (f16 d, then f16 m or quants) with one masked gather; masked
 // lanes read nothing, so a short last chunk never touches memory past the row.
@@ -395,8 +386,8 @@ void TileQuant(const QuantMatMulArgs& a, const uint8_t* row, int64_t t0, __m512*
       const __m512i w = PairWeightsQ8U8<kSecond>(q);
 #pragma GCC unroll 16
       for (int tt = 0; tt < T; ++tt) {
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w,
-                                                _mm512_loadu_si512(xq[tt] + j * kBlock));
+        const __m512i dot =
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xq[tt] + j * kBlock));
         acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), PairScales(&scales[tt][j]), acc[tt]);
       }
     } else {
@@ -563,10 +554,9 @@ void MatMulQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 // int8 needs vpdpbusd (vpmaddubsw would saturate Q8_0's 255 x 127 pairs): VNNI only.
 // Float weights: cpu_kernels_avx512_float.cc.
-const KernelTable kAvx512Kernels = {"avx512",         &Quantize, &MatMulQuant<false>,
+const KernelTable kAvx512Kernels = {"avx512",           &Quantize, &MatMulQuant<false>,
                                     &MatMulFloatAvx512, nullptr,   nullptr};
-const KernelTable kAvx512VnniKernels = {
-    "avx512-vnni",      &Quantize,  &MatMulQuant<true>,
-    &MatMulFloatAvx512, &Quantize8, &MatMulQuant<true, int8_t>};
+const KernelTable kAvx512VnniKernels = {"avx512-vnni",      &Quantize,  &MatMulQuant<true>,
+                                        &MatMulFloatAvx512, &Quantize8, &MatMulQuant<true, int8_t>};
 
 }  // namespace specnode::cpu_kernels

@@ -3,27 +3,18 @@
 // activations stay f32: one weight load serves up to kTile tokens, each with its own FMA
 // chain in a fixed order, so results are batch-invariant (cpu_kernels.h).
 
-// GCC 12's AVX-512 headers build their "undefined" vectors as self-initialised locals, which
-// -Wuninitialized reports at every inlined use; the diagnostics are spurious.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstdint>
 
 #include "model/cpu_kernels.h"
+#include "model/cpu_kernels_avx512_common.h"
 
 namespace specnode::cpu_kernels {
 namespace {
 
 constexpr int kTile = 4;  // tokens per weight load when n >= 4
 
-inline __mmask16 FirstLanes(int k) {
-  return static_cast<__mmask16>(k >= 16 ? 0xFFFFu : (1u << k) - 1u);
-}
+using avx512::FirstLanes;
 
 // Up to 16 weights of a float-type row as f32; masked lanes are zero and not read.
 template <GgmlType kType>
