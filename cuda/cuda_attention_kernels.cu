@@ -14,7 +14,9 @@
 namespace specnode::cuda_internal {
 namespace {
 
-constexpr int kWarps = 4;
+// 8 warps: a decode token's block walks its context 8 positions at a time (the kernel is
+// latency-bound at batch 1: n_heads blocks only).
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kPerLane = kAttentionMaxHeadDim / 32;
 constexpr int kElementwiseThreads = 256;
@@ -39,7 +41,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 
 __global__ void __launch_bounds__(kThreads)
     PagedAttentionKernel(const float* __restrict__ q, const uint16_t* __restrict__ k_pool,
-                         const uint16_t* __restrict__ v_pool, const int32_t* __restrict__ page_table,
+                         const uint16_t* __restrict__ v_pool,
+                         const int32_t* __restrict__ page_table,
                          const int32_t* __restrict__ table_row, const int32_t* __restrict__ ctx,
                          int n_heads, int n_kv_heads, int head_dim, int page_tokens, int max_pages,
                          float scale, float* __restrict__ out) {
@@ -156,7 +159,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
                         int64_t cols, const int32_t* __restrict__ ids, float* __restrict__ out) {
   const int64_t i = blockIdx.x;
   const uint8_t* row = w + static_cast<size_t>(ids[i]) * row_stride;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[i * cols + c] = DequantAt(type, row, c);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    out[i * cols + c] = DequantAt(type, row, c);
 }
 
 }  // namespace
@@ -177,9 +181,9 @@ cudaError_t LaunchPagedAttention(const float* q, const uint16_t* k_pool, const u
                                  int head_dim, int page_tokens, int max_pages, float scale,
                                  float* out, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(n));
-  PagedAttentionKernel<<<grid, kThreads, 0, stream>>>(q, k_pool, v_pool, page_table, table_row,
-                                                      ctx, n_heads, n_kv_heads, head_dim,
-                                                      page_tokens, max_pages, scale, out);
+  PagedAttentionKernel<<<grid, kThreads, 0, stream>>>(q, k_pool, v_pool, page_table, table_row, ctx,
+                                                      n_heads, n_kv_heads, head_dim, page_tokens,
+                                                      max_pages, scale, out);
   return cudaGetLastError();
 }
 

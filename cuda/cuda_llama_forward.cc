@@ -1,8 +1,11 @@
 #include "cuda/cuda_llama_forward.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_attention.h"
@@ -66,6 +69,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaForward>> CudaLlamaForward::Create(
   ko.capacity_bytes = options.kv_capacity_bytes;
   ko.page_tokens = options.kv_page_tokens;
   SPECNODE_ASSIGN_OR_RETURN(f->cache_, CudaKvCache::Create(ko));
+  f->page_stride_ = std::max(1, (config.context_length + ko.page_tokens - 1) / ko.page_tokens);
+  const char* env = std::getenv("SPECNODE_CUDA_GRAPHS");
+  const bool env_off = env != nullptr && std::string(env) == "0";
+  if (options.cuda_graphs && !env_off && f->reducer_ == nullptr) {
+    f->graphs_ = std::make_unique<CudaGraphCache>();
+  }
   return f;
 }
 
@@ -96,7 +105,8 @@ absl::StatusOr<DeviceBuffer> CudaLlamaForward::UploadNorm(const float* v, int64_
 }
 
 absl::Status CudaLlamaForward::Ensure(DeviceBuffer& buf, size_t bytes) {
-  return buf.Reserve(std::max<size_t>(bytes, 1));
+  if (bytes <= buf.size()) return absl::OkStatus();
+  return buf.Reserve(std::bit_ceil(std::max<size_t>(bytes, 256)));
 }
 
 absl::Status CudaLlamaForward::ToDevice(DeviceBuffer& buf, const void* host, size_t bytes) {
@@ -149,37 +159,36 @@ absl::Status CudaLlamaForward::Run(std::span<const BatchEntry> batch,
                                    const std::vector<int32_t>& pos0, int64_t n,
                                    std::vector<float>* logits) {
   const int d = config_.d_model;
-  // The step's tables on the host, then one copy each.
-  h_ids_.clear();
-  h_positions_.clear();
-  h_kv_rows_.clear();
-  h_table_row_.clear();
-  h_ctx_.clear();
-  max_pages_ = 1;
+  // The step's tables on the host, then one copy (layout in the header).
+  int max_pages = 1;
   for (const BatchEntry& e : batch) {
-    max_pages_ = std::max(max_pages_, static_cast<int>(cache_->Pages(e.seq).size()));
+    max_pages = std::max(max_pages, static_cast<int>(cache_->Pages(e.seq).size()));
   }
-  h_page_table_.assign(batch.size() * static_cast<size_t>(max_pages_), 0);
+  // Only a cache larger than the context could exceed the fixed stride; then the stride
+  // grows (and graphs recapture, the stride being part of their signature).
+  page_stride_ = std::max(page_stride_, max_pages);
+  const size_t rows = static_cast<size_t>(n);
+  h_tables_.assign(5 * rows + batch.size() * static_cast<size_t>(page_stride_), 0);
+  int32_t* ids = h_tables_.data();
+  int32_t* positions = ids + rows;
+  int32_t* kv_rows = positions + rows;
+  int32_t* table_row = kv_rows + rows;
+  int32_t* ctx = table_row + rows;
+  int32_t* page_table = ctx + rows;
+  size_t t = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const std::vector<int32_t>& pages = cache_->Pages(batch[i].seq);
-    std::copy(pages.begin(), pages.end(), h_page_table_.begin() + i * max_pages_);
-    for (size_t j = 0; j < batch[i].tokens.size(); ++j) {
+    std::copy(pages.begin(), pages.end(), page_table + i * page_stride_);
+    for (size_t j = 0; j < batch[i].tokens.size(); ++j, ++t) {
       const int32_t pos = pos0[i] + static_cast<int32_t>(j);
-      h_ids_.push_back(batch[i].tokens[j]);
-      h_positions_.push_back(pos);
-      h_kv_rows_.push_back(cache_->RowOf(batch[i].seq, pos));
-      h_table_row_.push_back(static_cast<int32_t>(i));
-      h_ctx_.push_back(pos + 1);
+      ids[t] = batch[i].tokens[j];
+      positions[t] = pos;
+      kv_rows[t] = cache_->RowOf(batch[i].seq, pos);
+      table_row[t] = static_cast<int32_t>(i);
+      ctx[t] = pos + 1;
     }
   }
-  const size_t ints = static_cast<size_t>(n) * sizeof(int32_t);
-  SPECNODE_RETURN_IF_ERROR(ToDevice(ids_, h_ids_.data(), ints));
-  SPECNODE_RETURN_IF_ERROR(ToDevice(positions_, h_positions_.data(), ints));
-  SPECNODE_RETURN_IF_ERROR(ToDevice(kv_rows_, h_kv_rows_.data(), ints));
-  SPECNODE_RETURN_IF_ERROR(ToDevice(table_row_, h_table_row_.data(), ints));
-  SPECNODE_RETURN_IF_ERROR(ToDevice(ctx_, h_ctx_.data(), ints));
-  SPECNODE_RETURN_IF_ERROR(
-      ToDevice(page_table_, h_page_table_.data(), h_page_table_.size() * sizeof(int32_t)));
+  SPECNODE_RETURN_IF_ERROR(ToDevice(tables_, h_tables_.data(), h_tables_.size() * sizeof(int32_t)));
 
   const size_t f = sizeof(float);
   SPECNODE_RETURN_IF_ERROR(Ensure(x_, n * d * f));
@@ -191,32 +200,61 @@ absl::Status CudaLlamaForward::Run(std::span<const BatchEntry> batch,
   SPECNODE_RETURN_IF_ERROR(Ensure(gate_, n * d_ff_ * f));
   SPECNODE_RETURN_IF_ERROR(Ensure(up_, n * d_ff_ * f));
 
+  if (graphs_ != nullptr) {
+    // Everything Body bakes into its launches besides n.
+    GraphSignature sig;
+    for (const DeviceBuffer* b : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &tables_}) {
+      sig.Add(b->data());
+    }
+    sig.Add(static_cast<uint64_t>(page_stride_));
+    SPECNODE_RETURN_IF_ERROR(graphs_->Run(stream_, n, sig.value(), [&] { return Body(n); }));
+  } else {
+    SPECNODE_RETURN_IF_ERROR(Body(n));
+  }
+  return Head(batch, logits);
+}
+
+absl::Status CudaLlamaForward::Body(int64_t n) {
   SPECNODE_RETURN_IF_ERROR(
-      CudaEmbeddingRows(token_embd_.view, ids_.as<int32_t>(), n, x_.as<float>(), stream_));
+      CudaEmbeddingRows(token_embd_.view, tables_.as<int32_t>(), n, x_.as<float>(), stream_));
+  if (layers_.empty()) return absl::OkStatus();
+  // Each layer starts with h = its attention norm of x: here for the first, fused into the
+  // previous layer's last residual add for the others.
+  SPECNODE_RETURN_IF_ERROR(CudaRmsNorm(x_.as<float>(), layers_[0].attn_norm.as<float>(), n,
+                                       config_.d_model, config_.rms_eps, h_.as<float>(), stream_));
   for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
     SPECNODE_RETURN_IF_ERROR(Layer(l, n));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaLlamaForward::Head(std::span<const BatchEntry> batch, std::vector<float>* logits) {
   if (logits == nullptr) {
     SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
-  // Final norm and head over the rows that need logits only.
+  // Final norm and head over the rows that need logits only: one norm launch per run of
+  // consecutive rows (a decode batch or a verification pass is a single run).
+  const int d = config_.d_model;
+  const size_t f = sizeof(float);
   const std::vector<int64_t> out_rows = LogitRows(batch);
   const int64_t n_out = static_cast<int64_t>(out_rows.size());
   const int64_t vocab = config_.vocab_size;
   SPECNODE_RETURN_IF_ERROR(Ensure(normed_, n_out * d * f));
   SPECNODE_RETURN_IF_ERROR(Ensure(logits_, n_out * vocab * f));
-  for (int64_t r = 0; r < n_out; ++r) {
-    SPECNODE_RETURN_IF_ERROR(CudaRmsNorm(x_.as<float>() + out_rows[r] * d,
-                                         output_norm_.as<float>(), 1, d, config_.rms_eps,
-                                         normed_.as<float>() + r * d, stream_));
+  for (int64_t r = 0; r < n_out;) {
+    int64_t run = 1;
+    while (r + run < n_out && out_rows[r + run] == out_rows[r] + run) ++run;
+    SPECNODE_RETURN_IF_ERROR(CudaRmsNorm(x_.as<float>() + out_rows[r] * d, output_norm_.as<float>(),
+                                         run, d, config_.rms_eps, normed_.as<float>() + r * d,
+                                         stream_));
+    r += run;
   }
   SPECNODE_RETURN_IF_ERROR(
       CudaMatMul(mm_.get(), output_.view, normed_.as<float>(), n_out, logits_.as<float>()));
   logits->resize(static_cast<size_t>(n_out * vocab));
-  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.data(),
-                                                logits->size() * f, cudaMemcpyDeviceToHost,
-                                                stream_));
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.data(), logits->size() * f,
+                                                cudaMemcpyDeviceToHost, stream_));
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
@@ -235,47 +273,55 @@ absl::Status CudaLlamaForward::Layer(int l, int64_t n) {
   float* up = up_.as<float>();
   CudaMatMulContext* mm = mm_.get();
 
-  // Attention block.
-  SPECNODE_RETURN_IF_ERROR(
-      CudaRmsNorm(x, lw.attn_norm.as<float>(), n, d, config_.rms_eps, h, stream_));
-  SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.wq.view, h, n, q));
-  SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.wk.view, h, n, k));
-  SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.wv.view, h, n, v));
-  const int32_t* positions = positions_.as<int32_t>();
-  SPECNODE_RETURN_IF_ERROR(
-      CudaRopeNorm(q, positions, n, n_heads_, hd, config_.rope_dim, config_.rope_base, stream_));
-  SPECNODE_RETURN_IF_ERROR(
-      CudaRopeNorm(k, positions, n, n_kv_heads_, hd, config_.rope_dim, config_.rope_base, stream_));
-  SPECNODE_RETURN_IF_ERROR(CudaKvWrite(k, v, kv_rows_.as<int32_t>(), n, cache_->kv_dim(),
-                                       cache_->k_pool(l), cache_->v_pool(l), stream_));
+  // Attention block; h = attention norm of x already (Body).
+  {
+    const WeightView ws[] = {lw.wq.view, lw.wk.view, lw.wv.view};
+    float* const ys[] = {q, k, v};
+    SPECNODE_RETURN_IF_ERROR(CudaMatMulSharedInput(mm, ws, h, n, ys));
+  }
+  const int32_t* tables = tables_.as<int32_t>();
+  const int32_t* positions = tables + n;
+  const int32_t* kv_rows = tables + 2 * n;
+  SPECNODE_RETURN_IF_ERROR(CudaRopeNormPair(q, k, positions, n, n_heads_, n_kv_heads_, hd,
+                                            config_.rope_dim, config_.rope_base, stream_));
+  SPECNODE_RETURN_IF_ERROR(CudaKvWrite(k, v, kv_rows, n, cache_->kv_dim(), cache_->k_pool(l),
+                                       cache_->v_pool(l), stream_));
   CudaAttentionArgs a;
   a.q = q;
   a.k_pool = cache_->k_pool(l);
   a.v_pool = cache_->v_pool(l);
-  a.page_table = page_table_.as<int32_t>();
-  a.table_row = table_row_.as<int32_t>();
-  a.ctx = ctx_.as<int32_t>();
+  a.page_table = tables + 5 * n;
+  a.table_row = tables + 3 * n;
+  a.ctx = tables + 4 * n;
   a.n = n;
   a.n_heads = n_heads_;
   a.n_kv_heads = n_kv_heads_;
   a.head_dim = hd;
   a.page_tokens = cache_->options().page_tokens;
-  a.max_pages = max_pages_;
+  a.max_pages = page_stride_;
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   a.out = attn;
   SPECNODE_RETURN_IF_ERROR(CudaPagedAttention(a, stream_));
   SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.wo.view, attn, n, h));
   SPECNODE_RETURN_IF_ERROR(AllReduce(h, n * d));
-  SPECNODE_RETURN_IF_ERROR(CudaAddInPlace(x, h, n * d, stream_));
+  // Residual add + feed-forward norm in one launch.
+  SPECNODE_RETURN_IF_ERROR(
+      CudaAddRmsNorm(x, h, lw.ffn_norm.as<float>(), n, d, config_.rms_eps, h, stream_));
 
   // Feed-forward block.
-  SPECNODE_RETURN_IF_ERROR(
-      CudaRmsNorm(x, lw.ffn_norm.as<float>(), n, d, config_.rms_eps, h, stream_));
-  SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.w_gate.view, h, n, gate));
-  SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.w_up.view, h, n, up));
+  {
+    const WeightView ws[] = {lw.w_gate.view, lw.w_up.view};
+    float* const ys[] = {gate, up};
+    SPECNODE_RETURN_IF_ERROR(CudaMatMulSharedInput(mm, ws, h, n, ys));
+  }
   SPECNODE_RETURN_IF_ERROR(CudaSwiGlu(gate, up, n * d_ff_, gate, stream_));
   SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm, lw.w_down.view, gate, n, h));
   SPECNODE_RETURN_IF_ERROR(AllReduce(h, n * d));
+  // Residual add, fused with the next layer's attention norm where there is one.
+  if (l + 1 < static_cast<int>(layers_.size())) {
+    return CudaAddRmsNorm(x, h, layers_[l + 1].attn_norm.as<float>(), n, d, config_.rms_eps, h,
+                          stream_);
+  }
   return CudaAddInPlace(x, h, n * d, stream_);
 }
 

@@ -15,6 +15,14 @@
 // or int8 blocks), KV is f16 (the CPU's "full" mode; no mixed precision or host tier yet),
 // and a tensor-parallel shard all-reduces through a synchronous reducer (the stream waits).
 //
+// CUDA graphs: the embedding + layers part of a pass (everything but the head) is replayed
+// as a CUDA graph once a pass shape (its number of token rows) recurs (cuda_graph_cache.h):
+// per-step tables go to the device in one copy before the replay, and the page table has a
+// fixed row stride (context_length / page_tokens pages) so it does not change the shape.
+// Graphs run exactly the kernels of the eager pass, so results are bit-identical (tested).
+// Off with CudaForwardOptions::cuda_graphs = false or SPECNODE_CUDA_GRAPHS=0 in the
+// environment; never used for a tensor-parallel shard (its all-reduce synchronises the host).
+//
 // Not thread-safe. Create() and every call with the same device current; all work runs on
 // the forward's own stream, and Forward returns after the logits reached the host.
 #pragma once
@@ -28,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cuda/cuda_graph_cache.h"
 #include "cuda/cuda_kv_cache.h"
 #include "cuda/cuda_matmul.h"
 #include "cuda/device_buffer.h"
@@ -45,6 +54,8 @@ struct CudaForwardOptions {
   // NcclCommunicator on `device`), called after the O and down projections with the
   // forward's stream synchronised; null for a whole model. Borrowed.
   PartialSumReducer* reducer = nullptr;
+  // Replay recurring pass shapes as CUDA graphs (see above).
+  bool cuda_graphs = true;
 };
 
 class CudaLlamaForward {
@@ -66,6 +77,8 @@ class CudaLlamaForward {
   const LlamaConfig& config() const { return config_; }
   int device() const { return device_; }
   int64_t weight_bytes() const { return weight_bytes_; }
+  // Null when graphs are off for this forward.
+  const CudaGraphCache* graphs() const { return graphs_.get(); }
 
  private:
   struct DeviceMatrix {
@@ -82,10 +95,15 @@ class CudaLlamaForward {
   absl::StatusOr<DeviceBuffer> UploadNorm(const float* v, int64_t n);
   absl::Status Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0, int64_t n,
                    std::vector<float>* logits);
+  // Embedding + every layer over the step's n rows: kernels only, graph-capturable.
+  absl::Status Body(int64_t n);
   absl::Status Layer(int l, int64_t n);
+  // Final norm + head over the rows that need logits, and the copy to the host.
+  absl::Status Head(std::span<const BatchEntry> batch, std::vector<float>* logits);
   // Sums `h` [n, d_model] over the shards (no-op for a whole model).
   absl::Status AllReduce(float* h, int64_t count);
-  // Grows `buf` to hold `bytes` (contents discarded when it grows).
+  // Grows `buf` to hold `bytes`, to a power of two so that a growing batch reallocates (and
+  // invalidates captured graphs) only log(n) times; contents discarded when it grows.
   static absl::Status Ensure(DeviceBuffer& buf, size_t bytes);
   absl::Status ToDevice(DeviceBuffer& buf, const void* host, size_t bytes);
 
@@ -101,14 +119,15 @@ class CudaLlamaForward {
   int n_heads_ = 0, n_kv_heads_ = 0, d_ff_ = 0;
   PartialSumReducer* reducer_ = nullptr;
 
-  // Per-step device buffers, grown on demand: activations [n, ...] f32 and the step's
-  // integer tables (token ids, positions, KV rows, page table, per-token table row and
-  // context length).
+  // Per-step device buffers, grown on demand: activations [n, ...] f32, and the step's
+  // integer tables packed into one buffer (one copy per step), each [n] int32 in this order:
+  // token ids, positions, KV rows, per-token page-table row, context length; then the page
+  // table [n_entries, page_stride_].
   DeviceBuffer x_, h_, q_, k_, v_, attn_, gate_, up_, normed_, logits_;
-  DeviceBuffer ids_, positions_, kv_rows_, page_table_, table_row_, ctx_;
-  // Host copies of the step's tables.
-  std::vector<int32_t> h_ids_, h_positions_, h_kv_rows_, h_page_table_, h_table_row_, h_ctx_;
-  int max_pages_ = 0;
+  DeviceBuffer tables_;
+  std::vector<int32_t> h_tables_;  // host staging of tables_
+  int page_stride_ = 0;            // pages per page-table row (>= any sequence's pages)
+  std::unique_ptr<CudaGraphCache> graphs_;
 };
 
 }  // namespace specnode

@@ -165,4 +165,42 @@ absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float
   return absl::OkStatus();
 }
 
+absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const WeightView> ws,
+                                   const float* x, int64_t n, std::span<float* const> ys) {
+  if (ws.empty() || ws.size() != ys.size() ||
+      ws.size() > static_cast<size_t>(cuda_internal::kFusedMaxSegments)) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaMatMulSharedInput: ", ws.size(),
+                                                   " matrices and ", ys.size(), " outputs (1..",
+                                                   cuda_internal::kFusedMaxSegments, ")"));
+  }
+  bool same_type = true;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (ws[i].cols != ws[0].cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CudaMatMulSharedInput: cols ", ws[i].cols, " != ", ws[0].cols));
+    }
+    absl::Status valid = ValidateArgs(ws[i], x, n, ys[i]);
+    if (!valid.ok()) return valid;
+    same_type = same_type && ws[i].type == ws[0].type;
+  }
+  if (n == 0) return absl::OkStatus();
+  if (!same_type) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      absl::Status s = CudaMatMul(ctx, ws[i], x, n, ys[i]);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  cuda_internal::FusedSegment segs[cuda_internal::kFusedMaxSegments];
+  int count = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (ws[i].rows == 0) continue;
+    segs[count++] = {ws[i].data, ws[i].row_stride, ws[i].rows, ys[i]};
+  }
+  if (count == 0) return absl::OkStatus();
+  SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchFusedMatMulSegments(
+      ws[0].type, segs, count, ws[0].cols, x, n, ctx != nullptr ? ctx->stream() : nullptr));
+  return absl::OkStatus();
+}
+
 }  // namespace specnode

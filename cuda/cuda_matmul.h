@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -81,5 +82,13 @@ class CudaMatMulContext {
 // n == 0 or w.rows == 0 is a no-op. The input is validated as described above.
 absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float* x, int64_t n,
                         float* y, CudaMatMulAlgo algo = CudaMatMulAlgo::kFused);
+
+// ys[i][n, ws[i].rows] = x[n, cols] · ws[i]ᵀ for 1..3 matrices of the same cols (a layer's
+// Q/K/V or gate/up), kFused: one launch when they share a weight type, one each otherwise.
+// Every output is bit-identical to a separate CudaMatMul call (same per-row instructions);
+// the point is fewer launches in a decode step. Each matrix is validated as by CudaMatMul;
+// InvalidArgument for a count or cols mismatch.
+absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const WeightView> ws,
+                                   const float* x, int64_t n, std::span<float* const> ys);
 
 }  // namespace specnode

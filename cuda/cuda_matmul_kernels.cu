@@ -1,5 +1,6 @@
 // Fused dequantise-matmul kernels. Layout of the work (see cuda_matmul.h for the contract):
-//   block = kFusedWarpsPerBlock warps, one output row per warp;
+//   block = kFusedWarpsPerBlock warps, one output row per warp; grid.x spans the rows of up
+//   to kFusedMaxSegments matrices sharing x (Q/K/V in one launch), each block in one matrix;
 //   gridDim.y = groups of kFusedTokenTile tokens, each with its own accumulators.
 // Quantised rows: the 4 lanes of a quad share one 32-value block, each lane taking 8 values
 // (a 4-byte slice of the nibbles, or 8 int8s), so one warp pass covers 8 blocks = 256
@@ -18,6 +19,40 @@ namespace {
 
 constexpr int kTile = kFusedTokenTile;
 constexpr int kThreads = kFusedWarpsPerBlock * 32;
+
+// A launch's matrices, passed by value: block b of grid.x belongs to the last segment whose
+// first_block <= b.
+struct Segments {
+  const uint8_t* w[kFusedMaxSegments];
+  size_t row_stride[kFusedMaxSegments];
+  int64_t rows[kFusedMaxSegments];
+  float* y[kFusedMaxSegments];
+  unsigned first_block[kFusedMaxSegments];
+  int count;
+};
+
+// This block's matrix: (w, row_stride, rows, y) and its row for this warp, by selects (no
+// dynamic indexing of the parameter struct).
+struct RowOf {
+  const uint8_t* w;
+  size_t row_stride;
+  int64_t rows;
+  float* y;
+  int64_t row;
+};
+__device__ __forceinline__ RowOf SelectRow(const Segments& s) {
+  RowOf r{s.w[0], s.row_stride[0], s.rows[0], s.y[0], 0};
+  unsigned first = 0;
+#pragma unroll
+  for (int i = 1; i < kFusedMaxSegments; ++i) {
+    if (i < s.count && blockIdx.x >= s.first_block[i]) {
+      r = RowOf{s.w[i], s.row_stride[i], s.rows[i], s.y[i], 0};
+      first = s.first_block[i];
+    }
+  }
+  r.row = static_cast<int64_t>(blockIdx.x - first) * kFusedWarpsPerBlock + threadIdx.x / 32;
+  return r;
+}
 
 __device__ __forceinline__ float HalfAt(const uint8_t* p) {
   return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
@@ -94,17 +129,22 @@ __device__ __forceinline__ void StoreTile(float (&acc)[kTile], int lane, int nt,
                                           int64_t rows, int64_t row, float* y) {
 #pragma unroll
   for (int t = 0; t < kTile; ++t) {
+    if (t >= nt) break;  // warp-uniform: a short tile (decode) skips the idle reductions
     const float sum = WarpSum(acc[t]);
-    if (lane == t && t < nt) y[(t0 + t) * rows + row] = sum;
+    if (lane == t) y[(t0 + t) * rows + row] = sum;
   }
 }
 
 template <typename Quant>
 __global__ void __launch_bounds__(kThreads)
-    FusedQuantKernel(const uint8_t* __restrict__ w, size_t row_stride, int64_t rows, int64_t cols,
-                     const float* __restrict__ x, int64_t n, float* __restrict__ y) {
+    FusedQuantKernel(const Segments segs, int64_t cols, const float* __restrict__ x, int64_t n) {
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusedWarpsPerBlock + threadIdx.x / 32;
+  const RowOf sel = SelectRow(segs);
+  const uint8_t* __restrict__ w = sel.w;
+  const size_t row_stride = sel.row_stride;
+  const int64_t rows = sel.rows;
+  float* __restrict__ y = sel.y;
+  const int64_t row = sel.row;
   if (row >= rows) return;  // whole warp leaves together
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int nt = static_cast<int>(min(static_cast<int64_t>(kTile), n - t0));
@@ -119,6 +159,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < kTile; ++t) acc[t] = 0.0f;
 
   const int64_t n_blocks = cols / 32;
+  // Unrolled so that the weight loads of several passes are in flight at once (a decode
+  // matmul is a few dependent passes of DRAM latency otherwise); the per-token order of
+  // accumulation is unchanged.
+#pragma unroll 4
   for (int64_t b = lane >> 2; b < n_blocks; b += 8) {
     float q[8], d, m;
     Quant::Load(wrow + b * Quant::kBytes, sub, q, d, m);
@@ -167,10 +211,14 @@ struct BF16 {
 
 template <typename Plain>
 __global__ void __launch_bounds__(kThreads)
-    FusedPlainKernel(const uint8_t* __restrict__ w, size_t row_stride, int64_t rows, int64_t cols,
-                     const float* __restrict__ x, int64_t n, float* __restrict__ y) {
+    FusedPlainKernel(const Segments segs, int64_t cols, const float* __restrict__ x, int64_t n) {
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kFusedWarpsPerBlock + threadIdx.x / 32;
+  const RowOf sel = SelectRow(segs);
+  const uint8_t* __restrict__ w = sel.w;
+  const size_t row_stride = sel.row_stride;
+  const int64_t rows = sel.rows;
+  float* __restrict__ y = sel.y;
+  const int64_t row = sel.row;
   if (row >= rows) return;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int nt = static_cast<int>(min(static_cast<int64_t>(kTile), n - t0));
@@ -209,36 +257,54 @@ __global__ void ConvertToBf16Kernel(const float* __restrict__ src, __nv_bfloat16
 
 }  // namespace
 
-cudaError_t LaunchFusedMatMul(GgmlType type, const void* w, size_t row_stride, int64_t rows,
-                              int64_t cols, const float* x, int64_t n, float* y,
-                              cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((rows + kFusedWarpsPerBlock - 1) / kFusedWarpsPerBlock),
-                  static_cast<unsigned>((n + kTile - 1) / kTile));
+cudaError_t LaunchFusedMatMulSegments(GgmlType type, const FusedSegment* segments, int count,
+                                      int64_t cols, const float* x, int64_t n,
+                                      cudaStream_t stream) {
+  if (count < 1 || count > kFusedMaxSegments) return cudaErrorInvalidValue;
+  Segments segs{};
+  unsigned blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    segs.w[i] = static_cast<const uint8_t*>(segments[i].w);
+    segs.row_stride[i] = segments[i].row_stride;
+    segs.rows[i] = segments[i].rows;
+    segs.y[i] = segments[i].y;
+    segs.first_block[i] = blocks;
+    blocks +=
+        static_cast<unsigned>((segments[i].rows + kFusedWarpsPerBlock - 1) / kFusedWarpsPerBlock);
+  }
+  segs.count = count;
+  const dim3 grid(blocks, static_cast<unsigned>((n + kTile - 1) / kTile));
   const dim3 block(kThreads);
-  const auto* wb = static_cast<const uint8_t*>(w);
   switch (type) {
     case GgmlType::kQ4_0:
-      FusedQuantKernel<Q4_0><<<grid, block, 0, stream>>>(wb, row_stride, rows, cols, x, n, y);
+      FusedQuantKernel<Q4_0><<<grid, block, 0, stream>>>(segs, cols, x, n);
       break;
     case GgmlType::kQ4_1:
-      FusedQuantKernel<Q4_1><<<grid, block, 0, stream>>>(wb, row_stride, rows, cols, x, n, y);
+      FusedQuantKernel<Q4_1><<<grid, block, 0, stream>>>(segs, cols, x, n);
       break;
     case GgmlType::kQ8_0:
-      FusedQuantKernel<Q8_0><<<grid, block, 0, stream>>>(wb, row_stride, rows, cols, x, n, y);
+      FusedQuantKernel<Q8_0><<<grid, block, 0, stream>>>(segs, cols, x, n);
       break;
     case GgmlType::kF32:
-      FusedPlainKernel<F32><<<grid, block, 0, stream>>>(wb, row_stride, rows, cols, x, n, y);
+      FusedPlainKernel<F32><<<grid, block, 0, stream>>>(segs, cols, x, n);
       break;
     case GgmlType::kF16:
-      FusedPlainKernel<F16><<<grid, block, 0, stream>>>(wb, row_stride, rows, cols, x, n, y);
+      FusedPlainKernel<F16><<<grid, block, 0, stream>>>(segs, cols, x, n);
       break;
     case GgmlType::kBF16:
-      FusedPlainKernel<BF16><<<grid, block, 0, stream>>>(wb, row_stride, rows, cols, x, n, y);
+      FusedPlainKernel<BF16><<<grid, block, 0, stream>>>(segs, cols, x, n);
       break;
     default:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+cudaError_t LaunchFusedMatMul(GgmlType type, const void* w, size_t row_stride, int64_t rows,
+                              int64_t cols, const float* x, int64_t n, float* y,
+                              cudaStream_t stream) {
+  const FusedSegment one{w, row_stride, rows, y};
+  return LaunchFusedMatMulSegments(type, &one, 1, cols, x, n, stream);
 }
 
 cudaError_t LaunchConvertFromF32(const float* src, void* dst, int64_t count, GgmlType dst_type,

@@ -19,11 +19,28 @@ inline constexpr int kFusedWarpsPerBlock = 4;
 // Largest n one launch handles (gridDim.y <= 65535).
 inline constexpr int64_t kFusedMaxTokens = int64_t{65535} * kFusedTokenTile;
 
+// Matrices one launch multiplies by the same x (Q/K/V, gate/up).
+inline constexpr int kFusedMaxSegments = 3;
+
+// One matrix of a launch: rows of `cols` values of the launch's type, `row_stride` bytes
+// apart, and its output y [n, rows]. Device pointers; rows >= 1.
+struct FusedSegment {
+  const void* w;
+  size_t row_stride;
+  int64_t rows;
+  float* y;
+};
+
 // y[n, rows] = x[n, cols] · Wᵀ; w: rows of `cols` values of `type`, `row_stride` bytes
 // apart; x: [n, cols]; y: [n, rows]. All device pointers; n >= 1, rows >= 1.
 cudaError_t LaunchFusedMatMul(GgmlType type, const void* w, size_t row_stride, int64_t rows,
                               int64_t cols, const float* x, int64_t n, float* y,
                               cudaStream_t stream);
+
+// The same for 1..kFusedMaxSegments matrices of one type sharing x, in one launch; each
+// output row is computed exactly as LaunchFusedMatMul computes it.
+cudaError_t LaunchFusedMatMulSegments(GgmlType type, const FusedSegment* segments, int count,
+                                      int64_t cols, const float* x, int64_t n, cudaStream_t stream);
 
 // dst[count] = src[count] rounded to nearest even in `dst_type` (kF16 or kBF16).
 cudaError_t LaunchConvertFromF32(const float* src, void* dst, int64_t count, GgmlType dst_type,

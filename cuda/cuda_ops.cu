@@ -18,15 +18,24 @@ unsigned ElementwiseBlocks(int64_t count) {
 
 // x and y are not __restrict__: the API allows y == x. Each element is read and then
 // written by the same thread, so in-place is safe.
+// kAdd: first x += h (the residual add), then the norm of the updated x: one launch with
+// exactly the operations of AddInPlaceKernel followed by the plain norm. h may alias y
+// exactly (each thread reads h[i] before it writes y[i], for the same i); x aliases neither.
+template <bool kAdd>
 __global__ void __launch_bounds__(kNormThreads)
-    RmsNormKernel(const float* x, const float* __restrict__ weight, int64_t dim, float eps,
-                  float* y) {
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+    RmsNormKernel(float* x, const float* h, const float* __restrict__ weight, int64_t dim,
+                  float eps, float* y) {
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   // Double accumulation as in the CPU reference; FP64 throughput is ample for one row.
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < dim; i += kNormThreads) {
-    const double v = xr[i];
+    float xv = xr[i];
+    if constexpr (kAdd) {
+      xv += h[static_cast<int64_t>(blockIdx.x) * dim + i];
+      xr[i] = xv;
+    }
+    const double v = xv;
     sum += v * v;
   }
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -46,23 +55,30 @@ __global__ void __launch_bounds__(kNormThreads)
 }
 
 // One thread per (token, head, pair). The angle is recomputed per head rather than shared
-// so that a single decode token still spreads over n_heads * rope_dim / 2 threads.
-__global__ void RopeNormKernel(float* x, const int32_t* __restrict__ positions, int64_t n,
-                               int n_heads, int head_dim, int half_rope, int rope_dim,
-                               double base) {
-  const int64_t total = n * n_heads * half_rope;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+// so that a single decode token still spreads over n_heads * rope_dim / 2 threads. Two
+// tensors per launch (Q and K of a layer): indices past x's n * n_heads * half_rope pairs
+// rotate x2's (n_heads2 heads; 0 for none), each pair exactly as in its own launch.
+__global__ void RopeNormKernel(float* x, float* x2, const int32_t* __restrict__ positions,
+                               int64_t n, int n_heads, int n_heads2, int head_dim, int half_rope,
+                               int rope_dim, double base) {
+  const int64_t first = n * n_heads * half_rope;
+  const int64_t total = first + n * n_heads2 * half_rope;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool second = k >= first;
+    const int64_t idx = second ? k - first : k;
+    float* const xs = second ? x2 : x;
+    const int heads = second ? n_heads2 : n_heads;
     const int i = static_cast<int>(idx % half_rope);
     const int64_t th = idx / half_rope;  // t * n_heads + h
-    const int64_t t = th / n_heads;
+    const int64_t t = th / heads;
     // Same expression as the CPU: pos * base^(-2i / rope_dim), all in double.
     const double theta = static_cast<double>(positions[t]) * pow(base, -2.0 * i / rope_dim);
     double sd, cd;
     sincos(theta, &sd, &cd);
     const float c = static_cast<float>(cd);
     const float s = static_cast<float>(sd);
-    float* p = x + th * head_dim + 2 * i;
+    float* p = xs + th * head_dim + 2 * i;
     const float a = p[0];
     const float b = p[1];
     // __fmul_rn / __fadd_rn keep nvcc from contracting into FMAs the CPU does not use.
@@ -97,26 +113,55 @@ absl::Status CudaRmsNorm(const float* x, const float* weight, int64_t n, int64_t
   if (x == nullptr || weight == nullptr || y == nullptr) {
     return absl::InvalidArgumentError("CudaRmsNorm: null pointer");
   }
-  RmsNormKernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, weight, dim, eps, y);
+  // The plain norm never writes x (kAdd is false); the cast only shares the kernel.
+  RmsNormKernel<false><<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(
+      const_cast<float*>(x), nullptr, weight, dim, eps, y);
   SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RmsNormKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaAddRmsNorm(float* x, const float* h, const float* weight, int64_t n, int64_t dim,
+                            float eps, float* y, cudaStream_t stream) {
+  if (n < 0 || dim <= 0 || n > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaAddRmsNorm: bad shape n=", n, " dim=", dim));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr || h == nullptr || weight == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("CudaAddRmsNorm: null pointer");
+  }
+  if (x == h || x == y) {
+    return absl::InvalidArgumentError("CudaAddRmsNorm: x may not alias h or y");
+  }
+  RmsNormKernel<true>
+      <<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, h, weight, dim, eps, y);
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RmsNormKernel<add>");
   return absl::OkStatus();
 }
 
 absl::Status CudaRopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
                           int rope_dim, float base, cudaStream_t stream) {
-  if (n < 0 || n_heads <= 0 || head_dim <= 0 || rope_dim < 0 || rope_dim > head_dim) {
+  return CudaRopeNormPair(x, nullptr, positions, n, n_heads, 0, head_dim, rope_dim, base, stream);
+}
+
+absl::Status CudaRopeNormPair(float* x, float* x2, const int32_t* positions, int64_t n, int n_heads,
+                              int n_heads2, int head_dim, int rope_dim, float base,
+                              cudaStream_t stream) {
+  if (n < 0 || n_heads <= 0 || n_heads2 < 0 || head_dim <= 0 || rope_dim < 0 ||
+      rope_dim > head_dim) {
     return absl::InvalidArgumentError(absl::StrCat("CudaRopeNorm: bad shape n=", n,
-                                                   " n_heads=", n_heads, " head_dim=", head_dim,
-                                                   " rope_dim=", rope_dim));
+                                                   " n_heads=", n_heads, "+", n_heads2,
+                                                   " head_dim=", head_dim, " rope_dim=", rope_dim));
   }
   const int half_rope = rope_dim / 2;
   if (n == 0 || half_rope == 0) return absl::OkStatus();
-  if (x == nullptr || positions == nullptr) {
+  if (x == nullptr || positions == nullptr || (n_heads2 > 0 && x2 == nullptr)) {
     return absl::InvalidArgumentError("CudaRopeNorm: null pointer");
   }
-  const int64_t total = n * n_heads * half_rope;
+  const int64_t total = n * (n_heads + n_heads2) * half_rope;
   RopeNormKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(
-      x, positions, n, n_heads, head_dim, half_rope, rope_dim, static_cast<double>(base));
+      x, x2, positions, n, n_heads, n_heads2, head_dim, half_rope, rope_dim,
+      static_cast<double>(base));
   SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RopeNormKernel");
   return absl::OkStatus();
 }

@@ -29,12 +29,25 @@ namespace specnode {
 absl::Status CudaRmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
                          float* y, cudaStream_t stream = nullptr);
 
+// The residual add and the next norm in one launch: x += h, then y = RmsNorm(x) * weight,
+// bit-identical to CudaAddInPlace(x, h) followed by CudaRmsNorm(x, weight, ..., y).
+// x: [n, dim] (updated in place); h, y: [n, dim], y may alias h exactly (not x).
+absl::Status CudaAddRmsNorm(float* x, const float* h, const float* weight, int64_t n, int64_t dim,
+                            float eps, float* y, cudaStream_t stream = nullptr);
+
 // Rotary position embedding in ggml "NORM" mode (adjacent pairs), in place.
 // x: [n, n_heads, head_dim]; positions: [n] (device int32). Pair (2i, 2i+1) of each head is
 // rotated by positions[t] * base^(-2i / rope_dim) for 2i < rope_dim; the rest is untouched.
 // Requires n_heads >= 1, 0 <= rope_dim <= head_dim.
 absl::Status CudaRopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
                           int rope_dim, float base, cudaStream_t stream = nullptr);
+
+// CudaRopeNorm on two tensors in one launch (a layer's Q and K): x [n, n_heads, head_dim]
+// and x2 [n, n_heads2, head_dim] (n_heads2 may be 0, x2 then unused), same positions; each
+// value bit-identical to its own CudaRopeNorm call.
+absl::Status CudaRopeNormPair(float* x, float* x2, const int32_t* positions, int64_t n, int n_heads,
+                              int n_heads2, int head_dim, int rope_dim, float base,
+                              cudaStream_t stream = nullptr);
 
 // out[i] = silu(gate[i]) * up[i] for n values; silu(g) = g / (1 + exp(-g)).
 // gate, up, out: [n]; out may alias gate or up exactly.

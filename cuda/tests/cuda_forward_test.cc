@@ -65,7 +65,8 @@ struct Pair {
   std::unique_ptr<DenseKvCache> cpu_cache;
   std::unique_ptr<CudaLlamaForward> gpu;
 
-  explicit Pair(const std::string& path, int64_t kv_bytes = int64_t{64} << 20) {
+  explicit Pair(const std::string& path, int64_t kv_bytes = int64_t{64} << 20,
+                bool cuda_graphs = true) {
     auto m = LlamaModel::Load(path);
     EXPECT_TRUE(m.ok()) << m.status();
     model = std::move(m).value();
@@ -77,6 +78,7 @@ struct Pair {
     CudaForwardOptions o;
     o.kv_capacity_bytes = kv_bytes;
     o.kv_page_tokens = 4;  // small pages: sequences span several, tails are partial
+    o.cuda_graphs = cuda_graphs;
     auto g = CudaLlamaForward::Create(c, model->weights(), o);
     EXPECT_TRUE(g.ok()) << g.status();
     if (g.ok()) gpu = std::move(g).value();
@@ -175,6 +177,54 @@ TEST_P(CudaForwardTest, BatchInvariantAcrossSequences) {
                            batched.begin() + (b.size() + a.size()) * vocab);
   EXPECT_EQ(slice, alone);
   EXPECT_EQ(batched.size(), (b.size() + a.size() + 1) * vocab);
+}
+
+// A schedule like the engine's (prefill, batched decode across page boundaries, repeated
+// verification passes with rollback, a sequence joining and leaving) gives bit-identical
+// logits with CUDA graphs as eagerly, and the graphs are really used.
+TEST_P(CudaForwardTest, GraphReplaysEqualEagerPasses) {
+  Pair graphed(Path());
+  Pair eager(Path(), int64_t{64} << 20, /*cuda_graphs=*/false);
+  ASSERT_NE(graphed.gpu, nullptr);
+  ASSERT_NE(eager.gpu, nullptr);
+  ASSERT_NE(graphed.gpu->graphs(), nullptr);
+  ASSERT_EQ(eager.gpu->graphs(), nullptr);
+  int step = 0;
+  auto both = [&](const std::vector<BatchEntry>& batch) {
+    const std::vector<float> g = graphed.Gpu(batch);
+    const std::vector<float> e = eager.Gpu(batch);
+    EXPECT_EQ(g, e) << "step " << step;
+    ++step;
+  };
+  const auto p1 = Tokens(7, 1), p2 = Tokens(5, 2), p3 = Tokens(3, 3);
+  both({{1, p1, false}, {2, p2, false}});
+  const auto next = Tokens(12, 30);
+  for (size_t i = 0; i < next.size(); ++i) {  // n = 2 decode, crossing pages of 4 tokens
+    const std::span<const int32_t> one(&next[i], 1);
+    both({{1, one, false}, {2, one, false}});
+  }
+  const auto drafts = Tokens(4, 80);
+  for (int round = 0; round < 3; ++round) {  // verification (n = 5) then rollback
+    const int32_t len1 = graphed.gpu->cache().Length(1);
+    both({{1, drafts, true}, {2, std::span<const int32_t>(&next[round], 1), false}});
+    ASSERT_TRUE(graphed.gpu->cache().Truncate(1, len1 + 1 + round % 2).ok());
+    ASSERT_TRUE(eager.gpu->cache().Truncate(1, len1 + 1 + round % 2).ok());
+  }
+  both({{3, p3, true}});  // a new sequence joins: more page-table rows
+  for (size_t i = 0; i < 4; ++i) {
+    const std::span<const int32_t> one(&next[i], 1);
+    both({{1, one, false}, {2, one, false}, {3, one, false}});
+  }
+  graphed.gpu->cache().Free(2);
+  eager.gpu->cache().Free(2);
+  for (size_t i = 4; i < 8; ++i) {
+    const std::span<const int32_t> one(&next[i], 1);
+    both({{3, one, false}, {1, one, false}});
+  }
+  const CudaGraphCache& g = *graphed.gpu->graphs();
+  EXPECT_FALSE(g.disabled()) << g.disabled_reason();
+  EXPECT_GE(g.captures(), 3);  // n = 2, 5, 3 at least
+  EXPECT_GE(g.replays(), 15);
 }
 
 TEST_P(CudaForwardTest, TruncateRollsBackLikeAFreshSequence) {
@@ -378,8 +428,7 @@ TEST(CudaAttentionArgsTest, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(CudaKvWrite(nullptr, nullptr, nullptr, 1, 0, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   const WeightView odd{GgmlType::kQ8_0, nullptr, 4, 40, 0};
-  EXPECT_EQ(CudaEmbeddingRows(odd, nullptr, 1, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaEmbeddingRows(odd, nullptr, 1, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaForwardCreateTest, NoDeviceOrBadDeviceIsAnError) {

@@ -227,6 +227,57 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, CudaFusedInvarianceTest,
                            return Name(info.param);
                          });
 
+class CudaSharedInputTest : public CudaTestWithParam<GgmlType> {};
+
+// Q/K/V-like matrices (different row counts, one not a multiple of the block's 4 warps) in
+// one launch give bit-identical outputs to one CudaMatMul each, at n across token tiles;
+// a matrix of another type falls back to separate launches with the same results.
+TEST_P(CudaSharedInputTest, OneLaunchEqualsSeparateCalls) {
+  const GgmlType type = GetParam();
+  const Shape shapes[] = {{"q", 576, 576, 576, 0}, {"k", 190, 576, 576, 0}, {"v", 5, 576, 576, 0}};
+  Problem p[3];
+  for (int i = 0; i < 3; ++i) SPECNODE_ASSERT_OK(MakeProblem(type, shapes[i], 17, &p[i]));
+  const float* x = p[0].x_dev.as<float>();  // shared input [17, 576]
+  for (int64_t n : {1, 8, 9, 17}) {
+    std::vector<std::vector<float>> separate(3);
+    for (int i = 0; i < 3; ++i) {
+      SPECNODE_ASSERT_OK(CudaMatMul(nullptr, p[i].view_dev, x, n, p[i].y_dev.as<float>()));
+      absl::StatusOr<std::vector<float>> y = Download<float>(p[i].y_dev, n * shapes[i].rows);
+      ASSERT_TRUE(y.ok()) << y.status();
+      separate[i] = *y;
+      SPECNODE_ASSERT_OK(p[i].y_dev.Zero());
+    }
+    const WeightView ws[] = {p[0].view_dev, p[1].view_dev, p[2].view_dev};
+    float* const ys[] = {p[0].y_dev.as<float>(), p[1].y_dev.as<float>(), p[2].y_dev.as<float>()};
+    SPECNODE_ASSERT_OK(CudaMatMulSharedInput(nullptr, ws, x, n, ys));
+    for (int i = 0; i < 3; ++i) {
+      absl::StatusOr<std::vector<float>> y = Download<float>(p[i].y_dev, n * shapes[i].rows);
+      ASSERT_TRUE(y.ok()) << y.status();
+      EXPECT_EQ(*y, separate[i]) << "matrix " << i << " n=" << n;
+    }
+  }
+  // Mixed types: the last matrix in F32 instead.
+  Problem f32;
+  SPECNODE_ASSERT_OK(MakeProblem(GgmlType::kF32, shapes[2], 17, &f32));
+  SPECNODE_ASSERT_OK(CudaMatMul(nullptr, f32.view_dev, x, 9, f32.y_dev.as<float>()));
+  absl::StatusOr<std::vector<float>> want = Download<float>(f32.y_dev, 9 * shapes[2].rows);
+  ASSERT_TRUE(want.ok()) << want.status();
+  SPECNODE_ASSERT_OK(f32.y_dev.Zero());
+  const WeightView mixed[] = {p[0].view_dev, f32.view_dev};
+  float* const mixed_ys[] = {p[0].y_dev.as<float>(), f32.y_dev.as<float>()};
+  SPECNODE_ASSERT_OK(CudaMatMulSharedInput(nullptr, mixed, x, 9, mixed_ys));
+  absl::StatusOr<std::vector<float>> got = Download<float>(f32.y_dev, 9 * shapes[2].rows);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, *want);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, CudaSharedInputTest,
+                         ::testing::Values(GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0,
+                                           GgmlType::kF16, GgmlType::kBF16, GgmlType::kF32),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return Name(info.param);
+                         });
+
 class CudaCublasMatMulTest : public CudaTestWithParam<MatMulParam> {};
 
 TEST_P(CudaCublasMatMulTest, MatchesReference) {
@@ -281,6 +332,32 @@ TEST(CudaMatMulArgs, RejectsBadArgumentsBeforeTouchingTheDevice) {
   EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake, 1, fake, CudaMatMulAlgo::kCublas)), kInvalid);
   // Nothing to do: OK without touching the pointers or the device.
   EXPECT_TRUE(CudaMatMul(nullptr, q41, nullptr, 0, nullptr).ok());
+}
+
+TEST(CudaMatMulArgs, SharedInputRejectsBadArgumentsBeforeTouchingTheDevice) {
+  auto* fake = reinterpret_cast<float*>(uintptr_t{1} << 20);
+  const WeightView q41{GgmlType::kQ4_1, fake, 4, 64, GgmlRowBytes(GgmlType::kQ4_1, 64)};
+  WeightView wide = q41;
+  wide.cols = 96;
+  wide.row_stride = GgmlRowBytes(GgmlType::kQ4_1, 96);
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  float* const one_y[] = {fake};
+  float* const two_y[] = {fake, fake};
+  float* const four_y[] = {fake, fake, fake, fake};
+  const WeightView two[] = {q41, wide};  // cols differ
+  const WeightView four[] = {q41, q41, q41, q41};
+  EXPECT_EQ(CudaMatMulSharedInput(nullptr, two, fake, 1, two_y).code(), kInvalid);
+  EXPECT_EQ(CudaMatMulSharedInput(nullptr, four, fake, 1, four_y).code(), kInvalid);
+  EXPECT_EQ(
+      CudaMatMulSharedInput(nullptr, std::span<const WeightView>(two, 1), fake, 1, two_y).code(),
+      kInvalid);  // counts differ
+  EXPECT_EQ(CudaMatMulSharedInput(nullptr, {}, fake, 1, {}).code(), kInvalid);
+  EXPECT_EQ(
+      CudaMatMulSharedInput(nullptr, std::span<const WeightView>(two, 1), nullptr, 1, one_y).code(),
+      kInvalid);
+  EXPECT_TRUE(CudaMatMulSharedInput(nullptr, std::span<const WeightView>(two, 1), nullptr, 0,
+                                    std::span<float* const>(one_y, 1))
+                  .ok());
 }
 
 }  // namespace

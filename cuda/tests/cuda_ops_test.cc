@@ -118,6 +118,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaRopeNormTest,
                            return std::string(info.param.name);
                          });
 
+// Q and K rotated in one launch: bit-identical to one CudaRopeNorm call each.
+TEST_P(CudaRopeNormTest, PairEqualsTwoCalls) {
+  const RopeCase c = GetParam();
+  const int heads2 = c.n_heads + 1;  // a different head count for the second tensor
+  const std::vector<float> a = RandomVector(c.n * c.n_heads * c.head_dim, 15);
+  const std::vector<float> b = RandomVector(c.n * heads2 * c.head_dim, 16);
+  std::vector<int32_t> positions(c.n);
+  for (int64_t t = 0; t < c.n; ++t) positions[t] = static_cast<int32_t>(3 * t + 40);
+  absl::StatusOr<DeviceBuffer> a1 = Upload(a), b1 = Upload(b), a2 = Upload(a), b2 = Upload(b),
+                               pos = Upload(positions);
+  ASSERT_TRUE(a1.ok() && b1.ok() && a2.ok() && b2.ok() && pos.ok());
+  SPECNODE_ASSERT_OK(CudaRopeNorm(a1->as<float>(), pos->as<int32_t>(), c.n, c.n_heads, c.head_dim,
+                                  c.rope_dim, c.base));
+  SPECNODE_ASSERT_OK(CudaRopeNorm(b1->as<float>(), pos->as<int32_t>(), c.n, heads2, c.head_dim,
+                                  c.rope_dim, c.base));
+  SPECNODE_ASSERT_OK(CudaRopeNormPair(a2->as<float>(), b2->as<float>(), pos->as<int32_t>(), c.n,
+                                      c.n_heads, heads2, c.head_dim, c.rope_dim, c.base));
+  EXPECT_EQ(*Download<float>(*a2, a.size()), *Download<float>(*a1, a.size()));
+  EXPECT_EQ(*Download<float>(*b2, b.size()), *Download<float>(*b1, b.size()));
+}
+
 class CudaSwiGluTest : public CudaTestWithParam<int64_t> {};
 
 TEST_P(CudaSwiGluTest, MatchesCpu) {
@@ -160,6 +181,45 @@ TEST_F(CudaAddInPlaceTest, MatchesCpuExactly) {
   EXPECT_EQ(*got, y);
 }
 
+class CudaAddRmsNormTest : public CudaTestWithParam<std::tuple<int64_t, int64_t>> {};
+
+// x += h then the norm, in one launch: bit-identical to CudaAddInPlace + CudaRmsNorm (x and
+// y), with y aliasing h as the forward pass uses it; and close to the CPU's AddInPlace +
+// RmsNorm like the plain norm.
+TEST_P(CudaAddRmsNormTest, EqualsAddThenNorm) {
+  const auto [n, dim] = GetParam();
+  const std::vector<float> x = RandomVector(n * dim, 21);
+  const std::vector<float> h = RandomVector(n * dim, 22, 0.5f);
+  const std::vector<float> w = RandomVector(dim, 23);
+  absl::StatusOr<DeviceBuffer> x1 = Upload(x), x2 = Upload(x), h1 = Upload(h), h2 = Upload(h),
+                               w_dev = Upload(w);
+  absl::StatusOr<DeviceBuffer> y1 = DeviceBuffer::Allocate(n * dim * sizeof(float));
+  ASSERT_TRUE(x1.ok() && x2.ok() && h1.ok() && h2.ok() && w_dev.ok() && y1.ok());
+  SPECNODE_ASSERT_OK(CudaAddInPlace(x1->as<float>(), h1->as<float>(), n * dim));
+  SPECNODE_ASSERT_OK(
+      CudaRmsNorm(x1->as<float>(), w_dev->as<float>(), n, dim, 1e-5f, y1->as<float>()));
+  SPECNODE_ASSERT_OK(CudaAddRmsNorm(x2->as<float>(), h2->as<float>(), w_dev->as<float>(), n, dim,
+                                    1e-5f, h2->as<float>()));
+  absl::StatusOr<std::vector<float>> want_x = Download<float>(*x1, n * dim);
+  absl::StatusOr<std::vector<float>> want_y = Download<float>(*y1, n * dim);
+  absl::StatusOr<std::vector<float>> got_x = Download<float>(*x2, n * dim);
+  absl::StatusOr<std::vector<float>> got_y = Download<float>(*h2, n * dim);
+  ASSERT_TRUE(want_x.ok() && want_y.ok() && got_x.ok() && got_y.ok());
+  EXPECT_EQ(*got_x, *want_x);
+  EXPECT_EQ(*got_y, *want_y);
+  std::vector<float> cpu_x = x, cpu_y(n * dim);
+  AddInPlace(cpu_x.data(), h.data(), n * dim);
+  RmsNorm(cpu_x.data(), w.data(), n, dim, 1e-5f, cpu_y.data());
+  EXPECT_EQ(*got_x, cpu_x);
+  ExpectClose(*got_y, cpu_y, 1e-6, 1e-7, "add+rmsnorm");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAddRmsNormTest,
+                         ::testing::Values(std::make_tuple(int64_t{1}, int64_t{576}),
+                                           std::make_tuple(int64_t{9}, int64_t{576}),
+                                           std::make_tuple(int64_t{3}, int64_t{1000}),
+                                           std::make_tuple(int64_t{2}, int64_t{7})));
+
 // Validation precedes any CUDA call: these run (and pass) without a GPU.
 TEST(CudaOpsArgs, RejectBadArgumentsAndAcceptEmptyWork) {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
@@ -167,8 +227,18 @@ TEST(CudaOpsArgs, RejectBadArgumentsAndAcceptEmptyWork) {
   EXPECT_EQ(CudaRmsNorm(nullptr, nullptr, 1, 8, 1e-5f, nullptr).code(), kInvalid);
   EXPECT_EQ(CudaRopeNorm(nullptr, nullptr, 1, 2, 8, 10, 1e4f).code(), kInvalid);  // rope > head
   EXPECT_EQ(CudaRopeNorm(nullptr, nullptr, 1, 2, 8, 8, 1e4f).code(), kInvalid);   // null x
+  float* fx = reinterpret_cast<float*>(uintptr_t{1} << 20);
+  const int32_t* fp = reinterpret_cast<const int32_t*>(uintptr_t{1} << 21);
+  EXPECT_EQ(CudaRopeNormPair(fx, nullptr, fp, 1, 2, 1, 8, 8, 1e4f).code(), kInvalid);  // null x2
+  EXPECT_EQ(CudaRopeNormPair(fx, fx, fp, 1, 2, -1, 8, 8, 1e4f).code(), kInvalid);
   EXPECT_EQ(CudaSwiGlu(nullptr, nullptr, -1, nullptr).code(), kInvalid);
   EXPECT_EQ(CudaAddInPlace(nullptr, nullptr, 3).code(), kInvalid);
+  float* fake = reinterpret_cast<float*>(uintptr_t{1} << 20);
+  EXPECT_EQ(CudaAddRmsNorm(fake, fake, fake + 64, 1, 8, 1e-5f, fake + 128).code(), kInvalid);
+  EXPECT_EQ(CudaAddRmsNorm(fake, fake + 64, fake + 128, 1, 8, 1e-5f, fake).code(), kInvalid);
+  EXPECT_EQ(CudaAddRmsNorm(fake, nullptr, fake + 128, 1, 8, 1e-5f, fake + 64).code(), kInvalid);
+  EXPECT_EQ(CudaAddRmsNorm(fake, fake + 64, fake + 128, 1, 0, 1e-5f, fake + 64).code(), kInvalid);
+  EXPECT_TRUE(CudaAddRmsNorm(nullptr, nullptr, nullptr, 0, 8, 1e-5f, nullptr).ok());
   EXPECT_TRUE(CudaRmsNorm(nullptr, nullptr, 0, 8, 1e-5f, nullptr).ok());
   EXPECT_TRUE(CudaRopeNorm(nullptr, nullptr, 0, 2, 8, 8, 1e4f).ok());
   EXPECT_TRUE(CudaSwiGlu(nullptr, nullptr, 0, nullptr).ok());
