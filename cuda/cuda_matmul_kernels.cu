@@ -140,15 +140,10 @@ __global__ void __launch_bounds__(kThreads)
     FusedQuantKernel(const Segments segs, int64_t cols, const float* __restrict__ x, int64_t n) {
   const int lane = threadIdx.x & 31;
   const RowOf sel = SelectRow(segs);
-  const uint8_t* __restrict__ w = sel.w;
-  const size_t row_stride = sel.row_stride;
-  const int64_t rows = sel.rows;
-  float* __restrict__ y = sel.y;
-  const int64_t row = sel.row;
-  if (row >= rows) return;  // whole warp leaves together
+  if (sel.row >= sel.rows) return;  // whole warp leaves together
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int nt = static_cast<int>(min(static_cast<int64_t>(kTile), n - t0));
-  const uint8_t* wrow = w + row * row_stride;
+  const uint8_t* wrow = sel.w + sel.row * sel.row_stride;
   const float* xtile = x + t0 * cols;
   const int sub = lane & 3;
   const int x0 = Quant::X0(sub);
@@ -190,7 +185,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  StoreTile(acc, lane, nt, t0, rows, row, y);
+  StoreTile(acc, lane, nt, t0, sel.rows, sel.row, sel.y);
 }
 
 // Plain element types: ToFloat(bits) converts one element.
@@ -214,15 +209,11 @@ __global__ void __launch_bounds__(kThreads)
     FusedPlainKernel(const Segments segs, int64_t cols, const float* __restrict__ x, int64_t n) {
   const int lane = threadIdx.x & 31;
   const RowOf sel = SelectRow(segs);
-  const uint8_t* __restrict__ w = sel.w;
-  const size_t row_stride = sel.row_stride;
-  const int64_t rows = sel.rows;
-  float* __restrict__ y = sel.y;
-  const int64_t row = sel.row;
-  if (row >= rows) return;
+  if (sel.row >= sel.rows) return;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int nt = static_cast<int>(min(static_cast<int64_t>(kTile), n - t0));
-  const auto* wrow = reinterpret_cast<const typename Plain::Bits*>(w + row * row_stride);
+  const auto* wrow =
+      reinterpret_cast<const typename Plain::Bits*>(sel.w + sel.row * sel.row_stride);
   const float* xtile = x + t0 * cols;
 
   float acc[kTile];
@@ -236,7 +227,7 @@ __global__ void __launch_bounds__(kThreads)
       if (t < nt) acc[t] = fmaf(wv, __ldg(xtile + t * cols + j), acc[t]);
     }
   }
-  StoreTile(acc, lane, nt, t0, rows, row, y);
+  StoreTile(acc, lane, nt, t0, sel.rows, sel.row, sel.y);
 }
 
 __global__ void ConvertToF16Kernel(const float* __restrict__ src, __half* __restrict__ dst,
