@@ -1,5 +1,6 @@
 #include "node/cluster_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -298,6 +299,17 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return ParseServeConfig(text.str(), path);
+}
+
+SpecControllerConfig ControllerConfigFor(const ServeConfig& c) {
+  SpecControllerConfig cc;
+  cc.k_max = c.k_max;
+  cc.k_initial = std::min(cc.k_max, 4);
+  cc.probe_k = std::min(cc.probe_k, cc.k_max);
+  cc.free_threshold = c.free_threshold;
+  cc.disable_threshold = c.disable_threshold;
+  cc.probe_every = c.probe_every;
+  return cc;
 }
 
 }  // namespace specnode

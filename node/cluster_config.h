@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/spec_controller.h"
 #include "kvstore/kv_cache_factory.h"
 #include "node/protocol.h"
 
@@ -40,9 +41,9 @@ struct Topology {
 };
 
 struct ServeConfig {
-  std::string source = "(defaults)";  // file name, for messages
-  std::string model = "default";      // "default" = DefaultModelPath()
-  int threads = 0;                    // 0 = DefaultThreads()
+  std::string source = "(defaults)";        // file name, for messages
+  std::string model = "default";            // "default" = DefaultModelPath()
+  int threads = 0;                          // 0 = DefaultThreads()
   ActQuant activations = ActQuant::kInt16;  // model.activations: int16 | int8 (every rank)
   // model.device: cpu | cuda:N — the target of a single-process node (with a topology,
   // each rank's device is in topology.groups).
@@ -68,6 +69,10 @@ struct ServeConfig {
 absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
                                              const std::string& source);
 absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path);
+
+// The adaptive controller a config's `speculation` section asks for (k range, thresholds,
+// probing); everything else at SpecControllerConfig's defaults.
+SpecControllerConfig ControllerConfigFor(const ServeConfig& c);
 
 // cluster-configs/local-cpu.yaml, compiled into the binary.
 extern const char kEmbeddedLocalCpuConfig[];

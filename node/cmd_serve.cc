@@ -162,15 +162,8 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
       groups.push_back({nullptr, nullptr, g.target});
       continue;
     }
-    SpecControllerConfig cc;
-    cc.k_max = cfg.k_max;
-    cc.k_initial = std::min(cc.k_max, 4);
-    cc.probe_k = std::min(cc.probe_k, cc.k_max);
-    cc.free_threshold = cfg.free_threshold;
-    cc.disable_threshold = cfg.disable_threshold;
-    cc.probe_every = cfg.probe_every;
     SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> controller,
-                              SpecController::Create(cc));
+                              SpecController::Create(ControllerConfigFor(cfg)));
     groups.push_back({g.drafter.get(), controller.get(), g.target});
     draft_name = g.drafter->name();
     controllers.push_back(

@@ -7,10 +7,8 @@
 // speculate); per drafter with the adaptive per-domain controller ("router on"); and, with
 // several drafters, all of them as groups that the router picks between per domain.
 // Controllers persist across prompts, so "router on" learns each domain as a server would.
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +26,7 @@
 #include "node/commands.h"
 #include "node/model_session.h"
 #include "node/router_config.h"
+#include "node/workload.h"
 
 namespace specnode {
 namespace {
@@ -55,13 +54,6 @@ constexpr char kHelp[] =
     "                      what a model writes past its end is not what users run)\n"
     "  --json              print the results as JSON on stdout (the table goes to stderr)\n";
 
-struct Prompt {
-  std::string domain;         // the set's label (results are grouped by it)
-  std::string routed_domain;  // what the engine is told: the label, or the rules' verdict
-  std::string text;
-  std::vector<int32_t> ids;
-};
-
 // One configuration under test: an engine with its drafters and controllers.
 struct Config {
   std::string name;     // "target", "ngram:4 fixed", "ngram:4 adaptive", "router"
@@ -79,39 +71,6 @@ struct Tally {
   std::map<std::string, int64_t> groups;  // router: sequences per chosen drafter
 };
 
-absl::StatusOr<std::vector<Prompt>> LoadPrompts(ModelSession& session, const std::string& files,
-                                                bool chat, int64_t per_domain) {
-  std::vector<Prompt> out;
-  std::map<std::string, int64_t> count;
-  for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
-    std::ifstream in{std::string(file)};
-    if (!in)
-      return absl::NotFoundError(absl::StrCat("cannot open prompt file ", std::string(file)));
-    std::string line;
-    for (int line_no = 1; std::getline(in, line); ++line_no) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("domain") || !j.contains("prompt") ||
-          !j["domain"].is_string() || !j["prompt"].is_string()) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s:%d: expected {\"domain\": string, \"prompt\": string}",
-                            std::string(file), line_no));
-      }
-      Prompt p;
-      p.domain = j["domain"].get<std::string>();
-      SPECNODE_RETURN_IF_ERROR(DomainRouter::ValidateDomainName(p.domain));
-      if (count[p.domain] >= per_domain) continue;
-      p.text = j["prompt"].get<std::string>();
-      p.routed_domain = p.domain;
-      SPECNODE_ASSIGN_OR_RETURN(p.ids, session.EncodePrompt(p.text, chat));
-      ++count[p.domain];
-      out.push_back(std::move(p));
-    }
-  }
-  if (out.empty()) return absl::InvalidArgumentError("no prompts in " + files);
-  return out;
-}
-
 absl::Status AddDrafterGroup(Config& c, const std::string& spec, ModelSession& session,
                              const KvCacheOptions& kv, int k_max) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<Drafter> d,
@@ -127,41 +86,20 @@ absl::Status AddDrafterGroup(Config& c, const std::string& spec, ModelSession& s
 }
 
 // Generates one prompt on c; returns the tokens and adds to the tally.
-absl::StatusOr<std::vector<int32_t>> RunOne(Config& c, const Prompt& p, SeqId id,
+absl::StatusOr<std::vector<int32_t>> RunOne(Config& c, const WorkloadPrompt& p, SeqId id,
                                             const SamplingParams& sp, int32_t max_tokens,
                                             bool ignore_eos, Tally* t) {
-  SpecRequest r;
-  r.id = id;
-  r.prompt = p.ids;
-  r.sampling = sp;
-  r.max_new_tokens = max_tokens;
-  r.domain = p.routed_domain;
-  r.ignore_stop = ignore_eos;
-  SPECNODE_RETURN_IF_ERROR(c.engine->Start(r));
-  const SeqId ids[] = {id};
-  std::vector<SeqStepResult> results;
-  std::vector<int32_t> tokens;
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point t1;
-  while (true) {
-    const bool prefilling = c.engine->Prefilling(id);
-    SPECNODE_RETURN_IF_ERROR(c.engine->Step(ids, &results));
-    if (prefilling) t1 = Clock::now();
-    tokens.insert(tokens.end(), results[0].tokens.begin(), results[0].tokens.end());
-    if (results[0].finish != FinishReason::kNone) break;
-  }
-  t->decode_s += std::chrono::duration<double>(Clock::now() - t1).count();
-  const SpecSeqStats& st = c.engine->Stats(id);
-  const int group = c.engine->Group(id);
-  if (group >= 0 && c.drafters.size() > 1) t->groups[c.drafters[group]->name()]++;
+  SPECNODE_ASSIGN_OR_RETURN(Generation g,
+                            GenerateOne(*c.engine, p, id, sp, max_tokens, ignore_eos));
+  t->decode_s += g.decode_s;
+  if (g.group >= 0 && c.drafters.size() > 1) t->groups[c.drafters[g.group]->name()]++;
   t->prompts++;
-  t->tokens += static_cast<int64_t>(tokens.size()) - 1;  // the first comes from the prefill
-  t->passes += st.steps;
-  t->spec_steps += st.spec_steps;
-  t->drafted += st.drafted;
-  t->accepted += st.accepted;
-  c.engine->Finish(id);
-  return tokens;
+  t->tokens += static_cast<int64_t>(g.tokens.size()) - 1;  // the first comes from the prefill
+  t->passes += g.stats.steps;
+  t->spec_steps += g.stats.spec_steps;
+  t->drafted += g.stats.drafted;
+  t->accepted += g.stats.accepted;
+  return std::move(g.tokens);
 }
 
 absl::Status Run(const CliArgs& args) {
@@ -177,14 +115,15 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv, compute));
-  SPECNODE_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, LoadPrompts(*session, args.Get("prompts"),
-                                                                     !args.Has("raw"), per_domain));
+  SPECNODE_ASSIGN_OR_RETURN(
+      std::vector<WorkloadPrompt> prompts,
+      LoadPromptSets(*session, args.Get("prompts"), !args.Has("raw"), per_domain));
   const bool ignore_eos = args.Has("ignore-eos");
   int64_t routed_right = 0;
   if (args.Has("router-rules")) {
     SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<DomainRouter> router,
                               LoadRouterRules(args.Get("router-rules")));
-    for (Prompt& p : prompts) {
+    for (WorkloadPrompt& p : prompts) {
       p.routed_domain = router->Classify("", p.text);
       routed_right += p.routed_domain == p.domain;
     }
@@ -194,7 +133,7 @@ absl::Status Run(const CliArgs& args) {
   SamplingParams sp;
   sp.temperature = static_cast<float>(temperature);
   SPECNODE_RETURN_IF_ERROR(ValidateSamplingParams(sp));
-  for (const Prompt& p : prompts) {
+  for (const WorkloadPrompt& p : prompts) {
     SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(p.ids, max_tokens));
   }
 
@@ -249,7 +188,7 @@ absl::Status Run(const CliArgs& args) {
   std::map<std::string, std::map<std::string, Tally>> tally;  // config -> domain -> tally
   SeqId next_id = 1;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const Prompt& p = prompts[i];
+    const WorkloadPrompt& p = prompts[i];
     // Rotate the order per prompt so that no configuration always runs first (cold) or
     // right after another one; compare outputs once all have run.
     std::map<std::string, std::vector<int32_t>> outputs;

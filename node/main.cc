@@ -47,6 +47,7 @@ void Usage(FILE* out) {
                "  spec-bench  speculative decoding per drafter and domain vs target-only\n"
                "  serve       the node: ZeroMQ front end, continuous batching, speculation\n"
                "  tiny-model  write a small deterministic Llama GGUF\n"
+               "  tune        try a config's optimisations against a measured baseline\n"
                "\n"
                "Run 'specnode <command> --help' for its options.\n");
 }
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
   if (cmd == "spec-bench") return specnode::RunSpecBench(sub_argc, sub_argv);
   if (cmd == "serve") return specnode::RunServe(sub_argc, sub_argv);
   if (cmd == "tiny-model") return specnode::RunTinyModel(sub_argc, sub_argv);
+  if (cmd == "tune") return specnode::RunTune(sub_argc, sub_argv);
   std::fprintf(stderr, "specnode: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);
   return 2;

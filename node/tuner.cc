@@ -1,0 +1,263 @@
+#include "node/tuner.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+namespace {
+
+const char* RequestedActivations(ActQuant a) { return a == ActQuant::kInt8 ? "int8" : "int16"; }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+}  // namespace
+
+std::vector<TuneOption> DefaultTuneStack(const ServeConfig& base, int n_layers) {
+  using Goal = TuneOption::Goal;
+  std::vector<TuneOption> stack;
+  // The base's own drafter first when it is a model file (or an n-gram / self variant the
+  // stack would not try).
+  const bool stock = base.draft == "none" || base.draft == "ngram";
+  if (!stock) stack.push_back({"speculation.draft", base.draft, Goal::kLatency, false});
+  stack.push_back({"speculation.draft", "ngram", Goal::kLatency, false});
+  if (n_layers >= 3) {
+    const int layers = std::max(1, (2 * n_layers) / 3);
+    const std::string self = absl::StrCat("self:", layers);
+    if (self != base.draft) stack.push_back({"speculation.draft", self, Goal::kLatency, false});
+  }
+  if (base.k_max < 8) stack.push_back({"speculation.k_max", "8", Goal::kLatency, false});
+  if (base.device == "cpu") {
+    stack.push_back({"model.activations", "int8", Goal::kLatency, true});
+    stack.push_back({"kv.mode", "mixed", Goal::kMemory, true});
+  }
+  return stack;
+}
+
+absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
+  if (o.key == "speculation.draft") {
+    if (o.value.empty()) return absl::InvalidArgumentError("speculation.draft: empty");
+    c->draft = o.value;
+  } else if (o.key == "speculation.k_max") {
+    int k = 0;
+    if (!absl::SimpleAtoi(o.value, &k) || k < 1 || k > 64) {
+      return absl::InvalidArgumentError("speculation.k_max: expected an integer in [1, 64]");
+    }
+    c->k_max = k;
+  } else if (o.key == "model.activations") {
+    if (!ParseActQuant(o.value, &c->activations)) {
+      return absl::InvalidArgumentError("model.activations: expected int16 or int8");
+    }
+  } else if (o.key == "kv.mode") {
+    static const char* kModes[] = {"mixed", "full", "int8", "int4", "dense"};
+    if (std::find(std::begin(kModes), std::end(kModes), o.value) == std::end(kModes)) {
+      return absl::InvalidArgumentError("kv.mode: expected mixed, full, int8, int4 or dense");
+    }
+    c->kv.mode = o.value;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("the tuner does not vary ", o.key));
+  }
+  return absl::OkStatus();
+}
+
+ServeConfig TuneBaseline(const ServeConfig& base) {
+  ServeConfig c = base;
+  c.draft = "none";
+  c.kv.mode = "full";
+  c.activations = ActQuant::kInt16;
+  return c;
+}
+
+std::string TuneKey(const ServeConfig& c) {
+  return absl::StrCat("draft=", c.draft, " k_max=", c.k_max, " kv=", c.kv.mode,
+                      " activations=", RequestedActivations(c.activations));
+}
+
+TuneDecision DecideTuneStep(const TuneOption& o, double speedup, double memory_ratio,
+                            double accuracy, const TuneCriteria& c) {
+  if (accuracy < c.accuracy) {
+    return {false,
+            absl::StrFormat("top-1 agreement %.3f below the budget %.3f", accuracy, c.accuracy)};
+  }
+  if (o.goal == TuneOption::Goal::kLatency) {
+    if (speedup >= 1.0 + c.min_gain) {
+      return {true, absl::StrFormat("%.2fx decode tokens/s", speedup)};
+    }
+    return {false, absl::StrFormat("%.2fx decode tokens/s, less than the %.2fx asked", speedup,
+                                   1.0 + c.min_gain)};
+  }
+  if (memory_ratio <= 0) return {false, "KV bytes per token unknown for this target"};
+  if (memory_ratio > 1.0 - c.min_gain) {
+    return {false, absl::StrFormat("KV bytes per token x%.2f, less than the %.0f%% saving asked",
+                                   memory_ratio, 100 * c.min_gain)};
+  }
+  if (speedup < 1.0 - c.min_gain) {
+    return {false, absl::StrFormat("KV bytes per token x%.2f but %.2fx decode tokens/s",
+                                   memory_ratio, speedup)};
+  }
+  return {true, absl::StrFormat("KV bytes per token x%.2f at %.2fx decode tokens/s", memory_ratio,
+                                speedup)};
+}
+
+absl::StatusOr<TuneResult> TuneStack(const ServeConfig& base, const std::vector<TuneOption>& stack,
+                                     TuneMeasurer& measurer, const TuneCriteria& criteria,
+                                     const std::function<void(const std::string&)>& log) {
+  if (criteria.rounds < 1 || !(criteria.min_gain >= 0 && criteria.min_gain < 1) ||
+      !(criteria.accuracy >= 0 && criteria.accuracy <= 1)) {
+    return absl::InvalidArgumentError("tune: rounds >= 1, min_gain in [0, 1), accuracy in [0, 1]");
+  }
+  auto say = [&](const std::string& line) {
+    if (log) log(line);
+  };
+  TuneResult result;
+  result.baseline = TuneBaseline(base);
+  SPECNODE_ASSIGN_OR_RETURN(const TuneMeasurement reference, measurer.Measure(result.baseline));
+  result.baseline_tokens_per_s = reference.tokens_per_s;
+  result.baseline_kv_bytes = reference.kv_bytes_per_token;
+  say(absl::StrFormat("baseline (%s): %.1f tokens/s, %.0f KV bytes/token", TuneKey(result.baseline),
+                      reference.tokens_per_s, reference.kv_bytes_per_token));
+
+  ServeConfig current = result.baseline;
+  double current_accuracy = 1.0;
+  for (const TuneOption& option : stack) {
+    TuneStep step;
+    step.option = option;
+    ServeConfig candidate = current;
+    SPECNODE_RETURN_IF_ERROR(ApplyTuneOption(option, &candidate));
+    if (option.key == "speculation.k_max" && current.draft == "none") {
+      step.skipped = "no drafter kept";
+    } else if (TuneKey(candidate) == TuneKey(current)) {
+      step.skipped = "already the current setting";
+    }
+    if (!step.skipped.empty()) {
+      say(absl::StrCat(option.name(), ": skipped (", step.skipped, ")"));
+      result.steps.push_back(std::move(step));
+      continue;
+    }
+    step.tried = true;
+    std::vector<double> cur_tps, cand_tps, cur_kv, cand_kv, memory;
+    for (int r = 0; r < criteria.rounds; ++r) {
+      // Alternate which configuration runs first, so drift hits both alike.
+      TuneMeasurement a, b;
+      if (r % 2 == 0) {
+        SPECNODE_ASSIGN_OR_RETURN(a, measurer.Measure(current));
+        SPECNODE_ASSIGN_OR_RETURN(b, measurer.Measure(candidate));
+      } else {
+        SPECNODE_ASSIGN_OR_RETURN(b, measurer.Measure(candidate));
+        SPECNODE_ASSIGN_OR_RETURN(a, measurer.Measure(current));
+      }
+      cur_tps.push_back(a.tokens_per_s);
+      cand_tps.push_back(b.tokens_per_s);
+      cur_kv.push_back(a.kv_bytes_per_token);
+      cand_kv.push_back(b.kv_bytes_per_token);
+      step.speedups.push_back(a.tokens_per_s > 0 ? b.tokens_per_s / a.tokens_per_s : 0);
+      memory.push_back(a.kv_bytes_per_token > 0 ? b.kv_bytes_per_token / a.kv_bytes_per_token : 0);
+      say(absl::StrFormat("%s round %d: %.1f vs %.1f tokens/s (x%.3f)", option.name(), r + 1,
+                          b.tokens_per_s, a.tokens_per_s, step.speedups.back()));
+    }
+    step.current_tokens_per_s = Median(cur_tps);
+    step.candidate_tokens_per_s = Median(cand_tps);
+    step.current_kv_bytes = Median(cur_kv);
+    step.candidate_kv_bytes = Median(cand_kv);
+    step.speedup = Median(step.speedups);
+    step.memory_ratio = Median(memory);
+    if (option.changes_output) {
+      SPECNODE_ASSIGN_OR_RETURN(step.accuracy, measurer.Agreement(candidate, reference.outputs));
+    } else {
+      step.accuracy = current_accuracy;
+    }
+    step.decision =
+        DecideTuneStep(option, step.speedup, step.memory_ratio, step.accuracy, criteria);
+    say(absl::StrFormat("%s: %s (%s; top-1 agreement %.3f)", option.name(),
+                        step.decision.keep ? "kept" : "rejected", step.decision.reason,
+                        step.accuracy));
+    if (step.decision.keep) {
+      current = candidate;
+      current_accuracy = step.accuracy;
+      // A later option on the same key replaces an earlier one (self-draft after n-gram).
+      std::erase_if(result.kept, [&](const TuneOption& k) { return k.key == option.key; });
+      result.kept.push_back(option);
+    }
+    result.steps.push_back(std::move(step));
+  }
+  result.tuned = base;
+  for (const TuneOption& k : result.kept)
+    SPECNODE_RETURN_IF_ERROR(ApplyTuneOption(k, &result.tuned));
+  // The stack's keys the base had on but the tuner did not keep are switched off.
+  const ServeConfig off = TuneBaseline(base);
+  auto kept_key = [&](const std::string& key) {
+    return std::any_of(result.kept.begin(), result.kept.end(),
+                       [&](const TuneOption& k) { return k.key == key; });
+  };
+  if (!kept_key("speculation.draft")) result.tuned.draft = off.draft;
+  if (!kept_key("kv.mode")) result.tuned.kv.mode = off.kv.mode;
+  if (!kept_key("model.activations")) result.tuned.activations = off.activations;
+  result.tuned_accuracy = current_accuracy;
+  return result;
+}
+
+absl::StatusOr<std::string> TunedYaml(const std::string& base_yaml,
+                                      const std::vector<TuneOption>& kept,
+                                      const std::string& model_path, const std::string& header) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(base_yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("base config: ", e.what()));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("base config: not a YAML mapping");
+  // Every stack key gets an explicit value: the kept option's, else the baseline's (off).
+  std::vector<TuneOption> settings = {
+      {"speculation.draft", "none"}, {"kv.mode", "full"}, {"model.activations", "int16"}};
+  for (const TuneOption& k : kept) {
+    auto same = [&](const TuneOption& s) { return s.key == k.key; };
+    auto it = std::find_if(settings.begin(), settings.end(), same);
+    if (it != settings.end()) {
+      it->value = k.value;
+    } else {
+      settings.push_back(k);
+    }
+  }
+  if (!model_path.empty()) settings.push_back({"model.target", model_path});
+  for (const TuneOption& s : settings) {
+    const std::vector<std::string> path = absl::StrSplit(s.key, '.');
+    if (path.size() != 2) return absl::InternalError("tune: bad key " + s.key);
+    if (!root[path[0]] || !root[path[0]].IsMap()) root[path[0]] = YAML::Node(YAML::NodeType::Map);
+    // Integers stay integers in the emitted YAML (k_max), strings are quoted as needed.
+    int as_int = 0;
+    if (absl::SimpleAtoi(s.value, &as_int) && s.key != "model.target") {
+      root[path[0]][path[1]] = as_int;
+    } else {
+      root[path[0]][path[1]] = s.value;
+    }
+  }
+  YAML::Emitter out;
+  out << root;
+  if (!out.good()) return absl::InternalError(absl::StrCat("tune: YAML: ", out.GetLastError()));
+  std::string text;
+  for (absl::string_view line : absl::StrSplit(header, '\n', absl::SkipEmpty())) {
+    absl::StrAppend(&text, "# ", line, "\n");
+  }
+  absl::StrAppend(&text, out.c_str(), "\n");
+  absl::StatusOr<ServeConfig> check = ParseServeConfig(text, "tuned config");
+  if (!check.ok()) {
+    return absl::InternalError(
+        absl::StrCat("tune: the tuned YAML does not parse: ", check.status().message()));
+  }
+  return text;
+}
+
+}  // namespace specnode

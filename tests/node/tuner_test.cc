@@ -1,0 +1,221 @@
+// The tuner's algorithm (node/tuner.h) against a scripted measurer: which options it tries,
+// in which order, how it pairs and alternates measurements, what it keeps and why, and the
+// tuned YAML it writes.
+#include "node/tuner.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace specnode {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Tokens/s and KV bytes per configuration: a base value times a factor per setting.
+class ScriptedMeasurer final : public TuneMeasurer {
+ public:
+  std::map<std::string, double> speed;      // setting ("draft=ngram", "kv=mixed", ...) -> factor
+  std::map<std::string, double> memory;     // setting -> factor on KV bytes
+  std::map<std::string, double> agreement;  // setting -> top-1 agreement
+  std::vector<std::string> calls;           // TuneKey of every Measure, in order
+  std::vector<std::string> agreement_calls;
+
+  absl::StatusOr<TuneMeasurement> Measure(const ServeConfig& c) override {
+    calls.push_back(TuneKey(c));
+    TuneMeasurement m;
+    m.tokens_per_s = 100;
+    m.kv_bytes_per_token = 1000;
+    for (const std::string& s : Settings(c)) {
+      if (speed.count(s)) m.tokens_per_s *= speed[s];
+      if (memory.count(s)) m.kv_bytes_per_token *= memory[s];
+    }
+    m.outputs = {{1, 2, 3}, {4, 5}};
+    return m;
+  }
+  absl::StatusOr<double> Agreement(const ServeConfig& c,
+                                   const std::vector<std::vector<int32_t>>& reference) override {
+    agreement_calls.push_back(TuneKey(c));
+    EXPECT_EQ(reference.size(), 2u);  // the baseline's outputs
+    double a = 1.0;
+    for (const std::string& s : Settings(c)) {
+      if (agreement.count(s)) a = std::min(a, agreement[s]);
+    }
+    return a;
+  }
+
+ private:
+  static std::vector<std::string> Settings(const ServeConfig& c) {
+    return {"draft=" + c.draft, "k_max=" + std::to_string(c.k_max), "kv=" + c.kv.mode,
+            std::string("activations=") + (c.activations == ActQuant::kInt8 ? "int8" : "int16")};
+  }
+};
+
+ServeConfig Base() {
+  ServeConfig c;  // defaults: draft ngram, k_max 4, kv mixed, int16, cpu
+  c.model = "/models/m.gguf";
+  return c;
+}
+
+TEST(TuneStackTest, DefaultStackOnCpuAndGpu) {
+  ServeConfig base = Base();
+  std::vector<std::string> names;
+  for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
+  EXPECT_THAT(names, ::testing::ElementsAre("speculation.draft=ngram", "speculation.draft=self:20",
+                                            "speculation.k_max=8", "model.activations=int8",
+                                            "kv.mode=mixed"));
+  base.device = "cuda:0";             // the GPU runner keeps f16 KV and f32 activations
+  base.k_max = 8;                     // nothing larger to try
+  base.draft = "/models/draft.gguf";  // the user's own drafter is tried first
+  names.clear();
+  for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
+  EXPECT_THAT(names,
+              ::testing::ElementsAre("speculation.draft=/models/draft.gguf",
+                                     "speculation.draft=ngram", "speculation.draft=self:20"));
+  // A tiny model gets no self-draft.
+  EXPECT_EQ(DefaultTuneStack(Base(), 2).size(), 4u);
+}
+
+TEST(TuneStackTest, BaselineSwitchesEveryOptionOff) {
+  ServeConfig base = Base();
+  base.activations = ActQuant::kInt8;
+  const ServeConfig b = TuneBaseline(base);
+  EXPECT_EQ(b.draft, "none");
+  EXPECT_EQ(b.kv.mode, "full");
+  EXPECT_EQ(b.activations, ActQuant::kInt16);
+  EXPECT_EQ(b.k_max, base.k_max);
+  EXPECT_EQ(b.model, base.model);
+  EXPECT_EQ(TuneKey(b), "draft=none k_max=4 kv=full activations=int16");
+}
+
+TEST(TuneStackTest, ApplyRejectsUnknownKeysAndBadValues) {
+  ServeConfig c = Base();
+  EXPECT_FALSE(ApplyTuneOption({"serve.bind", "x"}, &c).ok());
+  EXPECT_FALSE(ApplyTuneOption({"speculation.k_max", "0"}, &c).ok());
+  EXPECT_FALSE(ApplyTuneOption({"speculation.k_max", "many"}, &c).ok());
+  EXPECT_FALSE(ApplyTuneOption({"model.activations", "int4"}, &c).ok());
+  EXPECT_FALSE(ApplyTuneOption({"kv.mode", "fp8"}, &c).ok());
+  EXPECT_FALSE(ApplyTuneOption({"speculation.draft", ""}, &c).ok());
+  ASSERT_TRUE(ApplyTuneOption({"kv.mode", "int4"}, &c).ok());
+  EXPECT_EQ(c.kv.mode, "int4");
+}
+
+TEST(TuneDecisionTest, LatencyMemoryAndAccuracyRules) {
+  const TuneCriteria c;  // 3% gain, 0.97 agreement
+  const TuneOption fast{"speculation.draft", "ngram", TuneOption::Goal::kLatency, false};
+  const TuneOption kv{"kv.mode", "mixed", TuneOption::Goal::kMemory, true};
+  EXPECT_TRUE(DecideTuneStep(fast, 1.05, 1.0, 1.0, c).keep);
+  EXPECT_FALSE(DecideTuneStep(fast, 1.02, 1.0, 1.0, c).keep);  // within the noise margin
+  TuneDecision d = DecideTuneStep(fast, 1.5, 1.0, 0.96, c);    // fast but inaccurate
+  EXPECT_FALSE(d.keep);
+  EXPECT_THAT(d.reason, HasSubstr("below the budget"));
+  EXPECT_TRUE(DecideTuneStep(kv, 0.99, 0.7, 0.99, c).keep);   // saves memory, about as fast
+  EXPECT_FALSE(DecideTuneStep(kv, 0.90, 0.7, 0.99, c).keep);  // saves memory, too slow
+  EXPECT_FALSE(DecideTuneStep(kv, 1.2, 0.99, 0.99, c).keep);  // faster but saves no memory
+  EXPECT_FALSE(DecideTuneStep(kv, 1.0, 0.0, 1.0, c).keep);    // bytes unknown
+}
+
+TEST(TuneRunTest, KeepsWhatPaysAndRecordsWhy) {
+  ScriptedMeasurer m;
+  m.speed = {{"draft=ngram", 1.3},
+             {"draft=self:20", 0.6},
+             {"k_max=8", 1.1},
+             {"activations=int8", 1.2},
+             {"kv=mixed", 0.99}};
+  m.memory = {{"kv=mixed", 0.7}};
+  m.agreement = {{"activations=int8", 0.95}, {"kv=mixed", 0.98}};
+  const ServeConfig base = Base();
+  TuneCriteria criteria;
+  criteria.rounds = 2;
+  std::vector<std::string> log;
+  absl::StatusOr<TuneResult> r = TuneStack(base, DefaultTuneStack(base, 30), m, criteria,
+                                           [&](const std::string& l) { log.push_back(l); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> kept;
+  for (const TuneOption& k : r->kept) kept.push_back(k.name());
+  EXPECT_THAT(kept, ::testing::ElementsAre("speculation.draft=ngram", "speculation.k_max=8",
+                                           "kv.mode=mixed"));
+  ASSERT_EQ(r->steps.size(), 5u);
+  EXPECT_NEAR(r->steps[0].speedup, 1.3, 1e-9);
+  EXPECT_FALSE(r->steps[1].decision.keep);  // the self-draft loses against n-gram
+  EXPECT_NEAR(r->steps[1].speedup, 0.6 / 1.3, 1e-9);
+  EXPECT_THAT(r->steps[3].decision.reason, HasSubstr("below the budget"));  // int8: 0.95
+  EXPECT_NEAR(r->steps[4].memory_ratio, 0.7, 1e-9);
+  EXPECT_EQ(TuneKey(r->tuned), "draft=ngram k_max=8 kv=mixed activations=int16");
+  EXPECT_NEAR(r->tuned_accuracy, 0.98, 1e-9);
+  // Agreement is measured only for options that can change the output, each on top of the
+  // options kept before it.
+  EXPECT_THAT(m.agreement_calls,
+              ::testing::ElementsAre("draft=ngram k_max=8 kv=full activations=int8",
+                                     "draft=ngram k_max=8 kv=mixed activations=int16"));
+  // 1 baseline + 5 options x 2 rounds x 2 configurations; rounds alternate the order.
+  ASSERT_EQ(m.calls.size(), 21u);
+  EXPECT_EQ(m.calls[0], "draft=none k_max=4 kv=full activations=int16");
+  EXPECT_EQ(m.calls[1], m.calls[0]);  // round 1: current first
+  EXPECT_EQ(m.calls[2], "draft=ngram k_max=4 kv=full activations=int16");
+  EXPECT_EQ(m.calls[3], m.calls[2]);  // round 2: candidate first
+  EXPECT_EQ(m.calls[4], m.calls[0]);
+  EXPECT_FALSE(log.empty());
+}
+
+TEST(TuneRunTest, NothingKeptGivesTheBaselineAndKMaxNeedsADrafter) {
+  ScriptedMeasurer m;
+  m.speed = {{"draft=ngram", 0.9}, {"draft=self:20", 0.5}, {"activations=int8", 1.01}};
+  m.memory = {{"kv=mixed", 0.99}};
+  const ServeConfig base = Base();
+  TuneCriteria criteria;
+  criteria.rounds = 1;
+  absl::StatusOr<TuneResult> r = TuneStack(base, DefaultTuneStack(base, 30), m, criteria, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->kept.empty());
+  EXPECT_EQ(TuneKey(r->tuned), TuneKey(TuneBaseline(base)));
+  EXPECT_FALSE(r->steps[2].tried);
+  EXPECT_EQ(r->steps[2].skipped, "no drafter kept");
+}
+
+TEST(TuneRunTest, BadCriteriaAreInvalidArgument) {
+  ScriptedMeasurer m;
+  TuneCriteria c;
+  c.rounds = 0;
+  EXPECT_EQ(TuneStack(Base(), {}, m, c, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  c = TuneCriteria();
+  c.accuracy = 1.5;
+  EXPECT_EQ(TuneStack(Base(), {}, m, c, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(m.calls.empty());
+}
+
+TEST(TunedYamlTest, SetsTheKeptKeysKeepsTheRestAndParses) {
+  const std::string base = kEmbeddedLocalCpuConfig;
+  const std::vector<TuneOption> kept = {
+      {"speculation.draft", "ngram"}, {"speculation.k_max", "8"}, {"kv.mode", "mixed"}};
+  absl::StatusOr<std::string> y = TunedYaml(base, kept, "/models/m.gguf", "kept: a\nrejected: b");
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_THAT(*y, ::testing::StartsWith("# kept: a\n# rejected: b\n"));
+  absl::StatusOr<ServeConfig> c = ParseServeConfig(*y, "tuned");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->draft, "ngram");
+  EXPECT_EQ(c->k_max, 8);
+  EXPECT_EQ(c->kv.mode, "mixed");
+  EXPECT_EQ(c->activations, ActQuant::kInt16);  // not kept: written explicitly off
+  EXPECT_EQ(c->model, "/models/m.gguf");
+  absl::StatusOr<ServeConfig> original = ParseServeConfig(base, "base");
+  ASSERT_TRUE(original.ok());
+  EXPECT_EQ(c->max_active, original->max_active);  // untouched keys survive
+  EXPECT_EQ(c->sla.classes.size(), original->sla.classes.size());
+  // Nothing kept: every stack key explicitly off.
+  y = TunedYaml(base, {}, "", "");
+  ASSERT_TRUE(y.ok()) << y.status();
+  c = ParseServeConfig(*y, "tuned");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->draft, "none");
+  EXPECT_EQ(c->kv.mode, "full");
+  EXPECT_EQ(c->model, original->model);
+  EXPECT_FALSE(TunedYaml("[1, 2", {}, "", "").ok());
+  EXPECT_FALSE(TunedYaml("- a list", {}, "", "").ok());
+}
+
+}  // namespace
+}  // namespace specnode
