@@ -200,7 +200,10 @@ absl::Status CudaLlamaForward::Run(std::span<const BatchEntry> batch,
   SPECNODE_RETURN_IF_ERROR(Ensure(gate_, n * d_ff_ * f));
   SPECNODE_RETURN_IF_ERROR(Ensure(up_, n * d_ff_ * f));
 
-  if (graphs_ != nullptr) {
+  // Passes of many rows (prefill chunks) are compute-bound and their sizes rarely repeat:
+  // capturing them would cost more than their launches.
+  constexpr int64_t kGraphMaxRows = 64;
+  if (graphs_ != nullptr && n <= kGraphMaxRows) {
     // Everything Body bakes into its launches besides n.
     GraphSignature sig;
     for (const DeviceBuffer* b : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &tables_}) {

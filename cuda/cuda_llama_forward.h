@@ -16,7 +16,8 @@
 // and a tensor-parallel shard all-reduces through a synchronous reducer (the stream waits).
 //
 // CUDA graphs: the embedding + layers part of a pass (everything but the head) is replayed
-// as a CUDA graph once a pass shape (its number of token rows) recurs (cuda_graph_cache.h):
+// as a CUDA graph once a pass shape (its number of token rows, up to 64: decode batches and
+// verification passes, not prefill chunks) recurs (cuda_graph_cache.h):
 // per-step tables go to the device in one copy before the replay, and the page table has a
 // fixed row stride (context_length / page_tokens pages) so it does not change the shape.
 // Graphs run exactly the kernels of the eager pass, so results are bit-identical (tested).

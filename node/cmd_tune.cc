@@ -297,6 +297,7 @@ absl::Status Run(const CliArgs& args) {
                         {"rounds", criteria.rounds}};
   report["workload"] = {
       {"prompts", args.Get("prompts")}, {"per_domain", per_domain}, {"max_tokens", max_tokens}};
+  report["noise"] = {{"baseline_vs_itself", result.noise}, {"min_gain_applied", result.min_gain}};
   report["baseline"] = {{"settings", TuneKey(result.baseline)},
                         {"tokens_per_s", result.baseline_tokens_per_s},
                         {"kv_bytes_per_token", result.baseline_kv_bytes}};

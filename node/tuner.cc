@@ -3,9 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -40,6 +42,11 @@ std::vector<TuneOption> DefaultTuneStack(const ServeConfig& base, int n_layers) 
     if (self != base.draft) stack.push_back({"speculation.draft", self, Goal::kLatency, false});
   }
   if (base.k_max < 8) stack.push_back({"speculation.k_max", "8", Goal::kLatency, false});
+  // Cheap drafts (a GPU target verifies extra rows for ~5% of a step) pay at acceptances
+  // the default threshold switches off: let the cost model decide down to 0.2.
+  if (base.disable_threshold > 0.2) {
+    stack.push_back({"speculation.disable_threshold", "0.2", Goal::kLatency, false});
+  }
   if (base.device == "cpu") {
     stack.push_back({"model.activations", "int8", Goal::kLatency, true});
     stack.push_back({"kv.mode", "mixed", Goal::kMemory, true});
@@ -57,6 +64,13 @@ absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
       return absl::InvalidArgumentError("speculation.k_max: expected an integer in [1, 64]");
     }
     c->k_max = k;
+  } else if (o.key == "speculation.disable_threshold") {
+    double t = 0;
+    if (!absl::SimpleAtod(o.value, &t) || !(t >= 0 && t <= c->free_threshold)) {
+      return absl::InvalidArgumentError(
+          "speculation.disable_threshold: expected a number in [0, free_threshold]");
+    }
+    c->disable_threshold = t;
   } else if (o.key == "model.activations") {
     if (!ParseActQuant(o.value, &c->activations)) {
       return absl::InvalidArgumentError("model.activations: expected int16 or int8");
@@ -82,7 +96,8 @@ ServeConfig TuneBaseline(const ServeConfig& base) {
 }
 
 std::string TuneKey(const ServeConfig& c) {
-  return absl::StrCat("draft=", c.draft, " k_max=", c.k_max, " kv=", c.kv.mode,
+  return absl::StrCat("draft=", c.draft, " k_max=", c.k_max,
+                      " disable=", absl::StrFormat("%g", c.disable_threshold), " kv=", c.kv.mode,
                       " activations=", RequestedActivations(c.activations));
 }
 
@@ -129,6 +144,21 @@ absl::StatusOr<TuneResult> TuneStack(const ServeConfig& base, const std::vector<
   result.baseline_kv_bytes = reference.kv_bytes_per_token;
   say(absl::StrFormat("baseline (%s): %.1f tokens/s, %.0f KV bytes/token", TuneKey(result.baseline),
                       reference.tokens_per_s, reference.kv_bytes_per_token));
+  // The machine's noise: the baseline against itself, as many paired rounds as an option
+  // gets. No option is kept for a gain this comparison could show by chance.
+  for (int r = 0; r < criteria.rounds; ++r) {
+    SPECNODE_ASSIGN_OR_RETURN(const TuneMeasurement a, measurer.Measure(result.baseline));
+    SPECNODE_ASSIGN_OR_RETURN(const TuneMeasurement b, measurer.Measure(result.baseline));
+    const double ratio = a.tokens_per_s > 0 ? b.tokens_per_s / a.tokens_per_s : 1.0;
+    result.noise = std::max(result.noise, std::abs(ratio - 1.0));
+  }
+  TuneCriteria effective = criteria;
+  effective.min_gain = std::min(0.5, std::max(criteria.min_gain, result.noise));
+  result.min_gain = effective.min_gain;
+  say(
+      absl::StrFormat("noise: baseline vs itself within %.1f%% over %d rounds; options must "
+                      "gain %.1f%%",
+                      100 * result.noise, criteria.rounds, 100 * effective.min_gain));
 
   ServeConfig current = result.baseline;
   double current_accuracy = 1.0;
@@ -137,7 +167,8 @@ absl::StatusOr<TuneResult> TuneStack(const ServeConfig& base, const std::vector<
     step.option = option;
     ServeConfig candidate = current;
     SPECNODE_RETURN_IF_ERROR(ApplyTuneOption(option, &candidate));
-    if (option.key == "speculation.k_max" && current.draft == "none") {
+    if (absl::StartsWith(option.key, "speculation.") && option.key != "speculation.draft" &&
+        current.draft == "none") {
       step.skipped = "no drafter kept";
     } else if (TuneKey(candidate) == TuneKey(current)) {
       step.skipped = "already the current setting";
@@ -180,7 +211,7 @@ absl::StatusOr<TuneResult> TuneStack(const ServeConfig& base, const std::vector<
       step.accuracy = current_accuracy;
     }
     step.decision =
-        DecideTuneStep(option, step.speedup, step.memory_ratio, step.accuracy, criteria);
+        DecideTuneStep(option, step.speedup, step.memory_ratio, step.accuracy, effective);
     say(absl::StrFormat("%s: %s (%s; top-1 agreement %.3f)", option.name(),
                         step.decision.keep ? "kept" : "rejected", step.decision.reason,
                         step.accuracy));
@@ -238,8 +269,11 @@ absl::StatusOr<std::string> TunedYaml(const std::string& base_yaml,
     if (!root[path[0]] || !root[path[0]].IsMap()) root[path[0]] = YAML::Node(YAML::NodeType::Map);
     // Integers stay integers in the emitted YAML (k_max), strings are quoted as needed.
     int as_int = 0;
+    double as_double = 0;
     if (absl::SimpleAtoi(s.value, &as_int) && s.key != "model.target") {
       root[path[0]][path[1]] = as_int;
+    } else if (absl::SimpleAtod(s.value, &as_double) && s.key != "model.target") {
+      root[path[0]][path[1]] = as_double;
     } else {
       root[path[0]][path[1]] = s.value;
     }

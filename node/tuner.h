@@ -5,11 +5,13 @@
 // f16 KV, int16 activations): the most exact configuration. Each optimisation of the stack
 // is then tried on top of the ones kept so far, measured side by side with the current
 // configuration over the same workload (rounds alternate which runs first), and kept only
-// when it pays for its goal and the output stays within the accuracy budget:
+// when it pays for its goal and the output stays within the accuracy budget. "Pays" is
+// judged against the machine's noise, measured first as the baseline against itself: the
+// gain asked, g, is max(min_gain, the largest deviation of that A/A comparison).
 //   * latency options (a drafter, a larger K, int8 activations): decode tokens/s must rise
-//     by at least min_gain (median over the rounds of candidate / current);
+//     by at least g (median over the rounds of candidate / current);
 //   * memory options (mixed-precision KV): KV bytes per cached token must fall by at least
-//     min_gain, and tokens/s must not fall by more than min_gain;
+//     g, and tokens/s must not fall by more than g;
 //   * accuracy: top-1 agreement of the candidate's target, teacher-forced on the baseline's
 //     greedy outputs, must be >= the budget. Options that cannot change the target's output
 //     (speculative decoding is exact) keep the current configuration's agreement.
@@ -30,7 +32,8 @@ namespace specnode {
 // One optimisation: a config key and the value that turns it on.
 struct TuneOption {
   enum class Goal { kLatency, kMemory };
-  std::string key;    // "speculation.draft", "speculation.k_max", "model.activations", "kv.mode"
+  std::string key;    // "speculation.draft", "speculation.k_max",
+                      // "speculation.disable_threshold", "model.activations", "kv.mode"
   std::string value;  // "ngram", "self:20", "8", "int8", "mixed"
   Goal goal = Goal::kLatency;
   bool changes_output = false;  // false: the target's tokens cannot change (exact speculation)
@@ -39,7 +42,8 @@ struct TuneOption {
 
 // The stack for `base` on a model of `n_layers` layers, in the order tried: base's own
 // drafter when it is not "none" or "ngram" (a draft model file, ngram:N, self:L), n-gram drafter,
-// self-draft of 2/3 of the layers, k_max 8 (when base's k_max is below it), int8
+// self-draft of 2/3 of the layers, k_max 8 (when base's k_max is below it),
+// disable_threshold 0.2 (when base's is above it: cheap drafts pay at lower acceptance), int8
 // activations and mixed KV (the last two on the CPU only: a GPU target keeps f16 KV and f32
 // activations).
 std::vector<TuneOption> DefaultTuneStack(const ServeConfig& base, int n_layers);
@@ -50,7 +54,8 @@ absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c);
 // base with every stack option off: draft none, kv.mode full, activations int16.
 ServeConfig TuneBaseline(const ServeConfig& base);
 
-// A stable text naming the settings the stack varies (draft, k_max, kv mode, activations):
+// A stable text naming the settings the stack varies (draft, k_max, disable threshold, kv
+// mode, activations):
 // equal configurations give equal keys (measurers cache engines by it).
 std::string TuneKey(const ServeConfig& c);
 
@@ -102,6 +107,9 @@ struct TuneStep {
 
 struct TuneResult {
   ServeConfig baseline;
+  // Largest |ratio - 1| of the baseline measured against itself (criteria.rounds pairs),
+  // and the gain options had to bring: max(criteria.min_gain, noise), at most 0.5.
+  double noise = 0, min_gain = 0;
   ServeConfig tuned;  // base + every kept option
   double baseline_tokens_per_s = 0, baseline_kv_bytes = 0;
   double tuned_accuracy = 1.0;

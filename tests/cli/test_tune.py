@@ -46,8 +46,13 @@ def check_report(report, yaml_text):
             kept.pop(s["option"].split("=")[0], None)
             kept[s["option"].split("=")[0]] = s["option"]
     assert report["tuned"]["kept"] == list(kept.values())
-    assert report["baseline"]["settings"] == "draft=none k_max=4 kv=full activations=int16"
+    assert report["baseline"]["settings"] == \
+        "draft=none k_max=4 disable=0.4 kv=full activations=int16"
     assert report["baseline"]["kv_bytes_per_token"] > 0
+    noise = report["noise"]
+    assert noise["baseline_vs_itself"] >= 0
+    assert noise["min_gain_applied"] == max(report["criteria"]["min_gain"],
+                                            min(0.5, noise["baseline_vs_itself"]))
     header = yaml_text.splitlines()[1]
     assert header.startswith("# kept: ")
     for k in report["tuned"]["kept"]:

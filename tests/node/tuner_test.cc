@@ -23,11 +23,13 @@ class ScriptedMeasurer final : public TuneMeasurer {
   std::map<std::string, double> agreement;  // setting -> top-1 agreement
   std::vector<std::string> calls;           // TuneKey of every Measure, in order
   std::vector<std::string> agreement_calls;
+  std::vector<double> jitter;  // factor of the i-th measurement (1 beyond the list)
 
   absl::StatusOr<TuneMeasurement> Measure(const ServeConfig& c) override {
     calls.push_back(TuneKey(c));
     TuneMeasurement m;
-    m.tokens_per_s = 100;
+    const size_t i = calls.size() - 1;
+    m.tokens_per_s = 100 * (i < jitter.size() ? jitter[i] : 1.0);
     m.kv_bytes_per_token = 1000;
     for (const std::string& s : Settings(c)) {
       if (speed.count(s)) m.tokens_per_s *= speed[s];
@@ -64,19 +66,20 @@ TEST(TuneStackTest, DefaultStackOnCpuAndGpu) {
   ServeConfig base = Base();
   std::vector<std::string> names;
   for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
-  EXPECT_THAT(names, ::testing::ElementsAre("speculation.draft=ngram", "speculation.draft=self:20",
-                                            "speculation.k_max=8", "model.activations=int8",
-                                            "kv.mode=mixed"));
+  EXPECT_THAT(names,
+              ::testing::ElementsAre("speculation.draft=ngram", "speculation.draft=self:20",
+                                     "speculation.k_max=8", "speculation.disable_threshold=0.2",
+                                     "model.activations=int8", "kv.mode=mixed"));
   base.device = "cuda:0";             // the GPU runner keeps f16 KV and f32 activations
   base.k_max = 8;                     // nothing larger to try
   base.draft = "/models/draft.gguf";  // the user's own drafter is tried first
   names.clear();
   for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
-  EXPECT_THAT(names,
-              ::testing::ElementsAre("speculation.draft=/models/draft.gguf",
-                                     "speculation.draft=ngram", "speculation.draft=self:20"));
+  EXPECT_THAT(names, ::testing::ElementsAre("speculation.draft=/models/draft.gguf",
+                                            "speculation.draft=ngram", "speculation.draft=self:20",
+                                            "speculation.disable_threshold=0.2"));
   // A tiny model gets no self-draft.
-  EXPECT_EQ(DefaultTuneStack(Base(), 2).size(), 4u);
+  EXPECT_EQ(DefaultTuneStack(Base(), 2).size(), 5u);
 }
 
 TEST(TuneStackTest, BaselineSwitchesEveryOptionOff) {
@@ -88,7 +91,7 @@ TEST(TuneStackTest, BaselineSwitchesEveryOptionOff) {
   EXPECT_EQ(b.activations, ActQuant::kInt16);
   EXPECT_EQ(b.k_max, base.k_max);
   EXPECT_EQ(b.model, base.model);
-  EXPECT_EQ(TuneKey(b), "draft=none k_max=4 kv=full activations=int16");
+  EXPECT_EQ(TuneKey(b), "draft=none k_max=4 disable=0.4 kv=full activations=int16");
 }
 
 TEST(TuneStackTest, ApplyRejectsUnknownKeysAndBadValues) {
@@ -99,6 +102,8 @@ TEST(TuneStackTest, ApplyRejectsUnknownKeysAndBadValues) {
   EXPECT_FALSE(ApplyTuneOption({"model.activations", "int4"}, &c).ok());
   EXPECT_FALSE(ApplyTuneOption({"kv.mode", "fp8"}, &c).ok());
   EXPECT_FALSE(ApplyTuneOption({"speculation.draft", ""}, &c).ok());
+  EXPECT_FALSE(ApplyTuneOption({"speculation.disable_threshold", "0.9"}, &c).ok());  // > free
+  EXPECT_FALSE(ApplyTuneOption({"speculation.disable_threshold", "-1"}, &c).ok());
   ASSERT_TRUE(ApplyTuneOption({"kv.mode", "int4"}, &c).ok());
   EXPECT_EQ(c.kv.mode, "int4");
 }
@@ -138,26 +143,32 @@ TEST(TuneRunTest, KeepsWhatPaysAndRecordsWhy) {
   for (const TuneOption& k : r->kept) kept.push_back(k.name());
   EXPECT_THAT(kept, ::testing::ElementsAre("speculation.draft=ngram", "speculation.k_max=8",
                                            "kv.mode=mixed"));
-  ASSERT_EQ(r->steps.size(), 5u);
+  ASSERT_EQ(r->steps.size(), 6u);
   EXPECT_NEAR(r->steps[0].speedup, 1.3, 1e-9);
   EXPECT_FALSE(r->steps[1].decision.keep);  // the self-draft loses against n-gram
   EXPECT_NEAR(r->steps[1].speedup, 0.6 / 1.3, 1e-9);
-  EXPECT_THAT(r->steps[3].decision.reason, HasSubstr("below the budget"));  // int8: 0.95
-  EXPECT_NEAR(r->steps[4].memory_ratio, 0.7, 1e-9);
-  EXPECT_EQ(TuneKey(r->tuned), "draft=ngram k_max=8 kv=mixed activations=int16");
+  EXPECT_FALSE(r->steps[3].decision.keep);  // disable_threshold: no gain scripted
+  EXPECT_THAT(r->steps[4].decision.reason, HasSubstr("below the budget"));  // int8: 0.95
+  EXPECT_NEAR(r->steps[5].memory_ratio, 0.7, 1e-9);
+  EXPECT_EQ(TuneKey(r->tuned), "draft=ngram k_max=8 disable=0.4 kv=mixed activations=int16");
   EXPECT_NEAR(r->tuned_accuracy, 0.98, 1e-9);
   // Agreement is measured only for options that can change the output, each on top of the
   // options kept before it.
   EXPECT_THAT(m.agreement_calls,
-              ::testing::ElementsAre("draft=ngram k_max=8 kv=full activations=int8",
-                                     "draft=ngram k_max=8 kv=mixed activations=int16"));
-  // 1 baseline + 5 options x 2 rounds x 2 configurations; rounds alternate the order.
-  ASSERT_EQ(m.calls.size(), 21u);
-  EXPECT_EQ(m.calls[0], "draft=none k_max=4 kv=full activations=int16");
-  EXPECT_EQ(m.calls[1], m.calls[0]);  // round 1: current first
-  EXPECT_EQ(m.calls[2], "draft=ngram k_max=4 kv=full activations=int16");
-  EXPECT_EQ(m.calls[3], m.calls[2]);  // round 2: candidate first
-  EXPECT_EQ(m.calls[4], m.calls[0]);
+              ::testing::ElementsAre("draft=ngram k_max=8 disable=0.4 kv=full activations=int8",
+                                     "draft=ngram k_max=8 disable=0.4 kv=mixed activations=int16"));
+  // 1 baseline + 2 A/A noise rounds x 2 + 6 options x 2 rounds x 2 configurations; rounds
+  // alternate the order.
+  ASSERT_EQ(m.calls.size(), 29u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(m.calls[i], "draft=none k_max=4 disable=0.4 kv=full activations=int16");
+  }
+  EXPECT_EQ(r->noise, 0.0);
+  EXPECT_EQ(r->min_gain, criteria.min_gain);
+  EXPECT_EQ(m.calls[5], m.calls[0]);  // round 1: current first
+  EXPECT_EQ(m.calls[6], "draft=ngram k_max=4 disable=0.4 kv=full activations=int16");
+  EXPECT_EQ(m.calls[7], m.calls[6]);  // round 2: candidate first
+  EXPECT_EQ(m.calls[8], m.calls[0]);
   EXPECT_FALSE(log.empty());
 }
 
@@ -172,8 +183,27 @@ TEST(TuneRunTest, NothingKeptGivesTheBaselineAndKMaxNeedsADrafter) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->kept.empty());
   EXPECT_EQ(TuneKey(r->tuned), TuneKey(TuneBaseline(base)));
-  EXPECT_FALSE(r->steps[2].tried);
-  EXPECT_EQ(r->steps[2].skipped, "no drafter kept");
+  for (int i : {2, 3}) {  // k_max and disable_threshold need a drafter
+    EXPECT_FALSE(r->steps[i].tried);
+    EXPECT_EQ(r->steps[i].skipped, "no drafter kept");
+  }
+}
+
+// On a noisy machine the gain asked grows to the noise of the baseline against itself.
+TEST(TuneRunTest, GainsWithinTheMachinesNoiseAreNotKept) {
+  ScriptedMeasurer m;
+  m.speed = {{"draft=ngram", 1.06}, {"draft=self:20", 1.2}};
+  m.jitter = {1.0, 1.0, 1.08};  // the A/A comparison (calls 1 and 2) shows 8%
+  TuneCriteria criteria;
+  criteria.rounds = 1;
+  absl::StatusOr<TuneResult> r = TuneStack(Base(), DefaultTuneStack(Base(), 30), m, criteria, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->noise, 0.08, 1e-9);
+  EXPECT_NEAR(r->min_gain, 0.08, 1e-9);
+  ASSERT_GE(r->steps.size(), 2u);
+  EXPECT_FALSE(r->steps[0].decision.keep) << r->steps[0].decision.reason;  // ngram: 1.06
+  EXPECT_THAT(r->steps[0].decision.reason, HasSubstr("1.08x asked"));
+  EXPECT_TRUE(r->steps[1].decision.keep) << r->steps[1].decision.reason;  // self: 1.2
 }
 
 TEST(TuneRunTest, BadCriteriaAreInvalidArgument) {
@@ -189,8 +219,10 @@ TEST(TuneRunTest, BadCriteriaAreInvalidArgument) {
 
 TEST(TunedYamlTest, SetsTheKeptKeysKeepsTheRestAndParses) {
   const std::string base = kEmbeddedLocalCpuConfig;
-  const std::vector<TuneOption> kept = {
-      {"speculation.draft", "ngram"}, {"speculation.k_max", "8"}, {"kv.mode", "mixed"}};
+  const std::vector<TuneOption> kept = {{"speculation.draft", "ngram"},
+                                        {"speculation.k_max", "8"},
+                                        {"speculation.disable_threshold", "0.2"},
+                                        {"kv.mode", "mixed"}};
   absl::StatusOr<std::string> y = TunedYaml(base, kept, "/models/m.gguf", "kept: a\nrejected: b");
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_THAT(*y, ::testing::StartsWith("# kept: a\n# rejected: b\n"));
@@ -198,6 +230,7 @@ TEST(TunedYamlTest, SetsTheKeptKeysKeepsTheRestAndParses) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->draft, "ngram");
   EXPECT_EQ(c->k_max, 8);
+  EXPECT_DOUBLE_EQ(c->disable_threshold, 0.2);
   EXPECT_EQ(c->kv.mode, "mixed");
   EXPECT_EQ(c->activations, ActQuant::kInt16);  // not kept: written explicitly off
   EXPECT_EQ(c->model, "/models/m.gguf");
