@@ -7,6 +7,7 @@
 // fresh on every pass (see EngineMeasurer::Measure).
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -190,6 +191,19 @@ class EngineMeasurer final : public TuneMeasurer {
   std::map<std::string, std::unique_ptr<Setup>> setups_;
 };
 
+// Fails now rather than after minutes of measuring when `path` cannot be written; leaves
+// no file behind.
+absl::Status CheckWritable(const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  {
+    std::ofstream f(path, std::ios::app);
+    if (!f) return absl::InvalidArgumentError(absl::StrCat("cannot write ", path));
+  }
+  if (!existed) std::filesystem::remove(path, ec);
+  return absl::OkStatus();
+}
+
 nlohmann::json StepJson(const TuneStep& s) {
   nlohmann::json j;
   j["option"] = s.option.name();
@@ -215,6 +229,8 @@ nlohmann::json StepJson(const TuneStep& s) {
 absl::Status Run(const CliArgs& args) {
   if (!args.Has("prompts")) return absl::InvalidArgumentError("--prompts is required");
   if (!args.Has("out")) return absl::InvalidArgumentError("--out is required");
+  SPECNODE_RETURN_IF_ERROR(CheckWritable(args.Get("out")));
+  if (args.Has("report")) SPECNODE_RETURN_IF_ERROR(CheckWritable(args.Get("report")));
   SPECNODE_ASSIGN_OR_RETURN(int64_t per_domain, args.GetInt("per-domain", 2, 1, 100000));
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 64, 2, 1 << 16));
   TuneCriteria criteria;

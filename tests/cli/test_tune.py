@@ -93,6 +93,9 @@ def test_tune_prints_the_report_without_report_flag(specnode, tiny_model, tmp_pa
     (["--prompts", "BADPROMPTS", "--out", "OUT"], "bad.jsonl:2"),
     (["--prompts", "PROMPTS", "--out", "OUT", "--config", "BADYAML"], "bad.yaml:"),
     (["--prompts", "PROMPTS", "--out", "OUT", "--max-tokens", "100000000"], "--max-tokens"),
+    (["--prompts", "PROMPTS", "--out", "/nonexistent-dir/t.yaml"], "cannot write"),
+    (["--prompts", "PROMPTS", "--out", "OUT", "--report", "/nonexistent-dir/r.json"],
+     "cannot write"),
 ])
 def test_tune_bad_input(specnode, tiny_model, tmp_path, args, needle):
     bad = tmp_path / "bad.jsonl"
