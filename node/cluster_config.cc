@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "node/gpu_runner.h"
+#include "node/metrics_http.h"
 
 namespace specnode {
 namespace {
@@ -189,9 +190,9 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
 
   const YAML::Node serve = root["serve"];
-  CFG_TRY(r.Section(
-      serve, "serve",
-      {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes", "curve_secret_key"}));
+  CFG_TRY(r.Section(serve, "serve",
+                    {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes",
+                     "curve_secret_key", "metrics_bind"}));
   CFG_TRY(r.String(serve, "serve", "bind", &c.bind));
   CFG_TRY(r.Int(serve, "serve", "max_active", 1, 4096, &c.max_active));
   CFG_TRY(r.Int(serve, "serve", "max_queue", 0, 1 << 20, &c.max_queue));
@@ -202,6 +203,11 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   CFG_TRY(r.Int(serve, "serve", "max_frame_bytes", 256, 1 << 30, &frame));
   c.limits.max_frame_bytes = static_cast<size_t>(frame);
   CFG_TRY(r.String(serve, "serve", "curve_secret_key", &c.curve_secret_key));
+  CFG_TRY(r.String(serve, "serve", "metrics_bind", &c.metrics_bind));
+  if (!c.metrics_bind.empty() && !ValidateMetricsAddress(c.metrics_bind).ok()) {
+    return r.Error(serve["metrics_bind"], "serve.metrics_bind",
+                   "expected IPV4:PORT (e.g. 127.0.0.1:9464) or \"\"");
+  }
   if (!c.curve_secret_key.empty() && c.curve_secret_key.size() != 40) {
     return r.Error(serve, "serve.curve_secret_key", "expected a 40-character Z85 key");
   }

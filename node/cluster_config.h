@@ -53,6 +53,8 @@ struct ServeConfig {
   int max_queue = 256;
   ProtocolLimits limits;
   std::string curve_secret_key;
+  // HTTP Prometheus endpoint "IPV4:PORT" (node/metrics_http.h); "" = off.
+  std::string metrics_bind;
   std::string draft = "ngram";
   int k_max = 4;
   double free_threshold = 0.6, disable_threshold = 0.4;

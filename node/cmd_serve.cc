@@ -45,6 +45,8 @@ constexpr char kHelp[] =
     "  --config FILE       YAML cluster config\n"
     "  --model PATH        target GGUF (default: $SPECNODE_MODEL or the fetch-model cache)\n"
     "  --bind ENDPOINT     ROUTER endpoint (default tcp://127.0.0.1:5555)\n"
+    "  --metrics-bind A    HTTP Prometheus endpoint IPV4:PORT (GET /metrics, /health),\n"
+    "                      e.g. 127.0.0.1:9464; keep it on loopback (default: off)\n"
     "  --threads N         CPU threads (default: all cores available)\n"
     "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default ngram)\n"
     "  --spec-k K          largest speculation length (default 4)\n"
@@ -103,6 +105,10 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
   c.limits.max_frame_bytes = static_cast<size_t>(frame);
   if (args.Has("model")) c.model = args.Get("model");
   if (args.Has("bind")) c.bind = args.Get("bind");
+  if (args.Has("metrics-bind")) {
+    c.metrics_bind = args.Get("metrics-bind");
+    SPECNODE_RETURN_IF_ERROR(ValidateMetricsAddress(c.metrics_bind));
+  }
   if (args.Has("draft")) c.draft = args.Get("draft");
   if (args.Has("router-rules")) c.router_rules_file = args.Get("router-rules");
   if (args.Has("activations")) {
@@ -222,12 +228,16 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
     return g;
   };
 
+  // Declared before the frontend and the HTTP server: both use it until they are gone.
+  MetricsExchange metrics_exchange;
+  std::unique_ptr<MetricsHttpServer> metrics_http;
   FrontendOptions fo;
   fo.endpoint = cfg.bind;
   fo.limits = cfg.limits;
   fo.model_name = model_path;
   fo.curve_secret_key = cfg.curve_secret_key;
   fo.ranks = std::move(ranks);
+  if (!cfg.metrics_bind.empty()) fo.metrics_exchange = &metrics_exchange;
   std::unique_ptr<Frontend> frontend;
   Scheduler scheduler(&engine, &session->model().tokenizer(), so,
                       [&frontend](GenerationEvent ev) { frontend->OnEvent(std::move(ev)); });
@@ -241,6 +251,10 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                                           return PrometheusText(s, controllers);
                                         });
   SPECNODE_RETURN_IF_ERROR(frontend->Bind());
+  if (!cfg.metrics_bind.empty()) {
+    SPECNODE_ASSIGN_OR_RETURN(metrics_http,
+                              MetricsHttpServer::Start(cfg.metrics_bind, &metrics_exchange));
+  }
 
   struct sigaction sa = {};
   sa.sa_handler = OnSignal;
@@ -257,7 +271,13 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
           : absl::StrFormat(", %d groups on %d ranks", serve_groups.size(), fo.ranks.size() - 1)
                 .c_str());
   std::fprintf(stderr, "specnode serve: config %s\n", cfg.source.c_str());
+  if (metrics_http != nullptr) {
+    const std::string host = cfg.metrics_bind.substr(0, cfg.metrics_bind.rfind(':'));
+    std::fprintf(stderr, "specnode serve: metrics on http://%s:%d/metrics\n", host.c_str(),
+                 metrics_http->port());
+  }
   absl::Status st = frontend->Run(&g_stop);
+  metrics_http.reset();  // before the frontend it asks for renders
   scheduler.Stop();
   frontend.reset();  // closes the socket (lingering up to 0.5 s so the last replies leave)
   std::fprintf(stderr, "specnode serve: %s\n", st.ok() ? "drained, exiting" : "stopped");
@@ -281,10 +301,11 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunServe(int argc, char** argv) {
-  return RunModelCommand("serve", kHelp, argc, argv,
-                         {"config", "model", "bind", "threads", "draft", "spec-k", "router-rules",
-                          "max-active", "max-queue", "max-tokens", "max-frame-bytes"},
-                         {}, Run);
+  return RunModelCommand(
+      "serve", kHelp, argc, argv,
+      {"config", "model", "bind", "metrics-bind", "threads", "draft", "spec-k", "router-rules",
+       "max-active", "max-queue", "max-tokens", "max-frame-bytes"},
+      {}, Run);
 }
 
 }  // namespace specnode

@@ -286,6 +286,10 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
       uint64_t n;
       [[maybe_unused]] ssize_t r = read(wake_fd_, &n, sizeof(n));
     }
+    // A scrape of the HTTP metrics endpoint waits for a text only this thread may render.
+    if (options_.metrics_exchange != nullptr && options_.metrics_exchange->Wanted()) {
+      options_.metrics_exchange->Publish(metrics_());
+    }
     // Incoming frames (non-blocking, all that are ready).
     while (true) {
       frames.clear();

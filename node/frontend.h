@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "coordinator/domain_router.h"
 #include "coordinator/scheduler.h"
+#include "node/metrics_http.h"
 #include "node/model_session.h"
 #include "node/protocol.h"
 
@@ -50,6 +51,9 @@ struct FrontendOptions {
   std::string curve_secret_key;
   // Ranks of an mpirun job (health reply field "ranks"); empty for a single process.
   std::vector<RankInfo> ranks;
+  // The HTTP metrics endpoint's hand-over (metrics_http.h), or null: Run renders the
+  // metrics text into it whenever a scrape waits. Borrowed; must outlive the frontend.
+  MetricsExchange* metrics_exchange = nullptr;
 };
 
 class Frontend {

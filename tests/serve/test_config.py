@@ -34,6 +34,8 @@ BAD = [
     ("topology:\n  groups:\n    - draft: {rank: 0}\n", "topology.groups[0].target"),
     ("topology:\n  timeout_s: 0\n  groups:\n    - draft: {rank: 0}\n      target: [{rank: 1}]\n",
      "bad.yaml:2: topology.timeout_s: expected a number in [0.1, 3600]"),
+    ("serve:\n  metrics_bind: localhost:9464\n", "bad.yaml:2: serve.metrics_bind: expected IPV4:PORT"),
+    ("serve:\n  metrics_bind: 127.0.0.1:99999\n", "bad.yaml:2: serve.metrics_bind"),
 ]
 
 
@@ -107,3 +109,66 @@ def test_curve_authentication(specnode, tiny_model, tmp_path):
                 plain.health()
     finally:
         node.stop()
+
+
+def test_http_metrics_endpoint(specnode, tiny_model, tmp_path):
+    """serve.metrics_bind / --metrics-bind: Prometheus scrapes GET /metrics over HTTP and sees
+    the same counters as the `stats` reply, fresh on every scrape."""
+    import urllib.error
+    import urllib.request
+
+    from serve_helpers import free_port
+    from specnode_client import SpecnodeClient
+
+    port = free_port()
+    node = Node(specnode, tiny_model, tmp_path / "serve.log",
+                extra=["--threads", "1", "--metrics-bind", f"127.0.0.1:{port}"])
+    try:
+        node.wait_ready()
+        assert f"metrics on http://127.0.0.1:{port}/metrics" in node.log()
+        url = f"http://127.0.0.1:{port}"
+
+        def scrape():
+            with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                assert r.status == 200
+                assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                return r.read().decode()
+
+        before = scrape()
+        assert 'specnode_requests_total{outcome="completed"} 0' in before
+        with SpecnodeClient(node.endpoint, timeout_s=60) as c:
+            c.generate(prompt="hello there", max_tokens=6, temperature=0)
+            stats = c.stats()
+        after = scrape()
+        assert 'specnode_requests_total{outcome="completed"} 1' in after
+        assert "specnode_ttft_ms" in after and "specnode_queue_depth" in after
+        # The same exposition as the stats reply (families and series names).
+        names = lambda text: {l.split("{")[0].split(" ")[0] for l in text.splitlines()
+                              if l and not l.startswith("#")}
+        assert names(after) == names(stats["metrics"])
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            assert r.read() == b"ok\n"
+        try:
+            urllib.request.urlopen(url + "/nope", timeout=10)
+            assert False, "404 expected"
+        except urllib.error.HTTPError as e:
+            assert e.code == 404
+    finally:
+        assert node.stop() == 0
+
+
+def test_http_metrics_port_taken_is_a_clear_error(specnode, tiny_model, tmp_path):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    try:
+        res = subprocess.run([specnode, "serve", "--model", tiny_model, "--bind",
+                              "tcp://127.0.0.1:0", "--metrics-bind", f"127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        s.close()
+    assert res.returncode == 1, res.stderr
+    assert f"metrics endpoint 127.0.0.1:{port}" in res.stderr, res.stderr
