@@ -140,7 +140,7 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
 }  // namespace
 
 absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
-                       std::vector<ServeGroup> serve_groups, std::vector<RankInfo> ranks) {
+                       std::vector<ServeGroup>& serve_groups, std::vector<RankInfo> ranks) {
   assert(!serve_groups.empty());
   RouterConfig rc;
   rc.default_domain = cfg.default_domain;
@@ -295,7 +295,7 @@ absl::Status Run(const CliArgs& args) {
   std::vector<ServeGroup> groups(1);
   groups[0].name = "local";
   groups[0].target = &session->runner();
-  return ServeNode(cfg, session.get(), std::move(groups), {});
+  return ServeNode(cfg, session.get(), groups, {});
 }
 
 }  // namespace

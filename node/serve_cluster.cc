@@ -167,9 +167,8 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     ShutdownShards(&channel, NonCoordinatorRanks(t), "rank 0 failed to start");
     return st;
   };
-  absl::StatusOr<std::unique_ptr<ModelSession>> session =
-      ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
-                         ComputeOptions{cfg.activations, "cpu"});
+  absl::StatusOr<std::unique_ptr<ModelSession>> session = ModelSession::Open(
+      cfg.model, cfg.threads, false, cfg.kv, ComputeOptions{cfg.activations, "cpu"});
   if (!session.ok()) return fail_start(session.status());
   const LlamaModel& m = (*session)->model();
   auto connect = [&](const std::vector<int>& ranks, const LlamaModel& model,
@@ -204,8 +203,8 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     ModelDrafter::ConnectFn connect_draft;
     if (g.draft.rank != 0) {
       const int draft_rank = g.draft.rank;
-      connect_draft = [&, draft_rank](const LlamaModel& d)
-          -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+      connect_draft =
+          [&, draft_rank](const LlamaModel& d) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
         SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<RemoteTargetRunner> r,
                                   connect({draft_rank}, d, "draft"));
         const ShardInfo& s = r->shards()[0];
@@ -229,7 +228,9 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     }
     groups.push_back(std::move(group));
   }
-  absl::Status st = ServeNode(cfg, session->get(), std::move(groups), ranks);
+  // groups (and the remote draft runners inside their drafters) outlive ServeNode: every
+  // runner in `remotes` is shut down below, on success and on failure alike.
+  absl::Status st = ServeNode(cfg, session->get(), groups, ranks);
   absl::Status lost;
   for (RemoteTargetRunner* r : remotes) {
     if (lost.ok()) lost = r->broken();

@@ -65,7 +65,9 @@ struct ServeGroup {
 // `groups` (at least one; the router spreads requests over them, see SpeculativeEngine),
 // until SIGINT/SIGTERM (OK after the drain) or until a target is lost (that error). `ranks`
 // (empty for one process) is listed in `health`. Defined in cmd_serve.cc.
+// `groups` stays owned by the caller (ServeNode adds the drafters it makes to it), so that a
+// remote draft runner outlives ServeNode and can still be shut down afterwards.
 absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
-                       std::vector<ServeGroup> groups, std::vector<RankInfo> ranks);
+                       std::vector<ServeGroup>& groups, std::vector<RankInfo> ranks);
 
 }  // namespace specnode

@@ -64,8 +64,9 @@ class Node:
             if h is not None and h.get("type") == "health":
                 return h
             time.sleep(0.2)
+        log = self.log()  # before stop() closes the log file
         self.stop()
-        pytest.fail(f"specnode serve did not answer health within {timeout_s} s:\n{self.log()}")
+        pytest.fail(f"specnode serve did not answer health within {timeout_s} s:\n{log}")
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -332,6 +332,33 @@ def test_two_groups_share_requests_and_match_single_process(specnode, tiny_model
     assert re.search(r'^specnode_kv_bytes\{class="f16"\} \d', metrics, re.M), metrics
 
 
+def test_rank0_failing_to_serve_ends_every_rank(specnode, tiny_model, tmp_path):
+    """Rank 0 cannot bind its endpoint after connecting a target group and a draft model on a
+    rank of its own: every rank must be told to stop and the job must end at once, non-zero,
+    naming the cause. (The draft rank used to be left waiting forever: its runner was
+    destroyed with ServeNode's groups before rank 0 shut the ranks down.)"""
+    import socket
+
+    draft = tmp_path / "draft.gguf"
+    subprocess.run([specnode, "tiny-model", "--out", str(draft), "--perturb", "0.05"], check=True)
+    cfg = groups_config(tmp_path, [("a", 0, [1]), ("b", 3, [2])], draft=str(draft))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(mpirun_cmd(4, specnode, "--config", str(cfg), "--model", tiny_model,
+                                        "--bind", f"tcp://127.0.0.1:{port}", "--threads", "1"),
+                             capture_output=True, text=True, env=mpi_env(), timeout=90,
+                             start_new_session=True)
+    finally:
+        taken.close()
+    assert res.returncode != 0
+    assert f"cannot bind tcp://127.0.0.1:{port}" in res.stdout + res.stderr
+    assert time.monotonic() - t0 < 45
+
+
 def test_draft_model_on_its_own_rank(specnode, tiny_model, tmp_path):
     """Group b's draft model runs on rank 3 (a one-rank shard serving the draft file)."""
     draft = tmp_path / "draft.gguf"
