@@ -15,7 +15,20 @@ if str(ROOT / "client") not in sys.path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, below Linux's ephemeral range (32768-60999): a port the
+    kernel hands out by bind(0) can be taken as the local port of some client's outgoing
+    connection before the node binds it (seen in CI: "Address already in use")."""
+    import random
+
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # everything tried was taken: fall back to the kernel's pick
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
