@@ -4,6 +4,7 @@
 #include <cassert>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "coordinator/scheduler_internal.h"
 
 namespace specnode {
@@ -80,6 +81,26 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(GenerationRequest request) {
     stats_.rejected++;
     return absl::ResourceExhaustedError(
         absl::StrCat("overloaded: ", queued, " requests already queued"));
+  }
+  if (cls->shed && mean_admit_gap_ms_ > 0) {
+    // Slots this request needs freed before it runs: the queue ahead of it (its class and
+    // better), less free slots and slots held by lower classes (preemptable).
+    int ahead = 0, preemptable = 0;
+    for (const auto& [prio, q] : queue_) {
+      if (prio <= cls->priority) ahead += static_cast<int>(q.size());
+    }
+    for (uint64_t h : running_) preemptable += reqs_.at(h)->cls->priority > cls->priority;
+    const int free_slots = options_.max_active - static_cast<int>(running_.size()) + preemptable;
+    const int shortfall = ahead + 1 - free_slots;
+    const double predicted_ms = shortfall * mean_admit_gap_ms_;
+    if (shortfall > 0 && predicted_ms > cls->ttft_p99_ms) {
+      stats_.rejected++;
+      stats_.shed++;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "overloaded: a %s request would wait ~%.0f ms for a slot (%d ahead), over its %.0f "
+          "ms TTFT target",
+          cls->name, predicted_ms, ahead, cls->ttft_p99_ms));
+    }
   }
   // Inter-arrival EWMA for the batching window.
   if (last_arrival_ != Clock::time_point{}) {

@@ -54,6 +54,11 @@ struct SlaClass {
   double ttft_p99_ms = 1000;  // target for time to first token
   double tpot_p99_ms = 200;   // target for time per output token after the first
   int priority = 0;           // lower runs first
+  // Load shedding: refuse a request of this class at submission (`overloaded`) when it
+  // would wait longer than ttft_p99_ms for a batch slot, predicted from the requests ahead
+  // of it and the measured rate at which slots free up. A fast "no" a client can retry
+  // elsewhere, instead of a reply that misses its deadline anyway.
+  bool shed = false;
 };
 
 struct SchedulerOptions {
@@ -117,6 +122,7 @@ struct SchedulerSnapshot {
   int64_t swapped = 0;                    // ... that kept the KV in the host tier (else recompute)
   int64_t class_preemptions = 0;          // ... that made room for a waiting higher class
   int64_t kv_waits = 0;                   // admission rounds stopped because the KV would not fit
+  int64_t shed = 0;                       // rejected by a shedding class's deadline (in rejected)
   int64_t steps = 0, step_sequences = 0;  // Σ batch sizes; mean = step_sequences / steps
   int last_batch = 0;
   double window_ms = 0;  // current batching window
@@ -175,6 +181,8 @@ class Scheduler {
   void PreemptLocked(uint64_t handle);
   // Decode tokens an admitted request must have KV room for, beyond its prompt.
   static constexpr int64_t kAdmitDecodeTokens = 16;
+  // A request admitted this long after its arrival waited for a slot (load shedding).
+  static constexpr double kBackloggedMs = 1.0;
   void RunStep();
   // Fails every request with `st` (a lost target), stops admitting, records Failure().
   void LoseTarget(const absl::Status& st);
@@ -202,6 +210,10 @@ class Scheduler {
   SchedulerSnapshot stats_;
   Clock::time_point last_arrival_{};
   double mean_gap_ms_ = -1;  // EWMA of inter-arrival gaps
+  // Slot turnover for load shedding: EWMA of the gaps between admissions of requests that
+  // had to wait (backlogged: the gap is the time a slot takes to free up); -1 = unknown.
+  Clock::time_point last_admit_{};
+  double mean_admit_gap_ms_ = -1;
   std::thread thread_;
 };
 

@@ -38,6 +38,15 @@ void Scheduler::AdmitLocked(Clock::time_point now) {
       if (!r.scheduled_once) {
         r.scheduled_once = true;
         r.scheduled = now;
+        // Slot turnover for load shedding, from requests that had to wait: after an idle
+        // spell the next request is admitted at once and only restarts the clock.
+        const bool waited =
+            std::chrono::duration<double, std::milli>(now - r.arrival).count() > kBackloggedMs;
+        if (waited && last_admit_ != Clock::time_point{}) {
+          const double gap = std::chrono::duration<double, std::milli>(now - last_admit_).count();
+          mean_admit_gap_ms_ = mean_admit_gap_ms_ < 0 ? gap : 0.8 * mean_admit_gap_ms_ + 0.2 * gap;
+        }
+        last_admit_ = now;
       }
       running_.push_back(h);
     }

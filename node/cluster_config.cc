@@ -67,6 +67,19 @@ class Reader {
     return absl::OkStatus();
   }
 
+  absl::Status Bool(const YAML::Node& parent, const std::string& section, const char* name,
+                    bool* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    bool v;
+    if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) {
+      return Error(n, section + "." + name, "expected true or false");
+    }
+    *out = v;
+    return absl::OkStatus();
+  }
+
   absl::Status String(const YAML::Node& parent, const std::string& section, const char* name,
                       std::string* out) {
     if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
@@ -262,7 +275,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     for (size_t i = 0; i < classes.size(); ++i) {
       const std::string key = absl::StrCat("sla.classes[", i, "]");
       const YAML::Node e = classes[i];
-      CFG_TRY(r.Section(e, key, {"name", "ttft_p99_ms", "tpot_p99_ms", "priority"}));
+      CFG_TRY(r.Section(e, key, {"name", "ttft_p99_ms", "tpot_p99_ms", "priority", "shed"}));
       SlaClass cls;
       CFG_TRY(r.String(e, key, "name", &cls.name));
       if (cls.name.empty()) return r.Error(e, key + ".name", "required");
@@ -270,6 +283,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
       CFG_TRY(r.Double(e, key, "ttft_p99_ms", 1, 1e7, &cls.ttft_p99_ms));
       CFG_TRY(r.Double(e, key, "tpot_p99_ms", 1, 1e7, &cls.tpot_p99_ms));
       CFG_TRY(r.Int(e, key, "priority", 0, 100, &cls.priority));
+      CFG_TRY(r.Bool(e, key, "shed", &cls.shed));
       c.sla.classes.push_back(cls);
     }
   }

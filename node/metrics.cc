@@ -27,6 +27,10 @@ std::string PrometheusText(
   absl::StrAppendFormat(&out, "specnode_requests_total{outcome=\"cancelled\"} %d\n", s.cancelled);
   absl::StrAppendFormat(&out, "specnode_requests_total{outcome=\"rejected\"} %d\n", s.rejected);
   absl::StrAppendFormat(&out, "specnode_requests_total{outcome=\"failed\"} %d\n", s.failed);
+  family("specnode_requests_shed_total", "counter",
+         "Requests refused because their class sheds load and they would miss its TTFT target "
+         "(also counted as rejected).");
+  absl::StrAppendFormat(&out, "specnode_requests_shed_total %d\n", s.shed);
   family("specnode_queue_depth", "gauge", "Requests waiting for admission.");
   absl::StrAppendFormat(&out, "specnode_queue_depth %d\n", s.queued);
   family("specnode_active_sequences", "gauge", "Sequences running.");

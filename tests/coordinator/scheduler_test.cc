@@ -16,6 +16,7 @@
 
 #include "coordinator/model_runner.h"
 #include "coordinator/ngram_drafter.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
 #include "model/llama_model.h"
@@ -320,6 +321,59 @@ TEST_F(SchedulerTest, BoundedQueueAndUnknownClass) {
   for (uint64_t h : ok) EXPECT_EQ(sink.Wait(h).terminal, 1);
   sched.BeginDrain();
   EXPECT_EQ(sched.Submit(Request(0, 4)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A shedding class refuses a request at once when the slots ahead of it would not free up
+// within its TTFT target (measured turnover), and accepts it when a slot is free; a class
+// that does not shed queues the same request.
+TEST_F(SchedulerTest, SheddingClassRefusesRequestsThatWouldMissTheirTtftTarget) {
+  auto runner = Runner(64 << 20);
+  SpeculativeEngine engine(runner.get(), {}, {});
+  Collector sink;
+  SchedulerOptions so;
+  so.max_active = 1;
+  // "fast" sheds at a 0.5 ms TTFT target: any measured wait for a slot is too long.
+  so.classes = {{"fast", 0.5, 200, 0, /*shed=*/true}, {"bulk", 10000, 1000, 1, false}};
+  so.default_class = "bulk";
+  Scheduler sched(&engine, &model_->tokenizer(), so, std::ref(sink));
+  auto fast = [](int i, int max_tokens) {
+    GenerationRequest g = Request(i, max_tokens);
+    g.sla = "fast";
+    return g;
+  };
+  // No turnover measured yet, and a slot is free: accepted.
+  auto first = sched.Submit(fast(0, 8));
+  ASSERT_TRUE(first.ok()) << first.status();
+  sink.Wait(first->handle);
+  // Measure slot turnover: three bulk requests through one slot (the 2nd and 3rd wait).
+  std::vector<uint64_t> bulk;
+  for (int i = 0; i < 3; ++i) {
+    auto t = sched.Submit(Request(i, 300));
+    ASSERT_TRUE(t.ok()) << t.status();
+    bulk.push_back(t->handle);
+  }
+  for (uint64_t h : bulk) sink.Wait(h);
+  // The slot busy with a long fast request: the next fast one would wait for it to end.
+  auto busy = sched.Submit(fast(1, 400));
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  auto refused = sched.Submit(fast(2, 8));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              testing::HasSubstr("overloaded: a fast request would wait"));
+  // The same request in a class that does not shed is queued.
+  auto queued = sched.Submit(Request(2, 8));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  const SchedulerSnapshot snap = sched.Snapshot();
+  EXPECT_EQ(snap.shed, 1);
+  EXPECT_EQ(snap.rejected, 1);
+  sched.Cancel(busy->handle);
+  EXPECT_EQ(sink.Wait(busy->handle).terminal, 1);
+  EXPECT_EQ(sink.Wait(queued->handle).terminal, 1);
+  // The slot free again: fast requests are accepted.
+  auto later = sched.Submit(fast(3, 4));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(sink.Wait(later->handle).last.kind, GenerationEvent::Kind::kDone);
 }
 
 TEST_F(SchedulerTest, InteractiveClassIsAdmittedBeforeBatch) {

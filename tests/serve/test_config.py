@@ -35,6 +35,8 @@ BAD = [
     ("topology:\n  timeout_s: 0\n  groups:\n    - draft: {rank: 0}\n      target: [{rank: 1}]\n",
      "bad.yaml:2: topology.timeout_s: expected a number in [0.1, 3600]"),
     ("serve:\n  metrics_bind: localhost:9464\n", "bad.yaml:2: serve.metrics_bind: expected IPV4:PORT"),
+    ("sla:\n  classes:\n    - {name: a, shed: maybe}\n  default: a\n",
+     "bad.yaml:3: sla.classes[0].shed: expected true or false"),
     ("serve:\n  metrics_bind: 127.0.0.1:99999\n", "bad.yaml:2: serve.metrics_bind"),
 ]
 
