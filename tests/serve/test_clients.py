@@ -281,6 +281,10 @@ def test_bench_load_short_run(tiny_node, tmp_path):
     assert run_["completed"] >= 3
     assert run_["throughput"]["tokens_per_s"] > 0
     assert set(run_["sla"]) == {"interactive", "batch"}
+    for e in run_["sla"].values():
+        if e.get("attainment") is not None:
+            assert e["refused_overloaded"] >= 0
+            assert e["attainment_accepted"] is None or 0 <= e["attainment_accepted"] <= 1
 
 
 # --- end to end on the real model ------------------------------------------------------
