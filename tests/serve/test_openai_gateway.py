@@ -130,3 +130,43 @@ def test_no_node_is_a_gateway_timeout(dead_endpoint, tmp_path):
         assert json.loads(text)["error"]["code"] == "timeout"
     finally:
         g.stop()
+
+
+def test_client_leaving_a_stream_cancels_the_request(specnode, real_model, tmp_path):
+    """On the real model (slow enough to leave mid-generation): closing the HTTP connection
+    after a few SSE events cancels the request on the node instead of generating on."""
+    import socket
+
+    from serve_helpers import Node
+    from specnode_client import SpecnodeClient
+
+    node = Node(specnode, real_model, tmp_path / "serve.log", extra=["--threads", "2"])
+    try:
+        node.wait_ready(180)
+        g = Gateway(node.endpoint, tmp_path)
+        try:
+            body = json.dumps({"messages": [{"role": "user", "content": "Write a long story."}],
+                               "max_tokens": 400, "temperature": 0, "stream": True}).encode()
+            s = socket.create_connection(("127.0.0.1", g.port))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                      % len(body) + body)
+            data = b""
+            while data.count(b"data:") < 3:
+                chunk = s.recv(4096)
+                assert chunk, data
+                data += chunk
+            s.close()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with SpecnodeClient(node.endpoint, timeout_s=10) as c:
+                    metrics = c.stats()["metrics"]
+                if 'specnode_requests_total{outcome="cancelled"} 1' in metrics:
+                    break
+                time.sleep(0.2)
+            assert 'specnode_requests_total{outcome="cancelled"} 1' in metrics, metrics
+            assert 'specnode_requests_total{outcome="completed"} 0' in metrics
+        finally:
+            g.stop()
+    finally:
+        assert node.stop() == 0
