@@ -22,12 +22,16 @@ overloaded -> 429, shutting_down / unavailable -> 503, no node or a silent one -
 its request cancelled on the node.
 
 Threads: one per HTTP connection, each with its own ZeroMQ connection (sockets are not
-shared across threads). No authentication: keep it on loopback or behind a proxy that has it.
+shared across threads). Authentication: `--api-key KEY` (or $SPECNODE_API_KEY) makes every
+/v1 route require `Authorization: Bearer KEY` (401 otherwise), as vLLM's --api-key does;
+without it, keep the gateway on loopback or behind a proxy that authenticates.
 """
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
+import os
 import sys
 import time
 import uuid
@@ -81,6 +85,16 @@ class Gateway(BaseHTTPRequestHandler):
     endpoint = "tcp://127.0.0.1:5555"
     model_name = "specnode"
     timeout_s = 300.0
+    api_key = ""  # non-empty: /v1 routes need "Authorization: Bearer <api_key>"
+
+    def _authorized(self) -> bool:
+        if not self.api_key or not self.path.startswith("/v1"):
+            return True
+        given = self.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            return True
+        self._error(401, "missing or wrong API key (Authorization: Bearer ...)", "unauthorized")
+        return False
 
     def log_message(self, fmt, *args):  # one line per request on stderr, as http.server does
         sys.stderr.write("openai_gateway: %s %s\n" % (self.address_string(), fmt % args))
@@ -114,6 +128,8 @@ class Gateway(BaseHTTPRequestHandler):
 
     # -- routes -----------------------------------------------------------------------
     def do_GET(self):
+        if not self._authorized():
+            return
         if self.path.rstrip("/") == "/v1/models":
             self._send_json(200, {"object": "list", "data": [
                 {"id": self.model_name, "object": "model", "created": 0, "owned_by": "specnode"}]})
@@ -127,6 +143,10 @@ class Gateway(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path}", "not_found")
 
     def do_POST(self):
+        if not self._authorized():
+            # The body is not read: this connection cannot carry another request.
+            self.close_connection = True
+            return
         path = self.path.rstrip("/")
         if path not in ("/v1/chat/completions", "/v1/completions"):
             self._error(404, f"no route {self.path}", "not_found")
@@ -259,10 +279,14 @@ def main() -> int:
     ap.add_argument("--model-name", default="specnode", help="the id /v1/models reports")
     ap.add_argument("--timeout-s", type=float, default=300.0,
                     help="longest wait for the node's next message (default 300)")
+    ap.add_argument("--api-key", default=os.environ.get("SPECNODE_API_KEY", ""),
+                    help="require 'Authorization: Bearer KEY' on /v1 routes "
+                         "(default: $SPECNODE_API_KEY, else none)")
     args = ap.parse_args()
     Gateway.endpoint = args.endpoint
     Gateway.model_name = args.model_name
     Gateway.timeout_s = args.timeout_s
+    Gateway.api_key = args.api_key
     try:
         server = ThreadingHTTPServer(args.listen, Gateway)
     except OSError as e:

@@ -15,29 +15,32 @@ GATEWAY = ROOT / "client" / "openai_gateway.py"
 
 
 class Gateway:
-    def __init__(self, endpoint, tmp_path, timeout_s=60):
+    def __init__(self, endpoint, tmp_path, timeout_s=60, extra=()):
         self.port = free_port()
         self.log_path = tmp_path / "gateway.log"
         self.proc = subprocess.Popen(
             [sys.executable, str(GATEWAY), "--listen", f"127.0.0.1:{self.port}", "--endpoint",
-             endpoint, "--model-name", "smol", "--timeout-s", str(timeout_s)],
+             endpoint, "--model-name", "smol", "--timeout-s", str(timeout_s), *extra],
             stdout=subprocess.DEVNULL, stderr=open(self.log_path, "w"))
         self.base = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.base + "/v1/models", timeout=2):
+                with urllib.request.urlopen(self.base + "/nope", timeout=2):
                     return
+            except urllib.error.HTTPError:
+                return  # it answers (404)
             except OSError:
                 if self.proc.poll() is not None:
                     pytest.fail(f"gateway exited: {self.log_path.read_text()}")
                 time.sleep(0.1)
         pytest.fail("gateway did not start")
 
-    def post(self, path, body, raw=None):
+    def post(self, path, body, raw=None, headers=None):
         data = raw if raw is not None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 return r.status, r.headers, r.read().decode()
@@ -170,3 +173,24 @@ def test_client_leaving_a_stream_cancels_the_request(specnode, real_model, tmp_p
             g.stop()
     finally:
         assert node.stop() == 0
+
+
+def test_api_key(tiny_node, tmp_path):
+    g = Gateway(tiny_node.endpoint, tmp_path, extra=["--api-key", "s3cret"])
+    try:
+        status, _, text = g.post("/v1/chat/completions", CHAT)
+        assert status == 401 and json.loads(text)["error"]["code"] == "unauthorized"
+        status, _, _ = g.post("/v1/chat/completions", CHAT, headers={"Authorization": "Bearer no"})
+        assert status == 401
+        status, _, text = g.post("/v1/chat/completions", CHAT,
+                                 headers={"Authorization": "Bearer s3cret"})
+        assert status == 200, text
+        req = urllib.request.Request(g.base + "/v1/models")
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            assert False, "401 expected"
+        except urllib.error.HTTPError as e:
+            assert e.code == 401
+    finally:
+        g.stop()
+
