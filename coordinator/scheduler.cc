@@ -10,10 +10,6 @@
 namespace specnode {
 namespace {
 
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 // Largest n <= limit such that s[0, n) ends on a UTF-8 character boundary.
 size_t Utf8Floor(const std::string& s, size_t limit) {
   size_t n = std::min(limit, s.size());
@@ -104,8 +100,7 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(GenerationRequest request) {
   }
   // Inter-arrival EWMA for the batching window.
   if (last_arrival_ != Clock::time_point{}) {
-    const double gap = Ms(last_arrival_, r->arrival);
-    mean_gap_ms_ = mean_gap_ms_ < 0 ? gap : 0.8 * mean_gap_ms_ + 0.2 * gap;
+    UpdateMeanGap(&mean_gap_ms_, Ms(last_arrival_, r->arrival));
   }
   last_arrival_ = r->arrival;
   const uint64_t handle = next_handle_++;

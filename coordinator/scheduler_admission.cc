@@ -40,11 +40,8 @@ void Scheduler::AdmitLocked(Clock::time_point now) {
         r.scheduled = now;
         // Slot turnover for load shedding, from requests that had to wait: after an idle
         // spell the next request is admitted at once and only restarts the clock.
-        const bool waited =
-            std::chrono::duration<double, std::milli>(now - r.arrival).count() > kBackloggedMs;
-        if (waited && last_admit_ != Clock::time_point{}) {
-          const double gap = std::chrono::duration<double, std::milli>(now - last_admit_).count();
-          mean_admit_gap_ms_ = mean_admit_gap_ms_ < 0 ? gap : 0.8 * mean_admit_gap_ms_ + 0.2 * gap;
+        if (Ms(r.arrival, now) > kBackloggedMs && last_admit_ != Clock::time_point{}) {
+          UpdateMeanGap(&mean_admit_gap_ms_, Ms(last_admit_, now));
         }
         last_admit_ = now;
       }

@@ -3,6 +3,7 @@
 // preemption). Guarded by Scheduler::mu_ where scheduler.h says so.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,6 +12,17 @@
 #include "model/tokenizer.h"
 
 namespace specnode {
+
+// Milliseconds from a to b.
+inline double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// The scheduler's gap averages: the first sample, then an EWMA with weight 0.2.
+// `*mean` < 0 means no sample yet.
+inline void UpdateMeanGap(double* mean, double sample) {
+  *mean = *mean < 0 ? sample : 0.8 * *mean + 0.2 * sample;
+}
 
 struct Scheduler::Req {
   uint64_t handle = 0;

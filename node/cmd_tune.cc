@@ -64,15 +64,19 @@ constexpr char kHelp[] =
 // Controllers per configuration over sessions per (KV mode, activations).
 class EngineMeasurer final : public TuneMeasurer {
  public:
-  EngineMeasurer(std::vector<WorkloadPrompt> prompts, int32_t max_tokens)
-      : prompts_(std::move(prompts)), max_tokens_(max_tokens) {}
+  explicit EngineMeasurer(int32_t max_tokens) : max_tokens_(max_tokens) {}
 
-  absl::Status Prepare(const ServeConfig& c) {
-    SPECNODE_ASSIGN_OR_RETURN(ModelSession * s, Session(c));
+  // Loads the workload (encoded with the tokenizer of `baseline`'s session, the session the
+  // baseline measurement then uses) and checks every prompt fits the context. Returns the
+  // model's layer count.
+  absl::StatusOr<int> Prepare(const ServeConfig& baseline, const std::string& files, bool chat,
+                              int64_t per_domain) {
+    SPECNODE_ASSIGN_OR_RETURN(ModelSession * s, Session(baseline));
+    SPECNODE_ASSIGN_OR_RETURN(prompts_, LoadPromptSets(*s, files, chat, per_domain));
     for (const WorkloadPrompt& p : prompts_) {
       SPECNODE_RETURN_IF_ERROR(s->CheckPrompt(p.ids, max_tokens_));
     }
-    return absl::OkStatus();
+    return s->model().config().n_layers;
   }
 
   absl::StatusOr<TuneMeasurement> Measure(const ServeConfig& c) override {
@@ -159,7 +163,8 @@ class EngineMeasurer final : public TuneMeasurer {
   };
 
   absl::StatusOr<ModelSession*> Session(const ServeConfig& c) {
-    const std::string key = TuneKey(c).substr(TuneKey(c).find(" kv="));
+    const std::string tune_key = TuneKey(c);
+    const std::string key = tune_key.substr(tune_key.find(" kv="));  // kv mode + activations
     auto it = sessions_.find(key);
     if (it != sessions_.end()) return it->second.get();
     SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> s,
@@ -262,19 +267,10 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", base.threads, 0, 1024));
   base.threads = threads == 0 ? DefaultThreads() : static_cast<int>(threads);
 
-  // Prompts encoded once with the baseline's session (the tokenizer is the model's).
-  const ServeConfig baseline = TuneBaseline(base);
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> probe,
-                            ModelSession::Open(base.model, 1, false, baseline.kv,
-                                               ComputeOptions{baseline.activations, "cpu"}));
+  EngineMeasurer measurer(static_cast<int32_t>(max_tokens));
   SPECNODE_ASSIGN_OR_RETURN(
-      std::vector<WorkloadPrompt> prompts,
-      LoadPromptSets(*probe, args.Get("prompts"), !args.Has("raw"), per_domain));
-  const int n_layers = probe->model().config().n_layers;
-  probe.reset();
-
-  EngineMeasurer measurer(std::move(prompts), static_cast<int32_t>(max_tokens));
-  SPECNODE_RETURN_IF_ERROR(measurer.Prepare(baseline));
+      const int n_layers,
+      measurer.Prepare(TuneBaseline(base), args.Get("prompts"), !args.Has("raw"), per_domain));
   const std::vector<TuneOption> stack = DefaultTuneStack(base, n_layers);
   SPECNODE_ASSIGN_OR_RETURN(TuneResult result,
                             TuneStack(base, stack, measurer, criteria, [](const std::string& line) {

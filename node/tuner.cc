@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -18,6 +19,12 @@ namespace specnode {
 namespace {
 
 const char* RequestedActivations(ActQuant a) { return a == ActQuant::kInt8 ? "int8" : "int16"; }
+
+// The stack's switches in their "off" position: what the baseline runs and what the tuned
+// YAML states for every one of them the tuner did not keep.
+std::vector<TuneOption> OffSettings() {
+  return {{"speculation.draft", "none"}, {"kv.mode", "full"}, {"model.activations", "int16"}};
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -89,9 +96,10 @@ absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
 
 ServeConfig TuneBaseline(const ServeConfig& base) {
   ServeConfig c = base;
-  c.draft = "none";
-  c.kv.mode = "full";
-  c.activations = ActQuant::kInt16;
+  for (const TuneOption& off : OffSettings()) {
+    [[maybe_unused]] const absl::Status s = ApplyTuneOption(off, &c);
+    assert(s.ok());  // our own literals
+  }
   return c;
 }
 
@@ -224,18 +232,11 @@ absl::StatusOr<TuneResult> TuneStack(const ServeConfig& base, const std::vector<
     }
     result.steps.push_back(std::move(step));
   }
-  result.tuned = base;
-  for (const TuneOption& k : result.kept)
+  // The baseline (every switch off) plus what was kept.
+  result.tuned = result.baseline;
+  for (const TuneOption& k : result.kept) {
     SPECNODE_RETURN_IF_ERROR(ApplyTuneOption(k, &result.tuned));
-  // The stack's keys the base had on but the tuner did not keep are switched off.
-  const ServeConfig off = TuneBaseline(base);
-  auto kept_key = [&](const std::string& key) {
-    return std::any_of(result.kept.begin(), result.kept.end(),
-                       [&](const TuneOption& k) { return k.key == key; });
-  };
-  if (!kept_key("speculation.draft")) result.tuned.draft = off.draft;
-  if (!kept_key("kv.mode")) result.tuned.kv.mode = off.kv.mode;
-  if (!kept_key("model.activations")) result.tuned.activations = off.activations;
+  }
   result.tuned_accuracy = current_accuracy;
   return result;
 }
@@ -251,8 +252,7 @@ absl::StatusOr<std::string> TunedYaml(const std::string& base_yaml,
   }
   if (!root.IsMap()) return absl::InvalidArgumentError("base config: not a YAML mapping");
   // Every stack key gets an explicit value: the kept option's, else the baseline's (off).
-  std::vector<TuneOption> settings = {
-      {"speculation.draft", "none"}, {"kv.mode", "full"}, {"model.activations", "int16"}};
+  std::vector<TuneOption> settings = OffSettings();
   for (const TuneOption& k : kept) {
     auto same = [&](const TuneOption& s) { return s.key == k.key; };
     auto it = std::find_if(settings.begin(), settings.end(), same);
