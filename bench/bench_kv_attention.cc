@@ -60,7 +60,7 @@ void RandomRows(std::mt19937& gen, int n, std::vector<float>* k, std::vector<flo
 // Fills `cache` with ctx tokens in chunks; after each chunk one of its last tokens (at a
 // multiple of kFillQueryAlign) attends in every layer and head, so a mixed store observes
 // attention mass as on a prefill.
-void Fill(KvCache& cache, int ctx, std::mt19937& gen) {
+void Fill(CpuKvCache& cache, int ctx, std::mt19937& gen) {
   std::vector<float> k, v, q(static_cast<size_t>(kHeads) * kHeadDim), out(q.size());
   std::normal_distribution<float> dist(0.0f, 1.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
@@ -69,18 +69,18 @@ void Fill(KvCache& cache, int ctx, std::mt19937& gen) {
     if (!cache.Reserve(kSeq, n).ok()) std::abort();
     for (int l = 0; l < kLayers; ++l) {
       RandomRows(gen, n, &k, &v);
-      cache.Write(kSeq, l, pos0, n, k.data(), v.data());
+      cache.WriteSeq(kSeq, l, pos0, n, k.data(), v.data());
       for (float& x : q) x = dist(gen);
       const int query = (pos0 + n - 1) / kFillQueryAlign * kFillQueryAlign;
       for (int h = 0; h < kKvHeads; ++h) {
-        cache.Attend(kSeq, l, query, 1, h, q.data(), scale, out.data());
+        cache.AttendSeq(kSeq, l, query, 1, h, q.data(), scale, out.data());
       }
     }
     cache.Commit(kSeq, pos0 + n);
   }
 }
 
-void RunDecode(benchmark::State& state, KvCache& cache, int ctx, double bytes_per_step) {
+void RunDecode(benchmark::State& state, CpuKvCache& cache, int ctx, double bytes_per_step) {
   std::mt19937 gen(7);
   std::vector<float> k, v, q(static_cast<size_t>(kHeads) * kHeadDim), out(q.size());
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -94,10 +94,10 @@ void RunDecode(benchmark::State& state, KvCache& cache, int ctx, double bytes_pe
   for (auto _ : state) {
     const int pos = ctx + step;
     if (!cache.Reserve(kSeq, 1).ok()) std::abort();
-    for (int l = 0; l < kLayers; ++l) cache.Write(kSeq, l, pos, 1, k.data(), v.data());
+    for (int l = 0; l < kLayers; ++l) cache.WriteSeq(kSeq, l, pos, 1, k.data(), v.data());
     for (int l = 0; l < kLayers; ++l) {
       for (int h = 0; h < kKvHeads; ++h) {
-        cache.Attend(kSeq, l, pos, 1, h, q.data(), scale, out.data());
+        cache.AttendSeq(kSeq, l, pos, 1, h, q.data(), scale, out.data());
       }
     }
     benchmark::DoNotOptimize(out.data());
@@ -192,9 +192,9 @@ void BM_MassOverhead(benchmark::State& state) {
     const int observed = step++ % 2 == 0 ? 1 : 0;
     const int pos = even + (observed ? 0 : 1);
     if (!kv.Reserve(kSeq, 2).ok()) std::abort();
-    for (int l = 0; l < kLayers; ++l) kv.Write(kSeq, l, even, 2, k.data(), v.data());
+    for (int l = 0; l < kLayers; ++l) kv.WriteSeq(kSeq, l, even, 2, k.data(), v.data());
     for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kKvHeads; ++h) kv.Attend(kSeq, l, pos, 1, h, q.data(), scale, out.data());
+      for (int h = 0; h < kKvHeads; ++h) kv.AttendSeq(kSeq, l, pos, 1, h, q.data(), scale, out.data());
     }
     benchmark::DoNotOptimize(out.data());
     kv.Commit(kSeq, even + 2);

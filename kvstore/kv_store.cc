@@ -61,7 +61,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c)
 }
 
 KvStore::KvStore(const KvStoreConfig& c)
-    : config_(c),
+    : CpuKvCache(c.n_kv_heads, c.head_dim, c.gqa_group),
+      config_(c),
       rotate_(c.rotate && IsPowerOfTwo(c.head_dim)),
       kernels_(&kv_kernels::SelectedKvKernels(c.head_dim)) {
   for (int p = 0; p < kNumKvPrecisions; ++p) {
@@ -270,7 +271,8 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
   return absl::OkStatus();
 }
 
-void KvStore::Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k, const float* v) {
+void KvStore::WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
+                       const float* v) {
   Sequence& s = *seqs_.at(seq);
   const int hd = config_.head_dim;
   std::vector<float> rk(hd), rv(hd);
@@ -322,8 +324,8 @@ AttendScratch& Scratch() {
 // normalisation is applied once to the output). Which positions a query sees, and so the
 // groups it hands the kernels, depends only on the block table and its own position, so
 // the result does not depend on the batch or on other queries of the call.
-void KvStore::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
-                     float scale, float* out) {
+void KvStore::AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
+                        const float* q, float scale, float* out) {
   Sequence& s = *seqs_.at(seq);
   assert(!s.swapped);
   const kv_kernels::KvAttentionKernels& kern = *kernels_;

@@ -53,7 +53,7 @@
 
 #include "absl/status/statusor.h"
 #include "kvstore/kv_precision.h"
-#include "model/kv_cache.h"
+#include "model/cpu_kv_cache.h"
 
 namespace specnode {
 
@@ -97,7 +97,7 @@ struct KvUsage {
   int64_t evicted_tokens = 0;       // dropped by sliding-window eviction (lossy)
 };
 
-class KvStore : public KvCache {
+class KvStore : public CpuKvCache {
  public:
   // InvalidArgument naming the field for inconsistent configs (zero dims, odd head_dim,
   // capacity smaller than one page, window < 1, ...).
@@ -107,10 +107,10 @@ class KvStore : public KvCache {
   // KvCache.
   int32_t Length(SeqId seq) const override;
   absl::Status Reserve(SeqId seq, int32_t n_new) override;
-  void Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
-             const float* v) override;
-  void Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
-              float scale, float* out) override;
+  void WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
+                const float* v) override;
+  void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
+                 float scale, float* out) override;
   void Commit(SeqId seq, int32_t new_length) override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
   void Free(SeqId seq) override;

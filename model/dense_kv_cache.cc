@@ -11,7 +11,8 @@ namespace specnode {
 
 DenseKvCache::DenseKvCache(int n_layers, int n_kv_heads, int head_dim, int gqa_group,
                            int32_t max_seq_len, int64_t max_tokens)
-    : n_layers_(n_layers),
+    : CpuKvCache(n_kv_heads, head_dim, gqa_group),
+      n_layers_(n_layers),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
       group_(gqa_group),
@@ -54,8 +55,8 @@ absl::Status DenseKvCache::Reserve(SeqId seq, int32_t n_new) {
   return absl::OkStatus();
 }
 
-void DenseKvCache::Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
-                         const float* v) {
+void DenseKvCache::WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
+                            const float* v) {
   Sequence& s = seqs_.at(seq);
   assert(pos0 + n <= s.reserved);
   const size_t row = static_cast<size_t>(n_kv_heads_) * head_dim_;
@@ -63,8 +64,8 @@ void DenseKvCache::Write(SeqId seq, int layer, int32_t pos0, int32_t n, const fl
   std::copy(v, v + n * row, s.v[layer].begin() + pos0 * row);
 }
 
-void DenseKvCache::Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
-                          const float* q, float scale, float* out) {
+void DenseKvCache::AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
+                             const float* q, float scale, float* out) {
   const Sequence& s = seqs_.at(seq);
   const size_t row = static_cast<size_t>(n_kv_heads_) * head_dim_;
   const int n_heads = n_kv_heads_ * group_;

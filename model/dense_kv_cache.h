@@ -1,17 +1,17 @@
 // DenseKvCache: the reference KvCache. Each sequence keeps f32 K and V per layer in
 // [position][kv_head][head_dim] order, grown by doubling. Capacity is a total number of
 // token positions across sequences (max_tokens); Reserve beyond it is ResourceExhausted.
-// Thread-safety as in kv_cache.h.
+// Thread-safety as in cpu_kv_cache.h.
 #pragma once
 
 #include <unordered_map>
 #include <vector>
 
-#include "model/kv_cache.h"
+#include "model/cpu_kv_cache.h"
 
 namespace specnode {
 
-class DenseKvCache : public KvCache {
+class DenseKvCache : public CpuKvCache {
  public:
   // n_kv_heads: kv heads held (this shard's). max_seq_len bounds one sequence (the model's
   // context length); max_tokens bounds the sum over sequences.
@@ -20,10 +20,10 @@ class DenseKvCache : public KvCache {
 
   int32_t Length(SeqId seq) const override;
   absl::Status Reserve(SeqId seq, int32_t n_new) override;
-  void Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
-             const float* v) override;
-  void Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
-              float scale, float* out) override;
+  void WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
+                const float* v) override;
+  void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
+                 float scale, float* out) override;
   void Commit(SeqId seq, int32_t new_length) override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
   void Free(SeqId seq) override;

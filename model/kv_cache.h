@@ -1,30 +1,50 @@
-// The forward pass's only view of KV memory (the seam kvstore/ implements with paged,
-// mixed-precision storage; DenseKvCache is the simple f32 reference).
+// The forward pass's only view of KV memory: the seam kvstore/ implements with its KV
+// manager over a page pool per device (kvstore/kv_store.h); DenseKvCache is the simple f32
+// reference on the CPU.
 //
-// A sequence is identified by a caller-chosen SeqId. Its committed length n is the
-// number of positions [0, n) whose K/V every layer holds. One forward step over tokens
-// at positions [pos0, pos0 + n_new) with pos0 == Length(seq) does:
-//   Reserve(seq, n_new)                       -- may fail: ResourceExhausted, nothing changed
-//   for each layer: Write(...), then Attend(...) for those positions
-//   Commit(seq, pos0 + n_new)
+// A sequence is identified by a caller-chosen SeqId. Its committed length n is the number
+// of positions [0, n) whose K/V every layer holds. One forward pass over a batch of
+// sequences, entry i adding tokens at positions [pos0_i, pos0_i + n_i) with
+// pos0_i == Length(seq_i), does:
+//   Reserve(seq_i, n_i) for each entry          -- may fail: ResourceExhausted, nothing changed
+//   BeginPass(entries)                          -- rows numbered over the entries in order
+//   for each layer: Write(layer, k, v), then Attend(layer, q, scale, out)
+//   Commit(seq_i, pos0_i + n_i) for each entry
 // Rollback of rejected speculative tokens is Truncate(seq, n).
 //
-// Thread-safety: Reserve/Commit/Truncate/Free are called from one thread between steps.
-// Within a step, Write and Attend for different (seq, kv_head) pairs may run concurrently;
-// Write for a (seq, layer) happens-before any Attend of that (seq, layer).
+// Memory: k, v, q and out are the memory of the device the cache lives on (device()): host
+// memory for "cpu", device memory for "cuda:N". A cache is used only with a Backend of the
+// same device (the graph checks).
+//
+// Thread-safety: every call comes from the thread driving the forward pass. A CPU cache may
+// split Write / Attend across the pass's host threads (BeginPass).
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
 
 #include "absl/status/status.h"
 
 namespace specnode {
 
+class ThreadPool;
+
 using SeqId = int64_t;
+
+// One sequence's rows of a pass: n new tokens at positions [pos0, pos0 + n).
+struct KvPassEntry {
+  SeqId seq = 0;
+  int32_t pos0 = 0;
+  int32_t n = 0;
+};
 
 class KvCache {
  public:
   virtual ~KvCache() = default;
+
+  // "cpu" or "cuda:N": where the pages (and the pass's k / v / q / out) live.
+  virtual std::string device() const = 0;
 
   // Committed length of seq; 0 for an unknown sequence.
   virtual int32_t Length(SeqId seq) const = 0;
@@ -34,24 +54,33 @@ class KvCache {
   // InvalidArgument beyond the cache's maximum sequence length.
   virtual absl::Status Reserve(SeqId seq, int32_t n_new) = 0;
 
-  // Stores post-RoPE keys and values of one layer for positions [pos0, pos0 + n).
-  // k, v: [n, n_kv_heads, head_dim] f32 (this shard's kv heads).
-  virtual void Write(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
-                     const float* v) = 0;
+  // Starts a pass over `entries` (each reserved; no sequence twice). Row r of the pass's
+  // tensors belongs to the entry whose rows [sum of earlier n, + n) contain r. `threads`:
+  // host threads the cache may split the pass's work across (null: the calling thread).
+  // The entries are copied; errors (a device failing to stage its tables) end the pass.
+  virtual absl::Status BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) = 0;
 
-  // Causal attention for one kv head and its group of query heads: query token i (at
-  // position pos0 + i) attends to positions [0, pos0 + i].
-  //   q:   [n, n_heads, head_dim]  (all query heads of the shard; only heads
-  //        [kv_head * group, (kv_head + 1) * group) are read)
-  //   out: [n, n_heads, head_dim]  (only that head range is written)
-  // scale multiplies q·k before the softmax.
-  virtual void Attend(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
-                      const float* q, float scale, float* out) = 0;
+  // Stores post-RoPE keys and values of one layer for every row of the pass.
+  // k, v: [n_rows, n_kv_heads, head_dim] f32 (this shard's kv heads).
+  virtual absl::Status Write(int layer, const float* k, const float* v) = 0;
+
+  // Causal attention of every row of the pass: the row at position p of sequence s attends
+  // to positions [0, p] of s, each kv head with its group of query heads.
+  //   q:   [n_rows, n_heads, head_dim]  (this shard's query heads)
+  //   out: [n_rows, n_heads, head_dim]
+  // scale multiplies q·k before the softmax. Every layer's Write precedes its Attend.
+  virtual absl::Status Attend(int layer, const float* q, float scale, float* out) = 0;
+
+  // For passes a backend records and replays (Backend::Record): a value that changes
+  // whenever this cache's Write / Attend for a pass of the same rows would use different
+  // device addresses or strides. 0 for a cache whose calls are not recorded (the CPU's).
+  virtual uint64_t PassSignature() const { return 0; }
 
   // Sets the committed length after a step (new_length <= reserved length).
   virtual void Commit(SeqId seq, int32_t new_length) = 0;
 
-  // Drops positions [n, Length(seq)); InvalidArgument if n > Length(seq).
+  // Drops positions [n, Length(seq)) and any reservation beyond; InvalidArgument if
+  // n > Length(seq).
   virtual absl::Status Truncate(SeqId seq, int32_t n) = 0;
 
   // Forgets seq and releases its memory. Unknown ids are ignored.

@@ -34,7 +34,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "model/llama_forward.h"
+#include "model/backend.h"
 
 namespace specnode {
 

@@ -200,16 +200,16 @@ TEST_P(KvStoreDeterminism, BatchAndThreadsDoNotChangeOutputs) {
   for (float& v : q) v = dist(gen);
   for (int layer = 0; layer < c.n_layers; ++layer) {
     for (int h = 0; h < c.n_kv_heads; ++h) {
-      (*store)->Attend(1, layer, pos0, n, h, q.data(), 0.125f, batch.data());
+      (*store)->AttendSeq(1, layer, pos0, n, h, q.data(), 0.125f, batch.data());
       for (int i = 0; i < n; ++i) {
-        (*store)->Attend(1, layer, pos0 + i, 1, h, q.data() + i * tok, 0.125f,
+        (*store)->AttendSeq(1, layer, pos0 + i, 1, h, q.data() + i * tok, 0.125f,
                          single.data() + i * tok);
       }
     }
     std::vector<std::thread> threads;
     for (int h = 0; h < c.n_kv_heads; ++h) {
       threads.emplace_back(
-          [&, h] { (*store)->Attend(1, layer, pos0, n, h, q.data(), 0.125f, threaded.data()); });
+          [&, h] { (*store)->AttendSeq(1, layer, pos0, n, h, q.data(), 0.125f, threaded.data()); });
     }
     for (auto& t : threads) t.join();
     ASSERT_EQ(batch, single) << KvModeName(GetParam()) << " layer " << layer;

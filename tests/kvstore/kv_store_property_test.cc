@@ -42,7 +42,7 @@ std::vector<float> DenseQuery(const KvStoreConfig& c, const History& h, uint32_t
   for (size_t p = 0; p < h.size(); ++p) {
     for (int l = 0; l < c.n_layers; ++l) {
       const float* k = h[p].data() + l * 2 * row;
-      dense.Write(0, l, static_cast<int32_t>(p), 1, k, k + row);
+      dense.WriteSeq(0, l, static_cast<int32_t>(p), 1, k, k + row);
     }
   }
   dense.Commit(0, static_cast<int32_t>(h.size()));

@@ -91,8 +91,8 @@ TEST(KvStore, CriticalTokensGoToInt8) {
   for (int pos = 0; pos < 40; ++pos) {
     ASSERT_TRUE(store->Reserve(1, 1).ok());
     for (int d = 0; d < hd; ++d) k[d] = pos == 5 ? 3.0f : 0.01f * ((pos * 7 + d) % 5 - 2);
-    store->Write(1, 0, pos, 1, k.data(), v.data());
-    store->Attend(1, 0, pos, 1, 0, q.data(), 0.25f, out.data());
+    store->WriteSeq(1, 0, pos, 1, k.data(), v.data());
+    store->AttendSeq(1, 0, pos, 1, 0, q.data(), 0.25f, out.data());
     store->Commit(1, pos + 1);
   }
   auto t = store->SequenceTokens(1);

@@ -1,5 +1,6 @@
-// Helpers shared by the kvstore tests: feed random K/V through the KvCache protocol and
-// query attention without adding tokens.
+// Helpers shared by the kvstore tests: feed random K/V through the KvCache pass protocol
+// (Reserve, BeginPass, Write per layer, Commit) and query attention without adding tokens
+// (a pass over the last committed position that only attends).
 #pragma once
 
 #include <random>
@@ -38,10 +39,14 @@ inline absl::Status Feed(KvCache& cache, const KvStoreConfig& c, SeqId seq, int 
   std::normal_distribution<float> dist(0.0f, 1.0f);
   const size_t row = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
   std::vector<float> k(n * row), v(n * row);
+  const KvPassEntry entry{seq, pos0, n};
+  s = cache.BeginPass({&entry, 1}, nullptr);
+  if (!s.ok()) return s;
   for (int l = 0; l < c.n_layers; ++l) {
     for (float& x : k) x = dist(gen);
     for (float& x : v) x = dist(gen);
-    cache.Write(seq, l, pos0, n, k.data(), v.data());
+    s = cache.Write(l, k.data(), v.data());
+    if (!s.ok()) return s;
     if (kv_out != nullptr) {
       kv_out->insert(kv_out->end(), k.begin(), k.end());
       kv_out->insert(kv_out->end(), v.begin(), v.end());
@@ -61,9 +66,12 @@ inline std::vector<float> Query(KvCache& cache, const KvStoreConfig& c, SeqId se
   std::vector<float> q(static_cast<size_t>(n_heads) * c.head_dim), out(q.size()), all;
   for (float& x : q) x = dist(gen);
   const int32_t last = cache.Length(seq) - 1;
+  // A pass over the committed last position: attention only, nothing written.
+  const KvPassEntry entry{seq, last, 1};
+  if (!cache.BeginPass({&entry, 1}, nullptr).ok()) return {};
   for (int l = 0; l < c.n_layers; ++l) {
+    if (!cache.Attend(l, q.data(), 0.25f, out.data()).ok()) return {};
     for (int h = 0; h < c.n_kv_heads; ++h) {
-      cache.Attend(seq, l, last, 1, h, q.data(), 0.25f, out.data());
       all.insert(all.end(), out.begin() + h * c.gqa_group * c.head_dim,
                  out.begin() + (h + 1) * c.gqa_group * c.head_dim);
     }
