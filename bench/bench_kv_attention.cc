@@ -60,7 +60,13 @@ void RandomRows(std::mt19937& gen, int n, std::vector<float>* k, std::vector<flo
 // Fills `cache` with ctx tokens in chunks; after each chunk one of its last tokens (at a
 // multiple of kFillQueryAlign) attends in every layer and head, so a mixed store observes
 // attention mass as on a prefill.
-void Fill(CpuKvCache& cache, int ctx, std::mt19937& gen) {
+// A pass over positions [pos0, pos0 + n) of kSeq (KvCache's pass protocol, kv_cache.h).
+void Pass(KvCache& cache, int pos0, int n) {
+  const KvPassEntry e{kSeq, pos0, n};
+  if (!cache.BeginPass({&e, 1}, nullptr).ok()) std::abort();
+}
+
+void Fill(KvCache& cache, int ctx, std::mt19937& gen) {
   std::vector<float> k, v, q(static_cast<size_t>(kHeads) * kHeadDim), out(q.size());
   std::normal_distribution<float> dist(0.0f, 1.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
@@ -69,18 +75,18 @@ void Fill(CpuKvCache& cache, int ctx, std::mt19937& gen) {
     if (!cache.Reserve(kSeq, n).ok()) std::abort();
     for (int l = 0; l < kLayers; ++l) {
       RandomRows(gen, n, &k, &v);
-      cache.WriteSeq(kSeq, l, pos0, n, k.data(), v.data());
+      Pass(cache, pos0, n);
+      if (!cache.Write(l, k.data(), v.data()).ok()) std::abort();
       for (float& x : q) x = dist(gen);
       const int query = (pos0 + n - 1) / kFillQueryAlign * kFillQueryAlign;
-      for (int h = 0; h < kKvHeads; ++h) {
-        cache.AttendSeq(kSeq, l, query, 1, h, q.data(), scale, out.data());
-      }
+      Pass(cache, query, 1);  // one query row, attention only
+      if (!cache.Attend(l, q.data(), scale, out.data()).ok()) std::abort();
     }
     cache.Commit(kSeq, pos0 + n);
   }
 }
 
-void RunDecode(benchmark::State& state, CpuKvCache& cache, int ctx, double bytes_per_step) {
+void RunDecode(benchmark::State& state, KvCache& cache, int ctx, double bytes_per_step) {
   std::mt19937 gen(7);
   std::vector<float> k, v, q(static_cast<size_t>(kHeads) * kHeadDim), out(q.size());
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -94,12 +100,9 @@ void RunDecode(benchmark::State& state, CpuKvCache& cache, int ctx, double bytes
   for (auto _ : state) {
     const int pos = ctx + step;
     if (!cache.Reserve(kSeq, 1).ok()) std::abort();
-    for (int l = 0; l < kLayers; ++l) cache.WriteSeq(kSeq, l, pos, 1, k.data(), v.data());
-    for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kKvHeads; ++h) {
-        cache.AttendSeq(kSeq, l, pos, 1, h, q.data(), scale, out.data());
-      }
-    }
+    Pass(cache, pos, 1);
+    for (int l = 0; l < kLayers; ++l) (void)cache.Write(l, k.data(), v.data());
+    for (int l = 0; l < kLayers; ++l) (void)cache.Attend(l, q.data(), scale, out.data());
     benchmark::DoNotOptimize(out.data());
     cache.Commit(kSeq, pos + 1);
     if (++step == kCycle) {
@@ -192,10 +195,10 @@ void BM_MassOverhead(benchmark::State& state) {
     const int observed = step++ % 2 == 0 ? 1 : 0;
     const int pos = even + (observed ? 0 : 1);
     if (!kv.Reserve(kSeq, 2).ok()) std::abort();
-    for (int l = 0; l < kLayers; ++l) kv.WriteSeq(kSeq, l, even, 2, k.data(), v.data());
-    for (int l = 0; l < kLayers; ++l) {
-      for (int h = 0; h < kKvHeads; ++h) kv.AttendSeq(kSeq, l, pos, 1, h, q.data(), scale, out.data());
-    }
+    Pass(kv, even, 2);
+    for (int l = 0; l < kLayers; ++l) (void)kv.Write(l, k.data(), v.data());
+    Pass(kv, pos, 1);
+    for (int l = 0; l < kLayers; ++l) (void)kv.Attend(l, q.data(), scale, out.data());
     benchmark::DoNotOptimize(out.data());
     kv.Commit(kSeq, even + 2);
     if (!kv.Truncate(kSeq, even).ok()) std::abort();

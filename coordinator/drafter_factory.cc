@@ -24,7 +24,7 @@ absl::StatusOr<int> ParseCount(const std::string& spec, const std::string& digit
 
 absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const std::string& spec,
                                                      const LlamaModel& target, ThreadPool* pool,
-                                                     const KvCacheOptions& kv) {
+                                                     const KvOptions& kv) {
   if (spec == "ngram" || absl::StartsWith(spec, "ngram:")) {
     NgramDrafterOptions options;
     if (spec != "ngram") {

@@ -19,6 +19,6 @@ namespace specnode {
 // and `pool` must outlive the drafter; kv configures a draft model's own cache.
 absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const std::string& spec,
                                                      const LlamaModel& target, ThreadPool* pool,
-                                                     const KvCacheOptions& kv);
+                                                     const KvOptions& kv);
 
 }  // namespace specnode

@@ -40,7 +40,7 @@ absl::Status CheckSameVocabulary(const std::string& path, const LlamaModel& draf
 absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Finish(std::unique_ptr<ModelDrafter> d,
                                                                    const LlamaConfig& config,
                                                                    ThreadPool* pool,
-                                                                   const KvCacheOptions& kv) {
+                                                                   const KvOptions& kv) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                             MakeKvCache(config, d->weights_.n_kv_heads_local, kv));
   d->runner_ = std::make_unique<LocalModelRunner>(config, d->weights_, pool, std::move(cache));
@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Finish(std::unique_p
 absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Load(const std::string& path,
                                                                  const LlamaModel& target,
                                                                  ThreadPool* pool,
-                                                                 const KvCacheOptions& kv) {
+                                                                 const KvOptions& kv) {
   std::unique_ptr<ModelDrafter> d(new ModelDrafter());
   SPECNODE_ASSIGN_OR_RETURN(d->own_model_, LlamaModel::Load(path));
   SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(path, *d->own_model_, target));
@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Remote(
 
 absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::SelfDraft(const LlamaModel& target,
                                                                       int layers, ThreadPool* pool,
-                                                                      const KvCacheOptions& kv) {
+                                                                      const KvOptions& kv) {
   const int total = target.config().n_layers;
   if (layers < 1 || layers >= total) {
     return absl::InvalidArgumentError(

@@ -30,13 +30,13 @@ class ModelDrafter final : public Drafter {
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> Load(const std::string& path,
                                                             const LlamaModel& target,
                                                             ThreadPool* pool,
-                                                            const KvCacheOptions& kv);
+                                                            const KvOptions& kv);
 
   // The first `layers` layers of `target` (1 <= layers < target's layer count, else
   // InvalidArgument). Shares the target's mapped weights.
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> SelfDraft(const LlamaModel& target,
                                                                  int layers, ThreadPool* pool,
-                                                                 const KvCacheOptions& kv);
+                                                                 const KvOptions& kv);
 
   // A draft model that runs elsewhere (another MPI rank, or a GPU): `draft` is the file
   // mapped here for the vocabulary check (InvalidArgument on a mismatch, before `connect` is
@@ -62,7 +62,7 @@ class ModelDrafter final : public Drafter {
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> Finish(std::unique_ptr<ModelDrafter> d,
                                                               const LlamaConfig& config,
                                                               ThreadPool* pool,
-                                                              const KvCacheOptions& kv);
+                                                              const KvOptions& kv);
 
   std::string name_;
   std::unique_ptr<LlamaModel> own_model_;  // a separate draft file; null for a self-draft

@@ -9,35 +9,28 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kvstore/kv_attention_kernels.h"
+#include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store_internal.h"
 
 namespace specnode {
 
-std::string_view KvModeName(KvMode m) {
-  switch (m) {
-    case KvMode::kFull:
-      return "full";
-    case KvMode::kInt8:
-      return "int8";
-    case KvMode::kInt4:
-      return "int4";
-    case KvMode::kMixed:
-      return "mixed";
-  }
-  return "?";
-}
-
-absl::StatusOr<KvMode> ParseKvMode(std::string_view name) {
-  for (KvMode m : {KvMode::kFull, KvMode::kInt8, KvMode::kInt4, KvMode::kMixed}) {
-    if (KvModeName(m) == name) return m;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown KV mode '", std::string(name), "' (full, int8, int4, mixed)"));
-}
-
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
+  if (c.n_layers < 1 || c.n_kv_heads < 1 || c.gqa_group < 1)
+    return bad("n_layers, n_kv_heads and gqa_group must be >= 1");
+  if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 256)
+    return bad("head_dim must be even and in [2, 256]");
+  if (c.page_tokens < 1 || c.page_tokens > 4096) return bad("page_tokens must be in [1, 4096]");
+  KvPoolGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, c.gqa_group, c.page_tokens};
+  return Create(c, std::make_unique<CpuPagePool>(g, c.rotate.value_or(true)));
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c,
+                                                         std::unique_ptr<KvPagePool> pool) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
+  if (c.mode == KvMode::kDense) {
+    return bad("mode dense is the reference cache (model/dense_kv_cache.h), not a store mode");
+  }
   if (c.n_layers < 1 || c.n_kv_heads < 1 || c.gqa_group < 1)
     return bad("n_layers, n_kv_heads and gqa_group must be >= 1");
   if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 256)
@@ -51,44 +44,64 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c)
   if (c.evict && c.evict_window < c.window_tokens)
     return bad("evict_window must be >= window_tokens");
   if (c.host_capacity_bytes < 0) return bad("host_capacity_bytes must be >= 0");
-  std::unique_ptr<KvStore> s(new KvStore(c));
-  const int64_t biggest = static_cast<int64_t>(s->PageBytes(KvPrecision::kFull));
+  const KvPoolGeometry& g = pool->geometry();
+  if (g.n_layers != c.n_layers || g.n_kv_heads != c.n_kv_heads || g.head_dim != c.head_dim ||
+      g.gqa_group != c.gqa_group || g.page_tokens != c.page_tokens) {
+    return bad("the page pool's geometry differs from the store's");
+  }
+  // What the mode needs of the device, asked before anything is stored.
+  const std::string dev = pool->device();
+  std::vector<KvPrecision> classes;
+  switch (c.mode) {
+    case KvMode::kFull:
+      classes = {KvPrecision::kFull};
+      break;
+    case KvMode::kInt8:
+      classes = {KvPrecision::kInt8};
+      break;
+    case KvMode::kInt4:
+      classes = {KvPrecision::kInt4};
+      break;
+    default:
+      classes = {KvPrecision::kFull, KvPrecision::kInt8, KvPrecision::kInt4};
+      break;
+  }
+  for (KvPrecision p : classes) {
+    if (!pool->Supports(p)) {
+      return bad(absl::StrCat("kv mode ", std::string(KvModeName(c.mode)), " needs ",
+                              std::string(KvPrecisionName(p)),
+                              " pages, which the ", dev, " page pool does not store"));
+    }
+  }
+  if (c.rotate.value_or(false) && !pool->rotated()) {
+    return bad(absl::StrCat("kv rotation was asked for, but the ", dev,
+                            " page pool stores K/V unrotated"));
+  }
+  if (c.mode == KvMode::kMixed && !pool->SupportsSlotCopies()) {
+    return bad(absl::StrCat("kv mode mixed demotes tokens between pages, which the ", dev,
+                            " page pool cannot do"));
+  }
+  if (c.evict && pool->NeedsPageOrder()) {
+    return bad(absl::StrCat("sliding-window eviction is not available on the ", dev,
+                            " page pool"));
+  }
+  std::unique_ptr<KvStore> s(new KvStore(c, std::move(pool)));
+  const int64_t biggest = static_cast<int64_t>(s->PageBytes(classes[0]));
   if (c.capacity_bytes < 2 * biggest) {
-    return bad(absl::StrFormat("capacity_bytes %d is below two full-precision pages (%d bytes)",
+    return bad(absl::StrFormat("capacity_bytes %d is below two pages (%d bytes)",
                                c.capacity_bytes, 2 * biggest));
   }
   return s;
 }
 
-KvStore::KvStore(const KvStoreConfig& c)
-    : CpuKvCache(c.n_kv_heads, c.head_dim, c.gqa_group),
-      config_(c),
-      rotate_(c.rotate && IsPowerOfTwo(c.head_dim)),
-      kernels_(&kv_kernels::SelectedKvKernels(c.head_dim)) {
+KvStore::KvStore(const KvStoreConfig& c, std::unique_ptr<KvPagePool> pool)
+    : config_(c), pool_(std::move(pool)), page_order_(pool_->NeedsPageOrder()) {
   for (int p = 0; p < kNumKvPrecisions; ++p) {
-    row_bytes_[p] = KvRowBytes(static_cast<KvPrecision>(p), c.head_dim);
-    page_bytes_[p] = row_bytes_[p] * 2 * c.n_kv_heads * c.page_tokens * c.n_layers;
+    page_bytes_[p] = pool_->PageBytes(static_cast<KvPrecision>(p));
   }
 }
 
 KvStore::~KvStore() = default;
-
-size_t KvStore::SlotStride(KvPrecision p) const {
-  return row_bytes_[static_cast<int>(p)] * 2 * config_.n_kv_heads;
-}
-
-const uint8_t* KvStore::Row(int32_t page, int32_t slot, int layer, int kv_head, bool value) const {
-  const Page& pg = *pages_[page];
-  const size_t rb = row_bytes_[static_cast<int>(pg.prec)];
-  const size_t off =
-      (static_cast<size_t>(layer) * config_.page_tokens + slot) * SlotStride(pg.prec) +
-      (2 * static_cast<size_t>(kv_head) + (value ? 1 : 0)) * rb;
-  return pg.data.data() + off;
-}
-
-uint8_t* KvStore::Row(int32_t page, int32_t slot, int layer, int kv_head, bool value) {
-  return const_cast<uint8_t*>(std::as_const(*this).Row(page, slot, layer, kv_head, value));
-}
 
 KvPrecision KvStore::WriteClass() const {
   switch (config_.mode) {
@@ -142,11 +155,24 @@ absl::StatusOr<int32_t> KvStore::AllocatePage(KvPrecision p) {
     id = static_cast<int32_t>(pages_.size());
     pages_.emplace_back();
   }
+  if (id >= pool_->MaxPages()) {
+    if (id == static_cast<int32_t>(pages_.size()) - 1) pages_.pop_back();
+    return absl::ResourceExhaustedError(absl::StrCat("kvstore: the ", pool_->device(),
+                                                     " page pool has no page ", id));
+  }
+  if (absl::Status st = pool_->AllocatePage(id, p); !st.ok()) {
+    if (id == static_cast<int32_t>(pages_.size()) - 1) {
+      pages_.pop_back();
+    } else {
+      free_ids_.push_back(id);
+    }
+    return st;
+  }
   auto page = std::make_unique<Page>();
   page->prec = p;
   page->ref = 1;
-  page->data.assign(bytes, 0);
   pages_[id] = std::move(page);
+  ++live_pages_;
   used_bytes_ += bytes;
   class_bytes_[static_cast<int>(p)] += bytes;
   return id;
@@ -162,12 +188,20 @@ void KvStore::Unref(int32_t page) {
   used_bytes_ -= bytes;
   class_bytes_[static_cast<int>(pg.prec)] -= bytes;
   pages_[page].reset();
+  --live_pages_;
+  pool_->ReleasePage(page);
   free_ids_.push_back(page);
 }
 
 absl::StatusOr<KvStore::Loc> KvStore::TakeSlot(Sequence& s, KvPrecision p) {
   const int c = static_cast<int>(p);
   int32_t page = s.open[c];
+  if (page_order_) {
+    // The next position continues the page of the one before it, or starts a page at a
+    // page boundary (Reserve checked that the page is this sequence's alone).
+    const size_t pos = s.loc.size();
+    page = pos % config_.page_tokens == 0 ? -1 : s.loc[pos - 1].page;
+  }
   if (page < 0 || pages_[page]->used >= config_.page_tokens) {
     auto id = AllocatePage(p);
     if (!id.ok()) return id.status();
@@ -184,8 +218,12 @@ void KvStore::ReleaseLoc(Sequence& s, Loc loc) {
   if (loc.page < 0) return;
   Page& pg = *pages_[loc.page];
   const int c = static_cast<int>(pg.prec);
-  // The tail slot of a private open page is reused; any other slot just goes dead.
-  if (pg.ref == 1 && s.open[c] == loc.page && loc.slot == pg.used - 1) --pg.used;
+  // The tail slot of a private open page is reused; any other slot just goes dead. In page
+  // order a private page's tail is reused whether or not it is open: the next position
+  // goes back into the same slot.
+  if (pg.ref == 1 && (s.open[c] == loc.page || page_order_) && loc.slot == pg.used - 1) {
+    --pg.used;
+  }
   auto it = s.live.find(loc.page);
   assert(it != s.live.end() && it->second > 0);
   if (--it->second == 0) {
@@ -197,7 +235,10 @@ void KvStore::ReleaseLoc(Sequence& s, Loc loc) {
 
 int64_t KvStore::PagesNeeded(const Sequence* s, KvPrecision p, int64_t n) const {
   int64_t room = 0;
-  if (s != nullptr) {
+  if (s != nullptr && page_order_) {
+    const int64_t have = static_cast<int64_t>(s->loc.size()) % config_.page_tokens;
+    room = have == 0 ? 0 : config_.page_tokens - have;
+  } else if (s != nullptr) {
     const int32_t open = s->open[static_cast<int>(p)];
     if (open >= 0) room = config_.page_tokens - pages_[open]->used;
   }
@@ -231,6 +272,17 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
   const int64_t have = s == nullptr ? 0 : static_cast<int64_t>(s->loc.size());
   const int64_t extra = std::max<int64_t>(0, need - have);
   const KvPrecision wc = WriteClass();
+  if (page_order_ && extra > 0 && have % config_.page_tokens != 0) {
+    // Appending goes into the page of position have - 1, which must be this sequence's
+    // alone and filled exactly up to it (no copy-on-write of shared pages here).
+    const Loc last = s->loc[have - 1];
+    if (last.page < 0 || pages_[last.page]->ref != 1 ||
+        pages_[last.page]->used != have % config_.page_tokens) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence ", seq, " would append into a shared page, which the ", pool_->device(),
+          " page pool cannot copy on write"));
+    }
+  }
   int64_t bytes = PagesNeeded(s, wc, extra) * static_cast<int64_t>(PageBytes(wc));
   // Room for the demotions the next Commit will make (worst case: all to INT8, one
   // partly filled page per class).
@@ -250,13 +302,11 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
         absl::StrFormat("KV store full: %d of %d bytes in use, %d more needed for %d tokens",
                         used_bytes_, config_.capacity_bytes, bytes + demote_bytes, n_new));
   }
-  if (s == nullptr) {
-    auto fresh = std::make_unique<Sequence>();
-    fresh->mass_sum.resize(config_.n_kv_heads);
-    fresh->mass_cnt.resize(config_.n_kv_heads);
-    s = fresh.get();
-    seqs_[seq] = std::move(fresh);
+  if (live_pages_ + PagesNeeded(s, wc, extra) > pool_->MaxPages()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV store full: the %s page pool holds %d pages", pool_->device(), pool_->MaxPages()));
   }
+  if (s == nullptr) s = &NewSequence(seq);
   SetPendingBytes(*s, 0);  // re-counted below; the bytes were ensured including it
   for (int64_t i = 0; i < extra; ++i) {
     auto loc = TakeSlot(*s, wc);
@@ -271,157 +321,54 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
   return absl::OkStatus();
 }
 
-void KvStore::WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
-                       const float* v) {
-  Sequence& s = *seqs_.at(seq);
-  const int hd = config_.head_dim;
-  std::vector<float> rk(hd), rv(hd);
-  for (int32_t i = 0; i < n; ++i) {
-    const Loc loc = s.loc[pos0 + i];
-    const KvPrecision p = pages_[loc.page]->prec;
-    for (int h = 0; h < config_.n_kv_heads; ++h) {
-      const size_t off = (static_cast<size_t>(i) * config_.n_kv_heads + h) * hd;
-      const float* kr = k + off;
-      const float* vr = v + off;
-      if (rotate_) {
-        std::copy(kr, kr + hd, rk.begin());
-        std::copy(vr, vr + hd, rv.begin());
-        HadamardInPlace(rk.data(), hd);
-        HadamardInPlace(rv.data(), hd);
-        kr = rk.data();
-        vr = rv.data();
-      }
-      KvEncodeRow(p, kr, hd, Row(loc.page, loc.slot, layer, h, false));
-      KvEncodeRow(p, vr, hd, Row(loc.page, loc.slot, layer, h, true));
-    }
-  }
+KvStore::Sequence& KvStore::NewSequence(SeqId seq) {
+  auto fresh = std::make_unique<Sequence>();
+  fresh->mass_sum.resize(config_.n_kv_heads);
+  fresh->mass_cnt.resize(config_.n_kv_heads);
+  Sequence& s = *fresh;
+  seqs_[seq] = std::move(fresh);
+  return s;
 }
 
-namespace {
-
-// Attend's working memory, per thread (Attend for different kv heads may run concurrently).
-struct AttendScratch {
-  // Per class, the positions of that class in position order and their K / V rows.
-  std::array<std::vector<int32_t>, kNumKvPrecisions> pos;
-  std::array<std::vector<const uint8_t*>, kNumKvPrecisions> k, v;
-  std::vector<float> scores;  // [g, ld]: scores, then exp(score - max)
-  std::vector<float> q;       // [g, head_dim]: rotated, scaled query
-  std::vector<float> qsum;    // [g]
-  std::vector<float> acc;     // [g, head_dim]: Σ e * v before normalisation
-  std::vector<float> inv;     // [g]: 1 / Σ e
-};
-
-AttendScratch& Scratch() {
-  thread_local AttendScratch scratch;
-  return scratch;
+absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) {
+  const int nkv = config_.n_kv_heads;
+  pass_.resize(entries.size());
+  pass_mass_.resize(entries.size() * 2 * nkv);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const KvPassEntry& e = entries[i];
+    auto it = seqs_.find(e.seq);
+    if (it == seqs_.end() || it->second->swapped ||
+        static_cast<int64_t>(it->second->loc.size()) < int64_t{e.pos0} + e.n || e.n < 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("kvstore: pass over sequence ", e.seq, " positions [", e.pos0, ", ",
+                       e.pos0 + e.n, ") that are not reserved"));
+    }
+    Sequence& s = *it->second;
+    float** mass = pass_mass_.data() + i * 2 * nkv;
+    for (int h = 0; h < nkv; ++h) {
+      mass[h] = s.mass_sum[h].data();
+      mass[nkv + h] = s.mass_cnt[h].data();
+    }
+    KvPoolPassSeq& p = pass_[i];
+    p.seq = e.seq;
+    p.pos0 = e.pos0;
+    p.n = e.n;
+    p.slots = std::span<const Loc>(s.loc.data(), static_cast<size_t>(e.pos0 + e.n));
+    p.mass.on = config_.mode == KvMode::kMixed;
+    p.mass.sample_every = config_.mass_sample_every;
+    p.mass.min_distance = config_.window_tokens / 2;
+    p.mass.sum = std::span<float* const>(mass, nkv);
+    p.mass.cnt = std::span<float* const>(mass + nkv, nkv);
+  }
+  return pool_->BeginPass(pass_, threads);
 }
 
-}  // namespace
+absl::Status KvStore::Write(int layer, const float* k, const float* v) {
+  return pool_->Write(layer, k, v);
+}
 
-// Each query token attends over its context class by class: the cached positions are
-// grouped by precision class (in position order within a class), the kernels score and
-// accumulate each group in its stored format, and the softmax runs over all of them (its
-// normalisation is applied once to the output). Which positions a query sees, and so the
-// groups it hands the kernels, depends only on the block table and its own position, so
-// the result does not depend on the batch or on other queries of the call.
-void KvStore::AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
-                        const float* q, float scale, float* out) {
-  Sequence& s = *seqs_.at(seq);
-  assert(!s.swapped);
-  const kv_kernels::KvAttentionKernels& kern = *kernels_;
-  const int hd = config_.head_dim;
-  const int g = config_.gqa_group;
-  const int n_heads = config_.n_kv_heads * g;
-  const int32_t n_ctx_max = pos0 + n;
-  AttendScratch& sc = Scratch();
-  // Row(page, slot, layer, kv_head, false) is data + base[c] + slot * stride[c] (inlined:
-  // this loop visits every cached position of every layer and head).
-  std::array<size_t, kNumKvPrecisions> base{}, stride{};
-  std::array<int, kNumKvPrecisions> count{};
-  for (int c = 0; c < kNumKvPrecisions; ++c) {
-    const KvPrecision p = static_cast<KvPrecision>(c);
-    stride[c] = SlotStride(p);
-    base[c] = static_cast<size_t>(layer) * config_.page_tokens * stride[c] +
-              2 * static_cast<size_t>(kv_head) * row_bytes_[c];
-    sc.pos[c].resize(n_ctx_max);
-    sc.k[c].resize(n_ctx_max);
-    sc.v[c].resize(n_ctx_max);
-  }
-  for (int32_t j = 0; j < n_ctx_max; ++j) {
-    const Loc loc = s.loc[j];
-    if (loc.page < 0) continue;  // evicted
-    const Page& pg = *pages_[loc.page];
-    const int c = static_cast<int>(pg.prec);
-    const uint8_t* k_row = pg.data.data() + base[c] + static_cast<size_t>(loc.slot) * stride[c];
-    const int i = count[c]++;
-    sc.pos[c][i] = j;
-    sc.k[c][i] = k_row;
-    sc.v[c][i] = k_row + row_bytes_[c];  // V follows K (Row's layout)
-  }
-  const size_t ld = (static_cast<size_t>(n_ctx_max) + kv_kernels::kScoresPad - 1) /
-                    kv_kernels::kScoresPad * kv_kernels::kScoresPad;
-  sc.scores.resize(static_cast<size_t>(g) * ld);
-  sc.q.resize(static_cast<size_t>(g) * hd);
-  sc.qsum.resize(g);
-  sc.acc.resize(static_cast<size_t>(g) * hd);
-  sc.inv.resize(g);
-  const kv_kernels::KvQuery query{sc.q.data(), sc.qsum.data(), g, hd};
-  const int32_t min_distance = config_.window_tokens / 2;
-  std::array<int, kNumKvPrecisions> len{}, off{};
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t n_ctx = pos0 + i + 1;
-    const float* qi = q + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
-    std::copy(qi, qi + static_cast<size_t>(g) * hd, sc.q.begin());
-    for (int h = 0; h < g; ++h) {
-      float* qh = sc.q.data() + h * hd;
-      if (rotate_) HadamardInPlace(qh, hd);
-      float sum = 0.0f;
-      for (int d = 0; d < hd; ++d) {
-        qh[d] *= scale;
-        sum += qh[d];
-      }
-      sc.qsum[h] = sum;
-    }
-    int total = 0;
-    for (int c = 0; c < kNumKvPrecisions; ++c) {
-      while (len[c] < count[c] && sc.pos[c][len[c]] < n_ctx) ++len[c];
-      off[c] = total;
-      total += len[c];
-      if (len[c] > 0) {
-        kern.scores(static_cast<KvPrecision>(c), sc.k[c].data(), len[c], query,
-                    sc.scores.data() + off[c], ld);
-      }
-    }
-    assert(total > 0);  // the query's own position is never evicted
-    for (int h = 0; h < g; ++h) sc.inv[h] = 1.0f / kern.exp_sum(sc.scores.data() + h * ld, total);
-    std::fill(sc.acc.begin(), sc.acc.end(), 0.0f);
-    for (int c = 0; c < kNumKvPrecisions; ++c) {
-      if (len[c] == 0) continue;
-      kv_kernels::KvMassOut mass;
-      // Sampled by the query's position, not by step: a sequence observes the same
-      // queries whether it decodes one token per step, verifies drafts or prefills, and a
-      // verification pass costs no more per row than a decode step.
-      const bool observe = config_.mode == KvMode::kMixed && n_ctx - min_distance > 0 &&
-                           (n_ctx - 1) % config_.mass_sample_every == 0;
-      if (observe) {
-        const int32_t* p = sc.pos[c].data();
-        mass.sum = s.mass_sum[kv_head].data();
-        mass.cnt = s.mass_cnt[kv_head].data();
-        mass.pos = p;
-        mass.n = static_cast<int>(std::lower_bound(p, p + len[c], n_ctx - min_distance) - p);
-        mass.weight = static_cast<float>(n_ctx);
-        mass.inv = sc.inv.data();
-      }
-      kern.accumulate(static_cast<KvPrecision>(c), sc.v[c].data(), len[c],
-                      sc.scores.data() + off[c], ld, g, hd, sc.acc.data(),
-                      observe ? &mass : nullptr);
-    }
-    float* oi = out + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
-    for (int h = 0; h < g; ++h) {
-      for (int d = 0; d < hd; ++d) oi[h * hd + d] = sc.acc[h * hd + d] * sc.inv[h];
-      if (rotate_) HadamardInPlace(oi + h * hd, hd);
-    }
-  }
+absl::Status KvStore::Attend(int layer, const float* q, float scale, float* out) {
+  return pool_->Attend(layer, q, scale, out);
 }
 
 void KvStore::Demote(Sequence& s, int32_t pos) {
@@ -436,16 +383,7 @@ void KvStore::Demote(Sequence& s, int32_t pos) {
   const KvPrecision target = critical ? KvPrecision::kInt8 : KvPrecision::kInt4;
   auto loc = TakeSlot(s, target);
   if (!loc.ok()) return;  // cannot happen after Reserve's pending bytes; stay precise
-  std::vector<float> row(config_.head_dim);
-  for (int l = 0; l < config_.n_layers; ++l) {
-    for (int h = 0; h < config_.n_kv_heads; ++h) {
-      for (bool value : {false, true}) {
-        KvDecodeRow(KvPrecision::kFull, Row(old.page, old.slot, l, h, value), config_.head_dim,
-                    row.data());
-        KvEncodeRow(target, row.data(), config_.head_dim, Row(loc->page, loc->slot, l, h, value));
-      }
-    }
-  }
+  pool_->Recode(old, *loc);
   s.loc[pos] = *loc;
   ReleaseLoc(s, old);
 }

@@ -1,16 +1,22 @@
-// KvStore: the paged KV cache with a precision chosen per token (kvstore/ behind the
-// model's KvCache seam, model/kv_cache.h).
+// KvStore: the KV manager — the paged KV cache with a precision chosen per token, behind
+// the model's KvCache seam (model/kv_cache.h), device-agnostic. It owns the block tables,
+// reference counts, forks, the prefix cache, the precision policy and its demotion
+// decisions, byte accounting and swap bookkeeping; the pages themselves, their encoding and
+// attention over them belong to a page pool of the device (kv_page_pool.h: CpuPagePool on
+// the CPU, CudaPagePool on a GPU). One manager, every device.
 //
 // Pages. Memory is handed out in pages of `page_tokens` token slots. A page has one
 // precision class (kv_precision.h) and holds, for each slot, the K and V rows of every
-// layer and kv head: data[layer][slot][kv_head][K row | V row]. A sequence maps each
-// position to (page, slot) (its block table, at token granularity), so one sequence may
-// hold pages of several classes: RoPE is applied before caching, so attention does not
-// care where or in what order cached tokens are stored.
+// layer and kv head. A sequence maps each position to (page, slot) (its block table, at
+// token granularity), so one sequence may hold pages of several classes: RoPE is applied
+// before caching, so attention does not care where or in what order cached tokens are
+// stored. (A pool that NeedsPageOrder() gets sequences whose token p is slot
+// p % page_tokens of their (p / page_tokens)-th page: the manager refuses the operations
+// that would break that order on it — forks, demotion, eviction.)
 //
-// Capacity is in bytes (pages of different classes cost different bytes) and is never
-// exceeded: Reserve and SwapIn fail with ResourceExhausted and change nothing instead.
-// Usage() accounts bytes per class.
+// Capacity is in bytes (pages of different classes cost different bytes, PageBytes of the
+// pool) and is never exceeded: Reserve and SwapIn fail with ResourceExhausted and change
+// nothing instead. Usage() accounts bytes per class.
 //
 // Policy (mode kMixed): new tokens are written at full precision. At Commit, tokens that
 // fell out of the recent window (all but the last `window_tokens`), except the first
@@ -18,12 +24,12 @@
 // they received, relative to a uniform share, averaged over the layers, heads and queries
 // that observed them from at least window_tokens / 2 positions away (a token's weight
 // while it is recent says little about whether later tokens will need it), is at least
-// `critical_threshold` — else to INT4. Demotion moves a
-// token to a page of the lower class (never rewrites a row in place), so pages shared
-// with other sequences stay intact. Attention mass is observed by one query position in
-// `mass_sample_every` (positions p with p % mass_sample_every == 0), in prefill, decode
-// and verification passes alike (its cost is extra adds in the attention loop): the
-// observed queries do not depend on how a sequence was stepped.
+// `critical_threshold` — else to INT4. Demotion moves a token to a page of the lower class
+// (never rewrites a row in place), so pages shared with other sequences stay intact.
+// Attention mass is observed by one query position in `mass_sample_every` (positions p
+// with p % mass_sample_every == 0), in prefill, decode and verification passes alike (its
+// cost is extra adds in the attention loop): the observed queries do not depend on how a
+// sequence was stepped.
 // Modes kFull / kInt8 / kInt4 store every token in that class from the start.
 // Optional sliding-window eviction (off by default; lossy, logged once when on) drops
 // tokens older than `evict_window` except the sinks.
@@ -36,10 +42,11 @@
 //
 // Preemption. SwapOut copies a sequence's rows (bit-exact bytes) to the host tier and
 // releases its pages; SwapIn restores them (ResourceExhausted if they do not fit now).
-// Dropping a sequence for recompute is Free(); the caller prefills it again later.
+// Dropping a sequence for recompute is Free(); the caller prefills it again later. Both
+// need a pool that SupportsSlotCopies(); otherwise Unimplemented, naming the device.
 //
 // Thread-safety: as KvCache. Management calls (Fork, Match/PublishPrefix, Swap*, Usage)
-// run on the owning thread between steps.
+// run on the owning thread between passes.
 #pragma once
 
 #include <array>
@@ -52,38 +59,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kvstore/kv_options.h"
+#include "kvstore/kv_page_pool.h"
 #include "kvstore/kv_precision.h"
-#include "model/cpu_kv_cache.h"
+#include "model/kv_cache.h"
 
 namespace specnode {
 
-namespace kv_kernels {
-struct KvAttentionKernels;  // kv_attention_kernels.h (private)
-}  // namespace kv_kernels
-
-enum class KvMode : uint8_t { kFull, kInt8, kInt4, kMixed };
-std::string_view KvModeName(KvMode m);  // "full", "int8", "int4", "mixed"
-absl::StatusOr<KvMode> ParseKvMode(std::string_view name);
-
-struct KvStoreConfig {
+// The store's configuration: the user's options (parsed once, kv_options.h) and the model
+// geometry the store is built for.
+struct KvStoreConfig : KvOptions {
   int n_layers = 0;
   int n_kv_heads = 0;  // kv heads held here (a tensor-parallel shard's)
   int head_dim = 0;    // even, <= 256
   int gqa_group = 1;   // query heads per kv head
   int32_t max_seq_len = 0;
-  int page_tokens = 8;
-  int64_t capacity_bytes = 0;       // primary tier
-  int64_t host_capacity_bytes = 0;  // swap tier
-  KvMode mode = KvMode::kMixed;
-  int sink_tokens = 4;
-  int window_tokens = 64;
-  float critical_threshold = 4.0f;
-  int mass_sample_every = 4;
-  bool evict = false;     // sliding-window eviction with sinks (lossy)
-  int evict_window = 1024;
-  // Store K and V rotated by an orthonormal Hadamard transform (head_dim a power of two;
-  // ignored otherwise). See HadamardInPlace in kv_precision.h.
-  bool rotate = true;
 };
 
 struct KvUsage {
@@ -97,25 +87,33 @@ struct KvUsage {
   int64_t evicted_tokens = 0;       // dropped by sliding-window eviction (lossy)
 };
 
-class KvStore : public CpuKvCache {
+class KvStore : public KvCache {
  public:
-  // InvalidArgument naming the field for inconsistent configs (zero dims, odd head_dim,
-  // capacity smaller than one page, window < 1, ...).
+  // A store over host pages (CpuPagePool). InvalidArgument naming the field for
+  // inconsistent configs (zero dims, odd head_dim, capacity smaller than two pages,
+  // window < 1, mode dense, ...).
   static absl::StatusOr<std::unique_ptr<KvStore>> Create(const KvStoreConfig& config);
+  // A store over `pool` (whose geometry must match the config's). Besides the above,
+  // InvalidArgument naming the device when the pool cannot store what the mode needs (a
+  // class, rotation, the slot copies of mixed mode or eviction).
+  static absl::StatusOr<std::unique_ptr<KvStore>> Create(const KvStoreConfig& config,
+                                                         std::unique_ptr<KvPagePool> pool);
   ~KvStore() override;
 
   // KvCache.
+  std::string device() const override { return pool_->device(); }
   int32_t Length(SeqId seq) const override;
   absl::Status Reserve(SeqId seq, int32_t n_new) override;
-  void WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
-                const float* v) override;
-  void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
-                 float scale, float* out) override;
+  absl::Status BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) override;
+  absl::Status Write(int layer, const float* k, const float* v) override;
+  absl::Status Attend(int layer, const float* q, float scale, float* out) override;
+  uint64_t PassSignature() const override { return pool_->PassSignature(); }
   void Commit(SeqId seq, int32_t new_length) override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
   void Free(SeqId seq) override;
 
   // dst (must not exist) shares all of src's committed tokens. src must not be swapped.
+  // Unimplemented on a pool that NeedsPageOrder() when src ends inside a page.
   absl::Status Fork(SeqId src, SeqId dst);
   // For a new (empty) sequence: attaches cached pages covering the longest run of whole
   // blocks of `tokens` and returns the number of positions now cached (a multiple of
@@ -128,6 +126,8 @@ class KvStore : public CpuKvCache {
   absl::Status SwapOut(SeqId seq);
   absl::Status SwapIn(SeqId seq);
   bool IsSwapped(SeqId seq) const;
+  // Whether SwapOut / SwapIn work here (the pool copies slots to the host).
+  bool CanSwap() const { return pool_->SupportsSlotCopies() && config_.host_capacity_bytes > 0; }
 
   // Bytes of the pages a sequence of n more tokens would need at most (admission checks).
   int64_t BytesForTokens(int64_t n) const;
@@ -137,20 +137,15 @@ class KvStore : public CpuKvCache {
   // Live tokens per class of one sequence.
   std::array<int64_t, kNumKvPrecisions> SequenceTokens(SeqId seq) const;
   const KvStoreConfig& config() const { return config_; }
+  const KvPagePool& pool() const { return *pool_; }
 
  private:
   struct Page;
   struct Sequence;
-  struct Loc {
-    int32_t page = -1;  // -1: evicted
-    int32_t slot = 0;
-  };
+  using Loc = KvSlot;
 
-  explicit KvStore(const KvStoreConfig& config);
+  KvStore(const KvStoreConfig& config, std::unique_ptr<KvPagePool> pool);
   size_t PageBytes(KvPrecision p) const { return page_bytes_[static_cast<int>(p)]; }
-  size_t SlotStride(KvPrecision p) const;  // bytes of one slot within one layer
-  uint8_t* Row(int32_t page, int32_t slot, int layer, int kv_head, bool value);
-  const uint8_t* Row(int32_t page, int32_t slot, int layer, int kv_head, bool value) const;
 
   KvPrecision WriteClass() const;
   absl::StatusOr<int32_t> AllocatePage(KvPrecision p);
@@ -166,12 +161,15 @@ class KvStore : public CpuKvCache {
   void Demote(Sequence& s, int32_t pos);
   void Evict(Sequence& s, int32_t pos);
   int64_t PagesNeeded(const Sequence* s, KvPrecision p, int64_t n) const;
+  Sequence& NewSequence(SeqId seq);
 
   KvStoreConfig config_;
+  std::unique_ptr<KvPagePool> pool_;
+  const bool page_order_;  // pool_->NeedsPageOrder()
   std::array<size_t, kNumKvPrecisions> page_bytes_{};
-  std::array<size_t, kNumKvPrecisions> row_bytes_{};
   std::vector<std::unique_ptr<Page>> pages_;  // by page id; null = free id
   std::vector<int32_t> free_ids_;
+  int64_t live_pages_ = 0;  // pages_ entries that are not null
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
   std::array<int64_t, kNumKvPrecisions> class_bytes_{};
   int64_t used_bytes_ = 0;
@@ -179,8 +177,9 @@ class KvStore : public CpuKvCache {
   int64_t pending_bytes_ = 0;  // Σ Sequence::pending_bytes
   int64_t evicted_tokens_ = 0;
   bool warned_evict_ = false;
-  bool rotate_ = false;
-  const kv_kernels::KvAttentionKernels* kernels_;  // static tables, chosen at construction
+  // The current pass, as handed to the pool (spans into the sequences' tables).
+  std::vector<KvPoolPassSeq> pass_;
+  std::vector<float*> pass_mass_;  // [entries][sum heads..., cnt heads...]
   // Prefix cache: hash of token ids [0, (b + 1) * page_tokens) -> page, with LRU order.
   struct CacheEntry {
     int32_t page;

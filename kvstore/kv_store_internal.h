@@ -1,5 +1,5 @@
-// Private to kvstore/: KvStore's page and sequence records and helpers shared by its
-// implementation files.
+// Private to kvstore/: the KV manager's page and sequence records and helpers shared by its
+// implementation files (kv_store.cc, kv_store_sharing.cc).
 #pragma once
 
 #include <array>
@@ -11,17 +11,17 @@
 
 namespace specnode {
 
+// The manager's record of a page (its storage is the pool's, under the same id).
 struct KvStore::Page {
   KvPrecision prec = KvPrecision::kFull;
   int32_t ref = 0;   // sequences using any slot + 1 if the prefix cache holds it
   int32_t used = 0;  // slots handed out (a prefix of [0, page_tokens))
   bool cached = false;
-  std::vector<uint8_t> data;
 };
 
 struct KvStore::Sequence {
   int32_t length = 0;           // committed positions
-  std::vector<Loc> loc;         // per position with storage (>= length after Reserve)
+  std::vector<Loc> loc;         // block table: per position with storage (>= length after Reserve)
   std::array<int32_t, kNumKvPrecisions> open{-1, -1, -1};  // page being filled, per class
   std::unordered_map<int32_t, int32_t> live;  // page -> slots of this sequence in it
   // Attention mass, per kv head and position: Σ (weight * n_ctx) and observation count.
@@ -29,7 +29,8 @@ struct KvStore::Sequence {
   int32_t demoted_upto = 0;  // positions below have been considered for demotion
   int32_t evicted_upto = 0;
   int64_t pending_bytes = 0;     // reserved for the next Commit's demotions
-  // Swap tier: per position the class (or 255 = evicted) and the rows, in Row() order.
+  // Swap tier: per position the class (or 255 = evicted) and the slot's bytes (the pool's
+  // ReadSlot layout).
   bool swapped = false;
   std::vector<uint8_t> host_class;
   std::vector<uint8_t> host_rows;

@@ -1,6 +1,5 @@
 // KvStore: forks, the prefix cache, swapping to the host tier, and usage accounting.
 #include <cassert>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +14,11 @@ absl::Status KvStore::Fork(SeqId src, SeqId dst) {
   if (seqs_.count(dst)) return absl::AlreadyExistsError(absl::StrCat("fork: sequence ", dst, " exists"));
   const Sequence& s = *it->second;
   if (s.swapped) return absl::FailedPreconditionError("fork: source is swapped out");
+  if (page_order_ && s.length % config_.page_tokens != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "fork: sequence ", src, " ends inside a page, and the ", pool_->device(),
+        " page pool cannot copy the shared page on write"));
+  }
   auto d = std::make_unique<Sequence>();
   d->length = s.length;
   d->loc.assign(s.loc.begin(), s.loc.begin() + s.length);
@@ -58,13 +62,7 @@ int32_t KvStore::MatchPrefix(SeqId seq, std::span<const int32_t> tokens) {
     pages.push_back(e->second.page);
   }
   if (pages.empty() || static_cast<int64_t>(pages.size()) * P > config_.max_seq_len) return 0;
-  if (it == seqs_.end()) {
-    auto fresh = std::make_unique<Sequence>();
-    fresh->mass_sum.resize(config_.n_kv_heads);
-    fresh->mass_cnt.resize(config_.n_kv_heads);
-    it = seqs_.emplace(seq, std::move(fresh)).first;
-  }
-  Sequence& s = *it->second;
+  Sequence& s = it == seqs_.end() ? NewSequence(seq) : *it->second;
   for (int32_t page : pages) {
     Ref(page);
     s.live[page] = P;
@@ -114,12 +112,16 @@ absl::Status KvStore::SwapOut(SeqId seq) {
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("swap-out: no sequence ", seq));
   Sequence& s = *it->second;
   if (s.swapped) return absl::OkStatus();
+  if (!pool_->SupportsSlotCopies()) {
+    return absl::UnimplementedError(
+        absl::StrCat("swap-out: the ", pool_->device(), " page pool cannot copy KV to the host"));
+  }
   // Uncommitted reservations are dropped; committed rows are copied byte for byte.
   for (int32_t p = static_cast<int32_t>(s.loc.size()) - 1; p >= s.length; --p) ReleaseLoc(s, s.loc[p]);
   s.loc.resize(s.length);
   int64_t bytes = 0;
   for (const Loc& loc : s.loc) {
-    if (loc.page >= 0) bytes += static_cast<int64_t>(SlotStride(pages_[loc.page]->prec)) * config_.n_layers;
+    if (loc.page >= 0) bytes += static_cast<int64_t>(pool_->SlotBytes(pages_[loc.page]->prec));
   }
   if (host_bytes_ + bytes > config_.host_capacity_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -137,11 +139,8 @@ absl::Status KvStore::SwapOut(SeqId seq) {
     }
     const KvPrecision prec = pages_[loc.page]->prec;
     s.host_class[p] = static_cast<uint8_t>(prec);
-    const size_t stride = SlotStride(prec);
-    for (int l = 0; l < config_.n_layers; ++l) {
-      std::memcpy(&s.host_rows[off], Row(loc.page, loc.slot, l, 0, false), stride);
-      off += stride;
-    }
+    pool_->ReadSlot(loc, &s.host_rows[off]);
+    off += pool_->SlotBytes(prec);
   }
   for (const Loc& loc : s.loc) ReleaseLoc(s, loc);
   s.loc.clear();
@@ -171,6 +170,15 @@ absl::Status KvStore::SwapIn(SeqId seq) {
         "swap-in of sequence %d needs %d bytes; %d of %d in use", seq, bytes, used_bytes_,
         config_.capacity_bytes));
   }
+  int64_t pages = 0;
+  for (int c = 0; c < kNumKvPrecisions; ++c) {
+    pages += PagesNeeded(nullptr, static_cast<KvPrecision>(c), count[c]);
+  }
+  if (live_pages_ + pages > pool_->MaxPages()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "swap-in of sequence %d needs %d pages; the %s page pool holds %d", seq, pages,
+        pool_->device(), pool_->MaxPages()));
+  }
   size_t off = 0;
   s.loc.resize(s.host_class.size());
   for (size_t p = 0; p < s.host_class.size(); ++p) {
@@ -182,11 +190,8 @@ absl::Status KvStore::SwapIn(SeqId seq) {
     auto loc = TakeSlot(s, prec);
     assert(loc.ok());  // bytes ensured above
     s.loc[p] = *loc;
-    const size_t stride = SlotStride(prec);
-    for (int l = 0; l < config_.n_layers; ++l) {
-      std::memcpy(Row(loc->page, loc->slot, l, 0, false), &s.host_rows[off], stride);
-      off += stride;
-    }
+    pool_->WriteSlot(*loc, &s.host_rows[off]);
+    off += pool_->SlotBytes(prec);
   }
   host_bytes_ -= static_cast<int64_t>(s.host_rows.size());
   s.host_rows.clear();
@@ -203,7 +208,7 @@ KvUsage KvStore::Usage() const {
   u.used_bytes = used_bytes_;
   u.host_bytes = host_bytes_;
   u.evicted_tokens = evicted_tokens_;
-  for (const auto& p : pages_) u.pages += p != nullptr;
+  u.pages = live_pages_;
   u.cached_prefix_pages = static_cast<int64_t>(prefix_cache_.size());
   for (const auto& [id, s] : seqs_) {
     auto t = SequenceTokens(id);

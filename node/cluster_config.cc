@@ -245,8 +245,15 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   const YAML::Node kv = root["kv"];
   CFG_TRY(r.Section(kv, "kv",
                     {"mode", "capacity_mb", "host_capacity_mb", "page_tokens", "sink_tokens",
-                     "window_tokens", "critical_threshold"}));
-  CFG_TRY(r.String(kv, "kv", "mode", &c.kv.mode));
+                     "window_tokens", "critical_threshold", "mass_sample_every", "evict_window",
+                     "rotate"}));
+  if (kv.IsDefined() && kv.IsMap() && kv["mode"].IsDefined() && !kv["mode"].IsNull()) {
+    std::string mode;
+    CFG_TRY(r.String(kv, "kv", "mode", &mode));
+    absl::StatusOr<KvMode> m = ParseKvMode(mode);
+    if (!m.ok()) return r.Error(kv["mode"], "kv.mode", std::string(m.status().message()));
+    c.kv.mode = *m;
+  }
   int capacity_mb = static_cast<int>(c.kv.capacity_bytes >> 20);
   CFG_TRY(r.Int(kv, "kv", "capacity_mb", 1, 1 << 24, &capacity_mb));
   c.kv.capacity_bytes = static_cast<int64_t>(capacity_mb) << 20;
@@ -260,6 +267,22 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   double thr = c.kv.critical_threshold;
   CFG_TRY(r.Double(kv, "kv", "critical_threshold", 0, 1e6, &thr));
   c.kv.critical_threshold = static_cast<float>(thr);
+  CFG_TRY(r.Int(kv, "kv", "mass_sample_every", 1, 1 << 20, &c.kv.mass_sample_every));
+  // Sliding-window eviction (lossy) when set: tokens older than this many, except sinks.
+  int evict_window = 0;
+  CFG_TRY(r.Int(kv, "kv", "evict_window", 0, 1 << 24, &evict_window));
+  if (evict_window > 0) {
+    c.kv.evict = true;
+    c.kv.evict_window = evict_window;
+    if (evict_window < c.kv.window_tokens) {
+      return r.Error(kv["evict_window"], "kv.evict_window", "must be >= kv.window_tokens");
+    }
+  }
+  if (kv.IsDefined() && kv.IsMap() && kv["rotate"].IsDefined() && !kv["rotate"].IsNull()) {
+    bool rotate = true;
+    CFG_TRY(r.Bool(kv, "kv", "rotate", &rotate));
+    c.kv.rotate = rotate;
+  }
 
   const YAML::Node sla = root["sla"];
   CFG_TRY(r.Section(sla, "sla", {"default", "window_fraction", "classes"}));

@@ -61,7 +61,7 @@ struct ServeConfig {
   int probe_every = 32;
   std::string router_rules_file;
   std::string default_domain = "default";
-  KvCacheOptions kv;
+  KvOptions kv;
   SchedulerOptions sla;  // classes, default class, window fraction (max_* copied in)
   Topology topology;     // absent in the config: one group, everything in this process
 };

@@ -106,7 +106,7 @@ absl::Status Run(const CliArgs& args) {
   for (int64_t b : batches) {
     if (b < 1 || b > 256) return absl::InvalidArgumentError("--batch sizes must be in [1, 256]");
   }
-  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
   if (!args.Has("kv-capacity-mb")) kv.capacity_bytes = int64_t{4} << 30;
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> s,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),

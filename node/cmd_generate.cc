@@ -79,7 +79,7 @@ absl::Status Run(const CliArgs& args) {
     SPECNODE_ASSIGN_OR_RETURN(router, DomainRouter::Create({}));
   }
   domain = router->Classify(domain, args.Get("prompt"));
-  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), !quiet, kv,

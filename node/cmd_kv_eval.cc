@@ -59,12 +59,16 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 2048, 16, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t prefill, args.GetInt("prefill", 32, 1, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t n_generate, args.GetInt("generate", 128, 0, 1 << 16));
-  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
   if (!args.Has("texts")) return absl::InvalidArgumentError("--texts is required");
-  std::vector<std::string> modes = {"full"};
+  std::vector<KvMode> modes = {KvMode::kFull};
   for (absl::string_view m :
        absl::StrSplit(args.Get("modes", "int8,int4,mixed"), ',', absl::SkipEmpty())) {
-    if (m != "full") modes.emplace_back(m);
+    absl::StatusOr<KvMode> mode = ParseKvMode(std::string(m));
+    if (!mode.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--modes: ", mode.status().message()));
+    }
+    if (*mode != KvMode::kFull) modes.push_back(*mode);
   }
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
@@ -92,11 +96,11 @@ absl::Status Run(const CliArgs& args) {
   }
   std::vector<ModeStats> stats(modes.size());
   for (size_t m = 0; m < modes.size(); ++m) {
-    KvCacheOptions o = kv;
+    KvOptions o = kv;
     o.mode = modes[m];
     SPECNODE_ASSIGN_OR_RETURN(stats[m].cache,
                               MakeKvCache(model.config(), model.weights().n_kv_heads_local, o));
-    stats[m].mode = modes[m];
+    stats[m].mode = std::string(KvModeName(modes[m]));
   }
 
   // Teacher forcing. Step 0 prefills `prefill` tokens; each later step feeds one token.

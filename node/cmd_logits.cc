@@ -25,8 +25,8 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(int64_t chunk, args.GetInt("chunk", 1 << 30, 1, 1 << 30));
-  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
-  if (!args.Has("kv-mode")) kv.mode = "dense";  // oracle comparisons default to f32 KV
+  SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
+  if (!args.Has("kv-mode")) kv.mode = KvMode::kDense;  // oracle comparisons default to f32 KV
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv,

@@ -72,7 +72,7 @@ struct Tally {
 };
 
 absl::Status AddDrafterGroup(Config& c, const std::string& spec, ModelSession& session,
-                             const KvCacheOptions& kv, int k_max) {
+                             const KvOptions& kv, int k_max) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<Drafter> d,
                             MakeDrafter(spec, session.model(), session.pool(), kv));
   SpecControllerConfig cc;
@@ -111,7 +111,7 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 0.0, 0.0, 100.0));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
-  SPECNODE_ASSIGN_OR_RETURN(KvCacheOptions kv, KvOptionsFromArgs(args));
+  SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv, compute));

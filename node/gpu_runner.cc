@@ -34,7 +34,7 @@ bool HaveCudaBackend() {
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeGpuRunner(const LlamaModel& model, int device,
-                                                           const KvCacheOptions& kv,
+                                                           const KvOptions& kv,
                                                            PartialSumReducer* reducer) {
 #ifdef SPECNODE_HAVE_CUDA
   CudaForwardOptions o;

@@ -25,7 +25,7 @@ absl::StatusOr<int> ParseDevice(const std::string& device, const std::string& wh
 // `reducer`: a tensor-parallel shard's all-reduce over device buffers (GpuShardLink), null
 // for a whole model.
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeGpuRunner(const LlamaModel& model, int device,
-                                                           const KvCacheOptions& kv,
+                                                           const KvOptions& kv,
                                                            PartialSumReducer* reducer = nullptr);
 
 // A GPU shard's data path to the other shards of its group: an NCCL communicator on

@@ -1,6 +1,7 @@
 #include "node/model_session.h"
 
 #include <cstdio>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,7 +14,7 @@ namespace specnode {
 
 absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::string& path,
                                                                  int threads, bool show_progress,
-                                                                 const KvCacheOptions& kv,
+                                                                 const KvOptions& kv,
                                                                  const ComputeOptions& compute) {
   SPECNODE_ASSIGN_OR_RETURN(const int device, ParseDevice(compute.device, "device"));
   auto s = std::make_unique<ModelSession>();
@@ -102,7 +103,7 @@ std::string ModelSession::KvSummary(SeqId seq) const {
   const auto t = store->SequenceTokens(seq);
   const int64_t tokens = t[0] + t[1] + t[2];
   return absl::StrFormat("kv (%s): %.1f KiB/token over %d tokens; f16 %d, int8 %d, int4 %d",
-                         KvModeName(store->config().mode),
+                         std::string(KvModeName(store->config().mode)),
                          tokens == 0 ? 0.0 : u.used_bytes / 1024.0 / tokens, tokens, t[0], t[1],
                          t[2]);
 }
@@ -154,29 +155,41 @@ std::set<std::string> WithKvFlags(std::set<std::string> flags) {
   return flags;
 }
 
-absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args) {
-  KvCacheOptions o;
-  o.mode = args.Get("kv-mode", o.mode);
-  SPECNODE_ASSIGN_OR_RETURN(int64_t mb, args.GetInt("kv-capacity-mb", 1024, 1, 1 << 24));
-  o.capacity_bytes = mb << 20;
-  SPECNODE_ASSIGN_OR_RETURN(int64_t window, args.GetInt("kv-window", o.window_tokens, 1, 1 << 20));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t sinks, args.GetInt("kv-sinks", o.sink_tokens, 0, 1 << 20));
-  SPECNODE_ASSIGN_OR_RETURN(
-      double thr, args.GetDouble("kv-critical-threshold", o.critical_threshold, 0.0, 1e6));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t every,
-                            args.GetInt("kv-sample-every", o.mass_sample_every, 1, 1 << 20));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t page, args.GetInt("kv-page-tokens", o.page_tokens, 1, 4096));
-  o.page_tokens = static_cast<int>(page);
-  o.window_tokens = static_cast<int>(window);
-  o.sink_tokens = static_cast<int>(sinks);
-  o.critical_threshold = static_cast<float>(thr);
-  o.mass_sample_every = static_cast<int>(every);
-  o.rotate = !args.Has("kv-no-rotate");
-  if (args.Has("kv-evict-window")) {
-    SPECNODE_ASSIGN_OR_RETURN(int64_t ew, args.GetInt("kv-evict-window", 0, 1, 1 << 24));
-    o.evict = true;
-    o.evict_window = static_cast<int>(ew);
+absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* o) {
+  if (args.Has("kv-mode")) {
+    absl::StatusOr<KvMode> mode = ParseKvMode(args.Get("kv-mode"));
+    if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--kv-mode: ", mode.status().message()));
+    o->mode = *mode;
   }
+  auto set_int = [&args](const char* flag, int64_t lo, int64_t hi, auto* out) -> absl::Status {
+    if (!args.Has(flag)) return absl::OkStatus();
+    SPECNODE_ASSIGN_OR_RETURN(int64_t v, args.GetInt(flag, 0, lo, hi));
+    *out = static_cast<std::remove_pointer_t<decltype(out)>>(v);
+    return absl::OkStatus();
+  };
+  if (args.Has("kv-capacity-mb")) {
+    SPECNODE_ASSIGN_OR_RETURN(int64_t mb, args.GetInt("kv-capacity-mb", 0, 1, 1 << 24));
+    o->capacity_bytes = mb << 20;
+  }
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-window", 1, 1 << 20, &o->window_tokens));
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-sinks", 0, 1 << 20, &o->sink_tokens));
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-sample-every", 1, 1 << 20, &o->mass_sample_every));
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-page-tokens", 1, 4096, &o->page_tokens));
+  if (args.Has("kv-critical-threshold")) {
+    SPECNODE_ASSIGN_OR_RETURN(double thr, args.GetDouble("kv-critical-threshold", 0, 0.0, 1e6));
+    o->critical_threshold = static_cast<float>(thr);
+  }
+  if (args.Has("kv-no-rotate")) o->rotate = false;
+  if (args.Has("kv-evict-window")) {
+    SPECNODE_RETURN_IF_ERROR(set_int("kv-evict-window", 1, 1 << 24, &o->evict_window));
+    o->evict = true;
+  }
+  return o->Validate("KV flags: ");
+}
+
+absl::StatusOr<KvOptions> KvOptionsFromArgs(const CliArgs& args) {
+  KvOptions o;
+  SPECNODE_RETURN_IF_ERROR(ApplyKvFlags(args, &o));
   return o;
 }
 

@@ -33,7 +33,7 @@ class ModelSession {
   // everything else stay on the CPU.
   static absl::StatusOr<std::unique_ptr<ModelSession>> Open(const std::string& path, int threads,
                                                             bool show_progress,
-                                                            const KvCacheOptions& kv = {},
+                                                            const KvOptions& kv = {},
                                                             const ComputeOptions& compute = {});
 
   const LlamaModel& model() const { return *model_; }
@@ -86,7 +86,10 @@ extern const char kKvFlagsHelp[];
 std::set<std::string> KvValueKeys();
 // `flags` plus the boolean KV flags (--kv-no-rotate).
 std::set<std::string> WithKvFlags(std::set<std::string> flags);
-absl::StatusOr<KvCacheOptions> KvOptionsFromArgs(const CliArgs& args);
+// ApplyKvFlags sets only the fields whose flags are given (over a config's `kv:` section,
+// say), each validated where it is read; KvOptionsFromArgs applies them over the defaults.
+absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* options);
+absl::StatusOr<KvOptions> KvOptionsFromArgs(const CliArgs& args);
 
 // --activations int16|int8 (default int16): how CPU matmuls round activations for quantised
 // weights (cpu_matmul.h); --device cpu|cuda:N (default cpu): where the target computes. Every

@@ -37,7 +37,7 @@ struct ShardWorkerOptions {
   // of several ranks, all-reduces over NCCL (every rank of the group on a GPU; the group's
   // `comm` still carries the step agreement and NCCL's bootstrap).
   std::string device = "cpu";
-  KvCacheOptions kv;
+  KvOptions kv;
   int world_rank = 1;
   int tp_rank = 0;
   int tp_size = 1;

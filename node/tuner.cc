@@ -83,11 +83,9 @@ absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
       return absl::InvalidArgumentError("model.activations: expected int16 or int8");
     }
   } else if (o.key == "kv.mode") {
-    static const char* kModes[] = {"mixed", "full", "int8", "int4", "dense"};
-    if (std::find(std::begin(kModes), std::end(kModes), o.value) == std::end(kModes)) {
-      return absl::InvalidArgumentError("kv.mode: expected mixed, full, int8, int4 or dense");
-    }
-    c->kv.mode = o.value;
+    absl::StatusOr<KvMode> mode = ParseKvMode(o.value);
+    if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("kv.mode: ", mode.status().message()));
+    c->kv.mode = *mode;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("the tuner does not vary ", o.key));
   }
@@ -105,7 +103,7 @@ ServeConfig TuneBaseline(const ServeConfig& base) {
 
 std::string TuneKey(const ServeConfig& c) {
   return absl::StrCat("draft=", c.draft, " k_max=", c.k_max,
-                      " disable=", absl::StrFormat("%g", c.disable_threshold), " kv=", c.kv.mode,
+                      " disable=", absl::StrFormat("%g", c.disable_threshold), " kv=", std::string(KvModeName(c.kv.mode)),
                       " activations=", RequestedActivations(c.activations));
 }
 

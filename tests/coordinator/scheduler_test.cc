@@ -78,8 +78,8 @@ class SchedulerTest : public testing::Test {
 
   std::unique_ptr<LocalModelRunner> Runner(int64_t capacity_bytes,
                                            int64_t host_capacity_bytes = int64_t{64} << 20) {
-    KvCacheOptions kv;
-    kv.mode = "full";
+    KvOptions kv;
+    kv.mode = KvMode::kFull;
     kv.capacity_bytes = capacity_bytes;
     kv.host_capacity_bytes = host_capacity_bytes;
     kv.page_tokens = 8;

@@ -63,8 +63,8 @@ class SpecEngineTest : public testing::Test {
   }
 
   std::unique_ptr<LocalModelRunner> MakeRunner(const std::string& kv_mode) {
-    KvCacheOptions kv;
-    kv.mode = kv_mode;
+    KvOptions kv;
+    kv.mode = ParseKvMode(kv_mode).value();
     auto cache = MakeKvCache(target_->config(), target_->weights().n_kv_heads_local, kv);
     EXPECT_TRUE(cache.ok()) << cache.status();
     return std::make_unique<LocalModelRunner>(target_->config(), target_->weights(), pool_.get(),
@@ -74,8 +74,8 @@ class SpecEngineTest : public testing::Test {
   // Named drafters: "draft5", "draft30", "draft100" (perturbed copies), "self1", "self2",
   // "ngram".
   std::unique_ptr<Drafter> MakeDrafter(const std::string& name, const std::string& kv_mode) {
-    KvCacheOptions kv;
-    kv.mode = kv_mode;
+    KvOptions kv;
+    kv.mode = ParseKvMode(kv_mode).value();
     if (name == "ngram") {
       NgramDrafterOptions o;
       o.min_n = 1;

@@ -28,9 +28,9 @@ const Tokenizer& GoldenModel::tokenizer() const { return model_->tokenizer(); }
 
 namespace {
 
-KvCacheOptions KvOptions(const std::string& mode) {
-  KvCacheOptions o;
-  o.mode = mode;
+KvOptions KvOptionsFor(const std::string& mode) {
+  KvOptions o;
+  o.mode = ParseKvMode(mode).value();
   return o;
 }
 
@@ -63,7 +63,7 @@ class Engine final : public GoldenEngine {
       }
       p->forward = std::make_unique<LlamaForward>(m.config(), m.weights(), p->pool.get(), reducer);
       SPECNODE_ASSIGN_OR_RETURN(
-          p->cache, MakeKvCache(m.config(), m.weights().n_kv_heads_local, KvOptions(mode)));
+          p->cache, MakeKvCache(m.config(), m.weights().n_kv_heads_local, KvOptionsFor(mode)));
       vocab_ = m.config().vocab_size;
       parts_.push_back(std::move(p));
     }

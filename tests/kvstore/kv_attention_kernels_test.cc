@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/thread_pool.h"
 #include "kvstore/kv_attention_kernels.h"
 #include "kvstore/kv_store.h"
 #include "tests/kvstore/kv_store_test_util.h"
@@ -198,20 +199,21 @@ TEST_P(KvStoreDeterminism, BatchAndThreadsDoNotChangeOutputs) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> q(n * tok), batch(n * tok), single(n * tok), threaded(n * tok);
   for (float& v : q) v = dist(gen);
+  ThreadPool pool(3);
+  // Attention-only passes over committed positions: the whole block at once (one thread,
+  // then split across the pool by kv head) and one position at a time.
+  auto attend = [&](int32_t first, int32_t count, ThreadPool* threads, int layer, const float* qs,
+                    float* out) {
+    const KvPassEntry e{1, first, count};
+    ASSERT_TRUE((*store)->BeginPass({&e, 1}, threads).ok());
+    ASSERT_TRUE((*store)->Attend(layer, qs, 0.125f, out).ok());
+  };
   for (int layer = 0; layer < c.n_layers; ++layer) {
-    for (int h = 0; h < c.n_kv_heads; ++h) {
-      (*store)->AttendSeq(1, layer, pos0, n, h, q.data(), 0.125f, batch.data());
-      for (int i = 0; i < n; ++i) {
-        (*store)->AttendSeq(1, layer, pos0 + i, 1, h, q.data() + i * tok, 0.125f,
-                         single.data() + i * tok);
-      }
+    attend(pos0, n, nullptr, layer, q.data(), batch.data());
+    for (int i = 0; i < n; ++i) {
+      attend(pos0 + i, 1, nullptr, layer, q.data() + i * tok, single.data() + i * tok);
     }
-    std::vector<std::thread> threads;
-    for (int h = 0; h < c.n_kv_heads; ++h) {
-      threads.emplace_back(
-          [&, h] { (*store)->AttendSeq(1, layer, pos0, n, h, q.data(), 0.125f, threaded.data()); });
-    }
-    for (auto& t : threads) t.join();
+    attend(pos0, n, &pool, layer, q.data(), threaded.data());
     ASSERT_EQ(batch, single) << KvModeName(GetParam()) << " layer " << layer;
     ASSERT_EQ(batch, threaded) << KvModeName(GetParam()) << " layer " << layer;
   }

@@ -91,8 +91,10 @@ TEST(KvStore, CriticalTokensGoToInt8) {
   for (int pos = 0; pos < 40; ++pos) {
     ASSERT_TRUE(store->Reserve(1, 1).ok());
     for (int d = 0; d < hd; ++d) k[d] = pos == 5 ? 3.0f : 0.01f * ((pos * 7 + d) % 5 - 2);
-    store->WriteSeq(1, 0, pos, 1, k.data(), v.data());
-    store->AttendSeq(1, 0, pos, 1, 0, q.data(), 0.25f, out.data());
+    const KvPassEntry e{1, pos, 1};
+    ASSERT_TRUE(store->BeginPass({&e, 1}, nullptr).ok());
+    ASSERT_TRUE(store->Write(0, k.data(), v.data()).ok());
+    ASSERT_TRUE(store->Attend(0, q.data(), 0.25f, out.data()).ok());
     store->Commit(1, pos + 1);
   }
   auto t = store->SequenceTokens(1);

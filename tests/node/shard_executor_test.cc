@@ -44,8 +44,8 @@ class ShardExecutorTest : public ::testing::Test {
   void TearDown() override { unlink(path_.c_str()); }
 
   std::unique_ptr<KvCache> Cache(const LlamaModel& m, int64_t capacity) {
-    KvCacheOptions o;
-    o.mode = "full";
+    KvOptions o;
+    o.mode = KvMode::kFull;
     o.capacity_bytes = capacity;
     auto c = MakeKvCache(m.config(), m.weights().n_kv_heads_local, o);
     EXPECT_TRUE(c.ok()) << c.status();
@@ -141,8 +141,8 @@ TEST_F(ShardExecutorTest, MatchesUnshardedForwardAndKeepsTablesInStep) {
 TEST_F(ShardExecutorTest, KvExhaustedOnOneShardFailsTheStepOnEveryShard) {
   // Shard 1 gets a cache too small for the long prompt; shard 0 has plenty.
   MakeShards({int64_t{64} << 20, int64_t{64} << 20});
-  KvCacheOptions small;
-  small.mode = "full";
+  KvOptions small;
+  small.mode = KvMode::kFull;
   // Two pages of 8 tokens of this shard's one kv head: the smallest cache that builds.
   for (int64_t cap = 1024; cap < (int64_t{1} << 24); cap *= 2) {
     small.capacity_bytes = cap;

@@ -51,7 +51,7 @@ class ScriptedMeasurer final : public TuneMeasurer {
 
  private:
   static std::vector<std::string> Settings(const ServeConfig& c) {
-    return {"draft=" + c.draft, "k_max=" + std::to_string(c.k_max), "kv=" + c.kv.mode,
+    return {"draft=" + c.draft, "k_max=" + std::to_string(c.k_max), "kv=" + std::string(KvModeName(c.kv.mode)),
             std::string("activations=") + (c.activations == ActQuant::kInt8 ? "int8" : "int16")};
   }
 };
@@ -87,7 +87,7 @@ TEST(TuneStackTest, BaselineSwitchesEveryOptionOff) {
   base.activations = ActQuant::kInt8;
   const ServeConfig b = TuneBaseline(base);
   EXPECT_EQ(b.draft, "none");
-  EXPECT_EQ(b.kv.mode, "full");
+  EXPECT_EQ(b.kv.mode, KvMode::kFull);
   EXPECT_EQ(b.activations, ActQuant::kInt16);
   EXPECT_EQ(b.k_max, base.k_max);
   EXPECT_EQ(b.model, base.model);
@@ -105,7 +105,7 @@ TEST(TuneStackTest, ApplyRejectsUnknownKeysAndBadValues) {
   EXPECT_FALSE(ApplyTuneOption({"speculation.disable_threshold", "0.9"}, &c).ok());  // > free
   EXPECT_FALSE(ApplyTuneOption({"speculation.disable_threshold", "-1"}, &c).ok());
   ASSERT_TRUE(ApplyTuneOption({"kv.mode", "int4"}, &c).ok());
-  EXPECT_EQ(c.kv.mode, "int4");
+  EXPECT_EQ(c.kv.mode, KvMode::kInt4);
 }
 
 TEST(TuneDecisionTest, LatencyMemoryAndAccuracyRules) {
@@ -231,7 +231,7 @@ TEST(TunedYamlTest, SetsTheKeptKeysKeepsTheRestAndParses) {
   EXPECT_EQ(c->draft, "ngram");
   EXPECT_EQ(c->k_max, 8);
   EXPECT_DOUBLE_EQ(c->disable_threshold, 0.2);
-  EXPECT_EQ(c->kv.mode, "mixed");
+  EXPECT_EQ(c->kv.mode, KvMode::kMixed);
   EXPECT_EQ(c->activations, ActQuant::kInt16);  // not kept: written explicitly off
   EXPECT_EQ(c->model, "/models/m.gguf");
   absl::StatusOr<ServeConfig> original = ParseServeConfig(base, "base");
@@ -244,7 +244,7 @@ TEST(TunedYamlTest, SetsTheKeptKeysKeepsTheRestAndParses) {
   c = ParseServeConfig(*y, "tuned");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->draft, "none");
-  EXPECT_EQ(c->kv.mode, "full");
+  EXPECT_EQ(c->kv.mode, KvMode::kFull);
   EXPECT_EQ(c->model, original->model);
   EXPECT_FALSE(TunedYaml("[1, 2", {}, "", "").ok());
   EXPECT_FALSE(TunedYaml("- a list", {}, "", "").ok());

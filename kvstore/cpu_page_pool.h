@@ -1,0 +1,83 @@
+// CpuPagePool: the KV store's pages in host memory and attention over them on the CPU —
+// the reference KvPagePool (kv_page_pool.h), every precision class.
+//
+// Page layout: data[layer][slot][kv_head][K row | V row], rows in the page's class
+// (kv_precision.h); a slot of one layer is SlotStride(p) = 2 * n_kv_heads * row bytes.
+// Rows are stored Hadamard-rotated when `rotate` and head_dim is a power of two (queries
+// are rotated alike, outputs rotated back).
+//
+// Attention (kv_attention_kernels.h): each query token attends over its context class by
+// class — the cached positions grouped by precision class (in position order within a
+// class), each group scored and accumulated in its stored format, one softmax over all of
+// them. Which positions a query sees, and so the groups, depends only on the block table
+// and its own position, so the result does not depend on the batch, the threads or the
+// other queries of the pass. A pass is split across the host threads by sequence (Write)
+// and by (sequence, kv head) (Attend).
+//
+// Thread-safety: as KvPagePool; WriteSeq / AttendSeq for different (sequence, kv head)
+// pairs may run concurrently.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvstore/kv_page_pool.h"
+
+namespace specnode {
+
+namespace kv_kernels {
+struct KvAttentionKernels;  // kv_attention_kernels.h (private)
+}  // namespace kv_kernels
+
+class CpuPagePool final : public KvPagePool {
+ public:
+  // head_dim even and <= 256 (the store checks the geometry first).
+  CpuPagePool(const KvPoolGeometry& geometry, bool rotate);
+  ~CpuPagePool() override;
+
+  std::string device() const override { return "cpu"; }
+  const KvPoolGeometry& geometry() const override { return g_; }
+  bool Supports(KvPrecision) const override { return true; }
+  bool rotated() const override { return rotate_; }
+  bool SupportsSlotCopies() const override { return true; }
+  bool NeedsPageOrder() const override { return false; }
+  size_t PageBytes(KvPrecision p) const override;
+  size_t SlotBytes(KvPrecision p) const override;
+  int64_t MaxPages() const override { return int64_t{0x7fffffff}; }
+  absl::Status AllocatePage(int32_t id, KvPrecision p) override;
+  void ReleasePage(int32_t id) override;
+  void Recode(KvSlot from, KvSlot to) override;
+  void ReadSlot(KvSlot s, uint8_t* host) const override;
+  void WriteSlot(KvSlot s, const uint8_t* host) override;
+  absl::Status BeginPass(std::span<const KvPoolPassSeq> seqs, ThreadPool* threads) override;
+  absl::Status Write(int layer, const float* k, const float* v) override;
+  absl::Status Attend(int layer, const float* q, float scale, float* out) override;
+
+  // One sequence of the pass: rows [pos0, pos0 + n) of it, k / v: [n, n_kv_heads, head_dim].
+  void WriteSeq(const KvPoolPassSeq& s, int layer, const float* k, const float* v);
+  // One kv head of one sequence: q / out [n, n_heads, head_dim], heads of kv_head's group.
+  void AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, const float* q, float scale,
+                 float* out);
+
+ private:
+  struct Page {
+    KvPrecision prec = KvPrecision::kFull;
+    std::vector<uint8_t> data;
+  };
+  size_t SlotStride(KvPrecision p) const;  // bytes of one slot within one layer
+  uint8_t* Row(KvSlot s, int layer, int kv_head, bool value);
+  const uint8_t* Row(KvSlot s, int layer, int kv_head, bool value) const;
+
+  KvPoolGeometry g_;
+  bool rotate_;
+  std::array<size_t, kNumKvPrecisions> row_bytes_{};
+  std::vector<std::unique_ptr<Page>> pages_;  // by page id; null = not allocated
+  const kv_kernels::KvAttentionKernels* kernels_;  // static tables, chosen at construction
+  std::vector<KvPoolPassSeq> pass_;
+  std::vector<int64_t> first_;  // the pass's first row of each sequence
+  ThreadPool* threads_ = nullptr;
+};
+
+}  // namespace specnode

@@ -1,0 +1,48 @@
+#include "kvstore/kv_options.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace specnode {
+
+std::string_view KvModeName(KvMode m) {
+  switch (m) {
+    case KvMode::kDense:
+      return "dense";
+    case KvMode::kFull:
+      return "full";
+    case KvMode::kInt8:
+      return "int8";
+    case KvMode::kInt4:
+      return "int4";
+    case KvMode::kMixed:
+      return "mixed";
+  }
+  return "?";
+}
+
+absl::StatusOr<KvMode> ParseKvMode(std::string_view name) {
+  for (KvMode m : {KvMode::kDense, KvMode::kFull, KvMode::kInt8, KvMode::kInt4, KvMode::kMixed}) {
+    if (KvModeName(m) == name) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown KV mode \"", std::string(name),
+                                                 "\" (expected mixed, full, int8, int4 or dense)"));
+}
+
+absl::Status KvOptions::Validate(std::string_view prefix) const {
+  auto bad = [&](const char* field, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(prefix), field, ": ", what));
+  };
+  if (capacity_bytes <= 0) return bad("capacity", "must be positive");
+  if (host_capacity_bytes < 0) return bad("host_capacity", "must be >= 0");
+  if (page_tokens < 1 || page_tokens > 4096) return bad("page_tokens", "must be in [1, 4096]");
+  if (sink_tokens < 0) return bad("sink_tokens", "must be >= 0");
+  if (window_tokens < 1) return bad("window_tokens", "must be >= 1");
+  if (mass_sample_every < 1) return bad("mass_sample_every", "must be >= 1");
+  if (!(critical_threshold >= 0.0f)) return bad("critical_threshold", "must be >= 0");
+  if (evict && evict_window < window_tokens) {
+    return bad("evict_window", "must be >= window_tokens");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace specnode

@@ -1,0 +1,49 @@
+// KvOptions: what a user chooses about the KV cache (the YAML `kv:` section, the --kv-*
+// flags), as typed values. Parsed once at the edge (node/ config and flags) and carried
+// as is into the store's config (KvStoreConfig derives from it): never re-read from text.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace specnode {
+
+// kDense: the f32 reference cache (model/dense_kv_cache.h), CPU only. The others are the
+// paged store (kv_store.h): every token in f16 (kFull), INT8 or INT4 from the start, or
+// the per-token policy (kMixed: f16 sinks and recent window, older tokens INT8 when
+// critical, else INT4).
+enum class KvMode : uint8_t { kDense, kFull, kInt8, kInt4, kMixed };
+std::string_view KvModeName(KvMode m);  // "dense", "full", "int8", "int4", "mixed"
+// InvalidArgument listing the names for anything else.
+absl::StatusOr<KvMode> ParseKvMode(std::string_view name);
+
+struct KvOptions {
+  KvMode mode = KvMode::kMixed;
+  int64_t capacity_bytes = int64_t{1} << 30;       // device pages (the primary tier)
+  int64_t host_capacity_bytes = int64_t{4} << 30;  // swap tier; 0 = none (preemption recomputes)
+  // Mixed-mode defaults tuned with `specnode kv-eval` on tests/data/kv-eval (SmolLM2-135M,
+  // docs/kvstore.md): 8-token pages waste fewer bytes in partly used pages than 16, and
+  // threshold 4 keeps ~5% of tokens INT8, the most that stays >= 3x below f16.
+  int page_tokens = 8;
+  int sink_tokens = 4;
+  int window_tokens = 64;
+  float critical_threshold = 4.0f;
+  int mass_sample_every = 4;
+  bool evict = false;  // sliding-window eviction with sinks (lossy)
+  int evict_window = 1024;
+  // Store K and V Hadamard-rotated (kv_precision.h). Unset: the device's default (the CPU
+  // rotates when head_dim is a power of two; a device pool that cannot rotate stores them
+  // as they are). Set to true on a device that cannot: refused.
+  std::optional<bool> rotate;
+
+  // InvalidArgument naming the field (as `prefix` + field name, e.g. "kv.window_tokens")
+  // for values out of range.
+  absl::Status Validate(std::string_view prefix = "kv.") const;
+};
+
+}  // namespace specnode

@@ -1,0 +1,119 @@
+// KvPagePool: where one device keeps KV pages and computes attention over them — the
+// device half of the KV store. The KV manager (kv_store.h) decides everything else: which
+// pages exist and in which precision class, which slot of which page holds which token of
+// which sequence (block tables at token granularity), reference counts, forks, the prefix
+// cache, demotions, byte accounting and swapping. A pool never makes such a decision; it
+// stores bytes, encodes rows, runs attention and reports the attention mass the policy
+// needs. CpuPagePool (cpu_page_pool.h) is the reference; cuda/cuda_page_pool.h the GPU's.
+//
+// Geometry (KvPoolGeometry): a page has page_tokens slots; a slot holds one token's K and V
+// rows for every layer and kv head, encoded in the page's class (kv_precision.h). Page ids
+// are the manager's: small integers below MaxPages(), allocated and released by it.
+//
+// Capabilities are asked, never assumed: Supports(class), SupportsRotation(),
+// SupportsSlotCopies() (host-tier swap and demotion need them), NeedsPageOrder() (the pool
+// addresses a sequence's tokens by page list, not by slot: the manager keeps token p of a
+// sequence in slot p % page_tokens of its (p / page_tokens)-th page, and refuses what
+// would break that). A manager refuses, at creation and naming the device, a mode the pool
+// cannot store; nothing is silently stored in another class.
+//
+// Thread-safety: the manager calls from one thread; a CPU pool may split a pass's Write /
+// Attend across the host threads BeginPass names.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kvstore/kv_precision.h"
+#include "model/kv_cache.h"
+
+namespace specnode {
+
+class ThreadPool;
+
+struct KvPoolGeometry {
+  int n_layers = 0;
+  int n_kv_heads = 0;  // kv heads held here (a tensor-parallel shard's)
+  int head_dim = 0;
+  int gqa_group = 1;   // query heads per kv head
+  int page_tokens = 8;
+};
+
+// Where a token is stored: slot `slot` of page `page`; page -1 = evicted (no storage).
+struct KvSlot {
+  int32_t page = -1;
+  int32_t slot = 0;
+};
+
+// The attention-mass observation of one sequence in a pass (the critical-token policy's
+// input, kv_store.h): when `on`, a query at position p (context n = p + 1) with
+// p % sample_every == 0 and n > min_distance adds, for every cached position j with
+// j < n - min_distance, weight(j) * n to sum[kv_head][j] (weight summed over the kv head's
+// query heads) and the group size to cnt[kv_head][j].
+struct KvMassSink {
+  bool on = false;
+  int32_t sample_every = 1;
+  int32_t min_distance = 0;
+  std::span<float* const> sum;  // [n_kv_heads] arrays indexed by position
+  std::span<float* const> cnt;
+};
+
+// One sequence's part of a pass: rows for positions [pos0, pos0 + n), its block table for
+// positions [0, pos0 + n) and its mass observation.
+struct KvPoolPassSeq {
+  SeqId seq = 0;
+  int32_t pos0 = 0;
+  int32_t n = 0;
+  std::span<const KvSlot> slots;
+  KvMassSink mass;
+};
+
+class KvPagePool {
+ public:
+  virtual ~KvPagePool() = default;
+
+  virtual std::string device() const = 0;  // "cpu", "cuda:N"
+  virtual const KvPoolGeometry& geometry() const = 0;
+  virtual bool Supports(KvPrecision p) const = 0;
+  // K/V stored Hadamard-rotated (HadamardInPlace, kv_precision.h): an orthonormal change
+  // of basis that attention undoes, which shrinks the quantised classes' error.
+  virtual bool rotated() const = 0;
+  virtual bool SupportsSlotCopies() const = 0;
+  virtual bool NeedsPageOrder() const = 0;
+
+  // Memory one page of class p takes on the device (the manager's byte accounting), and
+  // the host bytes of one slot (every layer) as ReadSlot / WriteSlot move them.
+  virtual size_t PageBytes(KvPrecision p) const = 0;
+  virtual size_t SlotBytes(KvPrecision p) const = 0;
+  // Page ids must stay below this (a device pool's preallocated pages).
+  virtual int64_t MaxPages() const = 0;
+
+  // Gives page `id` storage of class p (contents unspecified until written), and takes it
+  // back. ResourceExhausted when the device has no memory for it (nothing changes).
+  virtual absl::Status AllocatePage(int32_t id, KvPrecision p) = 0;
+  virtual void ReleasePage(int32_t id) = 0;
+
+  // Demotion: re-encodes the rows of slot `from` (a full-precision page) into slot `to` (a
+  // page of another class), every layer and kv head. Needs SupportsSlotCopies().
+  virtual void Recode(KvSlot from, KvSlot to) = 0;
+  // Swap tier: a slot's bytes (every layer, SlotBytes of its page's class) to and from
+  // host memory, bit-exact. Need SupportsSlotCopies().
+  virtual void ReadSlot(KvSlot s, uint8_t* host) const = 0;
+  virtual void WriteSlot(KvSlot s, const uint8_t* host) = 0;
+
+  // A pass (kv_cache.h): BeginPass with every sequence's rows in row order (the spans stay
+  // valid until the next BeginPass), then per layer Write and Attend over the pass's rows.
+  virtual absl::Status BeginPass(std::span<const KvPoolPassSeq> seqs, ThreadPool* threads) = 0;
+  // k, v: [n_rows, n_kv_heads, head_dim] f32 in device memory; each row is encoded into its
+  // slot in the slot's page class.
+  virtual absl::Status Write(int layer, const float* k, const float* v) = 0;
+  // q, out: [n_rows, n_kv_heads * gqa_group, head_dim]; causal over each sequence's
+  // stored positions (evicted ones skipped), observing mass where the sink says.
+  virtual absl::Status Attend(int layer, const float* q, float scale, float* out) = 0;
+  // KvCache::PassSignature.
+  virtual uint64_t PassSignature() const { return 0; }
+};
+
+}  // namespace specnode
