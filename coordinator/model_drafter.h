@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/drafter.h"
-#include "coordinator/model_runner.h"
+#include "runtime/model_runner.h"
 #include "kvstore/kv_cache_factory.h"
 #include "model/llama_model.h"
 #include "model/thread_pool.h"

@@ -39,7 +39,7 @@
 #include "absl/status/status.h"
 #include "coordinator/domain_router.h"
 #include "coordinator/drafter.h"
-#include "coordinator/model_runner.h"
+#include "runtime/model_runner.h"
 #include "coordinator/spec_controller.h"
 #include "model/sampling.h"
 #include "model/thread_pool.h"

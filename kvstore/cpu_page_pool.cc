@@ -21,6 +21,21 @@ CpuPagePool::CpuPagePool(const KvPoolGeometry& geometry, bool rotate)
 
 CpuPagePool::~CpuPagePool() = default;
 
+KvPoolCaps CpuPagePool::Caps(int head_dim, std::optional<bool> rotate) {
+  KvPoolCaps c;
+  c.classes = {true, true, true};
+  c.rotated = rotate.value_or(true) && IsPowerOfTwo(head_dim);
+  c.slot_copies = true;
+  c.page_order = false;
+  return c;
+}
+
+KvPoolCaps CpuPagePool::caps() const {
+  KvPoolCaps c = Caps(g_.head_dim, rotate_);
+  c.rotated = rotate_;
+  return c;
+}
+
 size_t CpuPagePool::SlotStride(KvPrecision p) const {
   return row_bytes_[static_cast<int>(p)] * 2 * g_.n_kv_heads;
 }

@@ -20,6 +20,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -37,12 +38,13 @@ class CpuPagePool final : public KvPagePool {
   CpuPagePool(const KvPoolGeometry& geometry, bool rotate);
   ~CpuPagePool() override;
 
+  // What a CPU pool of this head_dim stores: every class, rotated when asked (unset: yes)
+  // and head_dim is a power of two.
+  static KvPoolCaps Caps(int head_dim, std::optional<bool> rotate);
+
   std::string device() const override { return "cpu"; }
   const KvPoolGeometry& geometry() const override { return g_; }
-  bool Supports(KvPrecision) const override { return true; }
-  bool rotated() const override { return rotate_; }
-  bool SupportsSlotCopies() const override { return true; }
-  bool NeedsPageOrder() const override { return false; }
+  KvPoolCaps caps() const override;
   size_t PageBytes(KvPrecision p) const override;
   size_t SlotBytes(KvPrecision p) const override;
   int64_t MaxPages() const override { return int64_t{0x7fffffff}; }

@@ -6,6 +6,8 @@ namespace specnode {
 
 std::string_view KvModeName(KvMode m) {
   switch (m) {
+    case KvMode::kAuto:
+      return "auto";
     case KvMode::kDense:
       return "dense";
     case KvMode::kFull:
@@ -21,11 +23,12 @@ std::string_view KvModeName(KvMode m) {
 }
 
 absl::StatusOr<KvMode> ParseKvMode(std::string_view name) {
-  for (KvMode m : {KvMode::kDense, KvMode::kFull, KvMode::kInt8, KvMode::kInt4, KvMode::kMixed}) {
+  for (KvMode m : {KvMode::kAuto, KvMode::kDense, KvMode::kFull, KvMode::kInt8, KvMode::kInt4,
+                   KvMode::kMixed}) {
     if (KvModeName(m) == name) return m;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown KV mode \"", std::string(name),
-                                                 "\" (expected mixed, full, int8, int4 or dense)"));
+                                                 "\" (expected auto, mixed, full, int8, int4 or dense)"));
 }
 
 absl::Status KvOptions::Validate(std::string_view prefix) const {

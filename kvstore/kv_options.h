@@ -13,17 +13,19 @@
 
 namespace specnode {
 
+// kAuto: the device's best — mixed where its page pool stores every class (the CPU), full
+// elsewhere (today's GPU pool) — resolved when the store is built (KvStore::ResolvedMode).
 // kDense: the f32 reference cache (model/dense_kv_cache.h), CPU only. The others are the
 // paged store (kv_store.h): every token in f16 (kFull), INT8 or INT4 from the start, or
 // the per-token policy (kMixed: f16 sinks and recent window, older tokens INT8 when
-// critical, else INT4).
-enum class KvMode : uint8_t { kDense, kFull, kInt8, kInt4, kMixed };
-std::string_view KvModeName(KvMode m);  // "dense", "full", "int8", "int4", "mixed"
+// critical, else INT4). An explicit mode a device cannot store is refused, never changed.
+enum class KvMode : uint8_t { kAuto, kDense, kFull, kInt8, kInt4, kMixed };
+std::string_view KvModeName(KvMode m);  // "auto", "dense", "full", "int8", "int4", "mixed"
 // InvalidArgument listing the names for anything else.
 absl::StatusOr<KvMode> ParseKvMode(std::string_view name);
 
 struct KvOptions {
-  KvMode mode = KvMode::kMixed;
+  KvMode mode = KvMode::kAuto;
   int64_t capacity_bytes = int64_t{1} << 30;       // device pages (the primary tier)
   int64_t host_capacity_bytes = int64_t{4} << 30;  // swap tier; 0 = none (preemption recomputes)
   // Mixed-mode defaults tuned with `specnode kv-eval` on tests/data/kv-eval (SmolLM2-135M,

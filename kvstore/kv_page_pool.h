@@ -10,17 +10,20 @@
 // rows for every layer and kv head, encoded in the page's class (kv_precision.h). Page ids
 // are the manager's: small integers below MaxPages(), allocated and released by it.
 //
-// Capabilities are asked, never assumed: Supports(class), SupportsRotation(),
-// SupportsSlotCopies() (host-tier swap and demotion need them), NeedsPageOrder() (the pool
-// addresses a sequence's tokens by page list, not by slot: the manager keeps token p of a
-// sequence in slot p % page_tokens of its (p / page_tokens)-th page, and refuses what
-// would break that). A manager refuses, at creation and naming the device, a mode the pool
-// cannot store; nothing is silently stored in another class.
+// Capabilities are asked, never assumed (KvPoolCaps): the classes it stores, whether rows
+// are rotated, whether it copies slots (host-tier swap and demotion need that), whether it
+// needs page order (it addresses a sequence's tokens by page list, not by slot: the manager
+// keeps token p of a sequence in slot p % page_tokens of its (p / page_tokens)-th page, and
+// refuses what would break that). A manager refuses, at creation and naming the device, a
+// mode the pool cannot store (KvStore::CheckSupported); nothing is silently stored in
+// another class. Each pool type also states its capabilities statically, so that a
+// request can be refused before any weight is loaded.
 //
 // Thread-safety: the manager calls from one thread; a CPU pool may split a pass's Write /
 // Attend across the host threads BeginPass names.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -70,18 +73,26 @@ struct KvPoolPassSeq {
   KvMassSink mass;
 };
 
+struct KvPoolCaps {
+  std::array<bool, kNumKvPrecisions> classes{};  // per KvPrecision: pages of it stored
+  // K/V stored Hadamard-rotated (HadamardInPlace, kv_precision.h): an orthonormal change
+  // of basis that attention undoes, which shrinks the quantised classes' error.
+  bool rotated = false;
+  bool slot_copies = false;  // Recode, ReadSlot, WriteSlot
+  bool page_order = false;
+};
+
 class KvPagePool {
  public:
   virtual ~KvPagePool() = default;
 
   virtual std::string device() const = 0;  // "cpu", "cuda:N"
   virtual const KvPoolGeometry& geometry() const = 0;
-  virtual bool Supports(KvPrecision p) const = 0;
-  // K/V stored Hadamard-rotated (HadamardInPlace, kv_precision.h): an orthonormal change
-  // of basis that attention undoes, which shrinks the quantised classes' error.
-  virtual bool rotated() const = 0;
-  virtual bool SupportsSlotCopies() const = 0;
-  virtual bool NeedsPageOrder() const = 0;
+  virtual KvPoolCaps caps() const = 0;
+  bool Supports(KvPrecision p) const { return caps().classes[static_cast<int>(p)]; }
+  bool rotated() const { return caps().rotated; }
+  bool SupportsSlotCopies() const { return caps().slot_copies; }
+  bool NeedsPageOrder() const { return caps().page_order; }
 
   // Memory one page of class p takes on the device (the manager's byte accounting), and
   // the host bytes of one slot (every layer) as ReadSlot / WriteSlot move them.

@@ -9,10 +9,61 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "model/status_macros.h"
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store_internal.h"
 
 namespace specnode {
+
+KvMode KvStore::ResolvedMode(KvMode mode, const KvPoolCaps& caps) {
+  if (mode != KvMode::kAuto) return mode;
+  const bool all = caps.classes[0] && caps.classes[1] && caps.classes[2] && caps.slot_copies;
+  return all ? KvMode::kMixed : KvMode::kFull;
+}
+
+absl::Status KvStore::CheckSupported(const KvOptions& o, const KvPoolCaps& caps,
+                                     const std::string& device) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
+  if (o.mode == KvMode::kDense) {
+    return bad("mode dense is the reference cache (model/dense_kv_cache.h), not a store mode");
+  }
+  const KvMode mode = ResolvedMode(o.mode, caps);
+  std::vector<KvPrecision> classes;
+  switch (mode) {
+    case KvMode::kFull:
+      classes = {KvPrecision::kFull};
+      break;
+    case KvMode::kInt8:
+      classes = {KvPrecision::kInt8};
+      break;
+    case KvMode::kInt4:
+      classes = {KvPrecision::kInt4};
+      break;
+    default:
+      classes = {KvPrecision::kFull, KvPrecision::kInt8, KvPrecision::kInt4};
+      break;
+  }
+  for (KvPrecision p : classes) {
+    if (!caps.classes[static_cast<int>(p)]) {
+      return bad(absl::StrCat("kv mode ", std::string(KvModeName(mode)), " needs ",
+                              std::string(KvPrecisionName(p)), " pages, which the ", device,
+                              " page pool does not store"));
+    }
+  }
+  if (o.rotate.value_or(false) && !caps.rotated) {
+    return bad(absl::StrCat("kv rotation was asked for, but the ", device,
+                            " page pool stores K/V unrotated"));
+  }
+  if (mode == KvMode::kMixed && !caps.slot_copies) {
+    return bad(absl::StrCat("kv mode mixed demotes tokens between pages, which the ", device,
+                            " page pool cannot do"));
+  }
+  if (o.evict && caps.page_order) {
+    return bad(absl::StrCat("sliding-window eviction is not available on the ", device,
+                            " page pool"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
@@ -28,9 +79,6 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c)
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c,
                                                          std::unique_ptr<KvPagePool> pool) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
-  if (c.mode == KvMode::kDense) {
-    return bad("mode dense is the reference cache (model/dense_kv_cache.h), not a store mode");
-  }
   if (c.n_layers < 1 || c.n_kv_heads < 1 || c.gqa_group < 1)
     return bad("n_layers, n_kv_heads and gqa_group must be >= 1");
   if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 256)
@@ -49,44 +97,14 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c,
       g.gqa_group != c.gqa_group || g.page_tokens != c.page_tokens) {
     return bad("the page pool's geometry differs from the store's");
   }
-  // What the mode needs of the device, asked before anything is stored.
-  const std::string dev = pool->device();
-  std::vector<KvPrecision> classes;
-  switch (c.mode) {
-    case KvMode::kFull:
-      classes = {KvPrecision::kFull};
-      break;
-    case KvMode::kInt8:
-      classes = {KvPrecision::kInt8};
-      break;
-    case KvMode::kInt4:
-      classes = {KvPrecision::kInt4};
-      break;
-    default:
-      classes = {KvPrecision::kFull, KvPrecision::kInt8, KvPrecision::kInt4};
-      break;
-  }
-  for (KvPrecision p : classes) {
-    if (!pool->Supports(p)) {
-      return bad(absl::StrCat("kv mode ", std::string(KvModeName(c.mode)), " needs ",
-                              std::string(KvPrecisionName(p)),
-                              " pages, which the ", dev, " page pool does not store"));
-    }
-  }
-  if (c.rotate.value_or(false) && !pool->rotated()) {
-    return bad(absl::StrCat("kv rotation was asked for, but the ", dev,
-                            " page pool stores K/V unrotated"));
-  }
-  if (c.mode == KvMode::kMixed && !pool->SupportsSlotCopies()) {
-    return bad(absl::StrCat("kv mode mixed demotes tokens between pages, which the ", dev,
-                            " page pool cannot do"));
-  }
-  if (c.evict && pool->NeedsPageOrder()) {
-    return bad(absl::StrCat("sliding-window eviction is not available on the ", dev,
-                            " page pool"));
-  }
-  std::unique_ptr<KvStore> s(new KvStore(c, std::move(pool)));
-  const int64_t biggest = static_cast<int64_t>(s->PageBytes(classes[0]));
+  SPECNODE_RETURN_IF_ERROR(CheckSupported(c, pool->caps(), pool->device()));
+  KvStoreConfig resolved = c;
+  resolved.mode = ResolvedMode(c.mode, pool->caps());
+  const KvPrecision first = resolved.mode == KvMode::kInt8   ? KvPrecision::kInt8
+                            : resolved.mode == KvMode::kInt4 ? KvPrecision::kInt4
+                                                             : KvPrecision::kFull;
+  std::unique_ptr<KvStore> s(new KvStore(resolved, std::move(pool)));
+  const int64_t biggest = static_cast<int64_t>(s->PageBytes(first));
   if (c.capacity_bytes < 2 * biggest) {
     return bad(absl::StrFormat("capacity_bytes %d is below two pages (%d bytes)",
                                c.capacity_bytes, 2 * biggest));

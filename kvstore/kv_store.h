@@ -76,16 +76,7 @@ struct KvStoreConfig : KvOptions {
   int32_t max_seq_len = 0;
 };
 
-struct KvUsage {
-  std::array<int64_t, kNumKvPrecisions> bytes{};   // primary-tier bytes in pages, per class
-  std::array<int64_t, kNumKvPrecisions> tokens{};  // live token slots per class (all seqs)
-  int64_t capacity_bytes = 0;
-  int64_t used_bytes = 0;
-  int64_t host_bytes = 0;
-  int64_t pages = 0;
-  int64_t cached_prefix_pages = 0;  // pages held by the prefix cache
-  int64_t evicted_tokens = 0;       // dropped by sliding-window eviction (lossy)
-};
+static_assert(kNumKvPrecisions == kKvClasses, "model/kv_cache.h counts the classes alike");
 
 class KvStore : public KvCache {
  public:
@@ -98,6 +89,13 @@ class KvStore : public KvCache {
   // class, rotation, the slot copies of mixed mode or eviction).
   static absl::StatusOr<std::unique_ptr<KvStore>> Create(const KvStoreConfig& config,
                                                          std::unique_ptr<KvPagePool> pool);
+  // Whether a pool with `caps` on `device` can hold a store with these options (what
+  // Create checks of the pool), so a request can be refused before a model is loaded.
+  static absl::Status CheckSupported(const KvOptions& options, const KvPoolCaps& caps,
+                                     const std::string& device);
+  // kAuto resolved for a pool: mixed where the pool stores every class and copies slots,
+  // full otherwise; other modes as they are.
+  static KvMode ResolvedMode(KvMode mode, const KvPoolCaps& caps);
   ~KvStore() override;
 
   // KvCache.
@@ -114,28 +112,32 @@ class KvStore : public KvCache {
 
   // dst (must not exist) shares all of src's committed tokens. src must not be swapped.
   // Unimplemented on a pool that NeedsPageOrder() when src ends inside a page.
-  absl::Status Fork(SeqId src, SeqId dst);
+  absl::Status Fork(SeqId src, SeqId dst) override;
   // For a new (empty) sequence: attaches cached pages covering the longest run of whole
   // blocks of `tokens` and returns the number of positions now cached (a multiple of
   // page_tokens, less than tokens.size() so the caller always computes the last token).
-  int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens);
+  int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) override;
   // Registers seq's whole leading blocks of full-precision tokens (tokens = its first
   // Length(seq) token ids) in the prefix cache.
-  void PublishPrefix(SeqId seq, std::span<const int32_t> tokens);
+  void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) override;
 
-  absl::Status SwapOut(SeqId seq);
-  absl::Status SwapIn(SeqId seq);
-  bool IsSwapped(SeqId seq) const;
-  // Whether SwapOut / SwapIn work here (the pool copies slots to the host).
-  bool CanSwap() const { return pool_->SupportsSlotCopies() && config_.host_capacity_bytes > 0; }
+  absl::Status SwapOut(SeqId seq) override;
+  absl::Status SwapIn(SeqId seq) override;
+  bool IsSwapped(SeqId seq) const override;
+  // Whether SwapOut / SwapIn work here (the pool copies slots to the host, and the host
+  // tier has room).
+  bool CanSwap() const override {
+    return pool_->SupportsSlotCopies() && config_.host_capacity_bytes > 0;
+  }
 
+  bool managed() const override { return true; }
   // Bytes of the pages a sequence of n more tokens would need at most (admission checks).
-  int64_t BytesForTokens(int64_t n) const;
+  int64_t BytesForTokens(int64_t n) const override;
   // Bytes that could be made available now (free + evictable prefix-cache pages).
-  int64_t AvailableBytes() const;
-  KvUsage Usage() const;
+  int64_t AvailableBytes() const override;
+  KvUsage Usage() const override;
   // Live tokens per class of one sequence.
-  std::array<int64_t, kNumKvPrecisions> SequenceTokens(SeqId seq) const;
+  std::array<int64_t, kKvClasses> SequenceTokens(SeqId seq) const override;
   const KvStoreConfig& config() const { return config_; }
   const KvPagePool& pool() const { return *pool_; }
 

@@ -217,7 +217,7 @@ KvUsage KvStore::Usage() const {
   return u;
 }
 
-std::array<int64_t, kNumKvPrecisions> KvStore::SequenceTokens(SeqId seq) const {
+std::array<int64_t, kKvClasses> KvStore::SequenceTokens(SeqId seq) const {
   std::array<int64_t, kNumKvPrecisions> t{};
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return t;

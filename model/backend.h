@@ -12,8 +12,8 @@
 // (LogitsBuffer + FinishLogits).
 //
 // A pass, as the graph runs it:
-//   kv->BeginPass(...)                        the cache's per-pass tables
 //   BeginPass(ids, positions)                 this pass's rows: [n] token ids, positions
+//   kv->BeginPass(...)                        the cache's per-pass tables
 //   EmbeddingRows / RmsNorm / MatMul ...      ops over rows [0, n)
 //   LogitsBuffer, MatMul, FinishLogits        (or Sync when nobody reads logits)
 // Ops are queued in order (a CUDA stream) and may complete asynchronously; an error can

@@ -20,7 +20,9 @@
 // split Write / Attend across the pass's host threads (BeginPass).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -37,6 +39,22 @@ struct KvPassEntry {
   SeqId seq = 0;
   int32_t pos0 = 0;
   int32_t n = 0;
+};
+
+// Precision classes a managed cache accounts for, in kvstore/kv_precision.h's order: f16,
+// int8, int4.
+inline constexpr int kKvClasses = 3;
+
+// What a managed cache holds (kvstore/kv_store.h), for admission and metrics.
+struct KvUsage {
+  std::array<int64_t, kKvClasses> bytes{};   // primary-tier bytes in pages, per class
+  std::array<int64_t, kKvClasses> tokens{};  // live token slots per class (all sequences)
+  int64_t capacity_bytes = 0;
+  int64_t used_bytes = 0;
+  int64_t host_bytes = 0;           // swap tier
+  int64_t pages = 0;
+  int64_t cached_prefix_pages = 0;  // pages held by the prefix cache
+  int64_t evicted_tokens = 0;       // dropped by sliding-window eviction (lossy)
 };
 
 class KvCache {
@@ -85,6 +103,33 @@ class KvCache {
 
   // Forgets seq and releases its memory. Unknown ids are ignored.
   virtual void Free(SeqId seq) = 0;
+
+  // Management, between passes. A managed cache (the paged store, kvstore/kv_store.h)
+  // accounts bytes and tokens per precision class and answers the calls below; the others
+  // (the dense reference) keep the defaults: managed() false, empty usage, and
+  // Unimplemented, naming why, for what they cannot do.
+  virtual bool managed() const { return false; }
+  // Bytes and tokens held.
+  virtual KvUsage Usage() const { return {}; }
+  // Live tokens per class of one sequence.
+  virtual std::array<int64_t, kKvClasses> SequenceTokens(SeqId seq) const { return {}; }
+  // Admission: bytes the pages of n more tokens of a new sequence may take, and bytes that
+  // could be made available now (0 when not managed).
+  virtual int64_t BytesForTokens(int64_t n) const { return 0; }
+  virtual int64_t AvailableBytes() const { return 0; }
+  // Preemption keeping the KV: SwapOut moves a sequence's rows to the host tier and frees
+  // its pages; SwapIn brings them back (ResourceExhausted when they do not fit now, nothing
+  // changed). CanSwap says whether this cache has a host tier it can use.
+  virtual bool CanSwap() const { return false; }
+  virtual absl::Status SwapOut(SeqId seq);
+  virtual absl::Status SwapIn(SeqId seq);
+  virtual bool IsSwapped(SeqId seq) const { return false; }
+  // Sharing: dst (new) shares src's committed tokens; the prefix cache attaches the longest
+  // cached run of whole blocks of `tokens` to a new sequence (returning the positions now
+  // cached) and publishes a sequence's leading blocks.
+  virtual absl::Status Fork(SeqId src, SeqId dst);
+  virtual int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) { return 0; }
+  virtual void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {}
 };
 
 }  // namespace specnode

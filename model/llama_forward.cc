@@ -122,10 +122,10 @@ absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vec
       positions_[row] = pos0[i] + j;
     }
   }
-  // The cache stages its tables first: a device backend uploads them together with the
-  // pass's ids and positions.
-  SPECNODE_RETURN_IF_ERROR(cache->BeginPass(entries_, backend_->host_threads()));
+  // The backend stages the pass's ids and positions, then the cache its tables: a device
+  // uploads them all in one copy before the first kernel that reads them.
   SPECNODE_RETURN_IF_ERROR(backend_->BeginPass(ids_, positions_));
+  SPECNODE_RETURN_IF_ERROR(cache->BeginPass(entries_, backend_->host_threads()));
 
   const int d = config_.d_model;
   const int hd = config_.head_dim;

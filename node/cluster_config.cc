@@ -8,7 +8,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
-#include "node/gpu_runner.h"
 #include "node/metrics_http.h"
 
 namespace specnode {
@@ -16,6 +15,12 @@ namespace {
 
 // Reads typed values out of a YAML tree, turning every problem into a status that names
 // the file, the line and the dotted key.
+#define CFG_TRY_INNER(expr) \
+  do {                        \
+    absl::Status _s = (expr); \
+    if (!_s.ok()) return _s;  \
+  } while (0)
+
 class Reader {
  public:
   explicit Reader(std::string source) : source_(std::move(source)) {}
@@ -80,6 +85,17 @@ class Reader {
     return absl::OkStatus();
   }
 
+  absl::Status Device(const YAML::Node& parent, const std::string& section, const char* name,
+                      specnode::Device* out) {
+    std::string text;
+    CFG_TRY_INNER(String(parent, section, name, &text));
+    if (text.empty()) return absl::OkStatus();
+    absl::StatusOr<specnode::Device> d = ParseDevice(text);
+    if (!d.ok()) return Error(parent[name], section + "." + name, std::string(d.status().message()));
+    *out = *d;
+    return absl::OkStatus();
+  }
+
   absl::Status String(const YAML::Node& parent, const std::string& section, const char* name,
                       std::string* out) {
     if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
@@ -107,11 +123,8 @@ absl::Status ParsePlacement(Reader& r, const YAML::Node& n, const std::string& k
     return r.Error(n, key + ".rank", "required");
   }
   CFG_TRY(r.Int(n, key, "rank", 0, 65535, &out->rank));
-  CFG_TRY(r.String(n, key, "device", &out->device));
+  CFG_TRY(r.Device(n, key, "device", &out->device));
   CFG_TRY(r.String(n, key, "host", &out->host));
-  if (!ParseDevice(out->device, key + ".device").ok()) {
-    return r.Error(n["device"], key + ".device", "expected \"cpu\" or \"cuda:N\"");
-  }
   return absl::OkStatus();
 }
 
@@ -186,17 +199,18 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   CFG_TRY(r.Section(model, "model", {"target", "threads", "activations", "device"}));
   CFG_TRY(r.String(model, "model", "target", &c.model));
   CFG_TRY(r.Int(model, "model", "threads", 0, 1024, &c.threads));
-  std::string activations = "int16";
+  std::string activations;
   CFG_TRY(r.String(model, "model", "activations", &activations));
-  if (!ParseActQuant(activations, &c.activations)) {
-    return r.Error(model["activations"], "model.activations",
-                   "expected int16 or int8, got \"" + activations + "\"");
+  if (!activations.empty()) {
+    ActQuant act;
+    if (!ParseActQuant(activations, &act)) {
+      return r.Error(model["activations"], "model.activations",
+                     "expected int16 or int8, got \"" + activations + "\"");
+    }
+    c.activations = act;
   }
-  CFG_TRY(r.String(model, "model", "device", &c.device));
-  if (!ParseDevice(c.device, "model.device").ok()) {
-    return r.Error(model["device"], "model.device", "expected \"cpu\" or \"cuda:N\"");
-  }
-  if (c.device != "cpu" && root["topology"].IsDefined()) {
+  CFG_TRY(r.Device(model, "model", "device", &c.device));
+  if (!c.device.is_cpu() && root["topology"].IsDefined()) {
     return r.Error(model["device"], "model.device",
                    "applies to a single-process node; with a topology, set each rank's device "
                    "in topology.groups");

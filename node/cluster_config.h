@@ -3,6 +3,7 @@
 // the node only reads. Every error names the file, line and key; unknown keys are errors.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "coordinator/spec_controller.h"
 #include "kvstore/kv_cache_factory.h"
 #include "node/protocol.h"
+#include "runtime/device.h"
 
 namespace specnode {
 
@@ -23,8 +25,8 @@ namespace specnode {
 // of its own, node/serve_cluster.h).
 struct RankPlacement {
   int rank = 0;
-  std::string device = "cpu";  // "cpu" or "cuda:N"
-  std::string host;            // optional: the node the rank must land on (checked at start)
+  Device device;     // parsed where the YAML names it
+  std::string host;  // optional: the node the rank must land on (checked at start)
 };
 struct GroupTopology {
   std::string name;
@@ -44,10 +46,12 @@ struct ServeConfig {
   std::string source = "(defaults)";        // file name, for messages
   std::string model = "default";            // "default" = DefaultModelPath()
   int threads = 0;                          // 0 = DefaultThreads()
-  ActQuant activations = ActQuant::kInt16;  // model.activations: int16 | int8 (every rank)
+  // model.activations: int16 | int8 (every CPU rank); unset: the device's own (a GPU
+  // refuses a set value).
+  std::optional<ActQuant> activations;
   // model.device: cpu | cuda:N — the target of a single-process node (with a topology,
   // each rank's device is in topology.groups).
-  std::string device = "cpu";
+  Device device;
   std::string bind = "tcp://127.0.0.1:5555";
   int max_active = 16;
   int max_queue = 256;
@@ -61,7 +65,7 @@ struct ServeConfig {
   int probe_every = 32;
   std::string router_rules_file;
   std::string default_domain = "default";
-  KvOptions kv;
+  KvOptions kv;  // the kv: section, typed (kvstore/kv_options.h)
   SchedulerOptions sla;  // classes, default class, window fraction (max_* copied in)
   Topology topology;     // absent in the config: one group, everything in this process
 };

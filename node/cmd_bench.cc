@@ -154,9 +154,9 @@ absl::Status Run(const CliArgs& args) {
     j["model"] = args.Get("model", DefaultModelPath());
     j["threads"] = threads;
     j["kernels"] = s->kernel_name();
-    j["kv_mode"] = kv.mode;
-    j["activations"] = ActQuantName(compute.activations);
-    j["device"] = compute.device;
+    j["kv_mode"] = std::string(KvModeName(kv.mode));
+    j["activations"] = ActivationsName(compute);
+    j["device"] = compute.device.name();
     j["prompt_tokens"] = prompt_tokens;
     j["decode_tokens"] = decode_tokens;
     j["results"] = results;

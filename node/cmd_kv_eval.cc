@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "kvstore/kv_cache_factory.h"
+#include "runtime/runner_factory.h"
 #include "model/sampling.h"
 #include "model/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -29,8 +29,8 @@ namespace {
 constexpr char kHelp[] =
     "usage: specnode kv-eval [--model PATH] --texts FILE[,FILE...] [--modes full,int8,int4,mixed]\n"
     "       [--max-tokens N] [--prefill N] [--generate N] [--threads N] [--json]\n"
-    "Compares KV cache precision modes on the texts; the first mode listed after 'full' is\n"
-    "compared against 'full' (which is always run as the reference).\n";
+    "Compares KV cache precision modes on the texts against 'full' (f16, always run as the\n"
+    "reference), on --device (a mode the device cannot store is refused).\n";
 
 // log-softmax of logits[vocab] into out.
 void LogSoftmax(std::span<const float> logits, std::vector<double>* out) {
@@ -45,12 +45,13 @@ void LogSoftmax(std::span<const float> logits, std::vector<double>* out) {
 
 struct ModeStats {
   std::string mode;
-  std::unique_ptr<KvCache> cache;
+  ModelRunner* runner = nullptr;  // the session's own for full, else one of its own
+  std::unique_ptr<ModelRunner> owned;
   double nll = 0, kl = 0;
   int64_t scored = 0;
   double bytes_per_token_sum = 0;  // averaged over texts
   int64_t agree = 0, generated = 0;
-  std::array<int64_t, kNumKvPrecisions> tokens{};
+  std::array<int64_t, kKvClasses> tokens{};
 };
 
 absl::Status Run(const CliArgs& args) {
@@ -70,12 +71,24 @@ absl::Status Run(const CliArgs& args) {
     }
     if (*mode != KvMode::kFull) modes.push_back(*mode);
   }
+  // Every mode's runner comes from the one factory on --device: what the device cannot
+  // store is refused before the weights load. The session's own runner is the reference.
+  RunnerOptions ro;
+  ro.device = compute.device;
+  ro.activations = compute.activations;
+  for (KvMode mode : modes) {
+    ro.kv = kv;
+    ro.kv.mode = mode;
+    SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(ro));
+  }
+  KvOptions reference = kv;
+  reference.mode = KvMode::kFull;
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
-                                               static_cast<int>(threads), false, kv,
+                                               static_cast<int>(threads), false, reference,
                                                compute));
-  SPECNODE_RETURN_IF_ERROR(session->RequireCpu("kv-eval"));
   const LlamaModel& model = session->model();
+  ro.pool = session->pool();
   const int vocab = model.config().vocab_size;
 
   std::vector<std::vector<int32_t>> texts;
@@ -96,11 +109,15 @@ absl::Status Run(const CliArgs& args) {
   }
   std::vector<ModeStats> stats(modes.size());
   for (size_t m = 0; m < modes.size(); ++m) {
-    KvOptions o = kv;
-    o.mode = modes[m];
-    SPECNODE_ASSIGN_OR_RETURN(stats[m].cache,
-                              MakeKvCache(model.config(), model.weights().n_kv_heads_local, o));
     stats[m].mode = std::string(KvModeName(modes[m]));
+    if (m == 0) {
+      stats[m].runner = &session->runner();
+      continue;
+    }
+    ro.kv = kv;
+    ro.kv.mode = modes[m];
+    SPECNODE_ASSIGN_OR_RETURN(stats[m].owned, MakeRunner(model.config(), model.weights(), ro));
+    stats[m].runner = stats[m].owned.get();
   }
 
   // Teacher forcing. Step 0 prefills `prefill` tokens; each later step feeds one token.
@@ -123,7 +140,7 @@ absl::Status Run(const CliArgs& args) {
         batch.push_back({static_cast<SeqId>(i),
                          std::span<const int32_t>(texts[i]).subspan(begin, pos - begin), false});
       }
-      SPECNODE_RETURN_IF_ERROR(session->forward().Forward(batch, stats[m].cache.get(), &logits[m]));
+      SPECNODE_RETURN_IF_ERROR(stats[m].runner->Forward(batch, &logits[m]));
     }
     for (size_t a = 0; a < active.size(); ++a) {
       const int32_t target = texts[active[a]][pos];
@@ -142,17 +159,15 @@ absl::Status Run(const CliArgs& args) {
   }
   // Bytes per token at the end of each text (teacher forcing complete), then greedy.
   for (auto& s : stats) {
-    const auto* store = dynamic_cast<const KvStore*>(s.cache.get());
     for (size_t i = 0; i < texts.size(); ++i) {
-      if (store == nullptr) continue;
-      const auto t = store->SequenceTokens(static_cast<SeqId>(i));
-      for (int c = 0; c < kNumKvPrecisions; ++c) s.tokens[c] += t[c];
+      const auto t = s.runner->SequenceTokens(static_cast<SeqId>(i));
+      if (!t.has_value()) continue;
+      for (int c = 0; c < kKvClasses; ++c) s.tokens[c] += (*t)[c];
     }
-    if (store != nullptr) {
-      const KvUsage u = store->Usage();
+    if (const std::optional<ModelRunner::KvMemory> m = s.runner->Memory()) {
       int64_t total = 0;
       for (const auto& t : texts) total += static_cast<int64_t>(t.size()) - 1;
-      s.bytes_per_token_sum = static_cast<double>(u.used_bytes) / total;
+      s.bytes_per_token_sum = static_cast<double>(m->used_bytes) / total;
     }
   }
   // Greedy continuation: every mode generates from its own cache; compare with full's.
@@ -167,7 +182,7 @@ absl::Status Run(const CliArgs& args) {
       for (size_t i = 0; i < texts.size(); ++i) {
         batch.push_back({static_cast<SeqId>(i), std::span<const int32_t>(&next[m][i], 1), false});
       }
-      SPECNODE_RETURN_IF_ERROR(session->forward().Forward(batch, stats[m].cache.get(), &logits[m]));
+      SPECNODE_RETURN_IF_ERROR(stats[m].runner->Forward(batch, &logits[m]));
       for (size_t i = 0; i < texts.size(); ++i) {
         next[m][i] = ArgMax(std::span<const float>(logits[m]).subspan(i * vocab, vocab));
         if (m == 0)

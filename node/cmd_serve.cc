@@ -19,7 +19,6 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
 #include "coordinator/spec_engine.h"
-#include "kvstore/kv_store.h"
 #include "model/status_macros.h"
 #include "node/cli_args.h"
 #include "node/cluster_config.h"
@@ -65,18 +64,33 @@ std::string KvClassSeries(const char* family, int c) {
   return absl::StrFormat("%s{class=\"%s\"}", family, KvPrecisionName(static_cast<KvPrecision>(c)));
 }
 
-std::map<std::string, double> KvGauges(KvCache* cache) {
+// KV gauges from the targets' KV memory (a runner in this process, or a remote target's
+// shards summed); nothing for a target that does not account (the dense reference).
+std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets) {
   std::map<std::string, double> g;
-  const auto* store = dynamic_cast<const KvStore*>(cache);
-  if (store == nullptr) return g;
-  const KvUsage u = store->Usage();
-  for (int c = 0; c < kNumKvPrecisions; ++c) {
-    g[KvClassSeries("specnode_kv_bytes", c)] = u.bytes[c];
-    g[KvClassSeries("specnode_kv_tokens", c)] = u.tokens[c];
+  bool any = false;
+  double capacity = 0, used = 0, host = 0;
+  std::array<double, kKvClasses> bytes{}, tokens{};
+  for (const ModelRunner* t : targets) {
+    const std::optional<ModelRunner::KvMemory> m = t->Memory();
+    if (!m.has_value()) continue;
+    any = true;
+    capacity += static_cast<double>(m->capacity_bytes);
+    used += static_cast<double>(m->used_bytes);
+    host += static_cast<double>(m->host_bytes);
+    for (int c = 0; c < kKvClasses; ++c) {
+      bytes[c] += static_cast<double>(m->class_bytes[c]);
+      tokens[c] += static_cast<double>(m->class_tokens[c]);
+    }
   }
-  g["specnode_kv_capacity_bytes"] = u.capacity_bytes;
-  g["specnode_kv_used_bytes"] = u.used_bytes;
-  g["specnode_kv_host_bytes"] = u.host_bytes;
+  if (!any) return g;
+  for (int c = 0; c < kKvClasses; ++c) {
+    g[KvClassSeries("specnode_kv_bytes", c)] = bytes[c];
+    g[KvClassSeries("specnode_kv_tokens", c)] = tokens[c];
+  }
+  g["specnode_kv_capacity_bytes"] = capacity;  // every target rank's, summed
+  g["specnode_kv_used_bytes"] = used;
+  g["specnode_kv_host_bytes"] = host;
   return g;
 }
 
@@ -117,19 +131,14 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
   if (args.Has("device")) {
     SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
     c.device = compute.device;
-    if (c.device != "cpu" && !c.topology.single_process()) {
+    if (!c.device.is_cpu() && !c.topology.single_process()) {
       return absl::InvalidArgumentError(
           "--device applies to a single-process node; with a topology, set each rank's device "
           "in topology.groups");
     }
   }
-  // --kv-* flags replace the config's KV section when any is given.
-  for (const std::string& key : KvValueKeys()) {
-    if (args.Has(key)) {
-      SPECNODE_ASSIGN_OR_RETURN(c.kv, KvOptionsFromArgs(args));
-      break;
-    }
-  }
+  // --kv-* flags override single fields of the config's `kv:` section.
+  SPECNODE_RETURN_IF_ERROR(ApplyKvFlags(args, &c.kv));
   c.sla.max_active = c.max_active;
   c.sla.max_queue = c.max_queue;
   if (c.model == "default") c.model = DefaultModelPath();
@@ -151,7 +160,6 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
     SPECNODE_ASSIGN_OR_RETURN(router, DomainRouter::Create(rc));
   }
   const std::string& model_path = cfg.model;
-  const int threads = cfg.threads;
   ModelRunner* target = serve_groups[0].target;
 
   // One drafter and controller per group (a controller learns its own group's costs).
@@ -185,39 +193,18 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   SpeculativeEngine engine(target, groups, eo);
 
   SchedulerOptions so = cfg.sla;
-  // KV gauges: the target's cache when it lives in this process; with several groups,
-  // each group's live sequences and sequences started.
-  KvCache* local_cache =
-      session->on_cpu() && target == &session->runner() ? &session->cache() : nullptr;
+  // KV gauges over every group's target (each counted once); with several groups, each
+  // group's live sequences and sequences started.
   std::vector<std::string> group_names;
-  // KV bytes through ModelRunner::Memory: shards' replies, or a GPU runner's pool.
-  std::vector<ModelRunner*> remote_targets;
+  std::vector<ModelRunner*> targets;
   for (const ServeGroup& g : serve_groups) {
     if (groups.size() > 1) group_names.push_back(g.name);
-    if ((g.target != &session->runner() || !session->on_cpu()) &&
-        std::find(remote_targets.begin(), remote_targets.end(), g.target) == remote_targets.end()) {
-      remote_targets.push_back(g.target);
+    if (std::find(targets.begin(), targets.end(), g.target) == targets.end()) {
+      targets.push_back(g.target);
     }
   }
-  so.gauges = [local_cache, group_names, remote_targets, &engine] {
-    std::map<std::string, double> g;
-    if (local_cache != nullptr) g = KvGauges(local_cache);
-    if (!remote_targets.empty()) {
-      double capacity = 0, used = 0;
-      std::array<double, kNumKvPrecisions> by_class{};
-      for (const ModelRunner* t : remote_targets) {
-        const std::optional<ModelRunner::KvMemory> m = t->Memory();
-        if (!m.has_value()) continue;
-        capacity += static_cast<double>(m->capacity_bytes);
-        used += static_cast<double>(m->used_bytes);
-        for (int c = 0; c < kNumKvPrecisions; ++c) by_class[c] += m->class_bytes[c];
-      }
-      for (int c = 0; c < kNumKvPrecisions; ++c) {
-        g[KvClassSeries("specnode_kv_bytes", c)] = by_class[c];
-      }
-      g["specnode_kv_capacity_bytes"] = capacity;  // every target rank's, summed
-      g["specnode_kv_used_bytes"] = used;
-    }
+  so.gauges = [group_names, targets, &engine] {
+    std::map<std::string, double> g = KvGauges(targets);
     const std::vector<int> live = engine.GroupLoads();
     const std::vector<int64_t> started = engine.GroupStarts();
     for (size_t i = 0; i < group_names.size() && i < live.size(); ++i) {
@@ -261,10 +248,12 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  // The target's backend when it runs here; a remote target's ranks are listed below.
+  const std::string compute =
+      target == &session->runner() ? session->kernel_name() : session->runner().backend().Describe();
   std::fprintf(
-      stderr, "specnode serve: %s on %s (%s kernels, %s activations, %lld threads, draft %s%s)\n",
-      model_path.c_str(), fo.endpoint.c_str(), session->kernel_name().c_str(),
-      ActQuantName(cfg.activations), static_cast<long long>(threads), draft_name.c_str(),
+      stderr, "specnode serve: %s on %s (%s, draft %s%s)\n",
+      model_path.c_str(), fo.endpoint.c_str(), compute.c_str(), draft_name.c_str(),
       fo.ranks.empty() ? ""
       : serve_groups.size() == 1
           ? absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1).c_str()

@@ -214,9 +214,9 @@ absl::Status Run(const CliArgs& args) {
   out["k_max"] = k_max;
   out["temperature"] = temperature;
   out["threads"] = threads;
-  out["kv_mode"] = kv.mode;
+  out["kv_mode"] = std::string(KvModeName(kv.mode));
   out["ignore_eos"] = ignore_eos;
-  out["activations"] = ActQuantName(compute.activations);
+  out["activations"] = ActivationsName(compute);
   if (args.Has("router-rules")) {
     out["router_rules"] = args.Get("router-rules");
     out["router_rules_correct"] = routed_right;

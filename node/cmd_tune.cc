@@ -302,7 +302,7 @@ absl::Status Run(const CliArgs& args) {
   nlohmann::json report;
   report["base_config"] = source;
   report["model"] = base.model;
-  report["device"] = base.device;
+  report["device"] = base.device.name();
   report["threads"] = base.threads;
   report["criteria"] = {{"min_gain", criteria.min_gain},
                         {"accuracy", criteria.accuracy},

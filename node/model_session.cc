@@ -8,7 +8,7 @@
 #include "model/chat_template.h"
 #include "model/cpu_features.h"
 #include "model/status_macros.h"
-#include "node/gpu_runner.h"
+#include "runtime/runner_factory.h"
 
 namespace specnode {
 
@@ -16,11 +16,18 @@ absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::stri
                                                                  int threads, bool show_progress,
                                                                  const KvOptions& kv,
                                                                  const ComputeOptions& compute) {
-  SPECNODE_ASSIGN_OR_RETURN(const int device, ParseDevice(compute.device, "device"));
   auto s = std::make_unique<ModelSession>();
   s->device_ = compute.device;
+  s->pool_ = std::make_unique<ThreadPool>(threads);
+  RunnerOptions ro;
+  ro.device = compute.device;
+  ro.kv = kv;
+  ro.activations = compute.activations;
+  ro.pool = s->pool_.get();
+  // Refuse what the device cannot do before reading any weight.
+  SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(ro));
   LoadOptions options;
-  options.activations = compute.activations;
+  options.activations = compute.activations.value_or(ActQuant::kInt16);
   if (show_progress) {
     options.progress = [&path](double f) {
       std::fprintf(stderr, "\rloading %s: %3d%%", path.c_str(), static_cast<int>(f * 100));
@@ -28,27 +35,17 @@ absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::stri
     };
   }
   SPECNODE_ASSIGN_OR_RETURN(s->model_, LlamaModel::Load(path, options));
-  const LlamaConfig& c = s->model_->config();
-  s->pool_ = std::make_unique<ThreadPool>(threads);
-  if (device >= 0) {
-    SPECNODE_ASSIGN_OR_RETURN(s->runner_, MakeGpuRunner(*s->model_, device, kv));
-    return s;
-  }
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
-                            MakeKvCache(c, s->model_->weights().n_kv_heads_local, kv));
-  auto local =
-      std::make_unique<LocalModelRunner>(c, s->model_->weights(), s->pool_.get(), std::move(cache));
-  s->local_ = local.get();
-  s->runner_ = std::move(local);
+  SPECNODE_ASSIGN_OR_RETURN(s->runner_,
+                            MakeRunner(s->model_->config(), s->model_->weights(), ro));
   return s;
 }
 
-std::string ModelSession::kernel_name() const { return on_cpu() ? CpuKernelName() : device_; }
+std::string ModelSession::kernel_name() const { return runner_->backend().Describe(); }
 
 absl::Status ModelSession::RequireCpu(const char* command) const {
   if (on_cpu()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(command, " runs the CPU forward pass only (got --device ", device_, ")"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      command, " runs the CPU forward pass only (got --device ", device_.name(), ")"));
 }
 
 absl::StatusOr<std::vector<int32_t>> ModelSession::EncodePrompt(const std::string& text,
@@ -96,21 +93,19 @@ absl::StatusOr<std::span<const float>> ModelSession::Decode(SeqId seq, int32_t t
 }
 
 std::string ModelSession::KvSummary(SeqId seq) const {
-  if (!on_cpu()) return "";
-  const auto* store = dynamic_cast<const KvStore*>(&local_->cache());
-  if (store == nullptr) return "";
-  const KvUsage u = store->Usage();
-  const auto t = store->SequenceTokens(seq);
-  const int64_t tokens = t[0] + t[1] + t[2];
-  return absl::StrFormat("kv (%s): %.1f KiB/token over %d tokens; f16 %d, int8 %d, int4 %d",
-                         std::string(KvModeName(store->config().mode)),
-                         tokens == 0 ? 0.0 : u.used_bytes / 1024.0 / tokens, tokens, t[0], t[1],
-                         t[2]);
+  const std::optional<ModelRunner::KvMemory> m = runner_->Memory();
+  const std::optional<std::array<int64_t, kKvClasses>> t = runner_->SequenceTokens(seq);
+  if (!m.has_value() || !t.has_value()) return "";  // the dense reference cache
+  const int64_t tokens = (*t)[0] + (*t)[1] + (*t)[2];
+  return absl::StrFormat("kv: %.1f KiB/token over %d tokens; f16 %d, int8 %d, int4 %d",
+                         tokens == 0 ? 0.0 : m->used_bytes / 1024.0 / tokens, tokens, (*t)[0],
+                         (*t)[1], (*t)[2]);
 }
 
 const char kKvFlagsHelp[] =
-    "  --kv-mode MODE      KV cache: mixed (default: f16 sinks + recent window, older tokens\n"
-    "                      INT8 if critical else INT4), full (f16), int8, int4, dense (f32)\n"
+    "  --kv-mode MODE      KV cache: auto (default: mixed on the CPU, full on a GPU), mixed\n"
+    "                      (f16 sinks + recent window, older tokens INT8 if critical else\n"
+    "                      INT4), full (f16), int8, int4, dense (f32 reference, CPU only)\n"
     "  --kv-capacity-mb N  KV memory budget in MiB (default 1024)\n"
     "  --kv-window N       recent tokens kept full precision in mixed mode (default 64)\n"
     "  --kv-sinks N        leading tokens kept full precision (default 4)\n"
@@ -121,27 +116,37 @@ const char kKvFlagsHelp[] =
     "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n";
 
 const char kComputeFlagsHelp[] =
-    "  --activations MODE  int16 (default: follows a float reference's greedy path) or int8\n"
-    "                      (llama.cpp's rounding; faster batched matmuls on AVX-512 VNNI)\n"
-    "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV cache on\n"
-    "                      that GPU (f16 KV of --kv-capacity-mb; builds with the CUDA backend)\n";
+    "  --activations MODE  CPU matmuls: int16 (default: follows a float reference's greedy\n"
+    "                      path) or int8 (llama.cpp's rounding; faster batched matmuls on\n"
+    "                      AVX-512 VNNI); refused on a GPU (f32 activations)\n"
+    "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV store on\n"
+    "                      that GPU (f16 pages: kv mode auto or full; builds with CUDA)\n";
 
-absl::StatusOr<ActQuant> ActQuantFromArgs(const CliArgs& args) {
+absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args) {
+  if (!args.Has("activations")) return std::optional<ActQuant>();
   ActQuant act = ActQuant::kInt16;
-  const std::string name = args.Get("activations", "int16");
+  const std::string name = args.Get("activations");
   if (!ParseActQuant(name, &act)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--activations: expected int16 or int8, got \"", name, "\""));
   }
-  return act;
+  return std::optional<ActQuant>(act);
 }
 
 absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args) {
   ComputeOptions c;
   SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
-  c.device = args.Get("device", "cpu");
-  SPECNODE_RETURN_IF_ERROR(ParseDevice(c.device, "--device").status());
+  if (args.Has("device")) {
+    absl::StatusOr<Device> d = ParseDevice(args.Get("device"));
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", d.status().message()));
+    c.device = *d;
+  }
   return c;
+}
+
+std::string ActivationsName(const ComputeOptions& compute) {
+  if (!compute.device.is_cpu()) return "f32";
+  return ActQuantName(compute.activations.value_or(ActQuant::kInt16));
 }
 
 std::set<std::string> KvValueKeys() {

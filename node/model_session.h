@@ -4,33 +4,38 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/model_runner.h"
-#include "kvstore/kv_cache_factory.h"
+#include "kvstore/kv_options.h"
 #include "model/llama_forward.h"
 #include "model/llama_model.h"
 #include "model/thread_pool.h"
 #include "node/cli_args.h"
+#include "runtime/device.h"
+#include "runtime/model_runner.h"
 
 namespace specnode {
 
 // Where and how the model computes (--activations, --device; model.activations and
-// model.device in a serve config).
+// model.device in a serve config), typed where they were read.
 struct ComputeOptions {
-  ActQuant activations = ActQuant::kInt16;  // CPU matmuls (cpu_matmul.h)
-  std::string device = "cpu";               // "cpu" or "cuda:N" (the target's forward pass)
+  // CPU matmul activation rounding (cpu_matmul.h); unset: the device's own (int16 on the
+  // CPU, f32 on a GPU, which refuses a set value).
+  std::optional<ActQuant> activations;
+  Device device;  // the target's forward pass and KV cache
 };
 
 class ModelSession {
  public:
-  // Loads `path`; show_progress draws a load progress bar on stderr. On "cuda:N" the target
-  // runs on that GPU (node/gpu_runner.h; its KV cache sized by kv.capacity_bytes); drafts and
-  // everything else stay on the CPU.
+  // Loads `path`; show_progress draws a load progress bar on stderr. The runner comes from
+  // the one factory (runtime/runner_factory.h): on cuda:N the model runs on that GPU with
+  // its KV store there; drafts and everything else stay on the CPU. What the device cannot
+  // do is refused before the weights are loaded.
   static absl::StatusOr<std::unique_ptr<ModelSession>> Open(const std::string& path, int threads,
                                                             bool show_progress,
                                                             const KvOptions& kv = {},
@@ -38,16 +43,14 @@ class ModelSession {
 
   const LlamaModel& model() const { return *model_; }
   // The forward pass and cache as the speculative engine drives them (CPU or GPU).
-  ModelRunner& runner() { return *runner_; }
-  // CPU sessions only (on_cpu()): the CPU forward pass and its cache, for the commands that
-  // drive them directly (logits, kv-eval).
-  bool on_cpu() const { return local_ != nullptr; }
-  LlamaForward& forward() { return local_->forward(); }
-  KvCache& cache() { return local_->cache(); }
+  LocalModelRunner& runner() { return *runner_; }
+  const Device& device() const { return device_; }
+  bool on_cpu() const { return device_.is_cpu(); }
   // FailedPrecondition naming `command` when the session is not on the CPU.
   absl::Status RequireCpu(const char* command) const;
   ThreadPool* pool() { return pool_.get(); }
-  // "avx512-vnni", ... on the CPU; "cuda:0" on a GPU.
+  // The backend's description: "cpu (avx2 kernels, int16 activations, 2 threads)",
+  // "cuda:0 (NVIDIA H200)".
   std::string kernel_name() const;
 
   // Text -> ids; with chat, the text becomes one user turn in the model's chat template
@@ -72,9 +75,8 @@ class ModelSession {
  private:
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<ModelRunner> runner_;
-  LocalModelRunner* local_ = nullptr;  // runner_ when on the CPU
-  std::string device_ = "cpu";
+  std::unique_ptr<LocalModelRunner> runner_;
+  Device device_;
   std::vector<float> logits_;
 };
 
@@ -91,12 +93,16 @@ std::set<std::string> WithKvFlags(std::set<std::string> flags);
 absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* options);
 absl::StatusOr<KvOptions> KvOptionsFromArgs(const CliArgs& args);
 
-// --activations int16|int8 (default int16): how CPU matmuls round activations for quantised
-// weights (cpu_matmul.h); --device cpu|cuda:N (default cpu): where the target computes. Every
-// model-running subcommand takes both.
+// --activations int16|int8 (default: the device's): how CPU matmuls round activations for
+// quantised weights (cpu_matmul.h); --device cpu|cuda:N (default cpu): where the target
+// computes. Every model-running subcommand takes both.
 extern const char kComputeFlagsHelp[];
-absl::StatusOr<ActQuant> ActQuantFromArgs(const CliArgs& args);
+// Unset when --activations is absent.
+absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args);
 absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args);
+// What the matmuls round activations to: "int16" / "int8" on the CPU (what its kernels
+// run), "f32" on a GPU.
+std::string ActivationsName(const ComputeOptions& compute);
 
 // The shared entry of the model-running subcommands: parses argv with `value_keys` and
 // `flag_keys` plus the KV keys and --help, prints usage (`help` + the KV flags) on a

@@ -5,7 +5,9 @@
 #include <cassert>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "model/status_macros.h"
 
 namespace specnode {
@@ -93,6 +95,10 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
     r->kv_.push_back({ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1, 0, {}});
   }
   return r;
+}
+
+std::string RemoteTargetRunner::device() const {
+  return absl::StrCat(options_.role, " ranks ", absl::StrJoin(options_.shard_ranks, ","));
 }
 
 int32_t RemoteTargetRunner::Length(SeqId seq) const {

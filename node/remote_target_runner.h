@@ -34,9 +34,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/model_runner.h"
 #include "node/control_channel.h"
 #include "node/control_protocol.h"
+#include "runtime/model_runner.h"
 
 namespace specnode {
 
@@ -75,6 +75,8 @@ class RemoteTargetRunner final : public ModelRunner {
 
   int32_t vocab_size() const override { return options_.vocab_size; }
   int32_t max_positions() const override { return options_.max_positions; }
+  // "ranks 1,2,3" (the shard ranks it drives).
+  std::string device() const override;
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override;
   // BeginForward sends the step plan to every shard; EndForward waits for their replies.
   // Between the two, other runners' shards can compute (several groups of a cluster).

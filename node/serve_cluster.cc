@@ -15,7 +15,7 @@
 #include "model/gguf_reader.h"
 #include "model/llama_config.h"
 #include "model/status_macros.h"
-#include "node/gpu_runner.h"
+#include "runtime/runner_factory.h"
 
 #ifdef SPECNODE_HAVE_MPI
 #include <mpi.h>
@@ -66,28 +66,33 @@ absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
     // Devices: shard ranks (targets, draft-model ranks) may take a GPU in a CUDA build, a
     // TP group all alike; rank 0 only for a draft model file (n-gram and self drafts are
     // part of the coordinator, which runs on the CPU).
-    if (g.draft.rank == 0 && g.draft.device != "cpu" && CoordinatorDraft(cfg.draft)) {
+    if (g.draft.rank == 0 && !g.draft.device.is_cpu() && CoordinatorDraft(cfg.draft)) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s places rank 0 on %s, but the draft '%s' runs inside the coordinator on the CPU "
           "(use device: cpu, or a draft model file)",
-          cfg.source, g.draft.device, cfg.draft));
+          cfg.source, g.draft.device.name(), cfg.draft));
+    }
+    for (const RankPlacement& p : g.target) {
+      if (p.device.is_cpu() != g.target[0].device.is_cpu()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: group %s mixes cpu and cuda target ranks (%d on %s, %d on %s): a "
+            "tensor-parallel group runs on one kind of device",
+            cfg.source, g.name, g.target[0].rank, g.target[0].device.name(), p.rank,
+            p.device.name()));
+      }
     }
     std::vector<const RankPlacement*> placed = {&g.draft};
     for (const RankPlacement& p : g.target) placed.push_back(&p);
     for (const RankPlacement* p : placed) {
-      if (p->device != "cpu" && !HaveCudaBackend()) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "%s places rank %d on %s, which is not available: this build of specnode has no "
-            "CUDA backend (use device: cpu)",
-            cfg.source, p->rank, p->device));
-      }
-    }
-    for (const RankPlacement& p : g.target) {
-      if ((p.device == "cpu") != (g.target[0].device == "cpu")) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: group %s mixes cpu and cuda target ranks (%d on %s, %d on %s): a "
-            "tensor-parallel group runs on one kind of device",
-            cfg.source, g.name, g.target[0].rank, g.target[0].device, p.rank, p.device));
+      // What each rank's device can do (a CUDA build, the KV mode, activations), as far as
+      // it can be told here: whether the GPU itself is there is the rank's own check.
+      RunnerOptions ro;
+      ro.device = p->device;
+      ro.kv = cfg.kv;
+      ro.activations = cfg.activations;
+      if (absl::Status st = CheckRunnerOptions(ro, nullptr, /*probe_device=*/false); !st.ok()) {
+        return absl::Status(st.code(), absl::StrFormat("%s places rank %d on %s: %s", cfg.source,
+                                                       p->rank, p->device.name(), st.message()));
       }
     }
     if (g.draft.rank != 0 && CoordinatorDraft(cfg.draft)) {
@@ -120,7 +125,7 @@ struct Role {
   enum class Kind { kCoordinator, kTarget, kDraft } kind = Kind::kCoordinator;
   std::string model;    // the file a shard serves
   std::vector<int> tp;  // the shard's TP group (world ranks in TP order)
-  std::string device = "cpu";
+  Device device;
 };
 
 Role RoleOf(const ServeConfig& cfg, int rank) {
@@ -168,7 +173,7 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     return st;
   };
   absl::StatusOr<std::unique_ptr<ModelSession>> session = ModelSession::Open(
-      cfg.model, cfg.threads, false, cfg.kv, ComputeOptions{cfg.activations, "cpu"});
+      cfg.model, cfg.threads, false, cfg.kv, ComputeOptions{cfg.activations, Device::Cpu()});
   if (!session.ok()) return fail_start(session.status());
   const LlamaModel& m = (*session)->model();
   auto connect = [&](const std::vector<int>& ranks, const LlamaModel& model,
@@ -211,11 +216,15 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
         ranks.push_back({s.world_rank, "draft", s.pid, s.host});
         return std::unique_ptr<ModelRunner>(std::move(r));
       };
-    } else if (g.draft.device != "cpu") {
-      absl::StatusOr<int> device = ParseDevice(g.draft.device, "draft device");
-      if (!device.ok()) return fail_start(device.status());
-      connect_draft = [&cfg, gpu = *device](const LlamaModel& d) {
-        return MakeGpuRunner(d, gpu, cfg.kv);
+    } else if (!g.draft.device.is_cpu()) {
+      connect_draft = [&cfg, device = g.draft.device](
+                          const LlamaModel& d) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+        RunnerOptions ro;
+        ro.device = device;
+        ro.kv = cfg.kv;
+        SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<LocalModelRunner> r,
+                                  MakeRunner(d.config(), d.weights(), ro));
+        return std::unique_ptr<ModelRunner>(std::move(r));
       };
     }
     if (connect_draft) {

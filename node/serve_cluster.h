@@ -37,7 +37,7 @@
 
 #include "absl/status/status.h"
 #include "coordinator/drafter.h"
-#include "coordinator/model_runner.h"
+#include "runtime/model_runner.h"
 #include "node/cluster_config.h"
 #include "node/frontend.h"
 #include "node/model_session.h"

@@ -4,16 +4,9 @@
 
 namespace specnode {
 
-ShardExecutor::ShardExecutor(const LlamaConfig& config, const LlamaWeights& weights,
-                             ThreadPool* pool, Communicator* comm, std::unique_ptr<KvCache> cache)
-    : config_(config), comm_(comm), reducer_(comm), cache_(cache.get()) {
-  model_ = std::make_unique<LocalModelRunner>(config, weights, pool, std::move(cache),
-                                              comm->size() > 1 ? &reducer_ : nullptr);
-}
-
 ShardExecutor::ShardExecutor(const LlamaConfig& config, std::unique_ptr<ModelRunner> model,
                              Communicator* comm)
-    : config_(config), comm_(comm), reducer_(comm), model_(std::move(model)) {}
+    : config_(config), comm_(comm), model_(std::move(model)) {}
 
 KvFingerprint ShardExecutor::Fingerprint() const {
   std::vector<std::pair<SeqId, int32_t>> table;

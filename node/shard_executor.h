@@ -19,9 +19,9 @@
 // A communicator failure in 3 or 4 (a peer gone, deadline) is returned in the reply's
 // status; the group is broken after it (Communicator contract).
 //
-// Not thread-safe: one Execute at a time. config, weights, pool and comm are borrowed and
-// must outlive the executor; the cache (or model runner) is owned. `comm` carries the step's
-// agreement (step 3) in host memory; the pass's own all-reduce is the runner's business.
+// Not thread-safe: one Execute at a time. config and comm are borrowed and must outlive the
+// executor; the model runner is owned. `comm` carries the step's agreement (step 3) in host
+// memory; the pass's own all-reduce is the runner's business.
 //
 // Memory: the reply's KV fields come from the runner's Room / Memory (ModelRunner).
 #pragma once
@@ -30,7 +30,7 @@
 #include <set>
 #include <vector>
 
-#include "coordinator/model_runner.h"
+#include "runtime/model_runner.h"
 #include "model/kv_cache.h"
 #include "model/llama_forward.h"
 #include "node/control_protocol.h"
@@ -40,19 +40,15 @@ namespace specnode {
 
 class ShardExecutor {
  public:
-  // A CPU shard: LlamaForward over `cache`, all-reducing through `comm` when size > 1.
-  ShardExecutor(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
-                Communicator* comm, std::unique_ptr<KvCache> cache);
-  // Any shard model (a GPU one: cuda/cuda_model_runner.h with an NCCL all-reduce) that
-  // implements Reserve; `comm` is a host-memory communicator of the same group.
+  // `model`: the shard's runner from the one factory (runtime/runner_factory.h), with the
+  // group's all-reduce as its reducer (host memory on the CPU, NCCL on a GPU); it must
+  // implement Reserve. `comm` is a host-memory communicator of the same group.
   ShardExecutor(const LlamaConfig& config, std::unique_ptr<ModelRunner> model,
                 Communicator* comm);
 
   StepReplyMessage Execute(const StepPlanMessage& plan);
 
   ModelRunner& model() { return *model_; }
-  // The CPU shard's cache (null for other runners).
-  KvCache* cache() { return cache_; }
   int tp_rank() const { return comm_->rank(); }
 
  private:
@@ -60,9 +56,7 @@ class ShardExecutor {
 
   const LlamaConfig& config_;
   Communicator* comm_;
-  CommunicatorReducer reducer_;  // the CPU shard's all-reduce (outlives model_)
   std::unique_ptr<ModelRunner> model_;
-  KvCache* cache_ = nullptr;  // inside model_, CPU shards only
   std::set<SeqId> live_;  // sequences that may hold tokens (superset; Length 0 skipped)
   std::vector<float> logits_;
 };

@@ -1,7 +1,5 @@
 #include "node/shard_worker.h"
 
-#include "kvstore/kv_store.h"
-
 #include <unistd.h>
 
 #include <chrono>
@@ -14,8 +12,8 @@
 #include "model/status_macros.h"
 #include "model/thread_pool.h"
 #include "node/control_protocol.h"
-#include "node/gpu_runner.h"
 #include "node/shard_executor.h"
+#include "runtime/runner_factory.h"
 
 namespace specnode {
 namespace {
@@ -35,7 +33,8 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
   // 1. Load (errors are reported to rank 0 in the HelloAck).
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<GpuShardLink> gpu;  // NCCL + its reducer: outlives exec
+  std::unique_ptr<GpuShardLink> gpu;               // NCCL + its reducer: outlives exec
+  std::unique_ptr<CommunicatorReducer> cpu_sum;   // the CPU pass's all-reduce: outlives exec
   std::unique_ptr<ShardExecutor> exec;
   HelloAckMessage ack;
   ack.world_rank = o.world_rank;
@@ -44,31 +43,35 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
   ack.pid = getpid();
   ack.host = ThisHost();
   absl::Status load = [&]() -> absl::Status {
+    RunnerOptions ro;
+    ro.device = o.device;
+    ro.kv = o.kv;
+    ro.activations = o.activations;
+    // What the device cannot do is refused before the weights are read.
+    SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(ro));
     LoadOptions lo;
     lo.shard = ShardSpec{o.tp_rank, o.tp_size};
-    lo.activations = o.activations;
+    lo.activations = o.activations.value_or(ActQuant::kInt16);
     SPECNODE_ASSIGN_OR_RETURN(model, LlamaModel::Load(o.model_path, lo));
-    SPECNODE_ASSIGN_OR_RETURN(const int device, ParseDevice(o.device, "device"));
-    if (device >= 0) {
-      SPECNODE_ASSIGN_OR_RETURN(gpu, GpuShardLink::Create(comm, device, o.timeout_s));
-      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                                MakeGpuRunner(*model, device, o.kv, gpu->reducer()));
-      exec = std::make_unique<ShardExecutor>(model->config(), std::move(runner), comm);
+    if (!o.device.is_cpu()) {
+      // The pass all-reduces over NCCL; `comm` still carries the step agreement.
+      SPECNODE_ASSIGN_OR_RETURN(gpu, GpuShardLink::Create(comm, o.device, o.timeout_s));
+      ro.reducer = gpu->reducer();
     } else {
       pool = std::make_unique<ThreadPool>(o.threads);  // the CPU pass's workers
-      SPECNODE_ASSIGN_OR_RETURN(
-          std::unique_ptr<KvCache> cache,
-          MakeKvCache(model->config(), model->weights().n_kv_heads_local, o.kv));
-      exec = std::make_unique<ShardExecutor>(model->config(), model->weights(), pool.get(), comm,
-                                             std::move(cache));
+      ro.pool = pool.get();
+      if (comm->size() > 1) {
+        cpu_sum = std::make_unique<CommunicatorReducer>(comm);
+        ro.reducer = cpu_sum.get();
+      }
     }
+    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<LocalModelRunner> runner,
+                              MakeRunner(model->config(), model->weights(), ro));
+    exec = std::make_unique<ShardExecutor>(model->config(), std::move(runner), comm);
     ack.model = FingerprintOf(*model);
     ack.n_kv_heads_local = model->weights().n_kv_heads_local;
     ack.kv_capacity_bytes = o.kv.capacity_bytes;
-    if (const auto* store = dynamic_cast<const KvStore*>(exec->cache())) {
-      ack.kv_page_bytes = store->BytesForTokens(0);  // one page: nothing but the spare
-      ack.kv_page_tokens = o.kv.page_tokens;
-    } else if (const std::optional<ModelRunner::KvRoom> room = exec->model().Room(0)) {
+    if (const std::optional<ModelRunner::KvRoom> room = exec->model().Room(0)) {
       ack.kv_page_bytes = room->needed;  // Room(0): one page
       ack.kv_page_tokens = o.kv.page_tokens;
     }

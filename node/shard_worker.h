@@ -20,10 +20,13 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
-#include "kvstore/kv_cache_factory.h"
+#include "kvstore/kv_options.h"
+#include "model/cpu_matmul.h"
+#include "runtime/device.h"
 #include "node/control_channel.h"
 #include "tensor-parallel/communicator.h"
 
@@ -32,11 +35,11 @@ namespace specnode {
 struct ShardWorkerOptions {
   std::string model_path;
   int threads = 1;
-  ActQuant activations = ActQuant::kInt16;
-  // "cpu" or "cuda:N": a GPU shard runs CudaLlamaForward (node/gpu_runner.h) and, in a group
-  // of several ranks, all-reduces over NCCL (every rank of the group on a GPU; the group's
+  std::optional<ActQuant> activations;  // unset: the device's own
+  // A GPU shard runs the graph on CudaBackend (runtime/runner_factory.h) and, in a group of
+  // several ranks, all-reduces over NCCL (every rank of the group on a GPU; the group's
   // `comm` still carries the step agreement and NCCL's bootstrap).
-  std::string device = "cpu";
+  Device device;
   KvOptions kv;
   int world_rank = 1;
   int tp_rank = 0;

@@ -18,12 +18,18 @@
 namespace specnode {
 namespace {
 
-const char* RequestedActivations(ActQuant a) { return a == ActQuant::kInt8 ? "int8" : "int16"; }
+const char* RequestedActivations(std::optional<ActQuant> a) {
+  if (!a.has_value()) return "default";
+  return *a == ActQuant::kInt8 ? "int8" : "int16";
+}
 
 // The stack's switches in their "off" position: what the baseline runs and what the tuned
-// YAML states for every one of them the tuner did not keep.
-std::vector<TuneOption> OffSettings() {
-  return {{"speculation.draft", "none"}, {"kv.mode", "full"}, {"model.activations", "int16"}};
+// YAML states for every one of them the tuner did not keep. Activations are a CPU option (a
+// GPU computes with f32 activations and refuses the setting).
+std::vector<TuneOption> OffSettings(const ServeConfig& base) {
+  std::vector<TuneOption> off = {{"speculation.draft", "none"}, {"kv.mode", "full"}};
+  if (base.device.is_cpu()) off.push_back({"model.activations", "int16"});
+  return off;
 }
 
 double Median(std::vector<double> v) {
@@ -54,7 +60,7 @@ std::vector<TuneOption> DefaultTuneStack(const ServeConfig& base, int n_layers) 
   if (base.disable_threshold > 0.2) {
     stack.push_back({"speculation.disable_threshold", "0.2", Goal::kLatency, false});
   }
-  if (base.device == "cpu") {
+  if (base.device.is_cpu()) {
     stack.push_back({"model.activations", "int8", Goal::kLatency, true});
     stack.push_back({"kv.mode", "mixed", Goal::kMemory, true});
   }
@@ -79,9 +85,11 @@ absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
     }
     c->disable_threshold = t;
   } else if (o.key == "model.activations") {
-    if (!ParseActQuant(o.value, &c->activations)) {
+    ActQuant act;
+    if (!ParseActQuant(o.value, &act)) {
       return absl::InvalidArgumentError("model.activations: expected int16 or int8");
     }
+    c->activations = act;
   } else if (o.key == "kv.mode") {
     absl::StatusOr<KvMode> mode = ParseKvMode(o.value);
     if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("kv.mode: ", mode.status().message()));
@@ -94,7 +102,7 @@ absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
 
 ServeConfig TuneBaseline(const ServeConfig& base) {
   ServeConfig c = base;
-  for (const TuneOption& off : OffSettings()) {
+  for (const TuneOption& off : OffSettings(base)) {
     [[maybe_unused]] const absl::Status s = ApplyTuneOption(off, &c);
     assert(s.ok());  // our own literals
   }
@@ -249,8 +257,10 @@ absl::StatusOr<std::string> TunedYaml(const std::string& base_yaml,
     return absl::InvalidArgumentError(absl::StrCat("base config: ", e.what()));
   }
   if (!root.IsMap()) return absl::InvalidArgumentError("base config: not a YAML mapping");
+  absl::StatusOr<ServeConfig> base = ParseServeConfig(base_yaml, "base config");
+  if (!base.ok()) return base.status();
   // Every stack key gets an explicit value: the kept option's, else the baseline's (off).
-  std::vector<TuneOption> settings = OffSettings();
+  std::vector<TuneOption> settings = OffSettings(*base);
   for (const TuneOption& k : kept) {
     auto same = [&](const TuneOption& s) { return s.key == k.key; };
     auto it = std::find_if(settings.begin(), settings.end(), same);

@@ -1,6 +1,8 @@
-// The GPU forward pass (cuda_llama_forward.h) against the CPU one (model/llama_forward.h) on
-// tiny models of every weight type, plus the invariances speculative decoding relies on,
-// checked on the GPU alone (bit-exact), and the engine driving a CudaModelRunner.
+// The one Llama graph (model/llama_forward.h) on the CUDA backend (cuda_backend.h) with the
+// KV manager over the GPU page pool (cuda_page_pool.h), against the same graph on the CPU
+// reference, on tiny models of every weight type, plus the invariances speculative decoding
+// relies on, checked on the GPU alone (bit-exact), and the page pool's attention against the
+// CPU pool's.
 //
 // Tolerance GPU vs CPU, per logit: |gpu - cpu| <= 2e-2 * (1 + max|cpu logit| of the row).
 // The GPU keeps K/V in f16 (relative rounding 2^-11 per value) and f32 activations into the
@@ -20,14 +22,16 @@
 #include <thread>
 #include <vector>
 
-#include "coordinator/ngram_drafter.h"
-#include "coordinator/spec_engine.h"
 #include "cuda/cuda_attention.h"
-#include "cuda/cuda_llama_forward.h"
-#include "cuda/cuda_model_runner.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_page_pool.h"
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
+#include "kvstore/cpu_page_pool.h"
+#include "kvstore/kv_store.h"
 #include "model/dense_kv_cache.h"
+#include "model/llama_forward.h"
+#include "model/status_macros.h"
 #include "model/llama_model.h"
 #include "model/sampling.h"
 #include "model/tiny_model.h"
@@ -58,12 +62,56 @@ std::vector<int32_t> Tokens(int n, int offset) {
   return t;
 }
 
+// The graph on one GPU: backend, device weights, the pass and its KV store (f16 pages).
+struct GpuPass {
+  std::unique_ptr<CudaBackend> backend;
+  std::unique_ptr<LlamaForward> forward;
+  std::unique_ptr<KvStore> store;
+
+  static absl::StatusOr<std::unique_ptr<GpuPass>> Create(const LlamaModel& m, int64_t kv_bytes,
+                                                         int page_tokens, bool cuda_graphs,
+                                                         PartialSumReducer* reducer = nullptr) {
+    auto g = std::make_unique<GpuPass>();
+    CudaBackendOptions bo;
+    bo.cuda_graphs = cuda_graphs;
+    SPECNODE_ASSIGN_OR_RETURN(g->backend, CudaBackend::Create(bo));
+    SPECNODE_ASSIGN_OR_RETURN(
+        std::shared_ptr<const LlamaWeights> w,
+        g->backend->UploadWeights(std::shared_ptr<const LlamaWeights>(
+            &m.weights(), [](const LlamaWeights*) {})));
+    const LlamaConfig& c = m.config();
+    KvStoreConfig kc;
+    kc.mode = KvMode::kFull;
+    kc.n_layers = c.n_layers;
+    kc.n_kv_heads = m.weights().n_kv_heads_local;
+    kc.head_dim = c.head_dim;
+    kc.gqa_group = c.gqa_group();
+    kc.max_seq_len = c.context_length;
+    kc.page_tokens = page_tokens;
+    kc.capacity_bytes = kv_bytes;
+    const KvPoolGeometry geo{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, page_tokens};
+    SPECNODE_ASSIGN_OR_RETURN(
+        std::unique_ptr<CudaPagePool> pool,
+        CudaPagePool::Create(g->backend.get(), geo, kv_bytes, c.context_length));
+    SPECNODE_ASSIGN_OR_RETURN(g->store, KvStore::Create(kc, std::move(pool)));
+    g->forward = std::make_unique<LlamaForward>(c, std::move(w), g->backend.get(), reducer);
+    return g;
+  }
+  absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) {
+    return forward->Forward(batch, store.get(), logits);
+  }
+  KvStore& cache() { return *store; }
+  const CudaGraphCache* graphs() const { return backend->graphs(); }
+  int64_t page_bytes() const { return store->pool().PageBytes(KvPrecision::kFull); }
+  int64_t free_pages() const { return store->pool().MaxPages() - store->Usage().pages; }
+};
+
 struct Pair {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<LlamaForward> cpu;
   std::unique_ptr<DenseKvCache> cpu_cache;
-  std::unique_ptr<CudaLlamaForward> gpu;
+  std::unique_ptr<GpuPass> gpu;
 
   explicit Pair(const std::string& path, int64_t kv_bytes = int64_t{64} << 20,
                 bool cuda_graphs = true) {
@@ -75,11 +123,8 @@ struct Pair {
     cpu = std::make_unique<LlamaForward>(c, model->weights(), pool.get());
     cpu_cache = std::make_unique<DenseKvCache>(c.n_layers, model->weights().n_kv_heads_local,
                                                c.head_dim, c.gqa_group(), c.context_length, 4096);
-    CudaForwardOptions o;
-    o.kv_capacity_bytes = kv_bytes;
-    o.kv_page_tokens = 4;  // small pages: sequences span several, tails are partial
-    o.cuda_graphs = cuda_graphs;
-    auto g = CudaLlamaForward::Create(c, model->weights(), o);
+    // Small pages: sequences span several, tails are partial.
+    auto g = GpuPass::Create(*model, kv_bytes, /*page_tokens=*/4, cuda_graphs);
     EXPECT_TRUE(g.ok()) << g.status();
     if (g.ok()) gpu = std::move(g).value();
   }
@@ -246,12 +291,12 @@ TEST_P(CudaForwardTest, TruncateRollsBackLikeAFreshSequence) {
 TEST_P(CudaForwardTest, FailedPassChangesNothing) {
   Pair probe(Path());
   ASSERT_NE(probe.gpu, nullptr);
-  const int64_t page = probe.gpu->cache().page_bytes();
+  const int64_t page = probe.gpu->page_bytes();
   Pair p(Path(), 5 * page);  // 5 pages of 4 tokens
   ASSERT_NE(p.gpu, nullptr);
   const auto first = Tokens(10, 5);  // 3 pages
   p.Gpu({{1, first, false}});
-  const int32_t free_before = p.gpu->cache().free_pages();
+  const int64_t free_before = p.gpu->free_pages();
   const auto big = Tokens(12, 8);  // 3 more pages for a new sequence: only 2 free
   std::vector<float> logits;
   const std::vector<BatchEntry> batch = {{1, std::span<const int32_t>(first).first(2), false},
@@ -260,7 +305,7 @@ TEST_P(CudaForwardTest, FailedPassChangesNothing) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(p.gpu->cache().Length(1), 10);
   EXPECT_EQ(p.gpu->cache().Length(2), 0);
-  EXPECT_EQ(p.gpu->cache().free_pages(), free_before);
+  EXPECT_EQ(p.gpu->free_pages(), free_before);
   const int32_t bad = 1 << 20;
   const absl::Status s2 = p.gpu->Forward({{{1, {&bad, 1}, false}}}, &logits);
   EXPECT_EQ(s2.code(), absl::StatusCode::kInvalidArgument) << s2;
@@ -321,7 +366,7 @@ TEST(CudaTensorParallelTest, ShardsMatchTheWholeModel) {
   {
     auto model = LlamaModel::Load(path);
     ASSERT_TRUE(model.ok()) << model.status();
-    auto f = CudaLlamaForward::Create((*model)->config(), (*model)->weights(), {});
+    auto f = GpuPass::Create(**model, int64_t{64} << 20, 16, /*cuda_graphs=*/true);
     ASSERT_TRUE(f.ok()) << f.status();
     const std::vector<BatchEntry> batch = {{1, toks, true}};
     SPECNODE_ASSERT_OK((*f)->Forward(batch, &whole));
@@ -341,9 +386,7 @@ TEST(CudaTensorParallelTest, ShardsMatchTheWholeModel) {
         status[r] = model.status();
         return;
       }
-      CudaForwardOptions fo;
-      fo.reducer = &reducer;
-      auto f = CudaLlamaForward::Create((*model)->config(), (*model)->weights(), fo);
+      auto f = GpuPass::Create(**model, int64_t{64} << 20, 16, /*cuda_graphs=*/false, &reducer);
       if (!f.ok()) {
         status[r] = f.status();
         return;
@@ -359,54 +402,6 @@ TEST(CudaTensorParallelTest, ShardsMatchTheWholeModel) {
   for (size_t i = 0; i < whole.size(); ++i) {
     ASSERT_NEAR(got[0][i], whole[i], 1e-3 * (1 + std::abs(whole[i]))) << i;
   }
-}
-
-// The speculative engine on a GPU target with the n-gram drafter gives exactly the greedy
-// tokens of the GPU target alone.
-TEST(CudaModelRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
-  SPECNODE_SKIP_WITHOUT_CUDA();
-  const std::string path = TinyModel(GgmlType::kQ4_1, "runner");
-  auto model = LlamaModel::Load(path);
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto generate = [&](bool speculate) {
-    auto runner = CudaModelRunner::Create((*model)->config(), (*model)->weights(), {});
-    EXPECT_TRUE(runner.ok()) << runner.status();
-    if (!runner.ok()) return std::vector<int32_t>{};
-    std::unique_ptr<Drafter> drafter;
-    std::unique_ptr<SpecController> controller;
-    std::vector<DraftGroup> groups;
-    if (speculate) {
-      drafter = std::move(NgramDrafter::Create({})).value();
-      controller = std::move(SpecController::Create({})).value();
-      groups.push_back({drafter.get(), controller.get()});
-    }
-    SpecEngineOptions eo;
-    eo.adaptive = false;
-    eo.fixed_k = 4;
-    SpeculativeEngine engine(runner->get(), groups, eo);
-    // A repetitive prompt, so the n-gram drafter proposes something.
-    SpecRequest r;
-    r.id = 1;
-    for (int rep = 0; rep < 4; ++rep) {
-      for (int32_t t : Tokens(6, 11)) r.prompt.push_back(t);
-    }
-    r.max_new_tokens = 24;
-    r.ignore_stop = true;
-    EXPECT_TRUE(engine.Start(r).ok());
-    std::vector<int32_t> out;
-    std::vector<SeqStepResult> results;
-    for (int guard = 0; guard < 1000; ++guard) {
-      const absl::Status st = engine.Step(std::vector<SeqId>{1}, &results);
-      EXPECT_TRUE(st.ok()) << st;
-      if (!st.ok()) break;
-      out.insert(out.end(), results[0].tokens.begin(), results[0].tokens.end());
-      if (results[0].finish != FinishReason::kNone) break;
-    }
-    return out;
-  };
-  const std::vector<int32_t> direct = generate(false);
-  EXPECT_EQ(direct.size(), 24u);
-  EXPECT_EQ(generate(true), direct);
 }
 
 // Argument checks happen before any CUDA call: same errors with or without a GPU.
@@ -431,19 +426,100 @@ TEST(CudaAttentionArgsTest, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(CudaEmbeddingRows(odd, nullptr, 1, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CudaForwardCreateTest, NoDeviceOrBadDeviceIsAnError) {
-  const std::string path = TinyModel(GgmlType::kF32, "create");
-  auto model = LlamaModel::Load(path);
-  ASSERT_TRUE(model.ok()) << model.status();
-  CudaForwardOptions o;
+TEST(CudaBackendCreateTest, NoDeviceOrBadDeviceIsAnError) {
+  CudaBackendOptions o;
   if (!cuda_test::CudaUnavailableReason().empty()) {
-    auto f = CudaLlamaForward::Create((*model)->config(), (*model)->weights(), o);
-    EXPECT_EQ(f.status().code(), absl::StatusCode::kUnavailable) << f.status();
+    auto b = CudaBackend::Create(o);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
     return;
   }
   o.device = 99;
-  auto f = CudaLlamaForward::Create((*model)->config(), (*model)->weights(), o);
-  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+  auto b = CudaBackend::Create(o);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+}
+
+// The GPU page pool states what it stores; the manager refuses the rest before touching
+// the device (runs everywhere: the check needs no GPU).
+TEST(CudaPagePoolCapsTest, OnlyFullPrecisionInPageOrder) {
+  const KvPoolCaps c = CudaPagePool::Caps();
+  EXPECT_TRUE(c.classes[0]);
+  EXPECT_FALSE(c.classes[1]);
+  EXPECT_FALSE(c.classes[2]);
+  EXPECT_TRUE(c.page_order);
+  EXPECT_FALSE(c.slot_copies);
+  KvOptions o;
+  o.mode = KvMode::kMixed;
+  absl::Status s = KvStore::CheckSupported(o, c, "cuda:0");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("cuda:0"), std::string_view::npos) << s;
+  o.mode = KvMode::kAuto;
+  EXPECT_TRUE(KvStore::CheckSupported(o, c, "cuda:0").ok());
+  EXPECT_EQ(KvStore::ResolvedMode(KvMode::kAuto, c), KvMode::kFull);
+}
+
+// The pool's attention against the CPU pool's (unrotated f16 pages), through the same
+// manager and pass protocol: random K/V, a prefill pass, decode passes, a rollback and
+// more passes. Tolerance: both store f16 and accumulate in f32, in different orders.
+TEST(CudaPagePoolTest, AttentionMatchesTheCpuPool) {
+  SPECNODE_SKIP_WITHOUT_CUDA();
+  auto backend = CudaBackend::Create({});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  KvStoreConfig kc;
+  kc.mode = KvMode::kFull;
+  kc.n_layers = 2;
+  kc.n_kv_heads = 2;
+  kc.head_dim = 64;
+  kc.gqa_group = 3;
+  kc.max_seq_len = 512;
+  kc.page_tokens = 8;
+  kc.capacity_bytes = 4 << 20;
+  kc.rotate = false;
+  const KvPoolGeometry geo{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, kc.page_tokens};
+  auto pool = CudaPagePool::Create(backend->get(), geo, kc.capacity_bytes, kc.max_seq_len);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto gpu = KvStore::Create(kc, *std::move(pool));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto cpu = KvStore::Create(kc);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int kv = kc.n_kv_heads * kc.head_dim, q_row = kv * kc.gqa_group;
+  auto step = [&](int n, uint32_t seed) {
+    const int32_t pos0 = (*cpu)->Length(1);
+    ASSERT_TRUE((*cpu)->Reserve(1, n).ok());
+    ASSERT_TRUE((*gpu)->Reserve(1, n).ok());
+    const std::vector<float> k = cuda_test::RandomVector(n * kv, seed);
+    const std::vector<float> v = cuda_test::RandomVector(n * kv, seed + 1);
+    const std::vector<float> q = cuda_test::RandomVector(n * q_row, seed + 2);
+    auto dk = cuda_test::Upload(k), dv = cuda_test::Upload(v), dq = cuda_test::Upload(q);
+    auto dout = DeviceBuffer::Allocate(q.size() * sizeof(float));
+    ASSERT_TRUE(dk.ok() && dv.ok() && dq.ok() && dout.ok());
+    const KvPassEntry e{1, pos0, n};
+    std::vector<float> want(q.size());
+    const std::vector<int32_t> zeros(n, 0);
+    ASSERT_TRUE((*cpu)->BeginPass({&e, 1}, nullptr).ok());
+    SPECNODE_ASSERT_OK((*backend)->BeginPass(zeros, zeros));  // the step tables' ids/positions
+    SPECNODE_ASSERT_OK((*gpu)->BeginPass({&e, 1}, nullptr));
+    for (int l = 0; l < kc.n_layers; ++l) {
+      ASSERT_TRUE((*cpu)->Write(l, k.data(), v.data()).ok());
+      ASSERT_TRUE((*cpu)->Attend(l, q.data(), 0.125f, want.data()).ok());
+      SPECNODE_ASSERT_OK((*gpu)->Write(l, dk->as<float>(), dv->as<float>()));
+      SPECNODE_ASSERT_OK((*gpu)->Attend(l, dq->as<float>(), 0.125f, dout->as<float>()));
+      auto got = cuda_test::Download<float>(*dout, q.size());
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR((*got)[i], want[i], 2e-3 * (1 + std::fabs(want[i])))
+            << "layer " << l << " value " << i;
+      }
+    }
+    (*cpu)->Commit(1, pos0 + n);
+    (*gpu)->Commit(1, pos0 + n);
+  };
+  step(13, 1);
+  for (int i = 0; i < 6; ++i) step(1, 10 + i);
+  ASSERT_TRUE((*cpu)->Truncate(1, 11).ok());
+  ASSERT_TRUE((*gpu)->Truncate(1, 11).ok());
+  step(5, 40);
+  // Page order reuses the rolled-back page's tail; the CPU pool may open a new page.
+  EXPECT_LE((*gpu)->Usage().used_bytes, (*cpu)->Usage().used_bytes);
 }
 
 }  // namespace

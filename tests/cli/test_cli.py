@@ -2,6 +2,7 @@
 (never a crash) for bad files, prompts and parameters."""
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -132,6 +133,37 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(specnode, tiny_model):
     assert_clean_error(res)
     assert ("no CUDA device" in res.stderr or "without the CUDA backend" in res.stderr
             or "does not exist" in res.stderr), res.stderr
+
+
+@pytest.mark.parametrize("args,needles", [
+    # What no GPU page pool stores today: refused naming the device, never stored as f16.
+    (["--kv-mode", "mixed"], ("mixed needs int8 pages, which the cuda:0 page pool does not store",
+                              "without the CUDA backend")),
+    (["--kv-mode", "int4"], ("int4 needs int4 pages", "without the CUDA backend")),
+    (["--kv-mode", "dense"], ("dense is the CPU's f32 reference cache", "without the CUDA backend")),
+    (["--activations", "int8"], ("f32 activations", "without the CUDA backend")),
+])
+def test_gpu_refusals_come_before_the_model_is_read(specnode, args, needles, tmp_path):
+    """What a device cannot do is refused before any weight is read: the model path does
+    not even exist here, and the error is the device's, not the file's."""
+    missing = str(tmp_path / "not-there.gguf")
+    res = run([specnode, "generate", "--model", missing, "--prompt", "hi", "--max-tokens", "1",
+               "--device", "cuda:0", "--quiet"] + args)
+    assert res.returncode == 1, res.stderr
+    assert any(n in res.stderr for n in needles), res.stderr
+    assert "not-there.gguf" not in res.stderr, res.stderr
+
+
+def test_kv_flags_override_single_fields(specnode, tiny_model):
+    """--kv-* flags set their own field only: --kv-window keeps the default mode (mixed on
+    the CPU), and the summary shows demoted tokens."""
+    res = run([specnode, "generate", "--model", tiny_model, "--prompt", "hello " * 40,
+               "--max-tokens", "8", "--temperature", "0", "--kv-window", "8", "--kv-sinks", "2"])
+    assert res.returncode == 0, res.stderr
+    assert "kv:" in res.stderr and "int4" in res.stderr, res.stderr
+    m = re.search(r"f16 (\d+), int8 (\d+), int4 (\d+)", res.stderr)
+    assert m, res.stderr
+    assert int(m.group(2)) + int(m.group(3)) > 0, res.stderr
 
 
 def test_int8_activations_generate_coherent_text(specnode, real_model):

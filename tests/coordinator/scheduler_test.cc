@@ -14,7 +14,7 @@
 #include <optional>
 #include <thread>
 
-#include "coordinator/model_runner.h"
+#include "runtime/model_runner.h"
 #include "coordinator/ngram_drafter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -32,10 +32,12 @@ class PageOrderPool final : public KvPagePool {
   explicit PageOrderPool(const KvPoolGeometry& g) : inner_(g, /*rotate=*/false) {}
   std::string device() const override { return "test-gpu"; }
   const KvPoolGeometry& geometry() const override { return inner_.geometry(); }
-  bool Supports(KvPrecision p) const override { return p == KvPrecision::kFull; }
-  bool rotated() const override { return false; }
-  bool SupportsSlotCopies() const override { return false; }
-  bool NeedsPageOrder() const override { return true; }
+  KvPoolCaps caps() const override {
+    KvPoolCaps c;
+    c.classes = {true, false, false};
+    c.page_order = true;
+    return c;
+  }
   size_t PageBytes(KvPrecision p) const override { return inner_.PageBytes(p); }
   size_t SlotBytes(KvPrecision p) const override { return inner_.SlotBytes(p); }
   int64_t MaxPages() const override { return max_pages; }

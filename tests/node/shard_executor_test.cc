@@ -10,9 +10,10 @@
 #include <cmath>
 #include <thread>
 
-#include "coordinator/model_runner.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
+#include "runtime/model_runner.h"
+#include "runtime/runner_factory.h"
 #include "model/llama_model.h"
 #include "model/tiny_model.h"
 #include "tensor-parallel/local_communicator.h"
@@ -52,6 +53,23 @@ class ShardExecutorTest : public ::testing::Test {
     return std::move(c).value();
   }
 
+  // Shard r through the runner factory, as a shard rank builds it (its pass all-reducing
+  // over the group), with KV capacity `capacity`.
+  std::unique_ptr<ShardExecutor> Shard(int r, int64_t capacity) {
+    while (static_cast<int>(reducers_.size()) <= r) reducers_.emplace_back();
+    reducers_[r] = std::make_unique<CommunicatorReducer>(group_->Rank(r));
+    RunnerOptions ro;
+    ro.kv.mode = KvMode::kFull;
+    ro.kv.capacity_bytes = capacity;
+    ro.pool = shard_pools_[r].get();
+    ro.reducer = reducers_[r].get();
+    auto runner = MakeRunner(shard_models_[r]->config(), shard_models_[r]->weights(), ro);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return nullptr;
+    return std::make_unique<ShardExecutor>(shard_models_[r]->config(), std::move(runner).value(),
+                                           group_->Rank(r));
+  }
+
   // Builds the shards; shard r's KV capacity is capacity[r].
   void MakeShards(std::vector<int64_t> capacity) {
     for (int r = 0; r < kTp; ++r) {
@@ -61,9 +79,7 @@ class ShardExecutorTest : public ::testing::Test {
       ASSERT_TRUE(m.ok()) << m.status();
       shard_models_.push_back(std::move(m).value());
       shard_pools_.push_back(std::make_unique<ThreadPool>(1));
-      shards_.push_back(std::make_unique<ShardExecutor>(
-          shard_models_[r]->config(), shard_models_[r]->weights(), shard_pools_[r].get(),
-          group_->Rank(r), Cache(*shard_models_[r], capacity[r])));
+      shards_.push_back(Shard(r, capacity[r]));
     }
   }
 
@@ -85,6 +101,7 @@ class ShardExecutorTest : public ::testing::Test {
   std::unique_ptr<LocalCommunicatorGroup> group_;
   std::vector<std::unique_ptr<LlamaModel>> shard_models_;
   std::vector<std::unique_ptr<ThreadPool>> shard_pools_;
+  std::vector<std::unique_ptr<CommunicatorReducer>> reducers_;  // outlive shards_
   std::vector<std::unique_ptr<ShardExecutor>> shards_;
 };
 
@@ -141,22 +158,19 @@ TEST_F(ShardExecutorTest, MatchesUnshardedForwardAndKeepsTablesInStep) {
 TEST_F(ShardExecutorTest, KvExhaustedOnOneShardFailsTheStepOnEveryShard) {
   // Shard 1 gets a cache too small for the long prompt; shard 0 has plenty.
   MakeShards({int64_t{64} << 20, int64_t{64} << 20});
+  // Two pages of 8 tokens of this shard's one kv head: the smallest cache that builds.
   KvOptions small;
   small.mode = KvMode::kFull;
-  // Two pages of 8 tokens of this shard's one kv head: the smallest cache that builds.
-  for (int64_t cap = 1024; cap < (int64_t{1} << 24); cap *= 2) {
+  int64_t cap = 1024;
+  for (; cap < (int64_t{1} << 24); cap *= 2) {
     small.capacity_bytes = cap;
     if (MakeKvCache(shard_models_[1]->config(), shard_models_[1]->weights().n_kv_heads_local, small)
             .ok()) {
       break;
     }
   }
-  auto tiny_cache =
-      MakeKvCache(shard_models_[1]->config(), shard_models_[1]->weights().n_kv_heads_local, small);
-  ASSERT_TRUE(tiny_cache.ok()) << tiny_cache.status();
-  shards_[1] = std::make_unique<ShardExecutor>(shard_models_[1]->config(),
-                                               shard_models_[1]->weights(), shard_pools_[1].get(),
-                                               group_->Rank(1), std::move(tiny_cache).value());
+  shards_[1] = Shard(1, cap);
+  ASSERT_NE(shards_[1], nullptr);
 
   std::vector<int32_t> small_prompt = {1, 2, 3};
   StepPlanMessage ok_plan;

@@ -18,7 +18,7 @@ BAD = [
     ("serve: [1, 2\n", "bad.yaml:2: not valid YAML"),
     ("version: 2\n", "bad.yaml:1: .version"),
     ("modle:\n  target: x\n", "bad.yaml:1: modle: unknown key"),
-    ("model:\n  device: tpu:0\n", 'bad.yaml:2: model.device: expected "cpu" or "cuda:N"'),
+    ("model:\n  device: tpu:0\n", 'bad.yaml:2: model.device: expected cpu or cuda:N, got "tpu:0"'),
     ("model:\n  device: cuda:0\ntopology:\n  groups:\n    - draft: {rank: 0}\n"
      "      target: [{rank: 1}]\n", "model.device: applies to a single-process node"),
     ("model:\n  activations: int4\n",

@@ -171,8 +171,7 @@ def test_bad_device_placements_are_refused_before_loading(specnode, tmp_path):
     by every rank before any file is opened (one message, from rank 0)."""
     cases = [
         ("- {rank: 2, device: cpu}", '- {rank: 2, device: "cuda:0"}',
-         ("mixes cpu and cuda target ranks",
-          "places rank 2 on cuda:0, which is not available")),  # the latter: no CUDA build
+         ("mixes cpu and cuda target ranks",)),
         ("draft: {rank: 0, device: cpu}", 'draft: {rank: 0, device: "cuda:0"}',
          ("places rank 0 on cuda:0",)),
     ]

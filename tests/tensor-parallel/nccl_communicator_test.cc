@@ -4,7 +4,7 @@
 // NCCL still runs every collective (a copy), which checks the plumbing; the multi-rank
 // checks and the deadline need 2+ GPUs and say so when skipped. Without a GPU every test
 // skips with "no CUDA device: <reason>".
-#include "tensor-parallel/nccl_communicator.h"
+#include "cuda/nccl_communicator.h"
 
 #include <chrono>
 #include <functional>
@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor-parallel/local_communicator.h"
-#include "tensor-parallel/nccl_check.h"
+#include "cuda/nccl_check.h"
 
 namespace specnode {
 namespace {

@@ -1,4 +1,4 @@
-#include "tensor-parallel/nccl_communicator.h"
+#include "cuda/nccl_communicator.h"
 
 #include <time.h>
 
@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "cuda/cuda_check.h"
 #include "model/status_macros.h"
-#include "tensor-parallel/nccl_check.h"
+#include "cuda/nccl_check.h"
 
 namespace specnode {
 

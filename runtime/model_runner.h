@@ -1,9 +1,13 @@
 // ModelRunner: the coordinator's view of one model instance (a draft, or a target that may
-// later be split over tensor-parallel ranks): a batched forward pass over its own KV cache,
-// plus the cache operations a speculative step needs (length, rollback, free).
+// be split over tensor-parallel ranks): a batched forward pass over its own KV cache, plus
+// the cache operations a speculative step and the scheduler need (length, rollback, free,
+// admission room, usage, swap, sharing).
 //
-// The speculative engine only talks to this interface, so a target whose shards live on
-// other MPI ranks (tensor-parallel/) slots in without the engine changing.
+// The runtime layer, below coordinator/: the speculative engine only talks to this
+// interface, so a target on a GPU or one whose shards live on other MPI ranks
+// (node/cluster's RemoteTargetRunner) slots in without the engine changing. Runners in
+// this process are LocalModelRunner — the one Llama graph over a Backend and a KvCache on
+// the same device — built by runtime/runner_factory.h.
 //
 // Not thread-safe: one caller drives a runner (the engine's step loop).
 #pragma once
@@ -13,16 +17,15 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kvstore/kv_precision.h"
+#include "model/backend.h"
 #include "model/kv_cache.h"
 #include "model/llama_forward.h"
 
 namespace specnode {
-
-class KvStore;
 
 class ModelRunner {
  public:
@@ -55,9 +58,12 @@ class ModelRunner {
   virtual absl::Status Truncate(SeqId seq, int32_t n) = 0;
   virtual void Free(SeqId seq) = 0;
 
+  // "cpu", "cuda:N", or for a remote target the ranks it runs on: for logs and errors.
+  virtual std::string device() const { return "an unnamed device"; }
+
   // KV-aware admission: `needed` = bytes `tokens` more tokens take at most, `available` =
-  // bytes the cache can make available now. nullopt when the runner cannot tell (a remote
-  // target, a dense cache); the scheduler then admits and relies on preemption.
+  // bytes the cache can make available now. nullopt when the runner cannot tell (a dense
+  // cache); the scheduler then admits and relies on preemption.
   struct KvRoom {
     int64_t needed = 0;
     int64_t available = 0;
@@ -68,14 +74,23 @@ class ModelRunner {
   struct KvMemory {
     int64_t capacity_bytes = 0;
     int64_t used_bytes = 0;
-    std::array<int64_t, kNumKvPrecisions> class_bytes{};  // in pages of each KvPrecision
+    std::array<int64_t, kKvClasses> class_bytes{};   // in pages of each precision class
+    std::array<int64_t, kKvClasses> class_tokens{};  // live tokens per class
+    int64_t host_bytes = 0;                          // swap tier
   };
   virtual std::optional<KvMemory> Memory() const;
+  // Live tokens per class of one sequence; nullopt when unknown.
+  virtual std::optional<std::array<int64_t, kKvClasses>> SequenceTokens(SeqId seq) const;
   // Preemption that keeps the KV: SwapOut moves a sequence's cached rows to the cache's host
   // tier and frees its pages; SwapIn brings them back (ResourceExhausted when they do not
   // fit now; nothing changes). Unimplemented by default: the caller frees and recomputes.
   virtual absl::Status SwapOut(SeqId seq);
   virtual absl::Status SwapIn(SeqId seq);
+  // Sharing (KvCache::Fork / MatchPrefix / PublishPrefix): Unimplemented / nothing cached /
+  // ignored by default.
+  virtual absl::Status Fork(SeqId src, SeqId dst);
+  virtual int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) { return 0; }
+  virtual void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {}
   // Liveness while idle: a remote target exchanges an empty step with its ranks (and
   // flushes queued frees), failing like Forward when one is gone or silent. OK by default.
   virtual absl::Status Ping();
@@ -85,34 +100,53 @@ class ModelRunner {
   bool has_pending_ = false;
 };
 
-// A runner in this process: a LlamaForward over weights it does not own and a cache it owns.
-// `weights`, `pool` and `reducer` (a tensor-parallel shard's all-reduce; null for a whole
-// model) must outlive the runner.
+// A runner in this process: the Llama graph over a Backend, with weights in the backend's
+// memory and a KvCache on the same device. KV management (room, usage, swap, sharing) is the
+// cache's (KvCache's management calls; a cache that is not managed answers none of it).
 class LocalModelRunner final : public ModelRunner {
  public:
+  // `backend` (owned), `weights` (in its memory: Backend::UploadWeights), `cache` (owned,
+  // on backend->device()). `reducer`: a tensor-parallel shard's all-reduce (null for a whole
+  // model), borrowed.
+  LocalModelRunner(const LlamaConfig& config, std::unique_ptr<Backend> backend,
+                   std::shared_ptr<const LlamaWeights> weights, std::unique_ptr<KvCache> cache,
+                   PartialSumReducer* reducer = nullptr);
+  // The CPU reference (tests, tools): a CpuBackend over `pool` (may be null), rounding
+  // activations as weights.activations says. `weights` and `pool` must outlive the runner.
   LocalModelRunner(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
                    std::unique_ptr<KvCache> cache, PartialSumReducer* reducer = nullptr);
+  ~LocalModelRunner() override;
 
-  int32_t vocab_size() const override { return forward_.config().vocab_size; }
-  int32_t max_positions() const override { return forward_.config().context_length; }
+  int32_t vocab_size() const override { return forward_->config().vocab_size; }
+  int32_t max_positions() const override { return forward_->config().context_length; }
+  std::string device() const override { return backend_->device(); }
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override;
   int32_t Length(SeqId seq) const override { return cache_->Length(seq); }
   absl::Status Reserve(SeqId seq, int32_t count) override { return cache_->Reserve(seq, count); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return cache_->Truncate(seq, n); }
   void Free(SeqId seq) override { cache_->Free(seq); }
-  // Through the KvStore (kvstore/kv_store.h) when the cache is one.
   std::optional<KvRoom> Room(int64_t tokens) const override;
   std::optional<KvMemory> Memory() const override;
-  absl::Status SwapOut(SeqId seq) override;
-  absl::Status SwapIn(SeqId seq) override;
+  std::optional<std::array<int64_t, kKvClasses>> SequenceTokens(SeqId seq) const override;
+  absl::Status SwapOut(SeqId seq) override { return cache_->SwapOut(seq); }
+  absl::Status SwapIn(SeqId seq) override { return cache_->SwapIn(seq); }
+  absl::Status Fork(SeqId src, SeqId dst) override { return cache_->Fork(src, dst); }
+  int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) override {
+    return cache_->MatchPrefix(seq, tokens);
+  }
+  void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) override {
+    cache_->PublishPrefix(seq, tokens);
+  }
 
-  LlamaForward& forward() { return forward_; }
+  LlamaForward& forward() { return *forward_; }
+  Backend& backend() { return *backend_; }
   KvCache& cache() { return *cache_; }
+  const KvCache& cache() const { return *cache_; }
 
  private:
-  LlamaForward forward_;
+  std::unique_ptr<Backend> backend_;  // before forward_, which uses it
+  std::unique_ptr<LlamaForward> forward_;
   std::unique_ptr<KvCache> cache_;
-  KvStore* store_;  // cache_ when it is a KvStore (room, usage, swap tier), else null
 };
 
 }  // namespace specnode

@@ -4,7 +4,7 @@
 //
 //   SPECNODE_NCCL_RETURN_IF_ERROR(ncclAllReduce(...));
 //     on failure returns from the enclosing function with
-//       InternalError("tensor-parallel/nccl_communicator.cc:42: ncclAllReduce(...) failed:
+//       InternalError("cuda/nccl_communicator.cc:42: ncclAllReduce(...) failed:
 //                      <ncclGetErrorString> (ncclResult 3)")
 //     ncclInProgress is NOT a failure (non-blocking communicators return it while an
 //     operation is being enqueued or initialised); callers poll ncclCommGetAsyncError.

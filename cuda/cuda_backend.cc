@@ -1,0 +1,269 @@
+#include "cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_attention.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_ops.h"
+#include "model/ggml_types.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+
+int64_t CudaStepTables::Stage(int64_t count) {
+  if (uploaded_) {
+    host_.clear();
+    uploaded_ = false;
+  }
+  const int64_t offset = static_cast<int64_t>(host_.size());
+  host_.resize(host_.size() + count, 0);
+  return offset;
+}
+
+absl::Status CudaStepTables::Upload(cudaStream_t stream) {
+  if (uploaded_) return absl::OkStatus();
+  const size_t bytes = host_.size() * sizeof(int32_t);
+  if (bytes > buffer_.size()) {
+    SPECNODE_RETURN_IF_ERROR(buffer_.Reserve(std::bit_ceil(std::max<size_t>(bytes, 256))));
+  }
+  if (bytes > 0) {
+    SPECNODE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(buffer_.data(), host_.data(), bytes, cudaMemcpyHostToDevice, stream));
+  }
+  uploaded_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& o) {
+  SPECNODE_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
+  if (o.device < 0 || o.device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda:", o.device, " does not exist (",
+                                                   devices, " CUDA devices visible)"));
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  b->device_ = o.device;
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, o.device) == cudaSuccess) b->device_name_ = prop.name;
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
+  SPECNODE_ASSIGN_OR_RETURN(b->mm_, CudaMatMulContext::Create(b->stream_));
+  const char* env = std::getenv("SPECNODE_CUDA_GRAPHS");
+  const bool env_off = env != nullptr && std::string(env) == "0";
+  if (o.cuda_graphs && !env_off) b->graphs_ = std::make_unique<CudaGraphCache>();
+  return b;
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  graphs_.reset();
+  mm_.reset();  // its cuBLAS handle is bound to stream_
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::device() const { return absl::StrCat("cuda:", device_); }
+
+std::string CudaBackend::Describe() const {
+  return absl::StrCat("cuda:", device_, device_name_.empty() ? "" : " (" + device_name_ + ")");
+}
+
+namespace {
+
+// Weights on the device: the views (LlamaWeights with device pointers) and the buffers
+// behind them.
+struct DeviceWeights {
+  LlamaWeights view;
+  std::vector<DeviceBuffer> buffers;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
+    std::shared_ptr<const LlamaWeights> weights) {
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const LlamaWeights& w = *weights;
+  auto d = std::make_shared<DeviceWeights>();
+  auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
+    // Compact: each row's own bytes only (a column slice's row_stride spans the whole row).
+    const size_t row_bytes = GgmlRowBytes(m.type, m.cols);
+    std::vector<uint8_t> host(row_bytes * static_cast<size_t>(m.rows));
+    for (int64_t r = 0; r < m.rows; ++r) {
+      std::memcpy(host.data() + r * row_bytes,
+                  static_cast<const uint8_t*>(m.data) + r * m.row_stride, row_bytes);
+    }
+    SPECNODE_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::FromHost(host.data(), host.size()));
+    weight_bytes_ += static_cast<int64_t>(host.size());
+    WeightView v{m.type, buf.data(), m.rows, m.cols, row_bytes};
+    d->buffers.push_back(std::move(buf));
+    return v;
+  };
+  auto norm = [&](const float* v, int64_t n) -> absl::StatusOr<const float*> {
+    SPECNODE_ASSIGN_OR_RETURN(DeviceBuffer buf,
+                              DeviceBuffer::FromHost(v, static_cast<size_t>(n) * sizeof(float)));
+    weight_bytes_ += n * static_cast<int64_t>(sizeof(float));
+    const float* p = buf.as<float>();
+    d->buffers.push_back(std::move(buf));
+    return p;
+  };
+  const int64_t dm = w.token_embd.cols;
+  LlamaWeights& v = d->view;
+  v.shard = w.shard;
+  v.n_heads_local = w.n_heads_local;
+  v.n_kv_heads_local = w.n_kv_heads_local;
+  v.d_ff_local = w.d_ff_local;
+  v.activations = w.activations;
+  SPECNODE_ASSIGN_OR_RETURN(v.token_embd, matrix(w.token_embd));
+  if (w.output.data == w.token_embd.data) {
+    v.output = v.token_embd;  // tied: one device copy
+  } else {
+    SPECNODE_ASSIGN_OR_RETURN(v.output, matrix(w.output));
+  }
+  SPECNODE_ASSIGN_OR_RETURN(v.output_norm, norm(w.output_norm, dm));
+  for (const LayerWeights& lw : w.layers) {
+    LayerWeights l;
+    SPECNODE_ASSIGN_OR_RETURN(l.attn_norm, norm(lw.attn_norm, dm));
+    SPECNODE_ASSIGN_OR_RETURN(l.ffn_norm, norm(lw.ffn_norm, dm));
+    SPECNODE_ASSIGN_OR_RETURN(l.wq, matrix(lw.wq));
+    SPECNODE_ASSIGN_OR_RETURN(l.wk, matrix(lw.wk));
+    SPECNODE_ASSIGN_OR_RETURN(l.wv, matrix(lw.wv));
+    SPECNODE_ASSIGN_OR_RETURN(l.wo, matrix(lw.wo));
+    SPECNODE_ASSIGN_OR_RETURN(l.w_gate, matrix(lw.w_gate));
+    SPECNODE_ASSIGN_OR_RETURN(l.w_up, matrix(lw.w_up));
+    SPECNODE_ASSIGN_OR_RETURN(l.w_down, matrix(lw.w_down));
+    v.layers.push_back(l);
+  }
+  // The views live as long as their buffers: one owner for both.
+  return std::shared_ptr<const LlamaWeights>(d, &d->view);
+}
+
+absl::Status CudaBackend::Ensure(DeviceBuffer& buf, size_t bytes) {
+  if (bytes <= buf.size()) return absl::OkStatus();
+  return buf.Reserve(std::bit_ceil(std::max<size_t>(bytes, 256)));
+}
+
+absl::StatusOr<float*> CudaBackend::Buffer(int slot, int64_t floats) {
+  if (slot < 0 || slot >= kMaxSlots || floats < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaBackend::Buffer(", slot, ", ", floats, ")"));
+  }
+  SPECNODE_RETURN_IF_ERROR(Ensure(buffers_[slot], static_cast<size_t>(floats) * sizeof(float)));
+  return buffers_[slot].as<float>();
+}
+
+absl::Status CudaBackend::BeginPass(std::span<const int32_t> ids,
+                                    std::span<const int32_t> positions) {
+  if (ids.size() != positions.size()) {
+    return absl::InvalidArgumentError("CudaBackend::BeginPass: ids and positions differ in length");
+  }
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  rows_ = static_cast<int64_t>(ids.size());
+  // First in the step's tables, so that their offsets depend on the rows only (a recorded
+  // pass bakes them in); the page pool's tables follow.
+  ids_ = tables_.Stage(rows_);
+  positions_ = tables_.Stage(rows_);
+  std::copy(ids.begin(), ids.end(), tables_.staged(ids_));
+  std::copy(positions.begin(), positions.end(), tables_.staged(positions_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EmbeddingRows(const WeightView& table, float* out) {
+  SPECNODE_RETURN_IF_ERROR(UploadTables());
+  return CudaEmbeddingRows(table, tables_.device(ids_), rows_, out, stream_);
+}
+
+absl::Status CudaBackend::RmsNorm(const float* x, const float* weight, int64_t n, int dim,
+                                  float eps, float* y) {
+  return CudaRmsNorm(x, weight, n, dim, eps, y, stream_);
+}
+
+absl::Status CudaBackend::AddRmsNorm(float* x, const float* h, const float* weight, int64_t n,
+                                     int dim, float eps, float* y) {
+  return CudaAddRmsNorm(x, h, weight, n, dim, eps, y, stream_);
+}
+
+absl::Status CudaBackend::RmsNormRows(const float* x, std::span<const int64_t> rows,
+                                      const float* weight, int dim, float eps, float* y) {
+  // One launch per run of consecutive rows (a decode batch or a verification pass is one).
+  const int64_t n = static_cast<int64_t>(rows.size());
+  for (int64_t r = 0; r < n;) {
+    int64_t run = 1;
+    while (r + run < n && rows[r + run] == rows[r] + run) ++run;
+    SPECNODE_RETURN_IF_ERROR(
+        CudaRmsNorm(x + rows[r] * dim, weight, run, dim, eps, y + r * dim, stream_));
+    r += run;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Add(float* y, const float* x, int64_t count) {
+  return CudaAddInPlace(y, x, count, stream_);
+}
+
+absl::Status CudaBackend::MatMul(const WeightView& w, const float* x, int64_t n, float* y) {
+  return CudaMatMul(mm_.get(), w, x, n, y);
+}
+
+absl::Status CudaBackend::MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
+                                       std::span<float* const> ys) {
+  return CudaMatMulSharedInput(mm_.get(), ws, x, n, ys);
+}
+
+absl::Status CudaBackend::RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
+                                   int head_dim, int rope_dim, float base) {
+  if (n != rows_) {
+    return absl::InvalidArgumentError("CudaBackend::RopePair: n is not the pass's row count");
+  }
+  SPECNODE_RETURN_IF_ERROR(UploadTables());
+  return CudaRopeNormPair(q, k, tables_.device(positions_), n, n_heads, n_kv_heads, head_dim,
+                          rope_dim, base, stream_);
+}
+
+absl::Status CudaBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
+  return CudaSwiGlu(gate, up, count, out, stream_);
+}
+
+absl::Status CudaBackend::AllReduce(PartialSumReducer* reducer, float* data, int64_t count) {
+  if (reducer == nullptr) return absl::OkStatus();
+  // The reducer runs on its own stream and returns when the sum is in place: the partial
+  // sums must be complete first, and later kernels on stream_ start after it returned.
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return reducer->AllReduceSum(data, count);
+}
+
+absl::StatusOr<float*> CudaBackend::LogitsBuffer(int64_t floats, std::vector<float>* host) {
+  SPECNODE_RETURN_IF_ERROR(Ensure(logits_, static_cast<size_t>(floats) * sizeof(float)));
+  return logits_.as<float>();
+}
+
+absl::Status CudaBackend::FinishLogits(const float* logits, int64_t floats,
+                                       std::vector<float>* host) {
+  host->resize(static_cast<size_t>(floats));
+  if (floats > 0) {
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host->data(), logits, floats * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, stream_));
+  }
+  return Sync();
+}
+
+absl::Status CudaBackend::Sync() {
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Record(int64_t rows, uint64_t signature,
+                                 const std::function<absl::Status()>& body) {
+  // The step's tables go first, outside any capture; their buffer is part of what the
+  // launches bake in.
+  SPECNODE_RETURN_IF_ERROR(UploadTables());
+  // Passes of many rows (prefill chunks) are compute-bound and their sizes rarely repeat:
+  // capturing them would cost more than their launches.
+  constexpr int64_t kGraphMaxRows = 64;
+  if (graphs_ == nullptr || rows > kGraphMaxRows) return body();
+  const uint64_t sig =
+      MixSignature(signature, reinterpret_cast<uintptr_t>(tables_.device_base()));
+  return graphs_->Run(stream_, rows, sig, body);
+}
+
+}  // namespace specnode

@@ -1,0 +1,140 @@
+// CudaBackend: the Backend (model/backend.h) on one GPU — today's CUDA kernels behind the
+// ops of the one Llama graph (model/llama_forward.h): fused dequantise-matmuls
+// (cuda_matmul.h, Q/K/V and gate/up in one launch each), RMSNorm with the residual add
+// fused in, the Q/K RoPE pair, SwiGLU, embedding rows (cuda_ops.h, cuda_attention.h). Every
+// op is batch-invariant as on the CPU, so greedy speculation equals plain decoding here
+// too; results differ from the CPU reference within the tolerances cuda/tests state
+// (activations stay f32 into the matmuls; the CPU rounds them to int16 or int8 blocks).
+//
+// Everything runs on the backend's own stream. Per-step integer tables (token ids,
+// positions, and what the KV page pool stages: cuda_page_pool.h) are packed into one host
+// staging area and reach the device in one copy before the pass's first kernel.
+//
+// CUDA graphs: Record() replays the graph's body (embedding + layers) as a CUDA graph once a
+// pass shape (its rows, up to 64: decode batches and verification passes, not prefill
+// chunks) recurs with the same signature (cuda_graph_cache.h). Graphs run exactly the
+// kernels of the eager pass: bit-identical results. Off with
+// CudaBackendOptions::cuda_graphs = false or SPECNODE_CUDA_GRAPHS=0.
+//
+// Not thread-safe. Create() and every call with the backend's device current (calls set it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cuda/cuda_graph_cache.h"
+#include "cuda/cuda_matmul.h"
+#include "cuda/device_buffer.h"
+#include "model/backend.h"
+
+namespace specnode {
+
+struct CudaBackendOptions {
+  int device = 0;
+  // Replay recurring pass shapes as CUDA graphs (see above).
+  bool cuda_graphs = true;
+};
+
+// One step's integer tables: staged on the host by the backend and the KV page pool, then
+// copied to the device together. Offsets are in int32 values from the start of the step's
+// tables. The first Stage after an Upload starts the next step's tables.
+class CudaStepTables {
+ public:
+  // Appends `count` zeroed values and returns their offset.
+  int64_t Stage(int64_t count);
+  // The host staging of offset `offset`, to fill before Upload (valid until the next Stage).
+  int32_t* staged(int64_t offset) { return host_.data() + offset; }
+  // Copies the staged tables to the device on `stream` (no-op when already uploaded).
+  absl::Status Upload(cudaStream_t stream);
+  // The device address of offset `offset` of the uploaded tables.
+  const int32_t* device(int64_t offset) const { return buffer_.as<int32_t>() + offset; }
+  const void* device_base() const { return buffer_.data(); }
+
+ private:
+  std::vector<int32_t> host_;
+  DeviceBuffer buffer_;
+  bool uploaded_ = true;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Selects options.device and creates the stream and cuBLAS handle. Unavailable without a
+  // usable device; InvalidArgument for a device that does not exist.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string device() const override;
+  std::string Describe() const override;
+  // Copies every matrix (compacted to its own rows, in its GGUF storage type) and norm (f32)
+  // to the device; a tied head shares the embedding's copy.
+  absl::StatusOr<std::shared_ptr<const LlamaWeights>> UploadWeights(
+      std::shared_ptr<const LlamaWeights> weights) override;
+  absl::StatusOr<float*> Buffer(int slot, int64_t floats) override;
+  absl::Status BeginPass(std::span<const int32_t> ids,
+                         std::span<const int32_t> positions) override;
+  absl::Status EmbeddingRows(const WeightView& table, float* out) override;
+  absl::Status RmsNorm(const float* x, const float* weight, int64_t n, int dim, float eps,
+                       float* y) override;
+  absl::Status AddRmsNorm(float* x, const float* h, const float* weight, int64_t n, int dim,
+                          float eps, float* y) override;
+  absl::Status RmsNormRows(const float* x, std::span<const int64_t> rows, const float* weight,
+                           int dim, float eps, float* y) override;
+  absl::Status Add(float* y, const float* x, int64_t count) override;
+  absl::Status MatMul(const WeightView& w, const float* x, int64_t n, float* y) override;
+  absl::Status MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
+                            std::span<float* const> ys) override;
+  absl::Status RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads, int head_dim,
+                        int rope_dim, float base) override;
+  absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
+  // Synchronises the stream, then calls the reducer (an NCCL all-reduce over device
+  // buffers), which returns with the sum in place.
+  absl::Status AllReduce(PartialSumReducer* reducer, float* data, int64_t count) override;
+  absl::StatusOr<float*> LogitsBuffer(int64_t floats, std::vector<float>* host) override;
+  absl::Status FinishLogits(const float* logits, int64_t floats,
+                            std::vector<float>* host) override;
+  absl::Status Sync() override;
+  absl::Status Record(int64_t rows, uint64_t signature,
+                      const std::function<absl::Status()>& body) override;
+
+  // For the page pool on this device (cuda_page_pool.h): the stream its kernels share and
+  // the step tables it stages into. Staged tables reach the device before the first kernel
+  // that reads them: Record uploads them, as do EmbeddingRows, RopePair and the pool's
+  // Write / Attend (UploadTables: a no-op once uploaded), so a recorded body never copies.
+  int device_index() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  CudaStepTables& tables() { return tables_; }
+  absl::Status UploadTables() { return tables_.Upload(stream_); }
+  // Null when graphs are off.
+  const CudaGraphCache* graphs() const { return graphs_.get(); }
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  CudaBackend() = default;
+  // Grows `buf` to hold `bytes`, to a power of two so that a growing batch reallocates (and
+  // invalidates captured graphs) only log(n) times; contents discarded when it grows.
+  static absl::Status Ensure(DeviceBuffer& buf, size_t bytes);
+
+  int device_ = 0;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaMatMulContext> mm_;
+  std::unique_ptr<CudaGraphCache> graphs_;
+  std::array<DeviceBuffer, kMaxSlots> buffers_;
+  DeviceBuffer logits_;
+  CudaStepTables tables_;
+  int64_t ids_ = 0, positions_ = 0;  // the pass's offsets in tables_
+  int64_t rows_ = 0;
+  int64_t weight_bytes_ = 0;
+};
+
+}  // namespace specnode

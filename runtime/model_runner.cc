@@ -1,0 +1,86 @@
+#include "runtime/model_runner.h"
+
+#include <cassert>
+
+#include "absl/strings/str_cat.h"
+#include "model/cpu_backend.h"
+
+namespace specnode {
+
+absl::Status ModelRunner::BeginForward(std::span<const BatchEntry> batch) {
+  assert(!has_pending_);
+  pending_ = batch;
+  has_pending_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::EndForward(std::vector<float>* logits) {
+  assert(has_pending_);
+  has_pending_ = false;
+  return Forward(pending_, logits);
+}
+
+std::optional<ModelRunner::KvRoom> ModelRunner::Room(int64_t) const { return std::nullopt; }
+
+std::optional<ModelRunner::KvMemory> ModelRunner::Memory() const { return std::nullopt; }
+
+std::optional<std::array<int64_t, kKvClasses>> ModelRunner::SequenceTokens(SeqId) const {
+  return std::nullopt;
+}
+
+absl::Status ModelRunner::SwapOut(SeqId) {
+  return absl::UnimplementedError(absl::StrCat("the runner on ", device(), " cannot swap KV out"));
+}
+
+absl::Status ModelRunner::SwapIn(SeqId) {
+  return absl::UnimplementedError(absl::StrCat("the runner on ", device(), " cannot swap KV in"));
+}
+
+absl::Status ModelRunner::Fork(SeqId, SeqId) {
+  return absl::UnimplementedError(absl::StrCat("the runner on ", device(), " cannot fork"));
+}
+
+absl::Status ModelRunner::Ping() { return absl::OkStatus(); }
+
+absl::Status ModelRunner::Reserve(SeqId, int32_t) {
+  return absl::UnimplementedError("this runner does not reserve ahead of a pass");
+}
+
+LocalModelRunner::LocalModelRunner(const LlamaConfig& config, std::unique_ptr<Backend> backend,
+                                   std::shared_ptr<const LlamaWeights> weights,
+                                   std::unique_ptr<KvCache> cache, PartialSumReducer* reducer)
+    : backend_(std::move(backend)),
+      forward_(std::make_unique<LlamaForward>(config, std::move(weights), backend_.get(), reducer)),
+      cache_(std::move(cache)) {}
+
+LocalModelRunner::LocalModelRunner(const LlamaConfig& config, const LlamaWeights& weights,
+                                   ThreadPool* pool, std::unique_ptr<KvCache> cache,
+                                   PartialSumReducer* reducer)
+    : LocalModelRunner(config, std::make_unique<CpuBackend>(pool, weights.activations),
+                       std::shared_ptr<const LlamaWeights>(&weights, [](const LlamaWeights*) {}),
+                       std::move(cache), reducer) {}
+
+LocalModelRunner::~LocalModelRunner() = default;
+
+absl::Status LocalModelRunner::Forward(std::span<const BatchEntry> batch,
+                                       std::vector<float>* logits) {
+  return forward_->Forward(batch, cache_.get(), logits);
+}
+
+std::optional<ModelRunner::KvRoom> LocalModelRunner::Room(int64_t tokens) const {
+  if (!cache_->managed()) return std::nullopt;
+  return KvRoom{cache_->BytesForTokens(tokens), cache_->AvailableBytes()};
+}
+
+std::optional<ModelRunner::KvMemory> LocalModelRunner::Memory() const {
+  if (!cache_->managed()) return std::nullopt;
+  const KvUsage u = cache_->Usage();
+  return KvMemory{u.capacity_bytes, u.used_bytes, u.bytes, u.tokens, u.host_bytes};
+}
+
+std::optional<std::array<int64_t, kKvClasses>> LocalModelRunner::SequenceTokens(SeqId seq) const {
+  if (!cache_->managed()) return std::nullopt;
+  return cache_->SequenceTokens(seq);
+}
+
+}  // namespace specnode

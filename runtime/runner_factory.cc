@@ -1,0 +1,139 @@
+#include "runtime/runner_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "kvstore/cpu_page_pool.h"
+#include "kvstore/kv_cache_factory.h"
+#include "kvstore/kv_store.h"
+#include "model/cpu_backend.h"
+#include "model/status_macros.h"
+
+#ifdef SPECNODE_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_page_pool.h"
+#endif
+#ifdef SPECNODE_HAVE_NCCL
+#include "cuda/nccl_communicator.h"
+#endif
+
+namespace specnode {
+
+bool HaveCudaBackend() {
+#ifdef SPECNODE_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// The host weights as a shared pointer that does not own them (the model does).
+std::shared_ptr<const LlamaWeights> Borrowed(const LlamaWeights& w) {
+  return std::shared_ptr<const LlamaWeights>(&w, [](const LlamaWeights*) {});
+}
+
+absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool probe_device) {
+  const std::string dev = o.device.name();
+#ifdef SPECNODE_HAVE_CUDA
+  // What the request asks of any GPU first (answers the same with or without one), then
+  // whether this one is there.
+  if (o.activations.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dev, " computes matmuls with f32 activations; activations ",
+        *o.activations == ActQuant::kInt8 ? "int8" : "int16",
+        " is a CPU option (leave it unset on a GPU)"));
+  }
+  if (o.kv.mode == KvMode::kDense) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv mode dense is the CPU's f32 reference cache; ", dev,
+                     " keeps KV in its page pool (kv mode auto or full)"));
+  }
+  SPECNODE_RETURN_IF_ERROR(KvStore::CheckSupported(o.kv, CudaPagePool::Caps(), dev));
+  if (config != nullptr && config->head_dim > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dev, ": head_dim ", config->head_dim, " exceeds the GPU attention kernel's 256"));
+  }
+  if (!probe_device) return absl::OkStatus();
+  SPECNODE_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
+  if (o.device.index >= devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dev, " does not exist (", devices, " CUDA devices visible)"));
+  }
+  return absl::OkStatus();
+#else
+  (void)config;
+  (void)probe_device;
+  return absl::UnimplementedError(absl::StrCat(
+      dev, " requested, but this specnode was built without the CUDA backend "
+      "(configure with nvcc on PATH, or -DSPECNODE_CUDA=ON)"));
+#endif
+}
+
+}  // namespace
+
+absl::Status CheckRunnerOptions(const RunnerOptions& o, const LlamaConfig* config,
+                                bool probe_device) {
+  SPECNODE_RETURN_IF_ERROR(o.kv.Validate());
+  if (!o.device.is_cpu()) return CheckCuda(o, config, probe_device);
+  if (o.kv.mode == KvMode::kDense) return absl::OkStatus();
+  const int head_dim = config != nullptr ? config->head_dim : 0;
+  return KvStore::CheckSupported(o.kv, CpuPagePool::Caps(head_dim, o.kv.rotate), "cpu");
+}
+
+absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& config,
+                                                             const LlamaWeights& weights,
+                                                             const RunnerOptions& o) {
+  SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(o, &config));
+  if (o.device.is_cpu()) {
+    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                              MakeKvCache(config, weights.n_kv_heads_local, o.kv));
+    auto backend =
+        std::make_unique<CpuBackend>(o.pool, o.activations.value_or(weights.activations));
+    return std::make_unique<LocalModelRunner>(config, std::move(backend), Borrowed(weights),
+                                              std::move(cache), o.reducer);
+  }
+#ifdef SPECNODE_HAVE_CUDA
+  CudaBackendOptions bo;
+  bo.device = o.device.index;
+  bo.cuda_graphs = o.cuda_graphs;
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(bo));
+  SPECNODE_ASSIGN_OR_RETURN(std::shared_ptr<const LlamaWeights> device_weights,
+                            backend->UploadWeights(Borrowed(weights)));
+  const KvStoreConfig kc = KvStoreConfigFor(config, weights.n_kv_heads_local, o.kv);
+  const KvPoolGeometry g{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, kc.page_tokens};
+  SPECNODE_ASSIGN_OR_RETURN(
+      std::unique_ptr<CudaPagePool> pool,
+      CudaPagePool::Create(backend.get(), g, kc.capacity_bytes, kc.max_seq_len));
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> store, KvStore::Create(kc, std::move(pool)));
+  return std::make_unique<LocalModelRunner>(config, std::move(backend), std::move(device_weights),
+                                            std::move(store), o.reducer);
+#else
+  return absl::InternalError("unreachable: CheckRunnerOptions refuses cuda in this build");
+#endif
+}
+
+GpuShardLink::~GpuShardLink() = default;
+
+absl::StatusOr<std::unique_ptr<GpuShardLink>> GpuShardLink::Create(Communicator* group,
+                                                                   Device device,
+                                                                   double timeout_s) {
+  std::unique_ptr<GpuShardLink> link(new GpuShardLink());
+  if (group->size() == 1) return link;
+#ifdef SPECNODE_HAVE_NCCL
+  CommunicatorOptions co;
+  co.timeout_s = timeout_s;
+  auto nccl = NcclCommunicator::Create(group, device.index, co);
+  if (!nccl.ok()) return nccl.status();
+  link->nccl_ = std::move(nccl).value();
+  link->reducer_ = std::make_unique<CommunicatorReducer>(link->nccl_.get());
+  return link;
+#else
+  (void)timeout_s;
+  return absl::UnimplementedError(absl::StrCat(
+      "a tensor-parallel group on ", device.name(),
+      " needs NCCL, and this specnode was built without it (CUDA + MPI + NCCL)"));
+#endif
+}
+
+}  // namespace specnode

@@ -1,0 +1,244 @@
+// The runtime layer: the typed Device, the one runner factory on the CPU (the runner it
+// builds computes what the reference pass computes, and answers KV management through its
+// cache), its refusals (a device that cannot do what was asked says so, naming the device,
+// before anything is loaded — these run everywhere), and, on a GPU (skipped without one,
+// saying why), the speculative engine driving a GPU runner.
+#include "runtime/runner_factory.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/ngram_drafter.h"
+#include "coordinator/spec_engine.h"
+#include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
+#include "model/dense_kv_cache.h"
+#include "model/llama_model.h"
+#include "model/thread_pool.h"
+#include "model/tiny_model.h"
+#include "runtime/device.h"
+
+namespace specnode {
+namespace {
+
+std::string TinyModel(const std::string& tag) {
+  TinyModelOptions o;
+  o.n_layers = 2;
+  o.weight_type = GgmlType::kQ4_1;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("specnode_runtime_" + std::to_string(getpid()) + "_" + tag + ".gguf"))
+                               .string();
+  EXPECT_TRUE(WriteTinyModel(o, path).ok());
+  return path;
+}
+
+std::vector<int32_t> Tokens(int n, int offset) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 37 + offset) % 250 + 3;
+  return t;
+}
+
+TEST(DeviceTest, ParsesCpuAndCudaOnly) {
+  auto cpu = ParseDevice("cpu");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_TRUE(cpu->is_cpu());
+  EXPECT_EQ(cpu->name(), "cpu");
+  auto cuda = ParseDevice("cuda:12");
+  ASSERT_TRUE(cuda.ok());
+  EXPECT_EQ(*cuda, Device::Cuda(12));
+  EXPECT_EQ(cuda->name(), "cuda:12");
+  for (const char* bad : {"", "gpu", "cuda", "cuda:", "cuda:-1", "cuda:1x", " cuda:0", "CPU"}) {
+    auto d = ParseDevice(bad);
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find("expected cpu or cuda:N"), std::string_view::npos);
+  }
+}
+
+// The factory's CPU runner computes the reference pass's logits bit for bit, and its
+// KV management (room, memory, tokens per class, swap) comes from its store.
+TEST(RunnerFactoryTest, CpuRunnerEqualsTheReferencePassAndManagesItsStore) {
+  auto model = LlamaModel::Load(TinyModel("cpu"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const LlamaModel& m = **model;
+  ThreadPool pool(2);
+  RunnerOptions o;
+  o.kv.mode = KvMode::kFull;
+  o.pool = &pool;
+  auto runner = MakeRunner(m.config(), m.weights(), o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_EQ((*runner)->device(), "cpu");
+  LlamaForward ref(m.config(), m.weights(), &pool);
+  auto cache = MakeKvCache(m.config(), m.weights().n_kv_heads_local, o.kv);
+  ASSERT_TRUE(cache.ok());
+  const auto prompt = Tokens(9, 1);
+  std::vector<BatchEntry> batch = {{1, prompt, true}};
+  std::vector<float> got, want;
+  ASSERT_TRUE((*runner)->Forward(batch, &got).ok());
+  ASSERT_TRUE(ref.Forward(batch, cache->get(), &want).ok());
+  EXPECT_EQ(got, want);
+  const auto room = (*runner)->Room(16);
+  ASSERT_TRUE(room.has_value());
+  EXPECT_GT(room->needed, 0);
+  EXPECT_GT(room->available, room->needed);
+  const auto mem = (*runner)->Memory();
+  ASSERT_TRUE(mem.has_value());
+  EXPECT_EQ(mem->class_tokens[0], 9);
+  EXPECT_EQ(mem->used_bytes, mem->class_bytes[0]);
+  EXPECT_EQ((*runner)->SequenceTokens(1).value()[0], 9);
+  ASSERT_TRUE((*runner)->SwapOut(1).ok());
+  EXPECT_GT((*runner)->Memory()->host_bytes, 0);
+  ASSERT_TRUE((*runner)->SwapIn(1).ok());
+  EXPECT_EQ((*runner)->Length(1), 9);
+}
+
+// The dense reference cache keeps no accounts: the runner says it does not know, and
+// refuses swapping and forks by name.
+TEST(RunnerFactoryTest, DenseCacheAnswersNoManagement) {
+  auto model = LlamaModel::Load(TinyModel("dense"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  RunnerOptions o;
+  o.kv.mode = KvMode::kDense;
+  auto runner = MakeRunner((*model)->config(), (*model)->weights(), o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const auto prompt = Tokens(4, 2);
+  std::vector<float> logits;
+  ASSERT_TRUE((*runner)->Forward({{{1, prompt, false}}}, &logits).ok());
+  EXPECT_FALSE((*runner)->Room(1).has_value());
+  EXPECT_FALSE((*runner)->Memory().has_value());
+  EXPECT_FALSE((*runner)->SequenceTokens(1).has_value());
+  EXPECT_EQ((*runner)->SwapOut(1).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*runner)->Fork(1, 2).code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(RunnerFactoryTest, BadKvOptionsAreRefusedNamingTheField) {
+  RunnerOptions o;
+  o.kv.window_tokens = 0;
+  absl::Status s = CheckRunnerOptions(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("window_tokens"), std::string_view::npos) << s;
+  o.kv.window_tokens = 64;
+  o.kv.evict = true;
+  o.kv.evict_window = 8;
+  s = CheckRunnerOptions(o);
+  EXPECT_NE(s.message().find("evict_window"), std::string_view::npos) << s;
+}
+
+// What a GPU cannot do today is refused with the device's name, before any device is
+// touched (so these answer the same with or without a GPU); a build without the CUDA
+// backend refuses every cuda:N as Unimplemented.
+TEST(RunnerFactoryTest, GpuRefusalsNameTheDevice) {
+  RunnerOptions o;
+  o.device = Device::Cuda(0);
+  if (!HaveCudaBackend()) {
+    const absl::Status s = CheckRunnerOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_NE(s.message().find("cuda:0"), std::string_view::npos) << s;
+    return;
+  }
+  struct Case {
+    const char* what;
+    KvMode mode;
+    std::optional<ActQuant> act;
+    std::optional<bool> rotate;
+    bool evict;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"mixed", KvMode::kMixed, {}, {}, false, "int8 pages, which the cuda:0 page pool"},
+      {"int8", KvMode::kInt8, {}, {}, false, "int8 pages, which the cuda:0 page pool"},
+      {"int4", KvMode::kInt4, {}, {}, false, "int4 pages, which the cuda:0 page pool"},
+      {"dense", KvMode::kDense, {}, {}, false, "dense is the CPU's f32 reference cache"},
+      {"activations", KvMode::kAuto, ActQuant::kInt16, {}, false, "f32 activations"},
+      {"rotation", KvMode::kFull, {}, true, false, "stores K/V unrotated"},
+      {"eviction", KvMode::kFull, {}, {}, true, "eviction is not available on the cuda:0"},
+  };
+  for (const Case& c : cases) {
+    o.kv = KvOptions{};
+    o.kv.mode = c.mode;
+    o.kv.rotate = c.rotate;
+    o.kv.evict = c.evict;
+    o.activations = c.act;
+    const absl::Status s = CheckRunnerOptions(o, nullptr, /*probe_device=*/false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
+    EXPECT_NE(s.message().find(c.needle), std::string_view::npos) << c.what << ": " << s;
+  }
+  // What it can do passes the static checks; then the device itself must be there.
+  o.kv = KvOptions{};
+  o.activations.reset();
+  EXPECT_TRUE(CheckRunnerOptions(o, nullptr, /*probe_device=*/false).ok());
+  LlamaConfig wide;
+  wide.head_dim = 512;
+  const absl::Status s = CheckRunnerOptions(o, &wide, /*probe_device=*/false);
+  EXPECT_NE(s.message().find("head_dim 512"), std::string_view::npos) << s;
+}
+
+// Returns why no GPU runner can be made here ("" when one can).
+std::string NoGpuReason() {
+  RunnerOptions o;
+  o.device = Device::Cuda(0);
+  const absl::Status s = CheckRunnerOptions(o);
+  return s.ok() ? "" : std::string(s.message());
+}
+
+// The speculative engine on a GPU target with the n-gram drafter gives exactly the greedy
+// tokens of the GPU target alone; the runner's KV memory is f16 pages only.
+TEST(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
+  if (const std::string why = NoGpuReason(); !why.empty()) GTEST_SKIP() << why;
+  auto model = LlamaModel::Load(TinyModel("gpu"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto generate = [&](bool speculate) {
+    RunnerOptions o;
+    o.device = Device::Cuda(0);
+    auto runner = MakeRunner((*model)->config(), (*model)->weights(), o);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return std::vector<int32_t>{};
+    std::unique_ptr<Drafter> drafter;
+    std::unique_ptr<SpecController> controller;
+    std::vector<DraftGroup> groups;
+    if (speculate) {
+      drafter = std::move(NgramDrafter::Create({})).value();
+      controller = std::move(SpecController::Create({})).value();
+      groups.push_back({drafter.get(), controller.get()});
+    }
+    SpecEngineOptions eo;
+    eo.adaptive = false;
+    eo.fixed_k = 4;
+    SpeculativeEngine engine(runner->get(), groups, eo);
+    // A repetitive prompt, so the n-gram drafter proposes something.
+    SpecRequest r;
+    r.id = 1;
+    for (int rep = 0; rep < 4; ++rep) {
+      for (int32_t t : Tokens(6, 11)) r.prompt.push_back(t);
+    }
+    r.max_new_tokens = 24;
+    r.ignore_stop = true;
+    EXPECT_TRUE(engine.Start(r).ok());
+    std::vector<int32_t> out;
+    std::vector<SeqStepResult> results;
+    for (int guard = 0; guard < 1000; ++guard) {
+      const absl::Status st = engine.Step(std::vector<SeqId>{1}, &results);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) break;
+      out.insert(out.end(), results[0].tokens.begin(), results[0].tokens.end());
+      if (results[0].finish != FinishReason::kNone) break;
+    }
+    const auto mem = (*runner)->Memory();
+    EXPECT_TRUE(mem.has_value());
+    if (mem.has_value()) {
+      EXPECT_EQ(mem->class_bytes[1] + mem->class_bytes[2], 0);
+      EXPECT_EQ(mem->used_bytes, mem->class_bytes[0]);
+    }
+    return out;
+  };
+  const std::vector<int32_t> direct = generate(false);
+  EXPECT_EQ(direct.size(), 24u);
+  EXPECT_EQ(generate(true), direct);
+}
+
+}  // namespace
+}  // namespace specnode
