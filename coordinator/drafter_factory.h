@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/drafter.h"
-#include "kvstore/kv_cache_factory.h"
+#include "kvstore/kv_options.h"
 #include "model/llama_model.h"
 #include "model/thread_pool.h"
 

@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "model/status_macros.h"
+#include "runtime/runner_factory.h"
 
 namespace specnode {
 namespace {
@@ -41,9 +42,11 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Finish(std::unique_p
                                                                    const LlamaConfig& config,
                                                                    ThreadPool* pool,
                                                                    const KvOptions& kv) {
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
-                            MakeKvCache(config, d->weights_.n_kv_heads_local, kv));
-  d->runner_ = std::make_unique<LocalModelRunner>(config, d->weights_, pool, std::move(cache));
+  // A draft in this process runs on the CPU, through the one runner factory.
+  RunnerOptions o;
+  o.kv = kv;
+  o.pool = pool;
+  SPECNODE_ASSIGN_OR_RETURN(d->runner_, MakeRunner(config, d->weights_, o));
   return d;
 }
 

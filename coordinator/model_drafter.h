@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/drafter.h"
 #include "runtime/model_runner.h"
-#include "kvstore/kv_cache_factory.h"
+#include "kvstore/kv_options.h"
 #include "model/llama_model.h"
 #include "model/thread_pool.h"
 
@@ -41,7 +41,8 @@ class ModelDrafter final : public Drafter {
   // A draft model that runs elsewhere (another MPI rank, or a GPU): `draft` is the file
   // mapped here for the vocabulary check (InvalidArgument on a mismatch, before `connect` is
   // called); `connect` then returns the runner that drives it (a RemoteTargetRunner over the
-  // draft rank, a CudaModelRunner on rank 0's GPU). Drafting is the same as Load's.
+  // draft rank, a GPU runner from runtime/runner_factory.h on rank 0's GPU). Drafting is the
+  // same as Load's.
   using ConnectFn =
       std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const LlamaModel& draft)>;
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> Remote(std::unique_ptr<LlamaModel> draft,

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
-#include "kvstore/kv_cache_factory.h"
+#include "kvstore/kv_options.h"
 #include "node/protocol.h"
 #include "runtime/device.h"
 

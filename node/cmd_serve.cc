@@ -19,6 +19,7 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
 #include "coordinator/spec_engine.h"
+#include "kvstore/kv_precision.h"
 #include "model/status_macros.h"
 #include "node/cli_args.h"
 #include "node/cluster_config.h"
