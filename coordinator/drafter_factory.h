@@ -1,13 +1,13 @@
-// Builds a Drafter from its user-facing spec (CLI --draft, YAML `draft:`):
-//   ngram | ngram:N        prompt lookup with suffixes of up to N tokens (default 4)
-//   self:L                 the target's first L layers + its head (self-speculation)
-//   PATH.gguf              a Llama-family draft model sharing the target's vocabulary
+// Builds a Drafter from its parsed spec (draft_spec.h: CLI --draft, YAML
+// `speculation.draft`): an n-gram prompt lookup, a self-draft of the target's first layers
+// or a draft model file, on the CPU.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "coordinator/draft_spec.h"
 #include "coordinator/drafter.h"
 #include "kvstore/kv_options.h"
 #include "model/llama_model.h"
@@ -15,9 +15,10 @@
 
 namespace specnode {
 
-// InvalidArgument for a malformed spec (naming it), load errors for a bad file. `target`
-// and `pool` must outlive the drafter; kv configures a draft model's own cache.
-absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const std::string& spec,
+// InvalidArgument for spec none (no drafter) or bad values (naming them), load errors for a
+// bad file. `target` and `pool` must outlive the drafter; kv configures a draft model's own
+// cache.
+absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const DraftSpec& spec,
                                                      const LlamaModel& target, ThreadPool* pool,
                                                      const KvOptions& kv);
 

@@ -242,7 +242,13 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   const YAML::Node spec = root["speculation"];
   CFG_TRY(r.Section(spec, "speculation",
                     {"draft", "k_max", "free_threshold", "disable_threshold", "probe_every"}));
-  CFG_TRY(r.String(spec, "speculation", "draft", &c.draft));
+  std::string draft;
+  CFG_TRY(r.String(spec, "speculation", "draft", &draft));
+  if (spec.IsDefined() && spec.IsMap() && spec["draft"].IsDefined() && !spec["draft"].IsNull()) {
+    absl::StatusOr<DraftSpec> d = ParseDraftSpec(draft);
+    if (!d.ok()) return r.Error(spec["draft"], "speculation.draft", std::string(d.status().message()));
+    c.draft = *d;
+  }
   CFG_TRY(r.Int(spec, "speculation", "k_max", 1, 64, &c.k_max));
   CFG_TRY(r.Double(spec, "speculation", "free_threshold", 0, 1, &c.free_threshold));
   CFG_TRY(r.Double(spec, "speculation", "disable_threshold", 0, 1, &c.disable_threshold));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/draft_spec.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
 #include "kvstore/kv_options.h"
@@ -59,7 +60,7 @@ struct ServeConfig {
   std::string curve_secret_key;
   // HTTP Prometheus endpoint "IPV4:PORT" (node/metrics_http.h); "" = off.
   std::string metrics_bind;
-  std::string draft = "ngram";
+  DraftSpec draft;  // speculation.draft, parsed (coordinator/draft_spec.h); default ngram
   int k_max = 4;
   double free_threshold = 0.6, disable_threshold = 0.4;
   int probe_every = 32;

@@ -80,6 +80,12 @@ absl::Status Run(const CliArgs& args) {
   }
   domain = router->Classify(domain, args.Get("prompt"));
   SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
+  std::optional<DraftSpec> draft;
+  if (args.Has("draft")) {
+    absl::StatusOr<DraftSpec> d = ParseDraftSpec(args.Get("draft"));
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--draft: ", d.status().message()));
+    draft = *d;
+  }
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), !quiet, kv,
@@ -103,9 +109,8 @@ absl::Status Run(const CliArgs& args) {
   SpecEngineOptions options;
   options.adaptive = !args.Has("spec-fixed");
   options.fixed_k = static_cast<int>(spec_k);
-  if (args.Has("draft")) {
-    SPECNODE_ASSIGN_OR_RETURN(
-        drafter, MakeDrafter(args.Get("draft"), session->model(), session->pool(), kv));
+  if (draft.has_value() && !draft->none()) {
+    SPECNODE_ASSIGN_OR_RETURN(drafter, MakeDrafter(*draft, session->model(), session->pool(), kv));
     SpecControllerConfig cc;
     cc.k_max = static_cast<int>(spec_k);
     cc.k_initial = std::min(cc.k_max, 4);

@@ -124,7 +124,11 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
     c.metrics_bind = args.Get("metrics-bind");
     SPECNODE_RETURN_IF_ERROR(ValidateMetricsAddress(c.metrics_bind));
   }
-  if (args.Has("draft")) c.draft = args.Get("draft");
+  if (args.Has("draft")) {
+    absl::StatusOr<DraftSpec> d = ParseDraftSpec(args.Get("draft"));
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--draft: ", d.status().message()));
+    c.draft = *d;
+  }
   if (args.Has("router-rules")) c.router_rules_file = args.Get("router-rules");
   if (args.Has("activations")) {
     SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
@@ -169,7 +173,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   std::vector<std::pair<std::string, const SpecController*>> controllers;  // for metrics
   std::string draft_name = "none";
   for (ServeGroup& g : serve_groups) {
-    if (g.drafter == nullptr && cfg.draft != "none") {
+    if (g.drafter == nullptr && !cfg.draft.none()) {
       SPECNODE_ASSIGN_OR_RETURN(g.drafter,
                                 MakeDrafter(cfg.draft, session->model(), session->pool(), cfg.kv));
     }

@@ -71,7 +71,7 @@ struct Tally {
   std::map<std::string, int64_t> groups;  // router: sequences per chosen drafter
 };
 
-absl::Status AddDrafterGroup(Config& c, const std::string& spec, ModelSession& session,
+absl::Status AddDrafterGroup(Config& c, const DraftSpec& spec, ModelSession& session,
                              const KvOptions& kv, int k_max) {
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<Drafter> d,
                             MakeDrafter(spec, session.model(), session.pool(), kv));
@@ -137,15 +137,21 @@ absl::Status Run(const CliArgs& args) {
     SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(p.ids, max_tokens));
   }
 
-  const std::vector<std::string> specs =
-      absl::StrSplit(args.Get("drafters", "ngram,self:20"), ',', absl::SkipEmpty());
+  std::vector<DraftSpec> specs;
+  for (absl::string_view text :
+       absl::StrSplit(args.Get("drafters", "ngram,self:20"), ',', absl::SkipEmpty())) {
+    absl::StatusOr<DraftSpec> d = ParseDraftSpec(std::string(text));
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--drafters: ", d.status().message()));
+    if (d->none()) return absl::InvalidArgumentError("--drafters: none is not a drafter");
+    specs.push_back(*d);
+  }
   std::vector<std::unique_ptr<Config>> configs;
   configs.push_back(std::make_unique<Config>());
   configs.back()->name = "target";
-  for (const std::string& spec : specs) {
+  for (const DraftSpec& spec : specs) {
     for (bool adaptive : {false, true}) {
       auto c = std::make_unique<Config>();
-      c->drafter = spec;
+      c->drafter = spec.text();
       c->adaptive = adaptive;
       SPECNODE_RETURN_IF_ERROR(
           AddDrafterGroup(*c, spec, *session, kv, static_cast<int>(adaptive ? k_max : spec_k)));
@@ -161,7 +167,7 @@ absl::Status Run(const CliArgs& args) {
     c->name = "router";
     c->drafter = "all";
     c->adaptive = true;
-    for (const std::string& spec : specs) {
+    for (const DraftSpec& spec : specs) {
       SPECNODE_RETURN_IF_ERROR(AddDrafterGroup(*c, spec, *session, kv, static_cast<int>(k_max)));
     }
     configs.push_back(std::move(c));

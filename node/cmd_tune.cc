@@ -87,7 +87,7 @@ class EngineMeasurer final : public TuneMeasurer {
     // on earlier passes are what a running server has.
     std::vector<DraftGroup> groups;
     std::unique_ptr<Drafter> drafter;
-    if (c.draft != "none") {
+    if (!c.draft.none()) {
       SPECNODE_ASSIGN_OR_RETURN(
           drafter, MakeDrafter(c.draft, setup->session->model(), setup->session->pool(), c.kv));
       groups.push_back({drafter.get(), setup->controller.get()});
@@ -181,7 +181,7 @@ class EngineMeasurer final : public TuneMeasurer {
     if (it != setups_.end()) return it->second.get();
     auto setup = std::make_unique<Setup>();
     SPECNODE_ASSIGN_OR_RETURN(setup->session, Session(c));
-    if (c.draft != "none") {
+    if (!c.draft.none()) {
       SPECNODE_ASSIGN_OR_RETURN(setup->controller, SpecController::Create(ControllerConfigFor(c)));
     }
     Setup* raw = setup.get();

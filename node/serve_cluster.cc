@@ -49,10 +49,7 @@ std::atomic<bool> g_shard_stop{false};
 void OnShardSignal(int) { g_shard_stop.store(true); }
 
 // A draft spec that runs inside the coordinator (no model file of its own).
-bool CoordinatorDraft(const std::string& spec) {
-  return spec == "none" || spec == "ngram" || absl::StartsWith(spec, "ngram:") ||
-         absl::StartsWith(spec, "self:");
-}
+bool CoordinatorDraft(const DraftSpec& spec) { return !spec.is_model(); }
 
 // Checks every rank makes alike, before any weights load.
 absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
@@ -70,7 +67,7 @@ absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s places rank 0 on %s, but the draft '%s' runs inside the coordinator on the CPU "
           "(use device: cpu, or a draft model file)",
-          cfg.source, g.draft.device.name(), cfg.draft));
+          cfg.source, g.draft.device.name(), cfg.draft.text()));
     }
     for (const RankPlacement& p : g.target) {
       if (p.device.is_cpu() != g.target[0].device.is_cpu()) {
@@ -99,7 +96,7 @@ absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: group %s places its draft on rank %d, but the draft '%s' runs inside the "
           "coordinator: place it on rank 0 (draft: {rank: 0}), or give a draft model file",
-          cfg.source, g.name, g.draft.rank, cfg.draft));
+          cfg.source, g.name, g.draft.rank, cfg.draft.text()));
     }
   }
   // The target's shape, from the GGUF header only (the file is mapped, no weight page read).
@@ -113,7 +110,7 @@ absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
           g.name, g.target.size(), cfg.model, plan.status().message()));
     }
     if (g.draft.rank != 0) {
-      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> draft, GgufFile::Open(cfg.draft));
+      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> draft, GgufFile::Open(cfg.draft.path));
       SPECNODE_RETURN_IF_ERROR(LlamaConfig::FromGguf(*draft).status());
     }
   }
@@ -132,7 +129,7 @@ Role RoleOf(const ServeConfig& cfg, int rank) {
   Role role;
   if (rank == 0) return role;
   for (const GroupTopology& g : cfg.topology.groups) {
-    if (g.draft.rank == rank) return {Role::Kind::kDraft, cfg.draft, {rank}, g.draft.device};
+    if (g.draft.rank == rank) return {Role::Kind::kDraft, cfg.draft.path, {rank}, g.draft.device};
     for (const RankPlacement& p : g.target) {
       if (p.rank != rank) continue;
       role = {Role::Kind::kTarget, cfg.model, {}, p.device};
@@ -228,10 +225,10 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
       };
     }
     if (connect_draft) {
-      absl::StatusOr<std::unique_ptr<LlamaModel>> draft = LlamaModel::Load(cfg.draft);
+      absl::StatusOr<std::unique_ptr<LlamaModel>> draft = LlamaModel::Load(cfg.draft.path);
       if (!draft.ok()) return fail_start(draft.status());
       absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter =
-          ModelDrafter::Remote(*std::move(draft), cfg.draft, m, connect_draft);
+          ModelDrafter::Remote(*std::move(draft), cfg.draft.path, m, connect_draft);
       if (!drafter.ok()) return fail_start(drafter.status());
       group.drafter = *std::move(drafter);
     }

@@ -46,13 +46,15 @@ std::vector<TuneOption> DefaultTuneStack(const ServeConfig& base, int n_layers) 
   std::vector<TuneOption> stack;
   // The base's own drafter first when it is a model file (or an n-gram / self variant the
   // stack would not try).
-  const bool stock = base.draft == "none" || base.draft == "ngram";
-  if (!stock) stack.push_back({"speculation.draft", base.draft, Goal::kLatency, false});
+  const bool stock = base.draft.none() || base.draft == DraftSpec{};
+  if (!stock) stack.push_back({"speculation.draft", base.draft.text(), Goal::kLatency, false});
   stack.push_back({"speculation.draft", "ngram", Goal::kLatency, false});
   if (n_layers >= 3) {
     const int layers = std::max(1, (2 * n_layers) / 3);
     const std::string self = absl::StrCat("self:", layers);
-    if (self != base.draft) stack.push_back({"speculation.draft", self, Goal::kLatency, false});
+    if (self != base.draft.text()) {
+      stack.push_back({"speculation.draft", self, Goal::kLatency, false});
+    }
   }
   if (base.k_max < 8) stack.push_back({"speculation.k_max", "8", Goal::kLatency, false});
   // Cheap drafts (a GPU target verifies extra rows for ~5% of a step) pay at acceptances
@@ -69,8 +71,11 @@ std::vector<TuneOption> DefaultTuneStack(const ServeConfig& base, int n_layers) 
 
 absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
   if (o.key == "speculation.draft") {
-    if (o.value.empty()) return absl::InvalidArgumentError("speculation.draft: empty");
-    c->draft = o.value;
+    absl::StatusOr<DraftSpec> d = ParseDraftSpec(o.value);
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("speculation.draft: ", d.status().message()));
+    }
+    c->draft = *d;
   } else if (o.key == "speculation.k_max") {
     int k = 0;
     if (!absl::SimpleAtoi(o.value, &k) || k < 1 || k > 64) {
@@ -110,7 +115,7 @@ ServeConfig TuneBaseline(const ServeConfig& base) {
 }
 
 std::string TuneKey(const ServeConfig& c) {
-  return absl::StrCat("draft=", c.draft, " k_max=", c.k_max,
+  return absl::StrCat("draft=", c.draft.text(), " k_max=", c.k_max,
                       " disable=", absl::StrFormat("%g", c.disable_threshold), " kv=", std::string(KvModeName(c.kv.mode)),
                       " activations=", RequestedActivations(c.activations));
 }
@@ -182,7 +187,7 @@ absl::StatusOr<TuneResult> TuneStack(const ServeConfig& base, const std::vector<
     ServeConfig candidate = current;
     SPECNODE_RETURN_IF_ERROR(ApplyTuneOption(option, &candidate));
     if (absl::StartsWith(option.key, "speculation.") && option.key != "speculation.draft" &&
-        current.draft == "none") {
+        current.draft.none()) {
       step.skipped = "no drafter kept";
     } else if (TuneKey(candidate) == TuneKey(current)) {
       step.skipped = "already the current setting";

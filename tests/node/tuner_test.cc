@@ -51,7 +51,7 @@ class ScriptedMeasurer final : public TuneMeasurer {
 
  private:
   static std::vector<std::string> Settings(const ServeConfig& c) {
-    return {"draft=" + c.draft, "k_max=" + std::to_string(c.k_max), "kv=" + std::string(KvModeName(c.kv.mode)),
+    return {"draft=" + c.draft.text(), "k_max=" + std::to_string(c.k_max), "kv=" + std::string(KvModeName(c.kv.mode)),
             std::string("activations=") + (c.activations == ActQuant::kInt8 ? "int8" : "int16")};
   }
 };
@@ -72,7 +72,7 @@ TEST(TuneStackTest, DefaultStackOnCpuAndGpu) {
                                      "model.activations=int8", "kv.mode=mixed"));
   base.device = Device::Cuda(0);           // the GPU runner keeps f16 KV and f32 activations
   base.k_max = 8;                     // nothing larger to try
-  base.draft = "/models/draft.gguf";  // the user's own drafter is tried first
+  base.draft = ParseDraftSpec("/models/draft.gguf").value();  // the user's own drafter is tried first
   names.clear();
   for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
   EXPECT_THAT(names, ::testing::ElementsAre("speculation.draft=/models/draft.gguf",
@@ -86,7 +86,7 @@ TEST(TuneStackTest, BaselineSwitchesEveryOptionOff) {
   ServeConfig base = Base();
   base.activations = ActQuant::kInt8;
   const ServeConfig b = TuneBaseline(base);
-  EXPECT_EQ(b.draft, "none");
+  EXPECT_EQ(b.draft.text(), "none");
   EXPECT_EQ(b.kv.mode, KvMode::kFull);
   EXPECT_EQ(b.activations, ActQuant::kInt16);
   EXPECT_EQ(b.k_max, base.k_max);
@@ -228,7 +228,7 @@ TEST(TunedYamlTest, SetsTheKeptKeysKeepsTheRestAndParses) {
   EXPECT_THAT(*y, ::testing::StartsWith("# kept: a\n# rejected: b\n"));
   absl::StatusOr<ServeConfig> c = ParseServeConfig(*y, "tuned");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->draft, "ngram");
+  EXPECT_EQ(c->draft.text(), "ngram");
   EXPECT_EQ(c->k_max, 8);
   EXPECT_DOUBLE_EQ(c->disable_threshold, 0.2);
   EXPECT_EQ(c->kv.mode, KvMode::kMixed);
@@ -243,7 +243,7 @@ TEST(TunedYamlTest, SetsTheKeptKeysKeepsTheRestAndParses) {
   ASSERT_TRUE(y.ok()) << y.status();
   c = ParseServeConfig(*y, "tuned");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->draft, "none");
+  EXPECT_EQ(c->draft.text(), "none");
   EXPECT_EQ(c->kv.mode, KvMode::kFull);
   EXPECT_EQ(c->model, original->model);
   EXPECT_FALSE(TunedYaml("[1, 2", {}, "", "").ok());

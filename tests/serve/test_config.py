@@ -38,6 +38,17 @@ BAD = [
     ("sla:\n  classes:\n    - {name: a, shed: maybe}\n  default: a\n",
      "bad.yaml:3: sla.classes[0].shed: expected true or false"),
     ("serve:\n  metrics_bind: 127.0.0.1:99999\n", "bad.yaml:2: serve.metrics_bind"),
+    # KV mode, draft spec and device are parsed where they are read (file, line, key).
+    ("kv:\n  mode: fp8\n", 'bad.yaml:2: kv.mode: unknown KV mode "fp8"'),
+    ("kv:\n  mode: [full]\n", "bad.yaml:2: kv.mode: expected a string"),
+    ("kv:\n  rotate: sometimes\n", "bad.yaml:2: kv.rotate: expected true or false"),
+    ("kv:\n  window_tokens: 64\n  evict_window: 16\n",
+     "bad.yaml:3: kv.evict_window: must be >= kv.window_tokens"),
+    ("speculation:\n  draft: self:x\n",
+     'bad.yaml:2: speculation.draft: draft spec "self:x": expected a positive integer'),
+    ("speculation:\n  draft: ngram:0\n", "bad.yaml:2: speculation.draft"),
+    # A device that cannot do what the config asks refuses before the model is opened.
+    ("model:\n  device: cuda:0\nkv:\n  mode: mixed\n", "cuda:0"),
 ]
 
 

@@ -1,0 +1,38 @@
+// DraftSpec: the drafter a user names (--draft, `speculation.draft`), parsed once where it
+// is read into a typed value:
+//   none            no speculation
+//   ngram | ngram:N prompt lookup with suffixes of up to N tokens (default 4)
+//   self:L          the target's first L layers + its head (self-speculation)
+//   PATH            a Llama-family draft GGUF sharing the target's vocabulary
+// drafter_factory.h builds the drafter from it.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace specnode {
+
+struct DraftSpec {
+  enum class Kind : uint8_t { kNone, kNgram, kSelf, kModel };
+  Kind kind = Kind::kNgram;
+  int count = 0;     // ngram: longest suffix (0: the drafter's default); self: layers (>= 1)
+  std::string path;  // kModel: the draft GGUF
+
+  static DraftSpec None() { return {Kind::kNone, 0, {}}; }
+  bool none() const { return kind == Kind::kNone; }
+  // A draft model file (drafts on its own rank or a GPU); the others run inside the
+  // coordinator, on the CPU.
+  bool is_model() const { return kind == Kind::kModel; }
+  // The spec's text, as ParseDraftSpec reads it back: "none", "ngram", "ngram:3",
+  // "self:20", the path.
+  std::string text() const;
+  bool operator==(const DraftSpec&) const = default;
+};
+
+// InvalidArgument quoting the text for an empty spec or a bad count
+// (`draft spec "self:x": expected a positive integer after ':'`).
+absl::StatusOr<DraftSpec> ParseDraftSpec(std::string_view text);
+
+}  // namespace specnode
