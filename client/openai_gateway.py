@@ -40,13 +40,13 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from specnode_client import SpecnodeClient, SpecnodeError  # noqa: E402
+from specnode_client import ERROR_CODES, SpecnodeClient, SpecnodeError  # noqa: E402
 
 MAX_BODY_BYTES = 4 << 20
-# Node error codes (docs/protocol.md) -> HTTP status; anything else is 502.
-HTTP_OF_CODE = {"bad_json": 400, "bad_request": 400, "prompt_too_long": 400, "unknown_sla": 400,
-                "frame_too_large": 413, "duplicate_id": 409, "overloaded": 429,
-                "shutting_down": 503, "unavailable": 503, "internal": 500, "timeout": 504}
+# Node error codes -> HTTP status, from the node's own table (client/error_codes.json), plus
+# the client's "timeout"; anything else is 502.
+HTTP_OF_CODE = {code: info["http"] for code, info in ERROR_CODES.items()}
+HTTP_OF_CODE["timeout"] = 504
 UNSUPPORTED = ("logprobs", "top_logprobs", "tools", "tool_choice", "functions",
                "function_call", "response_format", "logit_bias", "suffix", "echo", "best_of")
 

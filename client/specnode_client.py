@@ -29,6 +29,13 @@ from typing import Any, Deque, Dict, Iterator, List, Optional
 
 import zmq
 
+# The node's error codes (code -> {"http", "meaning"}): client/error_codes.json, written by
+# `specnode error-codes --json` from the node's one table (coordinator/request_error.h) and
+# checked equal to it by the tests. "timeout" is this client's own (no reply in time).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "error_codes.json"),
+          encoding="utf-8") as _f:
+    ERROR_CODES: Dict[str, Dict[str, Any]] = json.load(_f)
+
 __all__ = ["SpecnodeClient", "SpecnodeError", "SpecnodeTimeout", "Result"]
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"

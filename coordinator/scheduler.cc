@@ -5,7 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/request_error.h"
+#include "coordinator/request_validator.h"
 #include "coordinator/scheduler_internal.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 namespace {
@@ -56,9 +59,14 @@ const SlaClass* Scheduler::FindClass(const std::string& name) const {
 }
 
 absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(GenerationRequest request) {
+  RequestLimits limits = engine_->limits();
+  limits.max_tokens = options_.max_tokens;
+  SPECNODE_RETURN_IF_ERROR(ValidateRequest(request.prompt, request.max_tokens, request.sampling,
+                                           request.domain, limits));
   const SlaClass* cls = FindClass(request.sla);
   if (cls == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown SLA class \"", request.sla, "\""));
+    return RequestErrorStatus(RequestError::kUnknownSla,
+                              absl::StrCat("unknown SLA class \"", request.sla, "\""));
   }
   auto r = std::make_unique<Req>();
   r->g = std::move(request);
@@ -68,15 +76,18 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(GenerationRequest request) {
   r->arrival = Clock::now();
   std::lock_guard lock(mu_);
   if (!failure_.ok()) {
-    return absl::UnavailableError(absl::StrCat("the target failed: ", failure_.message()));
+    return RequestErrorStatus(RequestError::kUnavailable,
+                              absl::StrCat("the target failed: ", failure_.message()));
   }
-  if (draining_ || stopping_) return absl::UnavailableError("the node is shutting down");
+  if (draining_ || stopping_) {
+    return RequestErrorStatus(RequestError::kShuttingDown, "the node is shutting down");
+  }
   int queued = 0;
   for (const auto& [prio, q] : queue_) queued += static_cast<int>(q.size());
   if (queued >= options_.max_queue) {
     stats_.rejected++;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("overloaded: ", queued, " requests already queued"));
+    return RequestErrorStatus(RequestError::kOverloaded,
+                              absl::StrCat("overloaded: ", queued, " requests already queued"));
   }
   if (cls->shed && mean_admit_gap_ms_ > 0) {
     // Slots this request needs freed before it runs: the queue ahead of it (its class and
@@ -92,10 +103,11 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(GenerationRequest request) {
     if (shortfall > 0 && predicted_ms > cls->ttft_p99_ms) {
       stats_.rejected++;
       stats_.shed++;
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "overloaded: a %s request would wait ~%.0f ms for a slot (%d ahead), over its %.0f "
-          "ms TTFT target",
-          cls->name, predicted_ms, ahead, cls->ttft_p99_ms));
+      return RequestErrorStatus(
+          RequestError::kOverloaded,
+          absl::StrFormat("overloaded: a %s request would wait ~%.0f ms for a slot (%d ahead), "
+                          "over its %.0f ms TTFT target",
+                          cls->name, predicted_ms, ahead, cls->ttft_p99_ms));
     }
   }
   // Inter-arrival EWMA for the batching window.
@@ -276,7 +288,7 @@ void Scheduler::RunStep() {
     sr.prompt = r.g.prompt;
     sr.prompt.insert(sr.prompt.end(), r.output.begin(), r.output.end());
     sr.sampling = r.g.sampling;
-    sr.max_new_tokens = r.g.max_tokens - static_cast<int32_t>(r.output.size());
+    sr.max_new_tokens = static_cast<int32_t>(r.g.max_tokens - static_cast<int64_t>(r.output.size()));
     sr.domain = r.g.domain;
     absl::Status st = engine_->Start(sr);
     if (!st.ok()) Fail(r, st);

@@ -71,6 +71,9 @@ struct SchedulerOptions {
   // rank that hangs or dies while idle fails the node within heartbeat_s + its deadline.
   // 0 = off.
   double heartbeat_s = 1.0;
+  // The largest max_tokens a request may ask for (serve.max_tokens); prompt + max_tokens
+  // must also fit the target's context (request_validator.h).
+  int64_t max_tokens = 4096;
   // Called on the scheduler thread after every step (and so safe to read state the engine
   // owns, such as KV usage); its values appear in SchedulerSnapshot::gauges. Optional.
   std::function<std::map<std::string, double>()> gauges;
@@ -79,7 +82,7 @@ struct SchedulerOptions {
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
-  int32_t max_tokens = 128;
+  int64_t max_tokens = 128;
   std::vector<std::string> stop;  // stop strings (text)
   std::string domain = "default";
   std::string sla;  // "" = default class
@@ -141,9 +144,11 @@ class Scheduler {
             Sink sink);
   ~Scheduler();  // Stop()
 
-  // Queues a request; returns its handle and queue position. Errors (nothing queued):
-  // InvalidArgument (unknown SLA class, bad parameters — the engine's checks),
-  // ResourceExhausted "overloaded" when the queue is full, Unavailable when draining.
+  // Checks a request (ValidateRequest with the target's limits and max_tokens, then its SLA
+  // class) and queues it; returns its handle and queue position. Errors, each carrying its
+  // RequestError (request_error.h), nothing queued: bad_request / prompt_too_long (the
+  // validator), unknown_sla, overloaded (queue full, or load shed), shutting_down (draining),
+  // unavailable (the target was lost).
   struct Ticket {
     uint64_t handle;
     int queue_position;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "coordinator/acceptance.h"
+#include "coordinator/request_validator.h"
 #include "model/status_macros.h"
 
 namespace specnode {
@@ -89,24 +90,9 @@ absl::Status SpeculativeEngine::Start(const SpecRequest& request) {
   if (seqs_.count(request.id)) {
     return absl::InvalidArgumentError(absl::StrFormat("sequence %d already exists", request.id));
   }
-  if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
-  for (int32_t id : request.prompt) {
-    if (id < 0 || id >= target_->vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "prompt token id %d outside the vocabulary [0, %d)", id, target_->vocab_size()));
-    }
-  }
-  SPECNODE_RETURN_IF_ERROR(ValidateSamplingParams(request.sampling));
-  if (request.max_new_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("max_new_tokens must be >= 1, got %d", request.max_new_tokens));
-  }
-  if (static_cast<int64_t>(request.prompt.size()) + request.max_new_tokens >
-      target_->max_positions()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("prompt of %d tokens plus %d new tokens exceeds the context length %d",
-                        request.prompt.size(), request.max_new_tokens, target_->max_positions()));
-  }
+  // The request checks every way in shares (request_validator.h).
+  SPECNODE_RETURN_IF_ERROR(ValidateRequest(request.prompt, request.max_new_tokens,
+                                           request.sampling, request.domain, limits()));
   auto s = std::make_unique<Seq>(request);
   s->tokens = std::move(s->request.prompt);
   s->request.prompt.clear();

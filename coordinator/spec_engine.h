@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "coordinator/domain_router.h"
 #include "coordinator/drafter.h"
+#include "coordinator/request_validator.h"
 #include "runtime/model_runner.h"
 #include "coordinator/spec_controller.h"
 #include "model/sampling.h"
@@ -121,6 +122,10 @@ class SpeculativeEngine {
   // id, empty prompt, out-of-vocabulary id, bad sampling params, max_new_tokens < 1 or a
   // prompt + max_new_tokens beyond the target's context.
   absl::Status Start(const SpecRequest& request);
+  // What a request must fit: the target's vocabulary and context (request_validator.h).
+  RequestLimits limits() const {
+    return {target_->vocab_size(), target_->max_positions(), target_->max_positions()};
+  }
 
   // Advances each listed sequence by one step (prefill chunk or decode step) in one target
   // forward. Unknown or finished ids are InvalidArgument. On an error from a model (e.g. KV

@@ -112,7 +112,7 @@ absl::Status Run(const CliArgs& args) {
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv,
                                                compute));
-  SPECNODE_RETURN_IF_ERROR(s->CheckPrompt(std::vector<int32_t>(prompt_tokens, 0), decode_tokens));
+  SPECNODE_RETURN_IF_ERROR(s->ValidateRequest(std::vector<int32_t>(prompt_tokens, 0), decode_tokens));
   // Warm-up: touches code paths and scratch buffers once.
   SPECNODE_RETURN_IF_ERROR(RunBatch(*s, 1, 8, 4, 99).status());
   nlohmann::json results = nlohmann::json::array();
@@ -132,7 +132,7 @@ absl::Status Run(const CliArgs& args) {
   nlohmann::json verify_results = nlohmann::json::array();
   if (!verify.empty()) {
     SPECNODE_RETURN_IF_ERROR(
-        s->CheckPrompt(std::vector<int32_t>(prompt_tokens, 0), decode_tokens + 65));
+        s->ValidateRequest(std::vector<int32_t>(prompt_tokens, 0), decode_tokens + 65));
     SPECNODE_ASSIGN_OR_RETURN(const double one,
                               VerifyPassSeconds(*s, prompt_tokens, 1, decode_tokens));
     for (int64_t k : verify) {

@@ -62,7 +62,6 @@ absl::Status Run(const CliArgs& args) {
   sp.top_k = static_cast<int>(top_k);
   sp.top_p = static_cast<float>(top_p);
   sp.seed = static_cast<uint64_t>(seed);
-  SPECNODE_RETURN_IF_ERROR(ValidateSamplingParams(sp));
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 128, 1, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
@@ -71,7 +70,6 @@ absl::Status Run(const CliArgs& args) {
   }
 
   std::string domain = args.Get("domain", "");
-  if (!domain.empty()) SPECNODE_RETURN_IF_ERROR(DomainRouter::ValidateDomainName(domain));
   std::unique_ptr<DomainRouter> router;
   if (args.Has("router-rules")) {
     SPECNODE_ASSIGN_OR_RETURN(router, LoadRouterRules(args.Get("router-rules")));
@@ -99,7 +97,8 @@ absl::Status Run(const CliArgs& args) {
   } else {
     SPECNODE_ASSIGN_OR_RETURN(prompt, session->EncodePrompt(args.Get("prompt"), args.Has("chat")));
   }
-  SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(prompt, max_tokens));
+  // The checks every request passes (the node's too: coordinator/request_validator.h).
+  SPECNODE_RETURN_IF_ERROR(session->ValidateRequest(prompt, max_tokens, sp, domain));
 
   // Every generation runs on the speculative engine; without --draft it is target-only.
   std::unique_ptr<Drafter> drafter;

@@ -103,7 +103,7 @@ absl::Status Run(const CliArgs& args) {
     if (static_cast<int64_t>(ids.size()) <= prefill + 1) {
       return absl::InvalidArgumentError(absl::StrCat(std::string(path), " is too short"));
     }
-    SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(ids, n_generate));
+    SPECNODE_RETURN_IF_ERROR(session->ValidateRequest(ids, std::max<int64_t>(1, n_generate)));
     texts.push_back(std::move(ids));
     names.emplace_back(path);
   }

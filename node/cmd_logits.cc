@@ -32,7 +32,7 @@ absl::Status Run(const CliArgs& args) {
                                                static_cast<int>(threads), false, kv,
                                                compute));
   std::vector<int32_t> ids(ids64.begin(), ids64.end());
-  SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(ids, 0));
+  SPECNODE_RETURN_IF_ERROR(session->ValidateRequest(ids, 1));
   std::vector<float> all, logits;
   for (size_t begin = 0; begin < ids.size(); begin += chunk) {
     const size_t count = std::min<size_t>(chunk, ids.size() - begin);

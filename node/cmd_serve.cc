@@ -198,6 +198,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   SpeculativeEngine engine(target, groups, eo);
 
   SchedulerOptions so = cfg.sla;
+  so.max_tokens = cfg.limits.max_tokens;
   // KV gauges over every group's target (each counted once); with several groups, each
   // group's live sequences and sequences started.
   std::vector<std::string> group_names;

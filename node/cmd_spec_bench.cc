@@ -132,9 +132,8 @@ absl::Status Run(const CliArgs& args) {
   }
   SamplingParams sp;
   sp.temperature = static_cast<float>(temperature);
-  SPECNODE_RETURN_IF_ERROR(ValidateSamplingParams(sp));
   for (const WorkloadPrompt& p : prompts) {
-    SPECNODE_RETURN_IF_ERROR(session->CheckPrompt(p.ids, max_tokens));
+    SPECNODE_RETURN_IF_ERROR(session->ValidateRequest(p.ids, max_tokens, sp));
   }
 
   std::vector<DraftSpec> specs;

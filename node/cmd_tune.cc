@@ -74,7 +74,7 @@ class EngineMeasurer final : public TuneMeasurer {
     SPECNODE_ASSIGN_OR_RETURN(ModelSession * s, Session(baseline));
     SPECNODE_ASSIGN_OR_RETURN(prompts_, LoadPromptSets(*s, files, chat, per_domain));
     for (const WorkloadPrompt& p : prompts_) {
-      SPECNODE_RETURN_IF_ERROR(s->CheckPrompt(p.ids, max_tokens_));
+      SPECNODE_RETURN_IF_ERROR(s->ValidateRequest(p.ids, max_tokens_));
     }
     return s->model().config().n_layers;
   }

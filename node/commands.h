@@ -16,6 +16,7 @@ int RunServe(int argc, char** argv);      // the node: ZeroMQ front end + schedu
 int RunTokenize(int argc, char** argv);   // encode/decode text with a model's tokenizer
 int RunTinyModel(int argc, char** argv);  // write a small deterministic Llama GGUF
 int RunTune(int argc, char** argv);       // tune a serve config against a measured baseline
+int RunErrorCodes(int argc, char** argv); // list the error codes of the node's replies
 
 // The model path used when --model is absent: $SPECNODE_MODEL, else the file that
 // scripts/fetch-model places in the cache ($SPECNODE_CACHE or ~/.cache/specnode).

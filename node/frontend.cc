@@ -7,34 +7,12 @@
 #include <zmq.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/request_error.h"
 #include "model/chat_template.h"
 #include "nlohmann/json.hpp"
 
 namespace specnode {
 namespace {
-
-// What a rejected scheduler submission is called on the wire.
-std::string CodeForSubmitError(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kResourceExhausted:
-      return "overloaded";
-    case absl::StatusCode::kUnavailable:
-      return s.message().find("target failed") != absl::string_view::npos ? "unavailable"
-                                                                          : "shutting_down";
-    case absl::StatusCode::kInvalidArgument:
-      return s.message().find("SLA class") != absl::string_view::npos ? "unknown_sla"
-                                                                      : "bad_request";
-    default:
-      return "internal";
-  }
-}
-
-// What a request that failed in the scheduler is told.
-std::string ErrorCodeForStepError(const absl::Status& s) {
-  if (s.code() == absl::StatusCode::kResourceExhausted) return "overloaded";
-  if (IsTargetLost(s)) return "unavailable";
-  return "internal";
-}
 
 }  // namespace
 
@@ -112,8 +90,8 @@ void Frontend::Send(const std::string& peer, const std::string& payload) {
 }
 
 void Frontend::SendError(const std::string& peer, const std::optional<std::string>& id,
-                         const std::string& code, const std::string& message) {
-  error_counts_[code]++;
+                         RequestError code, const std::string& message) {
+  error_counts_[std::string(WireCode(code))]++;
   Send(peer, ErrorReply(id, code, message));
 }
 
@@ -127,55 +105,45 @@ void Frontend::PeerGone(const std::string& peer) {
 }
 
 void Frontend::HandleSubmit(const std::string& peer, const SubmitMessage& m) {
-  auto reject = [&](const std::string& code, const std::string& message) {
+  auto reject = [&](RequestError code, const std::string& message) {
     SendError(peer, m.id, code, message);
   };
   if (by_peer_id_.count({peer, m.id})) {
-    return reject("duplicate_id", "a request with this id is still active on this connection");
+    return reject(RequestError::kDuplicateId,
+                  "a request with this id is still active on this connection");
   }
   const Tokenizer& tok = session_->model().tokenizer();
   std::vector<int32_t> ids;
   std::string routing_text;
   if (m.prompt.has_value()) {
     auto enc = tok.Encode(*m.prompt, /*parse_special=*/false);
-    if (!enc.ok()) return reject("bad_request", std::string(enc.status().message()));
+    if (!enc.ok()) return reject(RequestError::kBadRequest, std::string(enc.status().message()));
     ids = std::move(enc).value();
     routing_text = *m.prompt;
   } else {
     auto rendered = ApplyChatTemplate(tok.spec().chat_template, m.messages, true);
-    if (!rendered.ok()) return reject("bad_request", std::string(rendered.status().message()));
+    if (!rendered.ok()) return reject(RequestError::kBadRequest, std::string(rendered.status().message()));
     auto enc = tok.Encode(*rendered, /*parse_special=*/true);
-    if (!enc.ok()) return reject("bad_request", std::string(enc.status().message()));
+    if (!enc.ok()) return reject(RequestError::kBadRequest, std::string(enc.status().message()));
     ids = std::move(enc).value();
     for (const ChatMessage& cm : m.messages) {
       if (cm.role == "user") routing_text = cm.content;
     }
   }
-  if (ids.empty()) return reject("bad_request", "the prompt encodes to no tokens");
-  const int64_t context = session_->model().config().context_length;
-  if (static_cast<int64_t>(ids.size()) + m.max_tokens > context) {
-    return reject("prompt_too_long",
-                  absl::StrCat("prompt of ", ids.size(), " tokens plus max_tokens ", m.max_tokens,
-                               " exceeds the context length ", context));
-  }
-  if (absl::Status st = ValidateSamplingParams(m.sampling); !st.ok()) {
-    return reject("bad_request", std::string(st.message()));
-  }
-  if (!m.domain.empty()) {
-    if (absl::Status st = DomainRouter::ValidateDomainName(m.domain); !st.ok()) {
-      return reject("bad_request", std::string(st.message()));
-    }
-  }
+  // Everything about the request itself (prompt, limits, sampling, domain, SLA class) is
+  // checked once, by the scheduler's validator (coordinator/request_validator.h); its
+  // errors carry their wire code.
   GenerationRequest g;
   g.prompt = std::move(ids);
   g.sampling = m.sampling;
-  g.max_tokens = static_cast<int32_t>(m.max_tokens);
+  g.max_tokens = m.max_tokens;
   g.stop = m.stop;
   g.domain = router_->Classify(m.domain, routing_text);
   g.sla = m.sla;
   auto ticket = scheduler_->Submit(std::move(g));
-  if (!ticket.ok())
-    return reject(CodeForSubmitError(ticket.status()), std::string(ticket.status().message()));
+  if (!ticket.ok()) {
+    return reject(RequestErrorOf(ticket.status()), std::string(ticket.status().message()));
+  }
   active_[ticket->handle] = {peer, m.id, m.stream};
   by_peer_id_[{peer, m.id}] = ticket->handle;
   Send(peer, AcceptedReply(m.id, ticket->queue_position));
@@ -195,7 +163,7 @@ void Frontend::HandleFrame(const std::string& peer, std::string_view frame) {
     case ClientMessage::Type::kCancel: {
       auto it = by_peer_id_.find({peer, m.id});
       if (it == by_peer_id_.end() || !scheduler_->Cancel(it->second)) {
-        SendError(peer, m.id, "unknown_id", "no active request with this id");
+        SendError(peer, m.id, RequestError::kUnknownId, "no active request with this id");
       }
       return;
     }
@@ -264,7 +232,7 @@ void Frontend::DeliverEvents() {
         Send(a.peer, DoneReply(a.id, ev.finish, a.stream ? "" : ev.text, ev.stats));
         break;
       case GenerationEvent::Kind::kError:
-        SendError(a.peer, a.id, ErrorCodeForStepError(ev.error), std::string(ev.error.message()));
+        SendError(a.peer, a.id, RequestErrorOf(ev.error), std::string(ev.error.message()));
         break;
     }
     by_peer_id_.erase({a.peer, a.id});
@@ -317,7 +285,7 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
       }
       req_peers_.erase(peer);
       if (frames.size() != 2) {
-        SendError(peer, std::nullopt, "bad_request",
+        SendError(peer, std::nullopt, RequestError::kBadRequest,
                   "one JSON frame per message (use a DEALER socket)");
         continue;
       }

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "coordinator/domain_router.h"
+#include "coordinator/request_error.h"
 #include "coordinator/scheduler.h"
 #include "node/metrics_http.h"
 #include "node/model_session.h"
@@ -90,7 +91,7 @@ class Frontend {
   void HandleSubmit(const std::string& peer, const SubmitMessage& m);
   void Send(const std::string& peer, const std::string& payload);
   void SendError(const std::string& peer, const std::optional<std::string>& id,
-                 const std::string& code, const std::string& message);
+                 RequestError code, const std::string& message);
   void DeliverEvents();
   void PeerGone(const std::string& peer);
 

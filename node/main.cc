@@ -48,6 +48,7 @@ void Usage(FILE* out) {
                "  serve       the node: ZeroMQ front end, continuous batching, speculation\n"
                "  tiny-model  write a small deterministic Llama GGUF\n"
                "  tune        try a config's optimisations against a measured baseline\n"
+               "  error-codes the error codes of the node's replies\n"
                "\n"
                "Run 'specnode <command> --help' for its options.\n");
 }
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
   if (cmd == "serve") return specnode::RunServe(sub_argc, sub_argv);
   if (cmd == "tiny-model") return specnode::RunTinyModel(sub_argc, sub_argv);
   if (cmd == "tune") return specnode::RunTune(sub_argc, sub_argv);
+  if (cmd == "error-codes") return specnode::RunErrorCodes(sub_argc, sub_argv);
   std::fprintf(stderr, "specnode: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);
   return 2;

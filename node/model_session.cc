@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/request_validator.h"
 #include "model/chat_template.h"
 #include "model/cpu_features.h"
 #include "model/status_macros.h"
@@ -58,22 +59,12 @@ absl::StatusOr<std::vector<int32_t>> ModelSession::EncodePrompt(const std::strin
   return tok.Encode(rendered, /*parse_special=*/true);
 }
 
-absl::Status ModelSession::CheckPrompt(std::span<const int32_t> prompt,
-                                       int64_t max_new_tokens) const {
+absl::Status ModelSession::ValidateRequest(std::span<const int32_t> prompt, int64_t max_tokens,
+                                           const SamplingParams& sampling,
+                                           std::string_view domain) const {
   const LlamaConfig& c = model_->config();
-  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
-  for (int32_t id : prompt) {
-    if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("prompt token id %d outside the vocabulary [0, %d)", id, c.vocab_size));
-    }
-  }
-  if (static_cast<int64_t>(prompt.size()) + max_new_tokens > c.context_length) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("prompt of %d tokens plus %d new tokens exceeds the context length %d",
-                        prompt.size(), max_new_tokens, c.context_length));
-  }
-  return absl::OkStatus();
+  return specnode::ValidateRequest(prompt, max_tokens, sampling, domain,
+                                   RequestLimits{c.vocab_size, c.context_length, c.context_length});
 }
 
 absl::StatusOr<std::span<const float>> ModelSession::Prefill(SeqId seq,

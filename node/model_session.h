@@ -14,6 +14,7 @@
 #include "kvstore/kv_options.h"
 #include "model/llama_forward.h"
 #include "model/llama_model.h"
+#include "model/sampling.h"
 #include "model/thread_pool.h"
 #include "node/cli_args.h"
 #include "runtime/device.h"
@@ -56,9 +57,12 @@ class ModelSession {
   // Text -> ids; with chat, the text becomes one user turn in the model's chat template
   // (with the generation prompt) and special tokens in the template are parsed.
   absl::StatusOr<std::vector<int32_t>> EncodePrompt(const std::string& text, bool chat) const;
-  // InvalidArgument when the prompt is empty, has ids outside the vocabulary, or prompt +
-  // max_new_tokens exceeds the model's context length.
-  absl::Status CheckPrompt(std::span<const int32_t> prompt, int64_t max_new_tokens) const;
+  // The request checks every way in shares (coordinator/request_validator.h), with this
+  // model's vocabulary and context: an empty prompt, ids outside the vocabulary, prompt +
+  // max_tokens beyond the context, bad sampling values or domain are errors naming why.
+  absl::Status ValidateRequest(std::span<const int32_t> prompt, int64_t max_tokens,
+                               const SamplingParams& sampling = {},
+                               std::string_view domain = "") const;
 
   // Feeds the prompt to sequence `seq` in chunks of at most kPrefillChunk tokens and
   // returns the logits of its last token ([vocab], valid until the next call).

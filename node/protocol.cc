@@ -1,6 +1,7 @@
 #include "node/protocol.h"
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +12,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-ParseResult Bad(std::string code, std::string message, std::optional<std::string> id = {}) {
+ParseResult Bad(RequestError code, std::string message, std::optional<std::string> id = {}) {
   ParseResult r;
   r.error = {std::move(code), std::move(message), std::move(id)};
   return r;
@@ -71,20 +72,19 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
   s.id = r.message.id;
   const auto id = std::optional<std::string>(s.id);
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (!kKeys.count(it.key())) return Bad("bad_request", "unknown field \"" + it.key() + "\"", id);
+    if (!kKeys.count(it.key())) return Bad(RequestError::kBadRequest, "unknown field \"" + it.key() + "\"", id);
   }
   if (j.contains("prompt") == j.contains("messages")) {
-    return Bad("bad_request", "give exactly one of \"prompt\" and \"messages\"", id);
+    return Bad(RequestError::kBadRequest, "give exactly one of \"prompt\" and \"messages\"", id);
   }
   if (j.contains("prompt")) {
-    if (!j["prompt"].is_string()) return Bad("bad_request", "\"prompt\" must be a string", id);
+    if (!j["prompt"].is_string()) return Bad(RequestError::kBadRequest, "\"prompt\" must be a string", id);
     s.prompt = j["prompt"].get<std::string>();
-    if (s.prompt->empty()) return Bad("bad_request", "\"prompt\" is empty", id);
+    if (s.prompt->empty()) return Bad(RequestError::kBadRequest, "\"prompt\" is empty", id);
   } else {
     const Json& m = j["messages"];
     if (!m.is_array() || m.empty() || m.size() > limits.max_messages) {
-      return Bad(
-          "bad_request",
+      return Bad(RequestError::kBadRequest,
           absl::StrCat("\"messages\" must be an array of 1..", limits.max_messages, " messages"),
           id);
     }
@@ -92,13 +92,12 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
       const Json& e = m[i];
       if (!e.is_object() || !e.contains("role") || !e.contains("content") ||
           !e["role"].is_string() || !e["content"].is_string()) {
-        return Bad(
-            "bad_request",
+        return Bad(RequestError::kBadRequest,
             absl::StrCat("messages[", i, "] must be {\"role\": string, \"content\": string}"), id);
       }
       const std::string role = e["role"].get<std::string>();
       if (role != "system" && role != "user" && role != "assistant") {
-        return Bad("bad_request",
+        return Bad(RequestError::kBadRequest,
                    absl::StrCat("messages[", i, "].role must be system, user or assistant"), id);
       }
       s.messages.push_back({role, e["content"].get<std::string>()});
@@ -107,12 +106,15 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
   std::string err;
   double temperature = 0.7, top_p = 1.0;
   int64_t top_k = 0, seed = 0;
-  if (!GetInteger(j, "max_tokens", 1, limits.max_tokens, &s.max_tokens, &err) ||
-      !GetNumber(j, "temperature", 0.0, 100.0, &temperature, &err) ||
-      !GetNumber(j, "top_p", 1e-9, 1.0, &top_p, &err) ||
-      !GetInteger(j, "top_k", 0, 1 << 30, &top_k, &err) ||
+  // Types and representable values only: what the values may be is the request
+  // validator's (coordinator/request_validator.h, in Scheduler::Submit), for every way in.
+  constexpr double kAnyNumber = std::numeric_limits<double>::max();
+  if (!GetInteger(j, "max_tokens", INT64_MIN, INT64_MAX, &s.max_tokens, &err) ||
+      !GetNumber(j, "temperature", -kAnyNumber, kAnyNumber, &temperature, &err) ||
+      !GetNumber(j, "top_p", -kAnyNumber, kAnyNumber, &top_p, &err) ||
+      !GetInteger(j, "top_k", INT32_MIN, INT32_MAX, &top_k, &err) ||
       !GetInteger(j, "seed", 0, INT64_MAX, &seed, &err)) {
-    return Bad("bad_request", err, id);
+    return Bad(RequestError::kBadRequest, err, id);
   }
   s.sampling.temperature = static_cast<float>(temperature);
   s.sampling.top_p = static_cast<float>(top_p);
@@ -121,7 +123,7 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
   if (j.contains("stop")) {
     const Json& st = j["stop"];
     if (!st.is_array() || st.size() > limits.max_stop_strings) {
-      return Bad("bad_request",
+      return Bad(RequestError::kBadRequest,
                  absl::StrCat("\"stop\" must be an array of at most ", limits.max_stop_strings,
                               " strings"),
                  id);
@@ -129,7 +131,7 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
     for (const Json& e : st) {
       if (!e.is_string() || e.get<std::string>().empty() ||
           e.get<std::string>().size() > limits.max_stop_bytes) {
-        return Bad("bad_request",
+        return Bad(RequestError::kBadRequest,
                    absl::StrCat("\"stop\" entries must be strings of 1..", limits.max_stop_bytes,
                                 " bytes"),
                    id);
@@ -140,13 +142,13 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
   for (const char* key : {"domain", "sla"}) {
     if (!j.contains(key)) continue;
     if (!j[key].is_string())
-      return Bad("bad_request", absl::StrCat("\"", key, "\" must be a string"), id);
+      return Bad(RequestError::kBadRequest, absl::StrCat("\"", key, "\" must be a string"), id);
   }
   if (j.contains("domain")) s.domain = j["domain"].get<std::string>();
   if (j.contains("sla")) s.sla = j["sla"].get<std::string>();
   if (j.contains("stream")) {
     if (!j["stream"].is_boolean())
-      return Bad("bad_request", "\"stream\" must be true or false", id);
+      return Bad(RequestError::kBadRequest, "\"stream\" must be true or false", id);
     s.stream = j["stream"].get<bool>();
   }
   r.ok = true;
@@ -157,15 +159,15 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
 
 ParseResult ParseClientMessage(std::string_view frame, const ProtocolLimits& limits) {
   if (frame.size() > limits.max_frame_bytes) {
-    return Bad("frame_too_large",
+    return Bad(RequestError::kFrameTooLarge,
                absl::StrCat("frame of ", frame.size(), " bytes exceeds ", limits.max_frame_bytes));
   }
   const Json j = Json::parse(frame.begin(), frame.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return Bad("bad_json", "a frame must hold one JSON object");
+    return Bad(RequestError::kBadJson, "a frame must hold one JSON object");
   }
   if (!j.contains("type") || !j["type"].is_string()) {
-    return Bad("bad_request", "missing string field \"type\"");
+    return Bad(RequestError::kBadRequest, "missing string field \"type\"");
   }
   const std::string type = j["type"].get<std::string>();
   ParseResult r;
@@ -175,10 +177,10 @@ ParseResult ParseClientMessage(std::string_view frame, const ProtocolLimits& lim
     return r;
   }
   if (type != "submit" && type != "cancel") {
-    return Bad("bad_request", "unknown message type \"" + type + "\"");
+    return Bad(RequestError::kBadRequest, "unknown message type \"" + type + "\"");
   }
   if (!j.contains("id") || !j["id"].is_string() || !ValidId(j["id"].get<std::string>())) {
-    return Bad("bad_request", "\"id\" must be a string of 1..128 printable ASCII characters");
+    return Bad(RequestError::kBadRequest, "\"id\" must be a string of 1..128 printable ASCII characters");
   }
   r.message.id = j["id"].get<std::string>();
   if (type == "cancel") {
@@ -224,9 +226,9 @@ std::string DoneReply(const std::string& id, FinishKind finish, const std::strin
                {"stats", stats}});
 }
 
-std::string ErrorReply(const std::optional<std::string>& id, const std::string& code,
+std::string ErrorReply(const std::optional<std::string>& id, RequestError code,
                        const std::string& message) {
-  Json j = {{"type", "error"}, {"code", code}, {"message", message}};
+  Json j = {{"type", "error"}, {"code", std::string(WireCode(code))}, {"message", message}};
   j["id"] = id.has_value() ? Json(*id) : Json(nullptr);
   return Dump(j);
 }

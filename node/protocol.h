@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "coordinator/request_error.h"
 #include "coordinator/scheduler.h"
 #include "model/chat_template.h"
 #include "model/sampling.h"
@@ -19,7 +20,9 @@ inline constexpr int kProtocolVersion = 1;
 
 struct ProtocolLimits {
   size_t max_frame_bytes = 1 << 20;
-  int64_t max_tokens = 4096;  // largest max_tokens a client may ask for
+  // Largest max_tokens a client may ask for (serve.max_tokens): enforced with every other
+  // request check by the scheduler's validator (SchedulerOptions::max_tokens).
+  int64_t max_tokens = 4096;
   size_t max_stop_strings = 8;
   size_t max_stop_bytes = 256;
   size_t max_messages = 256;
@@ -44,10 +47,10 @@ struct ClientMessage {
   SubmitMessage submit;
 };
 
-// A rejected frame: the error code of docs/protocol.md, a message, and the request id
-// when the frame carried a usable one.
+// A rejected frame: its typed error code (coordinator/request_error.h), a message, and the
+// request id when the frame carried a usable one.
 struct ProtocolError {
-  std::string code;
+  RequestError code = RequestError::kBadRequest;
   std::string message;
   std::optional<std::string> id;
 };
@@ -67,7 +70,7 @@ std::string TokensReply(const std::string& id, const std::string& text,
                         const std::vector<int32_t>& token_ids, int32_t index);
 std::string DoneReply(const std::string& id, FinishKind finish, const std::string& text,
                       const RequestStats& stats);
-std::string ErrorReply(const std::optional<std::string>& id, const std::string& code,
+std::string ErrorReply(const std::optional<std::string>& id, RequestError code,
                        const std::string& message);
 
 }  // namespace specnode

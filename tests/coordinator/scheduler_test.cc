@@ -1,6 +1,7 @@
 // The scheduler on a tiny model: every request gets its tokens and exactly one terminal
 // event; KV pressure preempts and recomputes without changing greedy output; cancellation,
 // stop strings, the bounded queue and class priority.
+#include "coordinator/request_error.h"
 #include "coordinator/scheduler.h"
 
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -315,12 +317,59 @@ TEST_F(SchedulerTest, BoundedQueueAndUnknownClass) {
     }
   }
   EXPECT_GE(overloaded, 4);
+  EXPECT_EQ(RequestErrorOf(sched.Submit(g).status()), RequestError::kOverloaded);
   g.sla = "gold";
   EXPECT_EQ(sched.Submit(g).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RequestErrorOf(sched.Submit(g).status()), RequestError::kUnknownSla);
   for (uint64_t h : ok) sched.Cancel(h);
   for (uint64_t h : ok) EXPECT_EQ(sink.Wait(h).terminal, 1);
   sched.BeginDrain();
-  EXPECT_EQ(sched.Submit(Request(0, 4)).status().code(), absl::StatusCode::kUnavailable);
+  const absl::Status drained = sched.Submit(Request(0, 4)).status();
+  EXPECT_EQ(drained.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(RequestErrorOf(drained), RequestError::kShuttingDown);
+}
+
+// Submit checks the request itself (the one validator, as its header says), before any
+// queueing: each bad parameter is refused with its wire code, and nothing is queued.
+TEST_F(SchedulerTest, SubmitRefusesBadRequestsWithTheirCodes) {
+  auto runner = Runner(64 << 20);
+  SpeculativeEngine engine(runner.get(), {}, {});
+  Collector sink;
+  SchedulerOptions so;
+  so.max_tokens = 50;
+  Scheduler sched(&engine, &model_->tokenizer(), so, std::ref(sink));
+  const int32_t context = model_->config().context_length;
+  struct Case {
+    const char* what;
+    std::function<void(GenerationRequest&)> change;
+    RequestError code;
+  };
+  const Case cases[] = {
+      {"empty prompt", [](GenerationRequest& g) { g.prompt.clear(); }, RequestError::kBadRequest},
+      {"token id", [](GenerationRequest& g) { g.prompt[1] = 1 << 20; }, RequestError::kBadRequest},
+      {"max_tokens 0", [](GenerationRequest& g) { g.max_tokens = 0; }, RequestError::kBadRequest},
+      {"max_tokens over the limit", [](GenerationRequest& g) { g.max_tokens = 51; },
+       RequestError::kBadRequest},
+      {"temperature", [](GenerationRequest& g) { g.sampling.temperature = -1; },
+       RequestError::kBadRequest},
+      {"top_p", [](GenerationRequest& g) { g.sampling.top_p = 0; }, RequestError::kBadRequest},
+      {"top_k", [](GenerationRequest& g) { g.sampling.top_k = -3; }, RequestError::kBadRequest},
+      {"domain", [](GenerationRequest& g) { g.domain = "no spaces"; }, RequestError::kBadRequest},
+      {"context", [context](GenerationRequest& g) { g.prompt.assign(context - 10, 70); },
+       RequestError::kPromptTooLong},
+      {"sla", [](GenerationRequest& g) { g.sla = "platinum"; }, RequestError::kUnknownSla},
+  };
+  for (const Case& c : cases) {
+    GenerationRequest g = Request(0, 20);
+    c.change(g);
+    auto t = sched.Submit(g);
+    ASSERT_FALSE(t.ok()) << c.what;
+    EXPECT_EQ(RequestErrorOf(t.status()), c.code) << c.what << ": " << t.status();
+  }
+  EXPECT_EQ(sched.Snapshot().queued, 0);
+  auto fine = sched.Submit(Request(0, 20));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(sink.Wait(fine->handle).terminal, 1);
 }
 
 // A shedding class refuses a request at once when the slots ahead of it would not free up
