@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "kvstore/kv_store.h"
-#include "model/cpu_features.h"
-#include "model/dense_kv_cache.h"
+#include "model/cpu/cpu_features.h"
+#include "model/llama/dense_kv_cache.h"
 
 namespace specnode {
 namespace {

@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "model/cpu_features.h"
-#include "model/cpu_matmul.h"
-#include "model/ggml_types.h"
-#include "model/thread_pool.h"
+#include "model/cpu/cpu_features.h"
+#include "model/cpu/cpu_matmul.h"
+#include "model/gguf/ggml_types.h"
+#include "model/cpu/thread_pool.h"
 
 namespace specnode {
 namespace {

@@ -22,8 +22,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "model/dense_kv_cache.h"
-#include "model/llama_model.h"
+#include "model/llama/dense_kv_cache.h"
+#include "model/llama/llama_model.h"
 #include "tensor-parallel/local_tp_target.h"
 #include "tensor-parallel/shard_plan.h"
 #ifdef SPECNODE_HAVE_MPI

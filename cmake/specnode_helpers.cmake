@@ -1,6 +1,6 @@
 # specnode_library(NAME name SRCS ... [HDRS ...] [DEPS ...] [COPTS ...])
 #   One static library per concern, named specnode_<name>, alias specnode::<name>.
-#   Include paths are rooted at the repository, so code includes "model/gguf_reader.h".
+#   Include paths are rooted at the repository, so code includes "model/gguf/gguf_reader.h".
 function(specnode_library)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;HDRS;DEPS;COPTS" ${ARGN})
   set(target specnode_${ARG_NAME})

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <span>
 
-#include "model/sampling.h"
+#include "model/llama/sampling.h"
 
 namespace specnode {
 

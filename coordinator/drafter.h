@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "model/kv_cache.h"
-#include "model/sampling.h"
+#include "model/llama/kv_cache.h"
+#include "model/llama/sampling.h"
 
 namespace specnode {
 

@@ -10,8 +10,8 @@
 #include "coordinator/draft_spec.h"
 #include "coordinator/drafter.h"
 #include "kvstore/kv_options.h"
-#include "model/llama_model.h"
-#include "model/thread_pool.h"
+#include "model/llama/llama_model.h"
+#include "model/cpu/thread_pool.h"
 
 namespace specnode {
 

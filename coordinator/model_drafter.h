@@ -17,8 +17,8 @@
 #include "coordinator/drafter.h"
 #include "runtime/model_runner.h"
 #include "kvstore/kv_options.h"
-#include "model/llama_model.h"
-#include "model/thread_pool.h"
+#include "model/llama/llama_model.h"
+#include "model/cpu/thread_pool.h"
 
 namespace specnode {
 

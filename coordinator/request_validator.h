@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "model/sampling.h"
+#include "model/llama/sampling.h"
 
 namespace specnode {
 

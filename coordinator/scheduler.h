@@ -43,7 +43,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/spec_engine.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace specnode {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "coordinator/scheduler.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace specnode {
 

@@ -42,8 +42,8 @@
 #include "coordinator/request_validator.h"
 #include "runtime/model_runner.h"
 #include "coordinator/spec_controller.h"
-#include "model/sampling.h"
-#include "model/thread_pool.h"
+#include "model/llama/sampling.h"
+#include "model/cpu/thread_pool.h"
 
 namespace specnode {
 

@@ -16,7 +16,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_matmul.h"
 #include "cuda/device_buffer.h"
-#include "model/ggml_types.h"
+#include "model/gguf/ggml_types.h"
 
 namespace specnode {
 namespace {

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_attention_kernels.h"
 #include "cuda/cuda_check.h"
-#include "model/ggml_types.h"
+#include "model/gguf/ggml_types.h"
 
 namespace specnode {
 

@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "model/cpu_matmul.h"
+#include "model/cpu/cpu_matmul.h"
 
 namespace specnode {
 

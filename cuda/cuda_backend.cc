@@ -9,7 +9,7 @@
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_ops.h"
-#include "model/ggml_types.h"
+#include "model/gguf/ggml_types.h"
 #include "model/status_macros.h"
 
 namespace specnode {

@@ -33,7 +33,7 @@
 #include "cuda/cuda_graph_cache.h"
 #include "cuda/cuda_matmul.h"
 #include "cuda/device_buffer.h"
-#include "model/backend.h"
+#include "model/llama/backend.h"
 
 namespace specnode {
 

@@ -42,7 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cuda/device_buffer.h"
-#include "model/cpu_matmul.h"
+#include "model/cpu/cpu_matmul.h"
 
 namespace specnode {
 

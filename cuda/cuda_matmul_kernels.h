@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/ggml_types.h"
+#include "model/gguf/ggml_types.h"
 
 namespace specnode::cuda_internal {
 

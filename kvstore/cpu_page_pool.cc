@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "kvstore/kv_attention_kernels.h"
-#include "model/thread_pool.h"
+#include "model/cpu/thread_pool.h"
 
 namespace specnode {
 

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "kvstore/kv_attention_kernels.h"
-#include "model/cpu_features.h"
+#include "model/cpu/cpu_features.h"
 
 namespace specnode::kv_kernels {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "model/dense_kv_cache.h"
+#include "model/llama/dense_kv_cache.h"
 #include "model/status_macros.h"
 
 namespace specnode {

@@ -7,8 +7,8 @@
 #include "absl/status/statusor.h"
 #include "kvstore/kv_options.h"
 #include "kvstore/kv_store.h"
-#include "model/kv_cache.h"
-#include "model/llama_config.h"
+#include "model/llama/kv_cache.h"
+#include "model/llama/llama_config.h"
 
 namespace specnode {
 

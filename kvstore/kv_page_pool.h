@@ -30,7 +30,7 @@
 
 #include "absl/status/status.h"
 #include "kvstore/kv_precision.h"
-#include "model/kv_cache.h"
+#include "model/llama/kv_cache.h"
 
 namespace specnode {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "model/ggml_types.h"
+#include "model/gguf/ggml_types.h"
 
 namespace specnode {
 

@@ -62,7 +62,7 @@
 #include "kvstore/kv_options.h"
 #include "kvstore/kv_page_pool.h"
 #include "kvstore/kv_precision.h"
-#include "model/kv_cache.h"
+#include "model/llama/kv_cache.h"
 
 namespace specnode {
 

@@ -3,7 +3,7 @@
 #include <cassert>
 
 #include "absl/strings/str_cat.h"
-#include "model/cpu_backend.h"
+#include "model/llama/cpu_backend.h"
 
 namespace specnode {
 

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "model/backend.h"
-#include "model/kv_cache.h"
-#include "model/llama_forward.h"
+#include "model/llama/backend.h"
+#include "model/llama/kv_cache.h"
+#include "model/llama/llama_forward.h"
 
 namespace specnode {
 

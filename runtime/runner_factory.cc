@@ -4,7 +4,7 @@
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_cache_factory.h"
 #include "kvstore/kv_store.h"
-#include "model/cpu_backend.h"
+#include "model/llama/cpu_backend.h"
 #include "model/status_macros.h"
 
 #ifdef SPECNODE_HAVE_CUDA

@@ -34,7 +34,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "model/backend.h"
+#include "model/llama/backend.h"
 
 namespace specnode {
 

@@ -6,10 +6,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "model/dense_kv_cache.h"
-#include "model/gguf_reader.h"
+#include "model/llama/dense_kv_cache.h"
+#include "model/gguf/gguf_reader.h"
 #include "model/status_macros.h"
-#include "model/thread_pool.h"
+#include "model/cpu/thread_pool.h"
 #include "tensor-parallel/local_communicator.h"
 
 namespace specnode {

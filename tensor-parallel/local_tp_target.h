@@ -27,8 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/llama_forward.h"
-#include "model/llama_model.h"
+#include "model/llama/llama_forward.h"
+#include "model/llama/llama_model.h"
 #include "tensor-parallel/communicator.h"
 #include "tensor-parallel/shard_plan.h"
 

@@ -3,8 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "model/ggml_types.h"
-#include "model/gguf_reader.h"
+#include "model/gguf/ggml_types.h"
+#include "model/gguf/gguf_reader.h"
 
 namespace specnode {
 namespace {

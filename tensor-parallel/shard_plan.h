@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/llama_config.h"
-#include "model/llama_weights.h"
+#include "model/llama/llama_config.h"
+#include "model/llama/llama_weights.h"
 
 namespace specnode {
 

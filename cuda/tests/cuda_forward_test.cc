@@ -29,12 +29,12 @@
 #include "gtest/gtest.h"
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store.h"
-#include "model/dense_kv_cache.h"
-#include "model/llama_forward.h"
+#include "model/llama/dense_kv_cache.h"
+#include "model/llama/llama_forward.h"
 #include "model/status_macros.h"
-#include "model/llama_model.h"
-#include "model/sampling.h"
-#include "model/tiny_model.h"
+#include "model/llama/llama_model.h"
+#include "model/llama/sampling.h"
+#include "model/llama/tiny_model.h"
 
 namespace specnode {
 namespace {

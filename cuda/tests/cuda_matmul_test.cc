@@ -23,8 +23,8 @@
 
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
-#include "model/cpu_matmul.h"
-#include "model/ggml_types.h"
+#include "model/cpu/cpu_matmul.h"
+#include "model/gguf/ggml_types.h"
 
 namespace specnode {
 

@@ -17,7 +17,7 @@
 
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
-#include "model/cpu_ops.h"
+#include "model/cpu/cpu_ops.h"
 
 namespace specnode {
 namespace {

@@ -21,8 +21,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
-#include "model/llama_model.h"
-#include "model/tiny_model.h"
+#include "model/llama/llama_model.h"
+#include "model/llama/tiny_model.h"
 
 namespace specnode {
 namespace {

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "model/ggml_types.h"
-#include "model/gguf_reader.h"
+#include "model/gguf/ggml_types.h"
+#include "model/gguf/gguf_reader.h"
 
 namespace {
 

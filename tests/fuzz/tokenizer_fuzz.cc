@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
-#include "model/unicode_data.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
+#include "model/tokenizer/unicode_data.h"
 
 namespace {
 

@@ -37,8 +37,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
-#include "model/chat_template.h"
-#include "model/cpu_features.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/cpu/cpu_features.h"
 #include "model/status_macros.h"
 #include "tests/golden/golden_engine.h"
 

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/cpu_matmul.h"
-#include "model/kv_cache.h"
-#include "model/llama_forward.h"
-#include "model/tokenizer.h"
+#include "model/cpu/cpu_matmul.h"
+#include "model/llama/kv_cache.h"
+#include "model/llama/llama_forward.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace specnode {
 

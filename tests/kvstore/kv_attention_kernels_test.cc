@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "model/thread_pool.h"
+#include "model/cpu/thread_pool.h"
 #include "kvstore/kv_attention_kernels.h"
 #include "kvstore/kv_store.h"
 #include "tests/kvstore/kv_store_test_util.h"

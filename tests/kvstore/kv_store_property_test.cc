@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "kvstore/kv_store.h"
-#include "model/dense_kv_cache.h"
+#include "model/llama/dense_kv_cache.h"
 #include "tests/kvstore/kv_store_test_util.h"
 
 namespace specnode {

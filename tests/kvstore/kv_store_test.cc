@@ -7,10 +7,10 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "model/dense_kv_cache.h"
-#include "model/llama_forward.h"
-#include "model/llama_model.h"
-#include "model/tiny_model.h"
+#include "model/llama/dense_kv_cache.h"
+#include "model/llama/llama_forward.h"
+#include "model/llama/llama_model.h"
+#include "model/llama/tiny_model.h"
 #include "tests/kvstore/kv_store_test_util.h"
 
 namespace specnode {

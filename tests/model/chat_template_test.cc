@@ -1,4 +1,4 @@
-#include "model/chat_template.h"
+#include "model/tokenizer/chat_template.h"
 
 #include <gtest/gtest.h>
 

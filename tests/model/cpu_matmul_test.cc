@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "model/cpu_features.h"
-#include "model/cpu_kernels.h"
-#include "model/cpu_matmul.h"
-#include "model/ggml_types.h"
-#include "model/thread_pool.h"
+#include "model/cpu/cpu_features.h"
+#include "model/cpu/cpu_kernels.h"
+#include "model/cpu/cpu_matmul.h"
+#include "model/gguf/ggml_types.h"
+#include "model/cpu/thread_pool.h"
 
 namespace specnode {
 namespace {

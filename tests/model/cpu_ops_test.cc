@@ -1,4 +1,4 @@
-#include "model/cpu_ops.h"
+#include "model/cpu/cpu_ops.h"
 
 #include <cmath>
 #include <random>

@@ -1,7 +1,7 @@
 // Storage-only types (K-quants, Q5_0, Q5_1): decoding of hand-built blocks, encode/decode
 // round trips, and the load-time conversion into the kernels' 32-value types. (The decoder is also
 // checked against gguf-py's independent dequantiser by tests/oracle/test_tiny_models.py.)
-#include "model/ggml_converted_types.h"
+#include "model/gguf/ggml_converted_types.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "model/ggml_types.h"
+#include "model/gguf/ggml_types.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "model/gguf_reader.h"
+#include "model/gguf/gguf_reader.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -11,7 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/gguf_writer.h"
+#include "model/gguf/gguf_writer.h"
 
 namespace specnode {
 namespace {

@@ -1,7 +1,7 @@
 // Forward-pass properties on tiny models: batch invariance, incremental == one-pass, a
 // verification pass == one token at a time, rollback, errors that leave the cache untouched,
 // and tensor-parallel shards summing to the unsharded result.
-#include "model/llama_forward.h"
+#include "model/llama/llama_forward.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "model/cpu_features.h"
-#include "model/dense_kv_cache.h"
-#include "model/llama_model.h"
-#include "model/tiny_model.h"
+#include "model/cpu/cpu_features.h"
+#include "model/llama/dense_kv_cache.h"
+#include "model/llama/llama_model.h"
+#include "model/llama/tiny_model.h"
 
 namespace specnode {
 namespace {

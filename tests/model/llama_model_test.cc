@@ -1,13 +1,13 @@
 // Loading a model from GGUF: every defect gives a clear status naming the problem.
-#include "model/llama_model.h"
+#include "model/llama/llama_model.h"
 
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "gtest/gtest.h"
-#include "model/gguf_writer.h"
-#include "model/tiny_model.h"
+#include "model/gguf/gguf_writer.h"
+#include "model/llama/tiny_model.h"
 
 namespace specnode {
 namespace {

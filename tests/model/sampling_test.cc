@@ -1,4 +1,4 @@
-#include "model/sampling.h"
+#include "model/llama/sampling.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // ThreadPool: coverage and alignment of chunks, the spin -> sleep -> wake path, many tiny
 // jobs back to back, and create/destroy churn (run under TSan to check the ordering).
-#include "model/thread_pool.h"
+#include "model/cpu/thread_pool.h"
 
 #include <time.h>
 

@@ -1,4 +1,4 @@
-#include "model/tiny_model.h"
+#include "model/llama/tiny_model.h"
 
 #include <cmath>
 #include <cstdio>
@@ -11,7 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/gguf_reader.h"
+#include "model/gguf/gguf_reader.h"
 
 namespace specnode {
 namespace {

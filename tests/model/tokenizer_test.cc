@@ -1,4 +1,4 @@
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "model/gguf_reader.h"
-#include "model/unicode_data.h"
+#include "model/gguf/gguf_reader.h"
+#include "model/tokenizer/unicode_data.h"
 
 namespace specnode {
 namespace {

@@ -1,4 +1,4 @@
-#include "node/control_protocol.h"
+#include "node/cluster/control_protocol.h"
 
 #include <cstring>
 #include <random>

@@ -1,6 +1,6 @@
 // The HTTP metrics endpoint (node/metrics_http.h) over a real loopback socket: what a
 // scraper gets, bad requests, the render hand-over, and start-up errors.
-#include "node/metrics_http.h"
+#include "node/serve/metrics_http.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "node/control_channel.h"
-#include "node/control_protocol.h"
-#include "node/remote_target_runner.h"
+#include "node/cluster/control_channel.h"
+#include "node/cluster/control_protocol.h"
+#include "node/cluster/remote_target_runner.h"
 #include "tensor-parallel/mpi_check.h"
 
 namespace specnode {

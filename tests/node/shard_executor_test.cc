@@ -3,7 +3,7 @@
 // LocalModelRunner (tolerance as tests/tensor-parallel/tp_forward_test.cc), ops applied
 // alike, fingerprints equal to the coordinator's table, and KV exhaustion on ONE shard
 // failing the step on every shard with ResourceExhausted (no shard left in an all-reduce).
-#include "node/shard_executor.h"
+#include "node/cluster/shard_executor.h"
 
 #include <unistd.h>
 
@@ -14,8 +14,8 @@
 #include "kvstore/kv_cache_factory.h"
 #include "runtime/model_runner.h"
 #include "runtime/runner_factory.h"
-#include "model/llama_model.h"
-#include "model/tiny_model.h"
+#include "model/llama/llama_model.h"
+#include "model/llama/tiny_model.h"
 #include "tensor-parallel/local_communicator.h"
 
 namespace specnode {

@@ -1,7 +1,7 @@
 // The tuner's algorithm (node/tuner.h) against a scripted measurer: which options it tries,
 // in which order, how it pairs and alternates measurements, what it keeps and why, and the
 // tuned YAML it writes.
-#include "node/tuner.h"
+#include "node/tune/tuner.h"
 
 #include <map>
 #include <string>

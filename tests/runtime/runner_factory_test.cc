@@ -16,10 +16,10 @@
 #include "coordinator/spec_engine.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
-#include "model/dense_kv_cache.h"
-#include "model/llama_model.h"
-#include "model/thread_pool.h"
-#include "model/tiny_model.h"
+#include "model/llama/dense_kv_cache.h"
+#include "model/llama/llama_model.h"
+#include "model/cpu/thread_pool.h"
+#include "model/llama/tiny_model.h"
 #include "runtime/device.h"
 
 namespace specnode {

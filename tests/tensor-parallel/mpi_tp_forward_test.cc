@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "model/dense_kv_cache.h"
-#include "model/llama_model.h"
+#include "model/llama/dense_kv_cache.h"
+#include "model/llama/llama_model.h"
 #include "tensor-parallel/local_tp_target.h"
 #include "tensor-parallel/mpi_check.h"
 #include "tensor-parallel/mpi_communicator.h"

@@ -7,8 +7,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/gguf_reader.h"
-#include "model/tiny_model.h"
+#include "model/gguf/gguf_reader.h"
+#include "model/llama/tiny_model.h"
 
 namespace specnode {
 namespace {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "model/tiny_model.h"
+#include "model/llama/tiny_model.h"
 #include "tensor-parallel/local_tp_target.h"
 
 namespace specnode {

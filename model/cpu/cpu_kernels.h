@@ -1,0 +1,167 @@
+// Internal to the CPU backend: the per-instruction-set kernels behind MatMul.
+//
+// Each of cpu_kernels_{scalar,avx2,avx512}.cc is compiled for its own ISA and exports one
+// or two KernelTables. Only cpu_matmul.cc (and tests) call them, and only after
+// GetCpuFeatures() confirmed the CPU has the ISA; the tables themselves are plain constant
+// data, so merely linking them executes nothing.
+//
+// Quantised weights (Q4_0, Q4_1, Q8_0) multiply 16-bit activations: each token's row of
+// `cols` floats is quantised once per MatMul call to blocks of 32 int16 values
+//   qs[j] = round_nearest_even(x[j] * (1 / d_b)),  d_b = max|x| over block b / 32767,
+// (|qs| <= 32767: the rounding error of x * (1/d_b) is far below 1/2), with two f32 side
+// values per block: d_b and s_b = d_b * Σ_j qs[j]. That is llama.cpp's Q8_1 with 258x
+// finer steps: with 8 bits, SmolLM2's logits moved ~0.3 RMS and greedy decoding left a
+// float reference's path; with 16 it follows it.
+// A weight block then contributes
+//   Q4_1: d_w d_b Σ q_w qs + m_w s_b        (q_w = nibble, 0..15)
+//   Q4_0: d_w d_b Σ q_w qs - 8 d_w s_b      (the same unsigned-nibble dot)
+//   Q8_0: d_w d_b Σ q_w qs                  (q_w signed)
+// The integer sums fit int32 (|Σ| <= 128 * 32767 * 32) and are products of int16 pairs:
+// vpmaddwd / vpdpwssd after widening the weights to int16.
+// F32/F16/BF16 weights use the f32 activations directly.
+//
+// Int8 activations (ActQuant::kInt8, opt-in; llama.cpp's Q8_1 exactly): blocks of 32 int8
+//   qs[j] = round_nearest_even(x[j] * (1 / d_b)),  d_b = max|x| over block b / 127,
+// with the same d_b and s_b side values. The unsigned weight operand of vpdpbusd (u8 x s8,
+// four products per int32 lane, no intermediate saturation) is the nibble for Q4 and, for
+// Q8_0, the quant + 128 (a sign-bit flip), so a Q8_0 block contributes
+//   Q8_0: d_w d_b Σ (q_w + 128) qs - 128 d_w s_b
+// Half the dot instructions of the int16 path per weight group: batched (compute-bound)
+// matmuls run faster, single-token (bandwidth-bound) ones do not care; logits move by
+// the coarser rounding (see cpu_matmul.h). Tables without an int8 kernel leave
+// quantize8/matmul_quant8 null and the dispatcher uses their int16 path.
+//
+// Batch invariance contract, for every kernel: y[t, r] depends only on row r and token t's
+// activations, through an instruction sequence that does not depend on n, the token tile
+// the token fell in, or [row_begin, row_end). Kernels may process several tokens per weight
+// load (tiles), but each token keeps its own accumulators in a fixed order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/cpu/cpu_matmul.h"
+#include "model/gguf/ggml_types.h"
+#include "model/cpu/thread_pool.h"
+
+namespace specnode {
+
+namespace cpu_kernels {
+
+// Token rows of quantised activations, laid out by the dispatcher:
+//   qs[t * qs_stride + j]  int16, j < cols, in the order the table's `quantize` writes
+//                          for weights of type `weight_type`: block order and, within a
+//                          block, natural order, except in the avx512 tables, which order
+//                          values the way their kernels widen the weights (a fixed shuffle,
+//                          so weights need one permute and no per-token work):
+//                          Q4_0/Q4_1: groups of 4 blocks b..b+3 (256 bytes), as 4 planes
+//                            of 32 values: value p*32 + 2*(4m + k) + h (p, m, k < 4, h < 2)
+//                            is block b+k's value v_p(2m + h), with v_0(i) = 2i,
+//                            v_1(i) = 2i + 16, v_2(i) = 2i + 1, v_3(i) = 2i + 17: nibble p of
+//                            the block's quant bytes 2i, 2i+1 read as a little-endian word;
+//                          Q8_0: pairs of blocks b, b+1, dword-interleaved: value 2e + h
+//                            (e < 32, h < 2) is block b + (e & 1)'s value 2*(e/2) + h;
+//                          blocks past the last one of a group or pair are zero;
+//                          zero from cols up to qs_stride (a multiple of 128 values) so a
+//                          kernel may read whole 256-byte groups of 4 blocks
+//   d[t * ds_stride + b], s[t * ds_stride + b]  f32, b < cols/32; zero up to ds_stride (a
+//                          multiple of 16) so a kernel may load whole 16-block chunks
+//
+// Int8 tables (quantize8) use the same strides with int8 values in qs8:
+//   scalar: natural order;
+//   avx512-vnni: Q4_0/Q4_1: groups of 4 blocks (128 bytes) as 2 planes of 64: byte
+//     p*64 + 4j + i (j = 4m + k; m, k, i < 4) is block b+k's value 4m + i + 16p (plane 0 pairs
+//     with the low nibbles of quant bytes 4m..4m+3, plane 1 with the high ones);
+//     Q8_0: pairs of blocks b, b+1 (64 bytes): byte 4l + i (l < 16, i < 4) is block
+//     b + (l & 1)'s value 4(l / 2) + i.
+struct QuantActs {
+  const int16_t* qs = nullptr;  // [n, qs_stride] (int16 kernels)
+  const int8_t* qs8 = nullptr;  // [n, qs_stride] (int8 kernels)
+  const float* d = nullptr;     // [n, ds_stride]
+  const float* s = nullptr;     // [n, ds_stride]
+  int64_t qs_stride = 0;
+  int64_t ds_stride = 0;
+};
+
+// y[t * ldy + r] = Σ over the row's blocks, for r in [row_begin, row_end), t < n.
+struct QuantMatMulArgs {
+  GgmlType type = GgmlType::kQ4_1;  // kQ4_0, kQ4_1 or kQ8_0
+  const uint8_t* w = nullptr;       // row 0's first block
+  size_t row_stride = 0;            // bytes between rows (>= blocks * block bytes)
+  int64_t blocks = 0;               // blocks of 32 per row (cols / 32)
+  QuantActs x;
+  int64_t n = 0;
+  float* y = nullptr;  // [n, ldy]
+  int64_t ldy = 0;
+};
+
+// y[t * ldy + r] = Σ_j W[r, j] x[t * ldx + j] for F32/F16/BF16 weights.
+struct FloatMatMulArgs {
+  GgmlType type = GgmlType::kF32;  // kF32, kF16 or kBF16
+  const uint8_t* w = nullptr;
+  size_t row_stride = 0;
+  int64_t cols = 0;          // any count, no block constraint
+  const float* x = nullptr;  // [n, ldx]
+  int64_t ldx = 0;
+  int64_t n = 0;
+  float* y = nullptr;  // [n, ldy]
+  int64_t ldy = 0;
+};
+
+struct KernelTable {
+  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni"
+  // Quantises one token for weights of `weight_type`: x[blocks * 32] -> qs[blocks * 32],
+  // d[blocks], s[blocks]. qs, d and s arrive zeroed past `blocks`; the quantiser may write
+  // up to the next 128 values of qs.
+  void (*quantize)(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs, float* d,
+                   float* s);
+  void (*matmul_quant)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+  void (*matmul_float)(const FloatMatMulArgs& args, int64_t row_begin, int64_t row_end);
+  // Int8 activations: as quantize/matmul_quant with d_b = max|x| / 127 and args.x.qs8.
+  // Null in tables without an int8 kernel.
+  void (*quantize8)(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
+                    float* s);
+  void (*matmul_quant8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+};
+
+// Weight rows are streamed once per call; hardware prefetch alone leaves the kernels
+// waiting on DRAM between rows. Kernels prefetch the row this many bytes ahead.
+inline constexpr size_t kPrefetchDistance = 4096;
+
+// Rows a kernel should look ahead (at least 1).
+inline int64_t PrefetchRowsAhead(size_t row_bytes) {
+  return static_cast<int64_t>(kPrefetchDistance / (row_bytes == 0 ? 1 : row_bytes)) + 1;
+}
+
+// Prefetches `bytes` from `p` into cache (a hint; never faults).
+inline void PrefetchBytes(const uint8_t* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+}
+
+// Defined one per ISA file. Calling a table's functions needs the matching CPU support:
+// avx2: CpuFeatures::avx2; avx512: avx512; avx512-vnni: avx512_vnni.
+extern const KernelTable kScalarKernels;
+extern const KernelTable kAvx2Kernels;
+extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpmaddwd
+extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpwssd
+// The AVX-512 tables' matmul_float (cpu_kernels_avx512_float.cc; needs CpuFeatures::avx512).
+void MatMulFloatAvx512(const FloatMatMulArgs& args, int64_t row_begin, int64_t row_end);
+
+// The best table GetCpuFeatures() allows (honours SPECNODE_CPU), chosen once.
+const KernelTable& SelectedKernels();
+// Every table this CPU can run, scalar first (tests iterate over these).
+std::vector<const KernelTable*> SupportedKernels();
+
+// MatMul (see cpu_matmul.h) forced onto one kernel table.
+void MatMulWith(const KernelTable& kernels, const WeightView& w, const float* x /*[n, cols]*/,
+                int64_t n, float* y /*[n, rows]*/, ThreadPool* pool, MatMulScratch* scratch,
+                ActQuant act = ActQuant::kInt16);
+// MatMulShared (see cpu_matmul.h) forced onto one kernel table.
+void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws, const float* x,
+                      int64_t n, std::span<float* const> ys, ThreadPool* pool,
+                      MatMulScratch* scratch, ActQuant act = ActQuant::kInt16);
+
+}  // namespace cpu_kernels
+}  // namespace specnode

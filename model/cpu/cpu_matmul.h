@@ -1,0 +1,78 @@
+// Fused dequantise-matmul on CPU: y = x · Wᵀ with W kept in its storage type.
+//
+// Weight layout (ggml): W has `rows` output features; each row holds `cols` input values
+// encoded in `type` and starts `row_stride` bytes after the previous one. A column slice
+// (tensor parallelism splitting the input dimension) is a view whose data points inside
+// each row at a block boundary, with row_stride still the full row's bytes.
+//
+// Batch invariance: y[t, r] is computed by the same instruction sequence whatever the
+// number of tokens n and however rows are split across threads, so a row's result is
+// bit-identical at batch 1 and batch 16 (speculative verification relies on this).
+//
+// For quantised W the activations are first quantised to 16-bit blocks of 32 with one f32
+// scale per block (llama.cpp's Q8_1 scheme with int16 instead of int8, which keeps greedy
+// decoding on a float reference's path) and the dot products run in integer SIMD;
+// F32/F16/BF16 W use f32 activations.
+//
+// ActQuant::kInt8 (opt-in, --activations int8) rounds activations to 8 bits instead, as
+// llama.cpp does: on AVX-512 VNNI the integer dots take half the instructions, which speeds
+// up batched matmuls (verification rows, many sequences per step); a single token's matmul
+// is bound by weight bandwidth and gains little. Logits move by the coarser rounding (a
+// greedy path can leave the float reference's at near-ties). Batch invariance holds in
+// both modes. CPUs without an int8 kernel run the int16 path (ActQuantName reports it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/gguf/ggml_types.h"
+#include "model/cpu/thread_pool.h"
+
+namespace specnode {
+
+struct WeightView {
+  GgmlType type = GgmlType::kF32;
+  const void* data = nullptr;  // first byte of row 0 (of this slice)
+  int64_t rows = 0;            // output features
+  int64_t cols = 0;            // input features (multiple of 32 for quantised types)
+  size_t row_stride = 0;       // bytes between consecutive rows
+};
+
+// Activation rounding for quantised weights.
+enum class ActQuant { kInt16, kInt8 };
+
+// "int16" / "int8": the name of what MatMul actually runs for `requested` on this CPU
+// (int8 falls back to int16 where the selected kernel table has no int8 kernel).
+const char* ActQuantName(ActQuant requested);
+// Parses "int16" / "int8"; false on anything else.
+bool ParseActQuant(const std::string& name, ActQuant* out);
+
+// Scratch for quantised activations, reused between calls to avoid allocation.
+struct MatMulScratch {
+  std::vector<uint8_t> buffer;
+};
+
+// y[n, w.rows] = x[n, w.cols] · Wᵀ. `pool` may be nullptr (single thread).
+void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
+            MatMulScratch* scratch, ActQuant act = ActQuant::kInt16);
+
+// Several products of one input: ys[i][n, ws[i].rows] = x[n, cols] · ws[i]ᵀ (Q, K and V of
+// a layer; gate and up). Results are bit-identical to one MatMul per matrix; when every
+// matrix has the same cols and the same quantised type (or all are float types) the
+// activations are quantised once and all rows are split across the pool in one dispatch,
+// which saves a pool hand-off and a quantisation per extra matrix.
+void MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
+                  std::span<float* const> ys, ThreadPool* pool, MatMulScratch* scratch,
+                  ActQuant act = ActQuant::kInt16);
+
+// Reference implementation: dequantise each row with DequantizeRow and accumulate in
+// double. Used by tests only.
+void MatMulReference(const WeightView& w, const float* x, int64_t n, float* y);
+
+// Copy row `row` of an embedding matrix stored as W (any supported type) into dst[cols].
+void EmbeddingRow(const WeightView& w, int64_t row, float* dst);
+
+}  // namespace specnode

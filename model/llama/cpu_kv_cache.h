@@ -1,0 +1,51 @@
+// CpuKvCache: a KvCache whose pages live in host memory and whose attention runs per
+// (sequence, kv head) on the CPU — the base of DenseKvCache and of kvstore/'s CPU store.
+// It turns the pass-level calls of kv_cache.h into per-sequence ones, splitting a pass
+// across the pass's host threads: Write by sequence (when the pass has several), Attend by
+// (sequence, kv head). Which thread runs what never changes a result: each call writes only
+// its own sequence's rows (Write) or its own (sequence, kv head) outputs (Attend).
+//
+// Subclasses implement WriteSeq / AttendSeq (also callable directly, e.g. by tests and
+// benchmarks); those run concurrently for different sequences (WriteSeq) or different
+// (sequence, kv head) pairs (AttendSeq), and WriteSeq of a (seq, layer) happens-before
+// AttendSeq of that (seq, layer).
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/llama/kv_cache.h"
+
+namespace specnode {
+
+class CpuKvCache : public KvCache {
+ public:
+  // n_kv_heads: kv heads held (a shard's); gqa_group: query heads per kv head.
+  CpuKvCache(int n_kv_heads, int head_dim, int gqa_group)
+      : n_kv_heads_(n_kv_heads), head_dim_(head_dim), group_(gqa_group) {}
+
+  std::string device() const override { return "cpu"; }
+  absl::Status BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) override;
+  absl::Status Write(int layer, const float* k, const float* v) override;
+  absl::Status Attend(int layer, const float* q, float scale, float* out) override;
+
+  // Stores post-RoPE keys and values of one layer for positions [pos0, pos0 + n) of seq
+  // (reserved). k, v: [n, n_kv_heads, head_dim] f32.
+  virtual void WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
+                        const float* v) = 0;
+  // Causal attention for one kv head and its group of query heads: query token i (at
+  // position pos0 + i) attends to positions [0, pos0 + i].
+  //   q:   [n, n_heads, head_dim]  (only heads [kv_head * group, (kv_head + 1) * group) read)
+  //   out: [n, n_heads, head_dim]  (only that head range is written)
+  virtual void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
+                         const float* q, float scale, float* out) = 0;
+
+ private:
+  const int n_kv_heads_, head_dim_, group_;
+  std::vector<KvPassEntry> entries_;
+  std::vector<int64_t> first_;  // the first row of each entry
+  ThreadPool* threads_ = nullptr;
+};
+
+}  // namespace specnode

@@ -1,0 +1,101 @@
+#include "model/llama/llama_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/gguf/gguf_reader.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+namespace {
+
+absl::StatusOr<int> GetPositiveInt(const GgufFile& file, const std::string& key, int64_t max) {
+  SPECNODE_ASSIGN_OR_RETURN(int64_t v, file.GetInt(key));
+  if (v <= 0 || v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata ", key, " = ", v, " is out of range (1..", max, ")"));
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
+  LlamaConfig c;
+  auto arch = file.GetString("general.architecture");
+  if (!arch.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a model file: general.architecture: ", arch.status().message()));
+  }
+  c.architecture = *arch;
+  if (c.architecture != "llama") {
+    return absl::UnimplementedError(absl::StrCat("unsupported architecture '", c.architecture,
+                                                 "' (specnode runs llama-family GGUFs)"));
+  }
+  if (auto name = file.GetString("general.name"); name.ok()) c.name = *name;
+  const std::string p = c.architecture + ".";
+  SPECNODE_ASSIGN_OR_RETURN(c.n_layers, GetPositiveInt(file, p + "block_count", 1024));
+  SPECNODE_ASSIGN_OR_RETURN(c.d_model, GetPositiveInt(file, p + "embedding_length", 1 << 16));
+  SPECNODE_ASSIGN_OR_RETURN(c.n_heads, GetPositiveInt(file, p + "attention.head_count", 1024));
+  c.n_kv_heads = c.n_heads;
+  if (file.Find(p + "attention.head_count_kv") != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(c.n_kv_heads,
+                              GetPositiveInt(file, p + "attention.head_count_kv", 1024));
+  }
+  SPECNODE_ASSIGN_OR_RETURN(c.d_ff, GetPositiveInt(file, p + "feed_forward_length", 1 << 20));
+  SPECNODE_ASSIGN_OR_RETURN(c.context_length,
+                            GetPositiveInt(file, p + "context_length", 1 << 24));
+  if (c.d_model % c.n_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "embedding_length %d is not a multiple of head_count %d", c.d_model, c.n_heads));
+  }
+  if (c.n_heads % c.n_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "head_count %d is not a multiple of head_count_kv %d", c.n_heads, c.n_kv_heads));
+  }
+  c.head_dim = c.d_model / c.n_heads;
+  c.rope_dim = c.head_dim;
+  if (file.Find(p + "rope.dimension_count") != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(c.rope_dim, GetPositiveInt(file, p + "rope.dimension_count", 1 << 16));
+  }
+  if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0 || c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rope.dimension_count %d must be even and at most head_dim %d", c.rope_dim, c.head_dim));
+  }
+  if (file.Find(p + "rope.freq_base") != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(double base, file.GetFloat(p + "rope.freq_base"));
+    if (!(base > 1.0 && base < 1e12)) {
+      return absl::InvalidArgumentError(absl::StrCat("rope.freq_base ", base, " out of range"));
+    }
+    c.rope_base = static_cast<float>(base);
+  }
+  SPECNODE_ASSIGN_OR_RETURN(double eps, file.GetFloat(p + "attention.layer_norm_rms_epsilon"));
+  if (!(eps > 0.0 && eps < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention.layer_norm_rms_epsilon ", eps, " out of range"));
+  }
+  c.rms_eps = static_cast<float>(eps);
+
+  const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
+  if (embd == nullptr || embd->dims.size() != 2 || embd->dims[0] != c.d_model) {
+    return absl::InvalidArgumentError(
+        "token_embd.weight missing or not shaped [embedding_length, vocab]");
+  }
+  c.vocab_size = static_cast<int>(embd->dims[1]);
+  if (file.Find(p + "vocab_size") != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(int64_t v, file.GetInt(p + "vocab_size"));
+    if (v != c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%svocab_size %d disagrees with token_embd.weight rows %d", p, v, c.vocab_size));
+    }
+  }
+  c.tied_embeddings = file.FindTensor("output.weight") == nullptr;
+  return c;
+}
+
+std::string LlamaConfig::Summary() const {
+  return absl::StrFormat("%s %dL d%d h%d/%d ff%d vocab%d ctx%d%s", architecture, n_layers, d_model,
+                         n_heads, n_kv_heads, d_ff, vocab_size, context_length,
+                         tied_embeddings ? " tied" : "");
+}
+
+}  // namespace specnode

@@ -1,0 +1,222 @@
+#include "model/llama/llama_forward.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/llama/cpu_backend.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+
+absl::StatusOr<int64_t> ValidateBatch(std::span<const BatchEntry> batch, int32_t vocab_size) {
+  int64_t n = 0;
+  for (const BatchEntry& e : batch) {
+    if (e.tokens.empty()) return absl::InvalidArgumentError("batch entry without tokens");
+    for (int32_t t : e.tokens) {
+      if (t < 0 || t >= vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("token id %d outside the vocabulary [0, %d)", t, vocab_size));
+      }
+    }
+    for (const BatchEntry& other : batch) {
+      if (&other != &e && other.seq == e.seq) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("sequence %d appears twice in one batch", e.seq));
+      }
+    }
+    n += static_cast<int64_t>(e.tokens.size());
+  }
+  return n;
+}
+
+std::vector<int64_t> LogitRows(std::span<const BatchEntry> batch) {
+  std::vector<int64_t> rows;
+  int64_t row = 0;
+  for (const BatchEntry& e : batch) {
+    const int64_t count = static_cast<int64_t>(e.tokens.size());
+    if (e.all_logits) {
+      for (int64_t j = 0; j < count; ++j) rows.push_back(row + j);
+    } else {
+      rows.push_back(row + count - 1);
+    }
+    row += count;
+  }
+  return rows;
+}
+
+LlamaForward::LlamaForward(const LlamaConfig& config, std::shared_ptr<const LlamaWeights> weights,
+                           Backend* backend, PartialSumReducer* reducer)
+    : config_(config),
+      w_(std::move(weights)),
+      backend_(backend),
+      reducer_(reducer),
+      n_heads_(w_->n_heads_local),
+      n_kv_heads_(w_->n_kv_heads_local),
+      d_ff_(w_->d_ff_local) {}
+
+LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weights,
+                           ThreadPool* pool, PartialSumReducer* reducer)
+    : LlamaForward(config, std::shared_ptr<const LlamaWeights>(&weights, [](const LlamaWeights*) {}),
+                   nullptr, reducer) {
+  owned_backend_ = std::make_unique<CpuBackend>(pool, weights.activations);
+  backend_ = owned_backend_.get();
+}
+
+LlamaForward::~LlamaForward() = default;
+
+absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* cache,
+                                   std::vector<float>* logits) {
+  SPECNODE_ASSIGN_OR_RETURN(const int64_t n, ValidateBatch(batch, config_.vocab_size));
+  if (cache->device() != backend_->device()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the KV cache is on ", cache->device(), " but the forward pass runs on ",
+        backend_->device()));
+  }
+  if (n == 0) {
+    if (logits != nullptr) logits->clear();
+    return absl::OkStatus();
+  }
+  // Reserve everything first; undo on failure so that no sequence changes.
+  std::vector<int32_t> pos0(batch.size());
+  auto undo = [&](size_t upto) {
+    for (size_t j = 0; j < upto; ++j) {
+      if (pos0[j] == 0) {
+        cache->Free(batch[j].seq);
+      } else {
+        (void)cache->Truncate(batch[j].seq, pos0[j]);
+      }
+    }
+  };
+  for (size_t i = 0; i < batch.size(); ++i) {
+    pos0[i] = cache->Length(batch[i].seq);
+    absl::Status s = cache->Reserve(batch[i].seq, static_cast<int32_t>(batch[i].tokens.size()));
+    if (!s.ok()) {
+      undo(i);
+      if (pos0[i] == 0) cache->Free(batch[i].seq);
+      return s;
+    }
+  }
+  absl::Status s = Run(batch, pos0, n, cache, logits);
+  if (!s.ok()) {
+    undo(batch.size());
+    return s;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    cache->Commit(batch[i].seq, pos0[i] + static_cast<int32_t>(batch[i].tokens.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0,
+                               int64_t n, KvCache* cache, std::vector<float>* logits) {
+  ids_.resize(n);
+  positions_.resize(n);
+  entries_.resize(batch.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int32_t count = static_cast<int32_t>(batch[i].tokens.size());
+    entries_[i] = KvPassEntry{batch[i].seq, pos0[i], count};
+    for (int32_t j = 0; j < count; ++j, ++row) {
+      ids_[row] = batch[i].tokens[j];
+      positions_[row] = pos0[i] + j;
+    }
+  }
+  // The backend stages the pass's ids and positions, then the cache its tables: a device
+  // uploads them all in one copy before the first kernel that reads them.
+  SPECNODE_RETURN_IF_ERROR(backend_->BeginPass(ids_, positions_));
+  SPECNODE_RETURN_IF_ERROR(cache->BeginPass(entries_, backend_->host_threads()));
+
+  const int d = config_.d_model;
+  const int hd = config_.head_dim;
+  Buffers b;
+  SPECNODE_ASSIGN_OR_RETURN(b.x, backend_->Buffer(kX, n * d));
+  SPECNODE_ASSIGN_OR_RETURN(b.h, backend_->Buffer(kH, n * d));
+  SPECNODE_ASSIGN_OR_RETURN(b.q, backend_->Buffer(kQ, n * n_heads_ * hd));
+  SPECNODE_ASSIGN_OR_RETURN(b.k, backend_->Buffer(kK, n * n_kv_heads_ * hd));
+  SPECNODE_ASSIGN_OR_RETURN(b.v, backend_->Buffer(kV, n * n_kv_heads_ * hd));
+  SPECNODE_ASSIGN_OR_RETURN(b.attn, backend_->Buffer(kAttn, n * n_heads_ * hd));
+  SPECNODE_ASSIGN_OR_RETURN(b.gate, backend_->Buffer(kGate, n * d_ff_));
+  SPECNODE_ASSIGN_OR_RETURN(b.up, backend_->Buffer(kUp, n * d_ff_));
+
+  if (reducer_ == nullptr) {
+    // Everything the body bakes into its ops besides n: the buffers and the cache's tables.
+    uint64_t sig = cache->PassSignature();
+    for (const float* p : {b.x, b.h, b.q, b.k, b.v, b.attn, b.gate, b.up}) {
+      sig = MixSignature(sig, reinterpret_cast<uintptr_t>(p));
+    }
+    SPECNODE_RETURN_IF_ERROR(backend_->Record(n, sig, [&] { return Body(n, b, cache); }));
+  } else {
+    // An all-reduce runs host code between ops: nothing to record.
+    SPECNODE_RETURN_IF_ERROR(Body(n, b, cache));
+  }
+  if (logits == nullptr) return backend_->Sync();
+  return Head(batch, b.x, logits);
+}
+
+absl::Status LlamaForward::Body(int64_t n, const Buffers& b, KvCache* cache) {
+  SPECNODE_RETURN_IF_ERROR(backend_->EmbeddingRows(w_->token_embd, b.x));
+  if (w_->layers.empty()) return absl::OkStatus();
+  // Each layer starts with h = its attention norm of x: here for the first, fused into the
+  // previous layer's last residual add for the others.
+  SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.x, w_->layers[0].attn_norm, n, config_.d_model,
+                                             config_.rms_eps, b.h));
+  for (int l = 0; l < static_cast<int>(w_->layers.size()); ++l) {
+    SPECNODE_RETURN_IF_ERROR(Layer(l, n, b, cache));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* cache) {
+  const LayerWeights& lw = w_->layers[l];
+  const int d = config_.d_model;
+  const int hd = config_.head_dim;
+  const float eps = config_.rms_eps;
+
+  // Attention block; h = attention norm of x already.
+  {
+    const WeightView ws[] = {lw.wq, lw.wk, lw.wv};
+    float* const ys[] = {b.q, b.k, b.v};
+    SPECNODE_RETURN_IF_ERROR(backend_->MatMulShared(ws, b.h, n, ys));
+  }
+  SPECNODE_RETURN_IF_ERROR(backend_->RopePair(b.q, b.k, n, n_heads_, n_kv_heads_, hd,
+                                              config_.rope_dim, config_.rope_base));
+  SPECNODE_RETURN_IF_ERROR(cache->Write(l, b.k, b.v));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  SPECNODE_RETURN_IF_ERROR(cache->Attend(l, b.q, scale, b.attn));
+  SPECNODE_RETURN_IF_ERROR(backend_->MatMul(lw.wo, b.attn, n, b.h));
+  SPECNODE_RETURN_IF_ERROR(backend_->AllReduce(reducer_, b.h, n * d));
+  SPECNODE_RETURN_IF_ERROR(backend_->AddRmsNorm(b.x, b.h, lw.ffn_norm, n, d, eps, b.h));
+
+  // Feed-forward block.
+  {
+    const WeightView ws[] = {lw.w_gate, lw.w_up};
+    float* const ys[] = {b.gate, b.up};
+    SPECNODE_RETURN_IF_ERROR(backend_->MatMulShared(ws, b.h, n, ys));
+  }
+  SPECNODE_RETURN_IF_ERROR(backend_->SwiGlu(b.gate, b.up, n * d_ff_, b.gate));
+  SPECNODE_RETURN_IF_ERROR(backend_->MatMul(lw.w_down, b.gate, n, b.h));
+  SPECNODE_RETURN_IF_ERROR(backend_->AllReduce(reducer_, b.h, n * d));
+  // Residual add, fused with the next layer's attention norm where there is one.
+  if (l + 1 < static_cast<int>(w_->layers.size())) {
+    return backend_->AddRmsNorm(b.x, b.h, w_->layers[l + 1].attn_norm, n, d, eps, b.h);
+  }
+  return backend_->Add(b.x, b.h, n * d);
+}
+
+absl::Status LlamaForward::Head(std::span<const BatchEntry> batch, const float* x,
+                                std::vector<float>* logits) {
+  // Final norm and head over the rows that need logits only.
+  const int d = config_.d_model;
+  const std::vector<int64_t> out_rows = LogitRows(batch);
+  const int64_t n_out = static_cast<int64_t>(out_rows.size());
+  const int64_t floats = n_out * config_.vocab_size;
+  SPECNODE_ASSIGN_OR_RETURN(float* normed, backend_->Buffer(kNormed, n_out * d));
+  SPECNODE_RETURN_IF_ERROR(
+      backend_->RmsNormRows(x, out_rows, w_->output_norm, d, config_.rms_eps, normed));
+  SPECNODE_ASSIGN_OR_RETURN(float* out, backend_->LogitsBuffer(floats, logits));
+  SPECNODE_RETURN_IF_ERROR(backend_->MatMul(w_->output, normed, n_out, out));
+  return backend_->FinishLogits(out, floats, logits);
+}
+
+}  // namespace specnode

@@ -1,0 +1,105 @@
+// The Llama forward pass — the one graph of the model, written once over a Backend
+// (backend.h): the CPU reference and CUDA run the same sequence of ops. A batch is several
+// sequences, each contributing one or more new tokens (prefill chunks, single decode
+// tokens, or a last token + K speculative drafts).
+//
+// All tokens of the batch share every matmul (weights are read once per step); Q/K/V and
+// gate/up, which read the same normed input, run as one MatMulShared each, and each
+// residual add is fused with the norm that follows it (AddRmsNorm). KV writes and
+// attention go through the KvCache (its pages on the backend's device). Rows are
+// batch-invariant: a token's logits do not depend on what else is in the batch (backend.h),
+// so verifying K drafts in one pass gives bit-identical logits to decoding them one at a
+// time.
+//
+// Per pass, in this order:
+//   embedding rows; h = attention norm of x (layer 0)
+//   per layer: Q,K,V = h·W (shared); RoPE on Q, K; KV write; attention; h = attn·Wo;
+//              all-reduce h (TP); x += h, h = ffn norm of x; gate, up = h·W (shared);
+//              SwiGLU; h = ·Wdown; all-reduce h; x += h, h = next layer's attention norm
+//   final norm of the rows that need logits; logits = ·Woutput; to the host
+// Everything before the final norm is one Backend::Record body when the pass has no
+// all-reduce (a device may replay it as a recording, e.g. a CUDA graph).
+//
+// Not thread-safe: one Forward() at a time per LlamaForward. The weights, backend, reducer
+// (and a given pool) must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/llama/backend.h"
+#include "model/llama/kv_cache.h"
+#include "model/llama/llama_config.h"
+#include "model/llama/llama_weights.h"
+#include "model/cpu/thread_pool.h"
+
+namespace specnode {
+
+// New tokens of one sequence in a batch. They take positions [cache.Length(seq), +n).
+struct BatchEntry {
+  SeqId seq = 0;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;  // logits for every token (verification) or only the last
+};
+
+// Checks a batch before anything runs: every entry has tokens, every id is in
+// [0, vocab_size), no sequence appears twice. Returns the total token count.
+absl::StatusOr<int64_t> ValidateBatch(std::span<const BatchEntry> batch, int32_t vocab_size);
+
+// The batch rows whose logits a pass returns, in order: every token of an all_logits
+// entry, else the entry's last token (rows numbered over the whole batch).
+std::vector<int64_t> LogitRows(std::span<const BatchEntry> batch);
+
+class LlamaForward {
+ public:
+  // The graph over `backend` with `weights` in its memory (Backend::UploadWeights).
+  // `reducer`: a tensor-parallel shard's all-reduce (null for a whole model).
+  LlamaForward(const LlamaConfig& config, std::shared_ptr<const LlamaWeights> weights,
+               Backend* backend, PartialSumReducer* reducer = nullptr);
+  // The CPU reference: a CpuBackend of its own over `pool` (may be null) rounding
+  // activations as weights.activations says, over host `weights` (borrowed).
+  LlamaForward(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
+               PartialSumReducer* reducer = nullptr);
+  ~LlamaForward();
+
+  // Runs the batch and fills `logits` with [n_rows, vocab] rows: for each entry in order,
+  // every token's row when all_logits, else the last token's. Checks token ids, that the
+  // cache is on the backend's device and that it can take the tokens (Reserve) before
+  // computing anything; on error no sequence's length changes (reservations are undone).
+  // `logits` may be null: the final norm and head are skipped (a tensor-parallel shard
+  // whose logits nobody reads; the cache is updated as usual).
+  absl::Status Forward(std::span<const BatchEntry> batch, KvCache* cache,
+                       std::vector<float>* logits);
+
+  const LlamaConfig& config() const { return config_; }
+  Backend& backend() { return *backend_; }
+
+ private:
+  // Activation buffers (Backend::Buffer slots).
+  enum Slot : int { kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kNormed };
+  struct Buffers {
+    float *x, *h, *q, *k, *v, *attn, *gate, *up;
+  };
+  absl::Status Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0, int64_t n,
+                   KvCache* cache, std::vector<float>* logits);
+  // Embedding + every layer over the pass's n rows: ops only (a Record body).
+  absl::Status Body(int64_t n, const Buffers& b, KvCache* cache);
+  absl::Status Layer(int l, int64_t n, const Buffers& b, KvCache* cache);
+  absl::Status Head(std::span<const BatchEntry> batch, const float* x, std::vector<float>* logits);
+
+  LlamaConfig config_;
+  std::shared_ptr<const LlamaWeights> w_;
+  std::unique_ptr<Backend> owned_backend_;  // the CPU reference constructor's
+  Backend* backend_;
+  PartialSumReducer* reducer_;
+  int n_heads_, n_kv_heads_, d_ff_;
+  // Per-pass host staging.
+  std::vector<int32_t> ids_, positions_;
+  std::vector<KvPassEntry> entries_;
+};
+
+}  // namespace specnode

@@ -1,0 +1,160 @@
+#include "model/llama/llama_weights.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/gguf/ggml_converted_types.h"
+#include "model/gguf/gguf_reader.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+namespace {
+
+// A 2-D matrix tensor [cols (contiguous), rows] as a WeightView.
+absl::StatusOr<WeightView> Matrix(const GgufFile& file, const std::string& name, int64_t rows,
+                                  int64_t cols) {
+  const GgufTensorInfo* t = file.FindTensor(name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
+  if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
+    std::string dims;
+    for (int64_t d : t->dims) absl::StrAppend(&dims, dims.empty() ? "" : ", ", d);
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor %s has dims [%s], expected [%d, %d]", name, dims, cols, rows));
+  }
+  WeightView w;
+  w.type = t->type;
+  w.data = file.TensorData(*t);
+  w.rows = rows;
+  w.cols = cols;
+  w.row_stride = GgmlRowBytes(t->type, cols);
+  return w;
+}
+
+// v itself when its type is a compute type; else a copy converted to one, owned by `owned`.
+WeightView ToCompute(const WeightView& v,
+                     std::vector<std::unique_ptr<std::vector<uint8_t>>>* owned) {
+  if (!IsConvertedType(v.type)) return v;
+  WeightView c = v;
+  c.type = ComputeTypeOf(v.type);
+  c.row_stride = GgmlRowBytes(c.type, v.cols);
+  auto buffer = std::make_unique<std::vector<uint8_t>>(c.row_stride * v.rows);
+  const auto* src = static_cast<const uint8_t*>(v.data);
+  for (int64_t r = 0; r < v.rows; ++r) {
+    ConvertRowToComputeType(v.type, src + r * v.row_stride, buffer->data() + r * c.row_stride,
+                            v.cols);
+  }
+  c.data = buffer->data();
+  owned->push_back(std::move(buffer));
+  return c;
+}
+
+// Output rows [begin, begin + count) of w.
+WeightView RowSlice(const WeightView& w, int64_t begin, int64_t count) {
+  WeightView s = w;
+  s.data = static_cast<const uint8_t*>(w.data) + begin * w.row_stride;
+  s.rows = count;
+  return s;
+}
+
+// Input columns [begin, begin + count) of w; both must be multiples of the block size.
+absl::StatusOr<WeightView> ColSlice(const WeightView& w, int64_t begin, int64_t count,
+                                    const std::string& name) {
+  const int block = GgmlBlockSize(w.type);
+  if (begin % block != 0 || count % block != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor %s: column slice [%d, %d) is not aligned to its %d-value blocks",
+                        name, begin, begin + count, block));
+  }
+  WeightView s = w;
+  s.data = static_cast<const uint8_t*>(w.data) + GgmlRowBytes(w.type, begin);
+  s.cols = count;
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaConfig& config,
+                                              ShardSpec shard, int n_layers) {
+  const int t = shard.size;
+  if (t < 1 || shard.rank < 0 || shard.rank >= t) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("invalid shard %d of %d", shard.rank, shard.size));
+  }
+  if (config.n_heads % t != 0 || config.n_kv_heads % t != 0 || config.d_ff % t != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor-parallel size %d must divide head_count %d, head_count_kv %d and "
+                        "feed_forward_length %d",
+                        t, config.n_heads, config.n_kv_heads, config.d_ff));
+  }
+  if (n_layers < 0) n_layers = config.n_layers;
+  if (n_layers == 0 || n_layers > config.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot load %d layers of a %d-layer model", n_layers, config.n_layers));
+  }
+  LlamaWeights w;
+  w.shard = shard;
+  w.n_heads_local = config.n_heads / t;
+  w.n_kv_heads_local = config.n_kv_heads / t;
+  w.d_ff_local = config.d_ff / t;
+  const int64_t hd = config.head_dim;
+  const int64_t d = config.d_model;
+
+  // Norm vectors: f32 views, or converted copies for other storage types.
+  auto norm = [&](const std::string& name) -> absl::StatusOr<const float*> {
+    const GgufTensorInfo* info = file.FindTensor(name);
+    if (info == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
+    if (info->dims.size() != 1 || info->dims[0] != d) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is not [", d, "]"));
+    }
+    if (info->type == GgmlType::kF32) return reinterpret_cast<const float*>(file.TensorData(*info));
+    std::vector<float>& owned = w.owned_norms.emplace_back(d);
+    DequantizeRow(info->type, file.TensorData(*info), owned.data(), d);
+    return static_cast<const float*>(owned.data());
+  };
+  w.owned_norms.reserve(2 * n_layers + 1);  // pointers into it must stay valid
+
+  // Row slices are converted after slicing (a shard converts only its rows), column slices
+  // before (K-quant blocks span 256 columns, a shard's range need not).
+  auto convert = [&](const WeightView& v) { return ToCompute(v, &w.owned_matrices); };
+  SPECNODE_ASSIGN_OR_RETURN(w.token_embd, Matrix(file, "token_embd.weight", config.vocab_size, d));
+  w.token_embd = convert(w.token_embd);
+  SPECNODE_ASSIGN_OR_RETURN(w.output_norm, norm("output_norm.weight"));
+  if (config.tied_embeddings) {
+    w.output = w.token_embd;
+  } else {
+    SPECNODE_ASSIGN_OR_RETURN(w.output, Matrix(file, "output.weight", config.vocab_size, d));
+    w.output = convert(w.output);
+  }
+  const int64_t q_begin = shard.rank * w.n_heads_local * hd;
+  const int64_t q_count = w.n_heads_local * hd;
+  const int64_t kv_begin = shard.rank * w.n_kv_heads_local * hd;
+  const int64_t kv_count = w.n_kv_heads_local * hd;
+  const int64_t ff_begin = shard.rank * w.d_ff_local;
+  const int64_t ff_count = w.d_ff_local;
+  for (int l = 0; l < n_layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    LayerWeights lw;
+    SPECNODE_ASSIGN_OR_RETURN(lw.attn_norm, norm(p + "attn_norm.weight"));
+    SPECNODE_ASSIGN_OR_RETURN(lw.ffn_norm, norm(p + "ffn_norm.weight"));
+    SPECNODE_ASSIGN_OR_RETURN(WeightView wq, Matrix(file, p + "attn_q.weight", config.q_dim(), d));
+    SPECNODE_ASSIGN_OR_RETURN(WeightView wk, Matrix(file, p + "attn_k.weight", config.kv_dim(), d));
+    SPECNODE_ASSIGN_OR_RETURN(WeightView wv, Matrix(file, p + "attn_v.weight", config.kv_dim(), d));
+    SPECNODE_ASSIGN_OR_RETURN(WeightView wo,
+                              Matrix(file, p + "attn_output.weight", d, config.q_dim()));
+    SPECNODE_ASSIGN_OR_RETURN(WeightView wg, Matrix(file, p + "ffn_gate.weight", config.d_ff, d));
+    SPECNODE_ASSIGN_OR_RETURN(WeightView wu, Matrix(file, p + "ffn_up.weight", config.d_ff, d));
+    SPECNODE_ASSIGN_OR_RETURN(WeightView wd, Matrix(file, p + "ffn_down.weight", d, config.d_ff));
+    lw.wq = convert(RowSlice(wq, q_begin, q_count));
+    lw.wk = convert(RowSlice(wk, kv_begin, kv_count));
+    lw.wv = convert(RowSlice(wv, kv_begin, kv_count));
+    lw.w_gate = convert(RowSlice(wg, ff_begin, ff_count));
+    lw.w_up = convert(RowSlice(wu, ff_begin, ff_count));
+    SPECNODE_ASSIGN_OR_RETURN(lw.wo,
+                              ColSlice(convert(wo), q_begin, q_count, p + "attn_output.weight"));
+    SPECNODE_ASSIGN_OR_RETURN(lw.w_down,
+                              ColSlice(convert(wd), ff_begin, ff_count, p + "ffn_down.weight"));
+    w.layers.push_back(lw);
+  }
+  return w;
+}
+
+}  // namespace specnode

@@ -1,0 +1,68 @@
+// Views of a Llama model's weights inside a mapped GGUF file, optionally restricted to one
+// tensor-parallel shard. Matrices stay in their storage type (no dequantised copies) and the
+// views point into the GgufFile mapping, which must outlive the LlamaWeights — except
+// K-quant matrices (Q4_K, Q5_K, Q6_K), which are converted at load into the 32-value type
+// the kernels compute with (ggml_converted_types.h) and owned here; every view's type is a compute
+// type (IsComputeGgmlType).
+//
+// Tensor-parallel slicing (Megatron style, shard r of T):
+//   Q, K, V     by output rows, whole heads: query heads [r*H/T, (r+1)*H/T), kv heads
+//               likewise (T must divide both head counts)
+//   gate, up    by output rows: ffn units [r*F/T, (r+1)*F/T)
+//   O, down     by input columns, the same head / unit range (partial sums are all-reduced)
+//   norms, embedding and head are replicated.
+// Column slices must fall on 32-value block boundaries (checked).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/cpu/cpu_matmul.h"
+#include "model/llama/llama_config.h"
+
+namespace specnode {
+
+class GgufFile;
+
+struct ShardSpec {
+  int rank = 0;  // 0 <= rank < size
+  int size = 1;
+};
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [d_model]
+  WeightView wq;                     // [q_dim / T rows, d_model cols]
+  WeightView wk;                     // [kv_dim / T, d_model]
+  WeightView wv;                     // [kv_dim / T, d_model]
+  WeightView wo;                     // [d_model, q_dim / T]
+  const float* ffn_norm = nullptr;   // [d_model]
+  WeightView w_gate;                 // [d_ff / T, d_model]
+  WeightView w_up;                   // [d_ff / T, d_model]
+  WeightView w_down;                 // [d_model, d_ff / T]
+};
+
+struct LlamaWeights {
+  ShardSpec shard;
+  int n_heads_local = 0;     // query heads on this shard
+  int n_kv_heads_local = 0;  // kv heads on this shard
+  int d_ff_local = 0;
+  WeightView token_embd;               // [vocab rows, d_model cols]
+  const float* output_norm = nullptr;  // [d_model]
+  WeightView output;                   // [vocab, d_model]; token_embd when tied
+  std::vector<LayerWeights> layers;
+  // Norm vectors converted to f32 when the file stores them as F16/BF16.
+  std::vector<std::vector<float>> owned_norms;
+  // K-quant matrices converted to their compute type (the views above point into these).
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> owned_matrices;
+  // How LlamaForward's matmuls round activations for the quantised matrices (cpu_matmul.h);
+  // a compute choice carried with the weights so every forward pass over them agrees.
+  ActQuant activations = ActQuant::kInt16;
+};
+
+// n_layers < 0 loads every layer; otherwise the first n_layers (a self-speculative draft
+// shares the target's final norm and head). Errors name the tensor and what is wrong.
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaConfig& config,
+                                              ShardSpec shard = {}, int n_layers = -1);
+
+}  // namespace specnode

@@ -1,0 +1,41 @@
+// Writes small deterministic Llama-architecture GGUF files for tests and demos.
+//
+// The file is a complete model: llama.* hyper-parameters, a byte-level BPE vocabulary
+// (256 byte tokens, `n_merges` merges of frequent English pairs, and the control tokens
+// <|endoftext|>, <|im_start|>, <|im_end|>), a ChatML chat template, and weights drawn
+// from a seeded generator (same options -> byte-identical file). Weights are scaled so
+// activations stay O(1) through the layers and logits are not degenerate.
+//
+// perturb > 0 adds seeded Gaussian noise with standard deviation perturb * (each tensor's
+// own standard deviation) to every tensor: a draft that agrees with the target less as
+// perturb grows. perturb_seed selects the noise draw.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "model/gguf/ggml_types.h"
+
+namespace specnode {
+
+struct TinyModelOptions {
+  int n_layers = 2;
+  int d_model = 64;       // multiple of 32 and of n_heads
+  int n_heads = 4;
+  int n_kv_heads = 2;     // divides n_heads
+  int d_ff = 128;         // multiple of 32
+  int n_merges = 64;      // vocabulary = 256 + n_merges + 3 control tokens
+  int context_length = 512;
+  float rope_base = 10000.0f;
+  float rms_eps = 1e-5f;
+  bool tied_embeddings = true;  // no output.weight; the head reuses token_embd
+  GgmlType weight_type = GgmlType::kF32;  // matrices; norms are always F32
+  uint64_t seed = 1;
+  float perturb = 0.0f;
+  uint64_t perturb_seed = 7;
+};
+
+absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& path);
+
+}  // namespace specnode

@@ -1,0 +1,183 @@
+#include "model/tokenizer/chat_template.h"
+
+#include <optional>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "model/tokenizer/unicode_data.h"
+
+namespace specnode {
+namespace {
+
+constexpr char kImStart[] = "<|im_start|>";
+constexpr char kImEnd[] = "<|im_end|>";
+
+bool IsKnownRole(const std::string& role) {
+  return role == "system" || role == "user" || role == "assistant" || role == "tool";
+}
+
+// Jinja string literal body (after the opening quote) -> its value. Jinja follows Python's
+// escapes; the common ones are decoded and any other escaped character is kept as is.
+// Returns the index just past the closing quote, or npos when the literal is unterminated.
+size_t ParseStringLiteral(std::string_view text, size_t pos, char quote, std::string* value) {
+  while (pos < text.size()) {
+    const char c = text[pos++];
+    if (c == quote) return pos;
+    if (c != '\\' || pos >= text.size()) {
+      value->push_back(c);
+      continue;
+    }
+    const char e = text[pos++];
+    switch (e) {
+      case 'n':
+        value->push_back('\n');
+        break;
+      case 't':
+        value->push_back('\t');
+        break;
+      case 'r':
+        value->push_back('\r');
+        break;
+      default:
+        value->push_back(e);
+        break;  // \\, \', \" and anything else
+    }
+  }
+  return std::string_view::npos;
+}
+
+// Every string literal inside the template's {{ }} and {% %} tags, in order. Text outside
+// tags is output verbatim by Jinja and may contain stray quotes, so it is skipped.
+std::vector<std::string> StringLiterals(std::string_view tmpl) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t open = tmpl.find('{', pos);
+    if (open == std::string_view::npos || open + 1 >= tmpl.size()) break;
+    const char kind = tmpl[open + 1];
+    if (kind != '{' && kind != '%') {
+      pos = open + 1;
+      continue;
+    }
+    const std::string_view close = kind == '{' ? "}}" : "%}";
+    size_t i = open + 2;
+    while (i < tmpl.size() && tmpl.substr(i, 2) != close) {
+      const char c = tmpl[i];
+      if (c == '\'' || c == '"') {
+        std::string value;
+        const size_t end = ParseStringLiteral(tmpl, i + 1, c, &value);
+        if (end == std::string_view::npos) return out;
+        out.push_back(std::move(value));
+        i = end;
+      } else {
+        ++i;
+      }
+    }
+    pos = i + 2;
+  }
+  return out;
+}
+
+// The literal a ChatML template emits when the conversation has no system message, e.g.
+// "<|im_start|>system\nYou are ...<|im_end|>\n": a whole system turn in one literal.
+std::optional<std::string> DefaultChatMlSystem(std::string_view tmpl) {
+  const std::string opener = absl::StrCat(kImStart, "system\n");
+  for (std::string& lit : StringLiterals(tmpl)) {
+    if (lit.starts_with(opener) && lit.find(kImEnd, opener.size()) != std::string::npos) {
+      return std::move(lit);
+    }
+  }
+  return std::nullopt;
+}
+
+// Jinja's |trim (Python str.strip): White_Space plus U+001C..U+001F.
+std::string Trim(std::string_view s) {
+  auto is_space = [](char32_t cp) {
+    return unicode::IsWhitespace(cp) || (cp >= 0x1C && cp <= 0x1F);
+  };
+  size_t begin = 0;
+  while (begin < s.size()) {
+    char32_t cp = 0;
+    const int n = unicode::DecodeUtf8(s, begin, &cp);
+    if (n == 0 || !is_space(cp)) break;
+    begin += static_cast<size_t>(n);
+  }
+  size_t end = s.size();
+  while (end > begin) {
+    // Step back to the start of the last character.
+    size_t start = end - 1;
+    while (start > begin && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
+    char32_t cp = 0;
+    const int n = unicode::DecodeUtf8(s, start, &cp);
+    if (n == 0 || start + static_cast<size_t>(n) != end || !is_space(cp)) break;
+    end = start;
+  }
+  return std::string(s.substr(begin, end - begin));
+}
+
+std::string RenderChatMl(std::string_view tmpl, const std::vector<ChatMessage>& messages,
+                         bool add_generation_prompt) {
+  std::string out;
+  if (messages.front().role != "system") {
+    if (std::optional<std::string> system = DefaultChatMlSystem(tmpl)) out += *system;
+  }
+  for (const ChatMessage& m : messages) {
+    absl::StrAppend(&out, kImStart, m.role, "\n", m.content, kImEnd, "\n");
+  }
+  if (add_generation_prompt) absl::StrAppend(&out, kImStart, "assistant\n");
+  return out;
+}
+
+// Llama-3: no BOS here; the tokenizer adds it (add_bos), as llama.cpp does.
+std::string RenderLlama3(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    absl::StrAppend(&out, "<|start_header_id|>", m.role, "<|end_header_id|>\n\n", Trim(m.content),
+                    "<|eot_id|>");
+  }
+  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+// Zephyr: the template's eos_token is not visible here; "<|endoftext|>" is used, as
+// llama.cpp does for this family.
+std::string RenderZephyr(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    absl::StrAppend(&out, "<|", m.role, "|>\n", m.content, "<|endoftext|>\n");
+  }
+  if (add_generation_prompt) out += "<|assistant|>\n";
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
+                                              const std::vector<ChatMessage>& messages,
+                                              bool add_generation_prompt) {
+  if (messages.empty()) return absl::InvalidArgumentError("chat: empty conversation");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (!IsKnownRole(messages[i].role)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chat: message ", i, " has unknown role '", messages[i].role,
+                       "' (expected system, user, assistant or tool)"));
+    }
+  }
+  if (jinja_template.empty()) {
+    return absl::UnimplementedError("chat: the model has no chat template");
+  }
+  if (jinja_template.find(kImStart) != std::string::npos) {
+    return RenderChatMl(jinja_template, messages, add_generation_prompt);
+  }
+  if (jinja_template.find("<|start_header_id|>") != std::string::npos) {
+    return RenderLlama3(messages, add_generation_prompt);
+  }
+  if (jinja_template.find("<|user|>") != std::string::npos) {
+    return RenderZephyr(messages, add_generation_prompt);
+  }
+  return absl::UnimplementedError(
+      "chat: unrecognised chat template (supported: ChatML, Llama-3, Zephyr)");
+}
+
+}  // namespace specnode

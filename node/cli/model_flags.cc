@@ -1,0 +1,136 @@
+#include "node/cli/model_flags.h"
+
+#include <cstdio>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+
+const char kKvFlagsHelp[] =
+    "  --kv-mode MODE      KV cache: auto (default: mixed on the CPU, full on a GPU), mixed\n"
+    "                      (f16 sinks + recent window, older tokens INT8 if critical else\n"
+    "                      INT4), full (f16), int8, int4, dense (f32 reference, CPU only)\n"
+    "  --kv-capacity-mb N  KV memory budget in MiB (default 1024)\n"
+    "  --kv-window N       recent tokens kept full precision in mixed mode (default 64)\n"
+    "  --kv-sinks N        leading tokens kept full precision (default 4)\n"
+    "  --kv-page-tokens N  token slots per KV page (default 8)\n"
+    "  --kv-critical-threshold X  relative attention mass that keeps a token INT8 (default 4)\n"
+    "  --kv-sample-every N observe attention mass at 1 query position in N (default 4)\n"
+    "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
+    "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n";
+
+const char kComputeFlagsHelp[] =
+    "  --activations MODE  CPU matmuls: int16 (default: follows a float reference's greedy\n"
+    "                      path) or int8 (llama.cpp's rounding; faster batched matmuls on\n"
+    "                      AVX-512 VNNI); refused on a GPU (f32 activations)\n"
+    "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV store on\n"
+    "                      that GPU (f16 pages: kv mode auto or full; builds with CUDA)\n";
+
+absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args) {
+  if (!args.Has("activations")) return std::optional<ActQuant>();
+  ActQuant act = ActQuant::kInt16;
+  const std::string name = args.Get("activations");
+  if (!ParseActQuant(name, &act)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--activations: expected int16 or int8, got \"", name, "\""));
+  }
+  return std::optional<ActQuant>(act);
+}
+
+absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args) {
+  ComputeOptions c;
+  SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
+  if (args.Has("device")) {
+    absl::StatusOr<Device> d = ParseDevice(args.Get("device"));
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", d.status().message()));
+    c.device = *d;
+  }
+  return c;
+}
+
+std::string ActivationsName(const ComputeOptions& compute) {
+  if (!compute.device.is_cpu()) return "f32";
+  return ActQuantName(compute.activations.value_or(ActQuant::kInt16));
+}
+
+std::set<std::string> KvValueKeys() {
+  return {"kv-mode",         "kv-capacity-mb",        "kv-window",
+          "kv-sinks",        "kv-critical-threshold", "kv-sample-every",
+          "kv-evict-window", "kv-page-tokens"};
+}
+
+std::set<std::string> WithKvFlags(std::set<std::string> flags) {
+  flags.insert("kv-no-rotate");
+  return flags;
+}
+
+absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* o) {
+  if (args.Has("kv-mode")) {
+    absl::StatusOr<KvMode> mode = ParseKvMode(args.Get("kv-mode"));
+    if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--kv-mode: ", mode.status().message()));
+    o->mode = *mode;
+  }
+  auto set_int = [&args](const char* flag, int64_t lo, int64_t hi, auto* out) -> absl::Status {
+    if (!args.Has(flag)) return absl::OkStatus();
+    SPECNODE_ASSIGN_OR_RETURN(int64_t v, args.GetInt(flag, 0, lo, hi));
+    *out = static_cast<std::remove_pointer_t<decltype(out)>>(v);
+    return absl::OkStatus();
+  };
+  if (args.Has("kv-capacity-mb")) {
+    SPECNODE_ASSIGN_OR_RETURN(int64_t mb, args.GetInt("kv-capacity-mb", 0, 1, 1 << 24));
+    o->capacity_bytes = mb << 20;
+  }
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-window", 1, 1 << 20, &o->window_tokens));
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-sinks", 0, 1 << 20, &o->sink_tokens));
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-sample-every", 1, 1 << 20, &o->mass_sample_every));
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-page-tokens", 1, 4096, &o->page_tokens));
+  if (args.Has("kv-critical-threshold")) {
+    SPECNODE_ASSIGN_OR_RETURN(double thr, args.GetDouble("kv-critical-threshold", 0, 0.0, 1e6));
+    o->critical_threshold = static_cast<float>(thr);
+  }
+  if (args.Has("kv-no-rotate")) o->rotate = false;
+  if (args.Has("kv-evict-window")) {
+    SPECNODE_RETURN_IF_ERROR(set_int("kv-evict-window", 1, 1 << 24, &o->evict_window));
+    o->evict = true;
+  }
+  return o->Validate("KV flags: ");
+}
+
+absl::StatusOr<KvOptions> KvOptionsFromArgs(const CliArgs& args) {
+  KvOptions o;
+  SPECNODE_RETURN_IF_ERROR(ApplyKvFlags(args, &o));
+  return o;
+}
+
+int RunModelCommand(const char* name, const char* help, int argc, char** argv,
+                    std::set<std::string> value_keys, std::set<std::string> flag_keys,
+                    absl::Status (*run)(const CliArgs&)) {
+  value_keys.merge(KvValueKeys());
+  value_keys.insert("activations");
+  value_keys.insert("device");
+  flag_keys.insert("help");
+  auto args = CliArgs::Parse(argc, argv, value_keys, WithKvFlags(std::move(flag_keys)));
+  if (!args.ok()) {
+    std::fprintf(stderr, "specnode %s: %s\n%s%s%s", name,
+                 std::string(args.status().message()).c_str(), help, kKvFlagsHelp,
+                 kComputeFlagsHelp);
+    return 2;
+  }
+  if (args->Has("help")) {
+    std::printf("%s%s%s", help, kKvFlagsHelp, kComputeFlagsHelp);
+    return 0;
+  }
+  absl::Status s = run(*args);
+  if (!s.ok()) {
+    // An empty message: already reported (another MPI rank printed it).
+    if (!s.message().empty()) {
+      std::fprintf(stderr, "specnode %s: %s\n", name, std::string(s.message()).c_str());
+    }
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace specnode

@@ -1,0 +1,117 @@
+#include "node/cluster/control_channel.h"
+
+#include <mpi.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <fstream>
+
+#include "absl/strings/str_format.h"
+#include "tensor-parallel/mpi_check.h"
+
+namespace specnode {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kCheckEvery = std::chrono::milliseconds(20);
+
+// Runs `poll` (true when done) until it is done, the deadline passes or `check` fails.
+template <typename Poll>
+absl::Status PollUntil(Poll poll, double timeout_s, const std::string& what,
+                       const ControlChannel::Check& check) {
+  const auto start = Clock::now();
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  auto next_check = start + kCheckEvery;
+  PollBackoff backoff;
+  while (true) {
+    absl::StatusOr<bool> done = poll();
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
+    const auto now = Clock::now();
+    if (check && now >= next_check) {
+      absl::Status s = check();
+      if (!s.ok()) return s;
+      next_check = now + kCheckEvery;
+    }
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("%s did not answer within %.1f s", what, timeout_s));
+    }
+    backoff.Sleep();
+  }
+}
+
+}  // namespace
+
+void PollBackoff::Sleep() {
+  timespec ts{0, static_cast<long>(ns_)};
+  nanosleep(&ts, nullptr);
+  ns_ = std::min<int64_t>(ns_ * 2, 1'000'000);
+}
+
+absl::Status ControlChannel::Send(int dest, const std::string& frame, double timeout_s,
+                                  const std::string& what, const Check& check) {
+  if (frame.size() > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("control frame of %d bytes is too large for one message", frame.size()));
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Isend(frame.data(), static_cast<int>(frame.size()), MPI_BYTE,
+                                         dest, kControlTag, MPI_COMM_WORLD, &req));
+  return PollUntil(
+      [&req]() -> absl::StatusOr<bool> {
+        int flag = 0;
+        SPECNODE_MPI_RETURN_IF_ERROR(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+        return flag != 0;
+      },
+      timeout_s, what, check);
+}
+
+absl::StatusOr<bool> ControlChannel::TryRecv(int source, std::string* frame) {
+  int flag = 0;
+  MPI_Status st;
+  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Iprobe(source, kControlTag, MPI_COMM_WORLD, &flag, &st));
+  if (!flag) return false;
+  int count = 0;
+  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Get_count(&st, MPI_BYTE, &count));
+  frame->resize(static_cast<size_t>(count));
+  // The message is already here (probed), so this receive completes without waiting.
+  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Recv(frame->data(), count, MPI_BYTE, st.MPI_SOURCE, kControlTag,
+                                        MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+  return true;
+}
+
+absl::StatusOr<std::string> ControlChannel::Recv(int source, double timeout_s,
+                                                 const std::string& what, const Check& check) {
+  std::string frame;
+  absl::Status s = PollUntil([&]() { return TryRecv(source, &frame); }, timeout_s, what, check);
+  if (!s.ok()) return s;
+  return frame;
+}
+
+std::string ThisHost() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
+  return buf;
+}
+
+bool PeerAlive(int64_t pid, const std::string& host) {
+  if (pid <= 0 || host.empty() || host != ThisHost()) return true;
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  // A killed child of mpirun is a zombie until it is reaped: state 'Z' (or 'X').
+  std::ifstream stat(absl::StrFormat("/proc/%d/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return true;
+  const char state = line[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+}  // namespace specnode

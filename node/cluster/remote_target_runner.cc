@@ -1,0 +1,318 @@
+#include "node/cluster/remote_target_runner.h"
+
+#include <unistd.h>
+
+#include <cassert>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "model/status_macros.h"
+
+namespace specnode {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool Recoverable(absl::StatusCode c) {
+  // The shards agreed on these before any collective and left their caches unchanged.
+  return c == absl::StatusCode::kResourceExhausted || c == absl::StatusCode::kInvalidArgument;
+}
+
+}  // namespace
+
+std::string RemoteTargetRunner::RankName(size_t i) const {
+  return absl::StrFormat("%s rank %d", options_.role, options_.shard_ranks[i]);
+}
+
+absl::Status RemoteTargetRunner::Break(absl::Status s) {
+  if (broken_.ok()) broken_ = std::move(s);
+  return broken_;
+}
+
+absl::Status RemoteTargetRunner::CheckAlive(const std::vector<size_t>& which) const {
+  for (size_t i : which) {
+    if (i < shards_.size() && !PeerAlive(shards_[i].pid, shards_[i].host)) {
+      return absl::UnavailableError(
+          absl::StrFormat("%s (pid %d) is gone", RankName(i), shards_[i].pid));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
+    ControlChannel* channel, RemoteTargetOptions options) {
+  if (options.shard_ranks.empty()) {
+    return absl::InvalidArgumentError("a remote target needs at least one shard rank");
+  }
+  std::unique_ptr<RemoteTargetRunner> r(new RemoteTargetRunner(channel, std::move(options)));
+  const RemoteTargetOptions& o = r->options_;
+  HelloMessage hello;
+  hello.model = o.model;
+  hello.tp_size = static_cast<int32_t>(o.shard_ranks.size());
+  hello.coordinator_pid = getpid();
+  hello.coordinator_host = ThisHost();
+  const std::string frame = EncodeControl(hello);
+  for (size_t i = 0; i < o.shard_ranks.size(); ++i) {
+    SPECNODE_RETURN_IF_ERROR(
+        channel->Send(o.shard_ranks[i], frame, o.startup_timeout_s, r->RankName(i)));
+  }
+  for (size_t i = 0; i < o.shard_ranks.size(); ++i) {
+    const std::string name = r->RankName(i);
+    SPECNODE_ASSIGN_OR_RETURN(
+        std::string reply,
+        channel->Recv(o.shard_ranks[i], o.startup_timeout_s, name + " (loading its shard)"));
+    absl::StatusOr<HelloAckMessage> ack = DecodeHelloAck(reply);
+    if (!ack.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s answered Hello with: %s", name, ack.status().message()));
+    }
+    if (ack->status_code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(ack->status_code),
+                          absl::StrFormat("%s: %s", name, ack->status_message));
+    }
+    if (ack->protocol_version != kControlProtocolVersion) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s speaks control protocol version %d, rank 0 speaks %d", name,
+                          ack->protocol_version, kControlProtocolVersion));
+    }
+    if (!(ack->model == o.model)) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s opened a different model file (%s) than rank 0 (%s)", name,
+                          DescribeFingerprint(ack->model), DescribeFingerprint(o.model)));
+    }
+    if (ack->tp_rank != static_cast<int32_t>(i) ||
+        ack->tp_size != static_cast<int32_t>(o.shard_ranks.size()) ||
+        ack->world_rank != o.shard_ranks[i]) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s reports TP rank %d of %d (world rank %d); expected TP rank %d of %d", name,
+          ack->tp_rank, ack->tp_size, ack->world_rank, i, o.shard_ranks.size()));
+    }
+    r->shards_.push_back({ack->world_rank, ack->tp_rank, ack->pid, ack->host,
+                          ack->kv_capacity_bytes, ack->n_kv_heads_local, ack->kv_page_bytes,
+                          ack->kv_page_tokens});
+    r->kv_.push_back({ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1, 0, {}});
+  }
+  return r;
+}
+
+std::string RemoteTargetRunner::device() const {
+  return absl::StrCat(options_.role, " ranks ", absl::StrJoin(options_.shard_ranks, ","));
+}
+
+int32_t RemoteTargetRunner::Length(SeqId seq) const {
+  auto it = lengths_.find(seq);
+  return it == lengths_.end() ? 0 : it->second;
+}
+
+absl::Status RemoteTargetRunner::Truncate(SeqId seq, int32_t n) {
+  if (!broken_.ok()) return broken_;
+  const int32_t len = Length(seq);
+  if (n < 0 || n > len) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("truncate of sequence %d to %d beyond its length %d", seq, n, len));
+  }
+  if (n == len) return absl::OkStatus();
+  lengths_[seq] = n;
+  pending_ops_.push_back({StepOp::Kind::kTruncate, seq, n});
+  return absl::OkStatus();
+}
+
+void RemoteTargetRunner::Free(SeqId seq) {
+  lengths_.erase(seq);
+  if (broken_.ok()) pending_ops_.push_back({StepOp::Kind::kFree, seq, 0});
+}
+
+absl::Status RemoteTargetRunner::SendPlan(const std::string& plan_frame) {
+  for (size_t i = 0; i < options_.shard_ranks.size(); ++i) {
+    absl::Status s = channel_->Send(options_.shard_ranks[i], plan_frame, options_.timeout_s,
+                                    RankName(i), [&] { return CheckAlive({i}); });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTargetRunner::CollectReplies(uint64_t step,
+                                                std::vector<StepReplyMessage>* replies) {
+  const size_t n = options_.shard_ranks.size();
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
+  // Every reply in one polling loop, so that a dead shard is noticed whichever we wait on.
+  replies->assign(n, {});
+  std::vector<bool> got(n, false);
+  size_t pending = n;
+  const auto start = Clock::now();
+  // The shards' own collectives give up after timeout_s and then answer with an error
+  // naming the rank they waited for; waiting a little longer lets those answers arrive, so
+  // that the rank reported missing below is the one that hung, not a healthy rank still
+  // stuck in a collective with it.
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(options_.timeout_s * kReplyGraceFactor));
+  auto next_check = start + std::chrono::milliseconds(20);
+  PollBackoff backoff;
+  std::string frame;
+  while (pending > 0) {
+    bool progress = false;
+    for (size_t i = 0; i < n; ++i) {
+      if (got[i]) continue;
+      SPECNODE_ASSIGN_OR_RETURN(bool arrived, channel_->TryRecv(options_.shard_ranks[i], &frame));
+      if (!arrived) continue;
+      absl::StatusOr<StepReplyMessage> reply = DecodeStepReply(frame);
+      if (!reply.ok()) {
+        return absl::InternalError(absl::StrFormat("%s sent a malformed reply: %s", RankName(i),
+                                                   reply.status().message()));
+      }
+      if (reply->step != step || reply->tp_rank != static_cast<int32_t>(i)) {
+        return absl::InternalError(
+            absl::StrFormat("%s answered step %d as TP rank %d; expected step %d from TP rank %d",
+                            RankName(i), reply->step, reply->tp_rank, step, i));
+      }
+      (*replies)[i] = *std::move(reply);
+      got[i] = true;
+      --pending;
+      progress = true;
+    }
+    if (pending == 0) break;
+    if (progress) {
+      backoff.Reset();
+      continue;
+    }
+    const auto now = Clock::now();
+    if (now >= next_check) {
+      SPECNODE_RETURN_IF_ERROR(CheckAlive(all));
+      next_check = now + std::chrono::milliseconds(20);
+    }
+    if (now >= deadline) {
+      size_t first = 0;
+      while (got[first]) ++first;
+      return absl::DeadlineExceededError(
+          absl::StrFormat("%s did not answer within %.1f s", RankName(first), options_.timeout_s));
+    }
+    backoff.Sleep();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTargetRunner::Forward(std::span<const BatchEntry> batch,
+                                         std::vector<float>* logits) {
+  SPECNODE_RETURN_IF_ERROR(BeginForward(batch));
+  return EndForward(logits);
+}
+
+absl::Status RemoteTargetRunner::BeginForward(std::span<const BatchEntry> batch) {
+  if (!broken_.ok()) return broken_;
+  assert(!in_flight_);
+  StepPlanMessage plan;
+  plan.step = ++step_;
+  plan.ops.swap(pending_ops_);
+  pending_ = {};
+  pending_.step = plan.step;
+  for (const BatchEntry& e : batch) {
+    plan.entries.push_back({e.seq, e.all_logits, {e.tokens.begin(), e.tokens.end()}});
+    pending_.rows += e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
+    pending_.fed.emplace_back(e.seq, static_cast<int32_t>(e.tokens.size()));
+  }
+  absl::Status s = SendPlan(EncodeControl(plan));
+  if (!s.ok()) return Break(std::move(s));
+  in_flight_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
+  assert(in_flight_);
+  in_flight_ = false;
+  if (!broken_.ok()) return broken_;
+  const Pending plan = std::move(pending_);
+  const int64_t rows = plan.rows;
+  std::vector<StepReplyMessage> replies;
+  absl::Status s = CollectReplies(plan.step, &replies);
+  if (!s.ok()) return Break(std::move(s));
+
+  // The shards' verdict: the reply of the shard whose own check failed, else any failure.
+  const StepReplyMessage* failed = nullptr;
+  for (const StepReplyMessage& r : replies) {
+    if (r.status_code != 0 && (failed == nullptr || (r.local_failure && !failed->local_failure))) {
+      failed = &r;
+    }
+  }
+  if (failed != nullptr && !Recoverable(static_cast<absl::StatusCode>(failed->status_code))) {
+    return Break(
+        absl::Status(static_cast<absl::StatusCode>(failed->status_code),
+                     absl::StrFormat("%s: %s", RankName(failed->tp_rank), failed->status_message)));
+  }
+  if (failed == nullptr) {
+    for (const auto& [seq, n] : plan.fed) lengths_[seq] += n;
+  }
+  // Block tables: every shard must agree with this copy.
+  std::vector<std::pair<SeqId, int32_t>> table(lengths_.begin(), lengths_.end());
+  const KvFingerprint want = FingerprintLengths(table);
+  for (const StepReplyMessage& r : replies) {
+    if (r.kv_hash != want.hash || r.kv_tokens != want.tokens) {
+      return Break(absl::InternalError(absl::StrFormat(
+          "KV block tables diverged after step %d: %s holds %d tokens (hash %016x), rank 0 "
+          "expects %d (hash %016x)",
+          plan.step, RankName(r.tp_rank), r.kv_tokens, r.kv_hash, want.tokens, want.hash)));
+    }
+  }
+  for (const StepReplyMessage& r : replies) {
+    kv_[r.tp_rank] = {r.kv_available_bytes, r.kv_used_bytes, r.kv_class_bytes};
+  }
+  if (failed != nullptr) return failed->status();
+  StepReplyMessage& head = replies[0];
+  // An ops-only step (a Ping) has no rows, and the shard sends no vocab with none.
+  if (head.n_rows != rows || (rows > 0 && head.vocab != options_.vocab_size)) {
+    return Break(absl::InternalError(
+        absl::StrFormat("%s sent %d rows of vocab %d; expected %d rows of %d", RankName(0),
+                        head.n_rows, head.vocab, rows, options_.vocab_size)));
+  }
+  logits->swap(head.logits);
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTargetRunner::Ping() {
+  std::vector<float> none;
+  return Forward({}, &none);
+}
+
+std::optional<ModelRunner::KvRoom> RemoteTargetRunner::Room(int64_t tokens) const {
+  if (shards_.empty()) return std::nullopt;
+  std::optional<KvRoom> tightest;  // the shard with the least room to spare
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardInfo& s = shards_[i];
+    if (s.kv_page_bytes <= 0 || s.kv_page_tokens <= 0 || kv_[i].available < 0) {
+      return std::nullopt;
+    }
+    const int64_t pages = (tokens + s.kv_page_tokens - 1) / s.kv_page_tokens + 1;
+    const KvRoom room{pages * s.kv_page_bytes, kv_[i].available};
+    if (!tightest || room.available - room.needed < tightest->available - tightest->needed) {
+      tightest = room;
+    }
+  }
+  return tightest;
+}
+
+std::optional<ModelRunner::KvMemory> RemoteTargetRunner::Memory() const {
+  KvMemory m;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (kv_[i].available < 0) return std::nullopt;
+    m.capacity_bytes += shards_[i].kv_capacity_bytes;
+    m.used_bytes += kv_[i].used;
+    for (size_t c = 0; c < m.class_bytes.size(); ++c) m.class_bytes[c] += kv_[i].class_bytes[c];
+  }
+  return m;
+}
+
+void RemoteTargetRunner::Shutdown(const std::string& reason) {
+  const std::string frame = EncodeControl(ShutdownMessage{reason});
+  for (size_t i = 0; i < options_.shard_ranks.size(); ++i) {
+    if (i < shards_.size() && !PeerAlive(shards_[i].pid, shards_[i].host)) continue;
+    absl::Status s = channel_->Send(options_.shard_ranks[i], frame, 1.0, RankName(i),
+                                    [&] { return CheckAlive({i}); });
+    (void)s;  // best effort: a shard that cannot hear us is torn down by mpirun
+  }
+  if (broken_.ok()) broken_ = absl::FailedPreconditionError("the remote target was shut down");
+}
+
+}  // namespace specnode

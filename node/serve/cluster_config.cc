@@ -1,0 +1,378 @@
+#include "node/serve/cluster_config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/str_cat.h"
+#include "node/serve/metrics_http.h"
+
+namespace specnode {
+namespace {
+
+// Reads typed values out of a YAML tree, turning every problem into a status that names
+// the file, the line and the dotted key.
+#define CFG_TRY_INNER(expr) \
+  do {                        \
+    absl::Status _s = (expr); \
+    if (!_s.ok()) return _s;  \
+  } while (0)
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  absl::Status Error(const YAML::Node& at, const std::string& key, const std::string& what) {
+    const int line = at.IsDefined() && at.Mark().line >= 0 ? at.Mark().line + 1 : 0;
+    return absl::InvalidArgumentError(absl::StrCat(source_, ":", line, ": ", key, ": ", what));
+  }
+
+  // A mapping whose keys are all in `allowed` (absent = empty mapping).
+  absl::Status Section(const YAML::Node& node, const std::string& key,
+                       const std::set<std::string>& allowed) {
+    if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
+    if (!node.IsMap()) return Error(node, key, "expected a mapping");
+    for (const auto& kv : node) {
+      const std::string k = kv.first.as<std::string>();
+      if (!allowed.count(k)) {
+        return Error(kv.first, key.empty() ? k : key + "." + k, "unknown key");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Int(const YAML::Node& parent, const std::string& section, const char* name,
+                   int64_t lo, int64_t hi, int* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    int64_t v;
+    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v) || v < lo || v > hi) {
+      return Error(n, section + "." + name,
+                   absl::StrCat("expected an integer in [", lo, ", ", hi, "]"));
+    }
+    *out = static_cast<int>(v);
+    return absl::OkStatus();
+  }
+
+  absl::Status Double(const YAML::Node& parent, const std::string& section, const char* name,
+                      double lo, double hi, double* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    double v;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !(v >= lo && v <= hi)) {
+      return Error(n, section + "." + name,
+                   absl::StrCat("expected a number in [", lo, ", ", hi, "]"));
+    }
+    *out = v;
+    return absl::OkStatus();
+  }
+
+  absl::Status Bool(const YAML::Node& parent, const std::string& section, const char* name,
+                    bool* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    bool v;
+    if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) {
+      return Error(n, section + "." + name, "expected true or false");
+    }
+    *out = v;
+    return absl::OkStatus();
+  }
+
+  absl::Status Device(const YAML::Node& parent, const std::string& section, const char* name,
+                      specnode::Device* out) {
+    std::string text;
+    CFG_TRY_INNER(String(parent, section, name, &text));
+    if (text.empty()) return absl::OkStatus();
+    absl::StatusOr<specnode::Device> d = ParseDevice(text);
+    if (!d.ok()) return Error(parent[name], section + "." + name, std::string(d.status().message()));
+    *out = *d;
+    return absl::OkStatus();
+  }
+
+  absl::Status String(const YAML::Node& parent, const std::string& section, const char* name,
+                      std::string* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    if (!n.IsScalar()) return Error(n, section + "." + name, "expected a string");
+    *out = n.as<std::string>();
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string source_;
+};
+
+#define CFG_TRY(expr)          \
+  do {                         \
+    absl::Status _st = (expr); \
+    if (!_st.ok()) return _st; \
+  } while (0)
+
+absl::Status ParsePlacement(Reader& r, const YAML::Node& n, const std::string& key,
+                            RankPlacement* out) {
+  CFG_TRY(r.Section(n, key, {"rank", "device", "host"}));
+  if (!n.IsDefined() || !n.IsMap() || !n["rank"].IsDefined()) {
+    return r.Error(n, key + ".rank", "required");
+  }
+  CFG_TRY(r.Int(n, key, "rank", 0, 65535, &out->rank));
+  CFG_TRY(r.Device(n, key, "device", &out->device));
+  CFG_TRY(r.String(n, key, "host", &out->host));
+  return absl::OkStatus();
+}
+
+// topology: {timeout_s, groups: [{name, draft: {rank, device, host},
+//                                  target: [{rank, device, host}...]}]}
+absl::Status ParseTopology(Reader& r, const YAML::Node& t, Topology* out) {
+  if (!t.IsDefined() || t.IsNull()) return absl::OkStatus();
+  CFG_TRY(r.Section(t, "topology", {"groups", "timeout_s"}));
+  CFG_TRY(r.Double(t, "topology", "timeout_s", 0.1, 3600, &out->timeout_s));
+  const YAML::Node groups = t["groups"];
+  if (!groups.IsDefined() || !groups.IsSequence() || groups.size() == 0) {
+    return r.Error(groups.IsDefined() ? groups : t, "topology.groups",
+                   "expected a non-empty list of groups");
+  }
+  std::set<int> ranks;
+  std::set<std::string> names;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const std::string key = absl::StrCat("topology.groups[", i, "]");
+    const YAML::Node g = groups[i];
+    CFG_TRY(r.Section(g, key, {"name", "draft", "target"}));
+    GroupTopology gt;
+    gt.name = absl::StrCat("group", i);
+    CFG_TRY(r.String(g, key, "name", &gt.name));
+    if (!names.insert(gt.name).second) return r.Error(g, key + ".name", "duplicate group name");
+    CFG_TRY(ParsePlacement(r, g["draft"], key + ".draft", &gt.draft));
+    const YAML::Node target = g["target"];
+    if (!target.IsDefined() || !target.IsSequence() || target.size() == 0) {
+      return r.Error(target.IsDefined() ? target : g, key + ".target",
+                     "expected a non-empty list of target ranks (its length is the TP size)");
+    }
+    for (size_t j = 0; j < target.size(); ++j) {
+      RankPlacement p;
+      CFG_TRY(ParsePlacement(r, target[j], absl::StrCat(key, ".target[", j, "]"), &p));
+      gt.target.push_back(p);
+    }
+    std::vector<const RankPlacement*> placed = {&gt.draft};
+    for (const RankPlacement& p : gt.target) placed.push_back(&p);
+    for (const RankPlacement* p : placed) {
+      // Rank 0 (the coordinator) may hold the draft of several groups.
+      const bool shared_draft = p == &gt.draft && p->rank == 0 && i > 0;
+      if (!ranks.insert(p->rank).second && !shared_draft) {
+        return r.Error(g, key, absl::StrCat("rank ", p->rank, " is placed twice"));
+      }
+    }
+    out->groups.push_back(std::move(gt));
+  }
+  if (*ranks.begin() != 0 || *ranks.rbegin() != static_cast<int>(ranks.size()) - 1) {
+    return r.Error(
+        t, "topology",
+        absl::StrCat("ranks must be exactly 0..", ranks.size() - 1, " (one MPI rank per role)"));
+  }
+  if (out->groups[0].draft.rank != 0) {
+    return r.Error(t, "topology.groups[0].draft.rank",
+                   "rank 0 is the coordinator and holds the first group's draft");
+  }
+  out->world_size = static_cast<int>(ranks.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& source) {
+  Reader r(source);
+  ServeConfig c;
+  c.source = source;
+  CFG_TRY(r.Section(
+      root, "", {"version", "model", "serve", "speculation", "router", "kv", "sla", "topology"}));
+  if (root["version"].IsDefined()) {
+    int version = 0;
+    CFG_TRY(r.Int(root, "", "version", 1, 1, &version));
+  }
+  CFG_TRY(ParseTopology(r, root["topology"], &c.topology));
+  const YAML::Node model = root["model"];
+  CFG_TRY(r.Section(model, "model", {"target", "threads", "activations", "device"}));
+  CFG_TRY(r.String(model, "model", "target", &c.model));
+  CFG_TRY(r.Int(model, "model", "threads", 0, 1024, &c.threads));
+  std::string activations;
+  CFG_TRY(r.String(model, "model", "activations", &activations));
+  if (!activations.empty()) {
+    ActQuant act;
+    if (!ParseActQuant(activations, &act)) {
+      return r.Error(model["activations"], "model.activations",
+                     "expected int16 or int8, got \"" + activations + "\"");
+    }
+    c.activations = act;
+  }
+  CFG_TRY(r.Device(model, "model", "device", &c.device));
+  if (!c.device.is_cpu() && root["topology"].IsDefined()) {
+    return r.Error(model["device"], "model.device",
+                   "applies to a single-process node; with a topology, set each rank's device "
+                   "in topology.groups");
+  }
+
+  const YAML::Node serve = root["serve"];
+  CFG_TRY(r.Section(serve, "serve",
+                    {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes",
+                     "curve_secret_key", "metrics_bind"}));
+  CFG_TRY(r.String(serve, "serve", "bind", &c.bind));
+  CFG_TRY(r.Int(serve, "serve", "max_active", 1, 4096, &c.max_active));
+  CFG_TRY(r.Int(serve, "serve", "max_queue", 0, 1 << 20, &c.max_queue));
+  int max_tokens = static_cast<int>(c.limits.max_tokens);
+  CFG_TRY(r.Int(serve, "serve", "max_tokens", 1, 1 << 20, &max_tokens));
+  c.limits.max_tokens = max_tokens;
+  int frame = static_cast<int>(c.limits.max_frame_bytes);
+  CFG_TRY(r.Int(serve, "serve", "max_frame_bytes", 256, 1 << 30, &frame));
+  c.limits.max_frame_bytes = static_cast<size_t>(frame);
+  CFG_TRY(r.String(serve, "serve", "curve_secret_key", &c.curve_secret_key));
+  CFG_TRY(r.String(serve, "serve", "metrics_bind", &c.metrics_bind));
+  if (!c.metrics_bind.empty() && !ValidateMetricsAddress(c.metrics_bind).ok()) {
+    return r.Error(serve["metrics_bind"], "serve.metrics_bind",
+                   "expected IPV4:PORT (e.g. 127.0.0.1:9464) or \"\"");
+  }
+  if (!c.curve_secret_key.empty() && c.curve_secret_key.size() != 40) {
+    return r.Error(serve, "serve.curve_secret_key", "expected a 40-character Z85 key");
+  }
+
+  const YAML::Node spec = root["speculation"];
+  CFG_TRY(r.Section(spec, "speculation",
+                    {"draft", "k_max", "free_threshold", "disable_threshold", "probe_every"}));
+  std::string draft;
+  CFG_TRY(r.String(spec, "speculation", "draft", &draft));
+  if (spec.IsDefined() && spec.IsMap() && spec["draft"].IsDefined() && !spec["draft"].IsNull()) {
+    absl::StatusOr<DraftSpec> d = ParseDraftSpec(draft);
+    if (!d.ok()) return r.Error(spec["draft"], "speculation.draft", std::string(d.status().message()));
+    c.draft = *d;
+  }
+  CFG_TRY(r.Int(spec, "speculation", "k_max", 1, 64, &c.k_max));
+  CFG_TRY(r.Double(spec, "speculation", "free_threshold", 0, 1, &c.free_threshold));
+  CFG_TRY(r.Double(spec, "speculation", "disable_threshold", 0, 1, &c.disable_threshold));
+  if (c.disable_threshold > c.free_threshold) {
+    return r.Error(spec, "speculation.disable_threshold", "must be <= free_threshold");
+  }
+  CFG_TRY(r.Int(spec, "speculation", "probe_every", 1, 1 << 20, &c.probe_every));
+
+  const YAML::Node router = root["router"];
+  CFG_TRY(r.Section(router, "router", {"rules_file", "default_domain"}));
+  CFG_TRY(r.String(router, "router", "rules_file", &c.router_rules_file));
+  CFG_TRY(r.String(router, "router", "default_domain", &c.default_domain));
+
+  const YAML::Node kv = root["kv"];
+  CFG_TRY(r.Section(kv, "kv",
+                    {"mode", "capacity_mb", "host_capacity_mb", "page_tokens", "sink_tokens",
+                     "window_tokens", "critical_threshold", "mass_sample_every", "evict_window",
+                     "rotate"}));
+  if (kv.IsDefined() && kv.IsMap() && kv["mode"].IsDefined() && !kv["mode"].IsNull()) {
+    std::string mode;
+    CFG_TRY(r.String(kv, "kv", "mode", &mode));
+    absl::StatusOr<KvMode> m = ParseKvMode(mode);
+    if (!m.ok()) return r.Error(kv["mode"], "kv.mode", std::string(m.status().message()));
+    c.kv.mode = *m;
+  }
+  int capacity_mb = static_cast<int>(c.kv.capacity_bytes >> 20);
+  CFG_TRY(r.Int(kv, "kv", "capacity_mb", 1, 1 << 24, &capacity_mb));
+  c.kv.capacity_bytes = static_cast<int64_t>(capacity_mb) << 20;
+  // The swap tier that preemption parks KV in (0 = none: preempted requests recompute).
+  int host_mb = static_cast<int>(c.kv.host_capacity_bytes >> 20);
+  CFG_TRY(r.Int(kv, "kv", "host_capacity_mb", 0, 1 << 24, &host_mb));
+  c.kv.host_capacity_bytes = static_cast<int64_t>(host_mb) << 20;
+  CFG_TRY(r.Int(kv, "kv", "page_tokens", 1, 4096, &c.kv.page_tokens));
+  CFG_TRY(r.Int(kv, "kv", "sink_tokens", 0, 1 << 20, &c.kv.sink_tokens));
+  CFG_TRY(r.Int(kv, "kv", "window_tokens", 1, 1 << 20, &c.kv.window_tokens));
+  double thr = c.kv.critical_threshold;
+  CFG_TRY(r.Double(kv, "kv", "critical_threshold", 0, 1e6, &thr));
+  c.kv.critical_threshold = static_cast<float>(thr);
+  CFG_TRY(r.Int(kv, "kv", "mass_sample_every", 1, 1 << 20, &c.kv.mass_sample_every));
+  // Sliding-window eviction (lossy) when set: tokens older than this many, except sinks.
+  int evict_window = 0;
+  CFG_TRY(r.Int(kv, "kv", "evict_window", 0, 1 << 24, &evict_window));
+  if (evict_window > 0) {
+    c.kv.evict = true;
+    c.kv.evict_window = evict_window;
+    if (evict_window < c.kv.window_tokens) {
+      return r.Error(kv["evict_window"], "kv.evict_window", "must be >= kv.window_tokens");
+    }
+  }
+  if (kv.IsDefined() && kv.IsMap() && kv["rotate"].IsDefined() && !kv["rotate"].IsNull()) {
+    bool rotate = true;
+    CFG_TRY(r.Bool(kv, "kv", "rotate", &rotate));
+    c.kv.rotate = rotate;
+  }
+
+  const YAML::Node sla = root["sla"];
+  CFG_TRY(r.Section(sla, "sla", {"default", "window_fraction", "classes"}));
+  CFG_TRY(r.String(sla, "sla", "default", &c.sla.default_class));
+  CFG_TRY(r.Double(sla, "sla", "window_fraction", 0, 1, &c.sla.window_fraction));
+  if (sla.IsDefined() && sla.IsMap() && sla["classes"].IsDefined()) {
+    const YAML::Node classes = sla["classes"];
+    if (!classes.IsSequence() || classes.size() == 0) {
+      return r.Error(classes, "sla.classes", "expected a non-empty list");
+    }
+    c.sla.classes.clear();
+    std::set<std::string> names;
+    for (size_t i = 0; i < classes.size(); ++i) {
+      const std::string key = absl::StrCat("sla.classes[", i, "]");
+      const YAML::Node e = classes[i];
+      CFG_TRY(r.Section(e, key, {"name", "ttft_p99_ms", "tpot_p99_ms", "priority", "shed"}));
+      SlaClass cls;
+      CFG_TRY(r.String(e, key, "name", &cls.name));
+      if (cls.name.empty()) return r.Error(e, key + ".name", "required");
+      if (!names.insert(cls.name).second) return r.Error(e, key + ".name", "duplicate class");
+      CFG_TRY(r.Double(e, key, "ttft_p99_ms", 1, 1e7, &cls.ttft_p99_ms));
+      CFG_TRY(r.Double(e, key, "tpot_p99_ms", 1, 1e7, &cls.tpot_p99_ms));
+      CFG_TRY(r.Int(e, key, "priority", 0, 100, &cls.priority));
+      CFG_TRY(r.Bool(e, key, "shed", &cls.shed));
+      c.sla.classes.push_back(cls);
+    }
+  }
+  bool found = false;
+  for (const SlaClass& cls : c.sla.classes) found |= cls.name == c.sla.default_class;
+  if (!found) {
+    const YAML::Node at =
+        sla.IsDefined() && sla.IsMap() && sla["default"].IsDefined() ? sla["default"] : root;
+    return r.Error(at, "sla.default", "names no class in sla.classes");
+  }
+  c.sla.max_active = c.max_active;
+  c.sla.max_queue = c.max_queue;
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
+                                             const std::string& source) {
+  try {
+    const YAML::Node root = YAML::Load(yaml_text);
+    if (!root.IsDefined() || root.IsNull()) return Parse(YAML::Node(YAML::NodeType::Map), source);
+    return Parse(root, source);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", e.mark.line + 1, ": not valid YAML: ", e.msg));
+  }
+}
+
+absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseServeConfig(text.str(), path);
+}
+
+SpecControllerConfig ControllerConfigFor(const ServeConfig& c) {
+  SpecControllerConfig cc;
+  cc.k_max = c.k_max;
+  cc.k_initial = std::min(cc.k_max, 4);
+  cc.probe_k = std::min(cc.probe_k, cc.k_max);
+  cc.free_threshold = c.free_threshold;
+  cc.disable_threshold = c.disable_threshold;
+  cc.probe_every = c.probe_every;
+  return cc;
+}
+
+}  // namespace specnode

@@ -1,0 +1,87 @@
+// The YAML cluster config of `specnode serve --config` (cluster-configs/*.yaml, schema in
+// docs/configs.md), parsed once at start-up into a read-only ServeConfig that the rest of
+// the node only reads. Every error names the file, line and key; unknown keys are errors.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/draft_spec.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/spec_controller.h"
+#include "kvstore/kv_options.h"
+#include "node/serve/protocol.h"
+#include "runtime/device.h"
+
+namespace specnode {
+
+// Where the roles of one job run (TensorRT-LLM's WorldConfig): built once from the
+// config's `topology`, read-only afterwards. A group is one draft rank plus a
+// tensor-parallel target over `target_ranks`; ranks are MPI ranks of the job, numbered
+// 0..world_size-1, rank 0 being the coordinator (front end + router + the first draft).
+// Every rank holds one role, except rank 0, which may also hold the draft of further
+// groups (an n-gram or self draft always runs there; a draft model file may run on a rank
+// of its own, node/serve_cluster.h).
+struct RankPlacement {
+  int rank = 0;
+  Device device;     // parsed where the YAML names it
+  std::string host;  // optional: the node the rank must land on (checked at start)
+};
+struct GroupTopology {
+  std::string name;
+  RankPlacement draft;
+  std::vector<RankPlacement> target;  // TP size = target.size()
+};
+struct Topology {
+  std::vector<GroupTopology> groups;
+  int world_size = 1;  // number of ranks the layout needs (mpirun -np)
+  // Longest wait, in seconds, for a target rank's answer to a step (and for the target
+  // ranks' collectives); beyond it the rank counts as failed. topology.timeout_s.
+  double timeout_s = 5.0;
+  bool single_process() const { return world_size == 1; }
+};
+
+struct ServeConfig {
+  std::string source = "(defaults)";        // file name, for messages
+  std::string model = "default";            // "default" = DefaultModelPath()
+  int threads = 0;                          // 0 = DefaultThreads()
+  // model.activations: int16 | int8 (every CPU rank); unset: the device's own (a GPU
+  // refuses a set value).
+  std::optional<ActQuant> activations;
+  // model.device: cpu | cuda:N — the target of a single-process node (with a topology,
+  // each rank's device is in topology.groups).
+  Device device;
+  std::string bind = "tcp://127.0.0.1:5555";
+  int max_active = 16;
+  int max_queue = 256;
+  ProtocolLimits limits;
+  std::string curve_secret_key;
+  // HTTP Prometheus endpoint "IPV4:PORT" (node/metrics_http.h); "" = off.
+  std::string metrics_bind;
+  DraftSpec draft;  // speculation.draft, parsed (coordinator/draft_spec.h); default ngram
+  int k_max = 4;
+  double free_threshold = 0.6, disable_threshold = 0.4;
+  int probe_every = 32;
+  std::string router_rules_file;
+  std::string default_domain = "default";
+  KvOptions kv;  // the kv: section, typed (kvstore/kv_options.h)
+  SchedulerOptions sla;  // classes, default class, window fraction (max_* copied in)
+  Topology topology;     // absent in the config: one group, everything in this process
+};
+
+// Parses YAML text (`source` names it in errors). InvalidArgument like
+// "local.yaml:12: serve.max_active: expected an integer in [1, 4096]".
+absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
+                                             const std::string& source);
+absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path);
+
+// The adaptive controller a config's `speculation` section asks for (k range, thresholds,
+// probing); everything else at SpecControllerConfig's defaults.
+SpecControllerConfig ControllerConfigFor(const ServeConfig& c);
+
+// cluster-configs/local-cpu.yaml, compiled into the binary.
+extern const char kEmbeddedLocalCpuConfig[];
+
+}  // namespace specnode

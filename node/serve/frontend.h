@@ -1,0 +1,124 @@
+// Frontend: the ZeroMQ ROUTER socket of `specnode serve` (docs/protocol.md). Parses and
+// validates client frames, turns submits into scheduler requests (tokenising, chat
+// template, domain routing, context checks), and sends the scheduler's events back to the
+// right peer. Exactly one terminal reply (done / error) per submit.
+//
+// Threads: Run() owns the socket (ZeroMQ sockets are single-threaded). OnEvent() is the
+// scheduler's sink, called on the scheduler thread: it only queues the event and wakes the
+// socket thread through an eventfd.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator/domain_router.h"
+#include "coordinator/request_error.h"
+#include "coordinator/scheduler.h"
+#include "node/serve/metrics_http.h"
+#include "node/session/model_session.h"
+#include "node/serve/protocol.h"
+
+namespace zmq {
+class context_t;
+class socket_t;
+}  // namespace zmq
+
+namespace specnode {
+
+// One process of the job, as `health` lists it (pids let tests and operators find ranks).
+struct RankInfo {
+  int rank = 0;
+  std::string role;  // "coordinator", "target"
+  int64_t pid = 0;
+  std::string host;
+};
+
+struct FrontendOptions {
+  std::string endpoint = "tcp://127.0.0.1:5555";
+  ProtocolLimits limits;
+  std::string model_name;
+  // CurveZMQ: when server_secret_key is set (Z85, 40 chars) the socket is a CURVE server.
+  std::string curve_secret_key;
+  // Ranks of an mpirun job (health reply field "ranks"); empty for a single process.
+  std::vector<RankInfo> ranks;
+  // The HTTP metrics endpoint's hand-over (metrics_http.h), or null: Run renders the
+  // metrics text into it whenever a scrape waits. Borrowed; must outlive the frontend.
+  MetricsExchange* metrics_exchange = nullptr;
+};
+
+class Frontend {
+ public:
+  // session (prompt encoding), router and scheduler must outlive the frontend. metrics
+  // renders the Prometheus text for `stats` replies (called on the socket thread).
+  Frontend(FrontendOptions options, const ModelSession* session, const DomainRouter* router,
+           Scheduler* scheduler, std::function<std::string()> metrics);
+  ~Frontend();
+
+  // Binds the socket. Unavailable with the endpoint in the message if the address is taken
+  // or malformed.
+  absl::Status Bind();
+
+  // Serves until *stop turns true, then drains: new submits get shutting_down, running
+  // requests finish and get their replies; returns when the scheduler is idle. If the
+  // scheduler loses its target (Scheduler::Failure), returns that error once every
+  // request has had its error reply (code `unavailable`), plus kFailureFlush for them to
+  // leave the socket.
+  absl::Status Run(const std::atomic<bool>* stop);
+
+  // The scheduler's sink (any thread).
+  void OnEvent(GenerationEvent event);
+
+  // Error replies sent, by code (socket thread only: read it from the metrics callback).
+  const std::map<std::string, int64_t>& error_counts() const { return error_counts_; }
+
+ private:
+  struct Active {
+    std::string peer, id;
+    bool stream = true;
+  };
+  void HandleFrame(const std::string& peer, std::string_view frame);
+  void HandleSubmit(const std::string& peer, const SubmitMessage& m);
+  void Send(const std::string& peer, const std::string& payload);
+  void SendError(const std::string& peer, const std::optional<std::string>& id,
+                 RequestError code, const std::string& message);
+  void DeliverEvents();
+  void PeerGone(const std::string& peer);
+
+  FrontendOptions options_;
+  const ModelSession* session_;
+  const DomainRouter* router_;
+  Scheduler* scheduler_;
+  std::function<std::string()> metrics_;
+  std::unique_ptr<zmq::context_t> ctx_;
+  std::unique_ptr<zmq::socket_t> sock_;
+  int wake_fd_ = -1;
+  std::chrono::steady_clock::time_point started_;
+  bool draining_ = false;
+  // When the scheduler lost its target: Run keeps serving (health says "failed", submits
+  // get `unavailable`) for kFailureFlush after the last error reply, then returns.
+  std::optional<std::chrono::steady_clock::time_point> failed_since_;
+  static constexpr std::chrono::milliseconds kFailureFlush{250};
+
+  std::mutex events_mu_;
+  std::deque<GenerationEvent> events_;  // guarded by events_mu_
+
+  // Socket-thread state.
+  std::map<uint64_t, Active> active_;
+  std::map<std::pair<std::string, std::string>, uint64_t> by_peer_id_;
+  std::set<std::string> gone_peers_;
+  std::set<std::string> req_peers_;  // peers using REQ sockets (replies need the delimiter)
+  std::map<std::string, int64_t> error_counts_;
+};
+
+}  // namespace specnode

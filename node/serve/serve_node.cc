@@ -1,0 +1,201 @@
+// ServeNode: what `specnode serve` runs once the target is there (in this process, or
+// remote ranks under mpirun): the drafters and controllers, the speculative engine, the
+// scheduler, the ZeroMQ front end and the optional HTTP metrics, until SIGINT/SIGTERM,
+// then the drain.
+#include "node/serve/serve_node.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cassert>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "coordinator/drafter_factory.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/spec_controller.h"
+#include "coordinator/spec_engine.h"
+#include "kvstore/kv_precision.h"
+#include "model/status_macros.h"
+#include "node/serve/frontend.h"
+#include "node/serve/metrics.h"
+#include "node/serve/metrics_http.h"
+#include "node/session/router_config.h"
+
+namespace specnode {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop.store(true); }
+
+// `family`{class="f16"|"int8"|"int4"} for precision class c.
+std::string KvClassSeries(const char* family, int c) {
+  return absl::StrFormat("%s{class=\"%s\"}", family, KvPrecisionName(static_cast<KvPrecision>(c)));
+}
+
+// KV gauges from the targets' KV memory (a runner in this process, or a remote target's
+// shards summed); nothing for a target that does not account (the dense reference).
+std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets) {
+  std::map<std::string, double> g;
+  bool any = false;
+  double capacity = 0, used = 0, host = 0;
+  std::array<double, kKvClasses> bytes{}, tokens{};
+  for (const ModelRunner* t : targets) {
+    const std::optional<ModelRunner::KvMemory> m = t->Memory();
+    if (!m.has_value()) continue;
+    any = true;
+    capacity += static_cast<double>(m->capacity_bytes);
+    used += static_cast<double>(m->used_bytes);
+    host += static_cast<double>(m->host_bytes);
+    for (int c = 0; c < kKvClasses; ++c) {
+      bytes[c] += static_cast<double>(m->class_bytes[c]);
+      tokens[c] += static_cast<double>(m->class_tokens[c]);
+    }
+  }
+  if (!any) return g;
+  for (int c = 0; c < kKvClasses; ++c) {
+    g[KvClassSeries("specnode_kv_bytes", c)] = bytes[c];
+    g[KvClassSeries("specnode_kv_tokens", c)] = tokens[c];
+  }
+  g["specnode_kv_capacity_bytes"] = capacity;  // every target rank's, summed
+  g["specnode_kv_used_bytes"] = used;
+  g["specnode_kv_host_bytes"] = host;
+  return g;
+}
+
+}  // namespace
+
+absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
+                       std::vector<ServeGroup>& serve_groups, std::vector<RankInfo> ranks) {
+  assert(!serve_groups.empty());
+  RouterConfig rc;
+  rc.default_domain = cfg.default_domain;
+  std::unique_ptr<DomainRouter> router;
+  if (!cfg.router_rules_file.empty()) {
+    SPECNODE_ASSIGN_OR_RETURN(router, LoadRouterRules(cfg.router_rules_file));
+  } else {
+    SPECNODE_ASSIGN_OR_RETURN(router, DomainRouter::Create(rc));
+  }
+  const std::string& model_path = cfg.model;
+  ModelRunner* target = serve_groups[0].target;
+
+  // One drafter and controller per group (a controller learns its own group's costs).
+  std::vector<std::unique_ptr<SpecController>> controllers_owned;
+  std::vector<DraftGroup> groups;
+  std::vector<std::pair<std::string, const SpecController*>> controllers;  // for metrics
+  std::string draft_name = "none";
+  for (ServeGroup& g : serve_groups) {
+    if (g.drafter == nullptr && !cfg.draft.none()) {
+      SPECNODE_ASSIGN_OR_RETURN(g.drafter,
+                                MakeDrafter(cfg.draft, session->model(), session->pool(), cfg.kv));
+    }
+    if (g.drafter == nullptr) {
+      groups.push_back({nullptr, nullptr, g.target});
+      continue;
+    }
+    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> controller,
+                              SpecController::Create(ControllerConfigFor(cfg)));
+    groups.push_back({g.drafter.get(), controller.get(), g.target});
+    draft_name = g.drafter->name();
+    controllers.push_back(
+        {serve_groups.size() == 1 ? draft_name : g.name + "/" + draft_name, controller.get()});
+    controllers_owned.push_back(std::move(controller));
+  }
+  // One group without a drafter: plain target-only decoding.
+  if (groups.size() == 1 && groups[0].drafter == nullptr) groups.clear();
+  SpecEngineOptions eo;
+  const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
+  eo.stop_tokens.insert(eog.begin(), eog.end());
+  eo.pool = session->pool();  // sampling of a batch's sequences in parallel
+  SpeculativeEngine engine(target, groups, eo);
+
+  SchedulerOptions so = cfg.sla;
+  so.max_tokens = cfg.limits.max_tokens;
+  // KV gauges over every group's target (each counted once); with several groups, each
+  // group's live sequences and sequences started.
+  std::vector<std::string> group_names;
+  std::vector<ModelRunner*> targets;
+  for (const ServeGroup& g : serve_groups) {
+    if (groups.size() > 1) group_names.push_back(g.name);
+    if (std::find(targets.begin(), targets.end(), g.target) == targets.end()) {
+      targets.push_back(g.target);
+    }
+  }
+  so.gauges = [group_names, targets, &engine] {
+    std::map<std::string, double> g = KvGauges(targets);
+    const std::vector<int> live = engine.GroupLoads();
+    const std::vector<int64_t> started = engine.GroupStarts();
+    for (size_t i = 0; i < group_names.size() && i < live.size(); ++i) {
+      const std::string label = absl::StrFormat("{group=\"%s\"}", group_names[i]);
+      g["specnode_group_active_sequences" + label] = live[i];
+      g["specnode_group_started_sequences" + label] = static_cast<double>(started[i]);
+    }
+    return g;
+  };
+
+  // Declared before the frontend and the HTTP server: both use it until they are gone.
+  MetricsExchange metrics_exchange;
+  std::unique_ptr<MetricsHttpServer> metrics_http;
+  FrontendOptions fo;
+  fo.endpoint = cfg.bind;
+  fo.limits = cfg.limits;
+  fo.model_name = model_path;
+  fo.curve_secret_key = cfg.curve_secret_key;
+  fo.ranks = std::move(ranks);
+  if (!cfg.metrics_bind.empty()) fo.metrics_exchange = &metrics_exchange;
+  std::unique_ptr<Frontend> frontend;
+  Scheduler scheduler(&engine, &session->model().tokenizer(), so,
+                      [&frontend](GenerationEvent ev) { frontend->OnEvent(std::move(ev)); });
+  frontend = std::make_unique<Frontend>(fo, session, router.get(), &scheduler,
+                                        [&scheduler, &frontend, controllers] {
+                                          SchedulerSnapshot s = scheduler.Snapshot();
+                                          // Error replies of the front end (bad input, overloaded,
+                                          // ...) and of the scheduler.
+                                          for (const auto& [code, n] : frontend->error_counts())
+                                            s.errors_by_code[code] += n;
+                                          return PrometheusText(s, controllers);
+                                        });
+  SPECNODE_RETURN_IF_ERROR(frontend->Bind());
+  if (!cfg.metrics_bind.empty()) {
+    SPECNODE_ASSIGN_OR_RETURN(metrics_http,
+                              MetricsHttpServer::Start(cfg.metrics_bind, &metrics_exchange));
+  }
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  // The target's backend when it runs here; a remote target's ranks are listed below.
+  const std::string compute =
+      target == &session->runner() ? session->kernel_name() : session->runner().backend().Describe();
+  std::fprintf(
+      stderr, "specnode serve: %s on %s (%s, draft %s%s)\n",
+      model_path.c_str(), fo.endpoint.c_str(), compute.c_str(), draft_name.c_str(),
+      fo.ranks.empty() ? ""
+      : serve_groups.size() == 1
+          ? absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1).c_str()
+          : absl::StrFormat(", %d groups on %d ranks", serve_groups.size(), fo.ranks.size() - 1)
+                .c_str());
+  std::fprintf(stderr, "specnode serve: config %s\n", cfg.source.c_str());
+  if (metrics_http != nullptr) {
+    const std::string host = cfg.metrics_bind.substr(0, cfg.metrics_bind.rfind(':'));
+    std::fprintf(stderr, "specnode serve: metrics on http://%s:%d/metrics\n", host.c_str(),
+                 metrics_http->port());
+  }
+  absl::Status st = frontend->Run(&g_stop);
+  metrics_http.reset();  // before the frontend it asks for renders
+  scheduler.Stop();
+  frontend.reset();  // closes the socket (lingering up to 0.5 s so the last replies leave)
+  std::fprintf(stderr, "specnode serve: %s\n", st.ok() ? "drained, exiting" : "stopped");
+  return st;
+}
+
+}  // namespace specnode
