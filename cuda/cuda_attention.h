@@ -1,6 +1,7 @@
 // The KV-cache side of the Llama forward pass on the GPU: writing new K/V rows into a paged
 // f16 pool, causal attention over it, and embedding rows. Host bookkeeping (which pages a
-// sequence owns) lives in cuda_kv_cache.h; this header is only the kernels.
+// sequence owns) is the KV manager's (kvstore/kv_store.h) over cuda_page_pool.h; this header
+// is only the kernels.
 //
 // Pool layout (one K pool and one V pool per layer):
 //   [n_pages * page_tokens, kv_dim] f16, kv_dim = n_kv_heads * head_dim; pool row

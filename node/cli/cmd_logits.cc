@@ -27,7 +27,9 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(int64_t chunk, args.GetInt("chunk", 1 << 30, 1, 1 << 30));
   SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
-  if (!args.Has("kv-mode")) kv.mode = KvMode::kDense;  // oracle comparisons default to f32 KV
+  // Oracle comparisons default to the f32 reference cache on the CPU; a GPU keeps its pages
+  // (auto: f16), and refuses dense.
+  if (!args.Has("kv-mode") && compute.device.is_cpu()) kv.mode = KvMode::kDense;
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, kv,
