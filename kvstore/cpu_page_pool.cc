@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "kvstore/kv_attention_kernels.h"
-#include "model/cpu/thread_pool.h"
+#include "model/llama/cpu_kv_cache.h"
 
 namespace specnode {
 
@@ -100,12 +100,7 @@ void CpuPagePool::WriteSlot(KvSlot s, const uint8_t* host) {
 
 absl::Status CpuPagePool::BeginPass(std::span<const KvPoolPassSeq> seqs, ThreadPool* threads) {
   pass_.assign(seqs.begin(), seqs.end());
-  first_.resize(pass_.size());
-  int64_t row = 0;
-  for (size_t i = 0; i < pass_.size(); ++i) {
-    first_[i] = row;
-    row += pass_[i].n;
-  }
+  first_ = FirstRows<KvPoolPassSeq>(pass_);
   threads_ = threads;
   return absl::OkStatus();
 }
@@ -114,36 +109,19 @@ absl::Status CpuPagePool::Write(int layer, const float* k, const float* v) {
   const int64_t row = static_cast<int64_t>(g_.n_kv_heads) * g_.head_dim;
   // Sequences own disjoint slots, so they are written concurrently (rotation and encoding
   // per row are the work).
-  auto write = [&](int64_t begin, int64_t end, int) {
-    for (int64_t i = begin; i < end; ++i) {
-      WriteSeq(pass_[i], layer, k + first_[i] * row, v + first_[i] * row);
-    }
-  };
-  const int64_t n = static_cast<int64_t>(pass_.size());
-  if (threads_ != nullptr && n > 1) {
-    threads_->ParallelFor(n, 1, write);
-  } else {
-    write(0, n, 0);
-  }
+  ForEachPassSequence(threads_, static_cast<int64_t>(pass_.size()), [&](int64_t i) {
+    WriteSeq(pass_[i], layer, k + first_[i] * row, v + first_[i] * row);
+  });
   return absl::OkStatus();
 }
 
 absl::Status CpuPagePool::Attend(int layer, const float* q, float scale, float* out) {
-  const int nkv = g_.n_kv_heads;
-  const int64_t row = static_cast<int64_t>(nkv) * g_.gqa_group * g_.head_dim;
-  const int64_t n_jobs = static_cast<int64_t>(pass_.size()) * nkv;
-  auto attend = [&](int64_t begin, int64_t end, int) {
-    for (int64_t job = begin; job < end; ++job) {
-      const size_t i = static_cast<size_t>(job / nkv);
-      AttendSeq(pass_[i], layer, static_cast<int>(job % nkv), q + first_[i] * row, scale,
-                out + first_[i] * row);
-    }
-  };
-  if (threads_ != nullptr) {
-    threads_->ParallelFor(n_jobs, 1, attend);
-  } else {
-    attend(0, n_jobs, 0);
-  }
+  const int64_t row = static_cast<int64_t>(g_.n_kv_heads) * g_.gqa_group * g_.head_dim;
+  ForEachPassHead(threads_, static_cast<int64_t>(pass_.size()), g_.n_kv_heads,
+                  [&](int64_t i, int kv_head) {
+                    AttendSeq(pass_[i], layer, kv_head, q + first_[i] * row, scale,
+                              out + first_[i] * row);
+                  });
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 // AttendSeq of that (seq, layer).
 #pragma once
 
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +19,24 @@
 #include "model/llama/kv_cache.h"
 
 namespace specnode {
+
+// How a pass of a CPU cache is split across host threads (null: the calling thread): by
+// sequence for writes (only when the pass has several), by (sequence, kv head) for
+// attention. Shared by every CPU cache (CpuKvCache, kvstore's CpuPagePool).
+void ForEachPassSequence(ThreadPool* threads, int64_t n_seqs, const std::function<void(int64_t)>& fn);
+void ForEachPassHead(ThreadPool* threads, int64_t n_seqs, int n_kv_heads,
+                     const std::function<void(int64_t, int)>& fn);
+// The first row of each of the pass's sequences, given their row counts.
+template <typename Seq>
+std::vector<int64_t> FirstRows(std::span<const Seq> seqs) {
+  std::vector<int64_t> first(seqs.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    first[i] = row;
+    row += seqs[i].n;
+  }
+  return first;
+}
 
 class CpuKvCache : public KvCache {
  public:
