@@ -32,10 +32,10 @@ enum class RequestError : uint8_t {
 
 struct RequestErrorInfo {
   RequestError code;
-  const char* wire;            // the `code` of an error reply: "bad_request", ...
-  absl::StatusCode status;     // the canonical code a status with it carries
-  int http;                    // the HTTP status an OpenAI-compatible front answers with
-  const char* meaning;         // one line, as docs/protocol.md says it
+  const char* wire;         // the `code` of an error reply: "bad_request", ...
+  absl::StatusCode status;  // the canonical code a status with it carries
+  int http;                 // the HTTP status an OpenAI-compatible front answers with
+  const char* meaning;      // one line, as docs/protocol.md says it
 };
 
 // Every code, in the enum's order.

@@ -20,10 +20,11 @@ absl::Status ValidateRequest(std::span<const int32_t> prompt, int64_t max_tokens
     }
   }
   if (max_tokens < 1 || max_tokens > limits.max_tokens) {
-    return bad(absl::StrFormat("max_tokens must be in [1, %d], got %d", limits.max_tokens,
-                               max_tokens));
+    return bad(
+        absl::StrFormat("max_tokens must be in [1, %d], got %d", limits.max_tokens, max_tokens));
   }
-  if (absl::Status s = ValidateSamplingParams(sampling); !s.ok()) return bad(std::string(s.message()));
+  if (absl::Status s = ValidateSamplingParams(sampling); !s.ok())
+    return bad(std::string(s.message()));
   if (!domain.empty()) {
     if (absl::Status s = DomainRouter::ValidateDomainName(domain); !s.ok()) {
       return bad(std::string(s.message()));

@@ -18,8 +18,8 @@
 namespace specnode {
 
 struct RequestLimits {
-  int32_t vocab_size = 0;      // prompt ids must be below it
-  int32_t context_length = 0;  // prompt + max_tokens must fit in it
+  int32_t vocab_size = 0;                 // prompt ids must be below it
+  int32_t context_length = 0;             // prompt + max_tokens must fit in it
   int64_t max_tokens = int64_t{1} << 30;  // the largest max_tokens a request may ask for
 };
 

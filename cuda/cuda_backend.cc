@@ -41,8 +41,8 @@ absl::Status CudaStepTables::Upload(cudaStream_t stream) {
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& o) {
   SPECNODE_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
   if (o.device < 0 || o.device >= devices) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda:", o.device, " does not exist (",
-                                                   devices, " CUDA devices visible)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda:", o.device, " does not exist (", devices, " CUDA devices visible)"));
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->device_ = o.device;
@@ -146,7 +146,8 @@ absl::Status CudaBackend::Ensure(DeviceBuffer& buf, size_t bytes) {
 
 absl::StatusOr<float*> CudaBackend::Buffer(int slot, int64_t floats) {
   if (slot < 0 || slot >= kMaxSlots || floats < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaBackend::Buffer(", slot, ", ", floats, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaBackend::Buffer(", slot, ", ", floats, ")"));
   }
   SPECNODE_RETURN_IF_ERROR(Ensure(buffers_[slot], static_cast<size_t>(floats) * sizeof(float)));
   return buffers_[slot].as<float>();
@@ -261,8 +262,7 @@ absl::Status CudaBackend::Record(int64_t rows, uint64_t signature,
   // capturing them would cost more than their launches.
   constexpr int64_t kGraphMaxRows = 64;
   if (graphs_ == nullptr || rows > kGraphMaxRows) return body();
-  const uint64_t sig =
-      MixSignature(signature, reinterpret_cast<uintptr_t>(tables_.device_base()));
+  const uint64_t sig = MixSignature(signature, reinterpret_cast<uintptr_t>(tables_.device_base()));
   return graphs_->Run(stream_, rows, sig, body);
 }
 

@@ -80,8 +80,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<const LlamaWeights>> UploadWeights(
       std::shared_ptr<const LlamaWeights> weights) override;
   absl::StatusOr<float*> Buffer(int slot, int64_t floats) override;
-  absl::Status BeginPass(std::span<const int32_t> ids,
-                         std::span<const int32_t> positions) override;
+  absl::Status BeginPass(std::span<const int32_t> ids, std::span<const int32_t> positions) override;
   absl::Status EmbeddingRows(const WeightView& table, float* out) override;
   absl::Status RmsNorm(const float* x, const float* weight, int64_t n, int dim, float eps,
                        float* y) override;
@@ -100,8 +99,7 @@ class CudaBackend final : public Backend {
   // buffers), which returns with the sum in place.
   absl::Status AllReduce(PartialSumReducer* reducer, float* data, int64_t count) override;
   absl::StatusOr<float*> LogitsBuffer(int64_t floats, std::vector<float>* host) override;
-  absl::Status FinishLogits(const float* logits, int64_t floats,
-                            std::vector<float>* host) override;
+  absl::Status FinishLogits(const float* logits, int64_t floats, std::vector<float>* host) override;
   absl::Status Sync() override;
   absl::Status Record(int64_t rows, uint64_t signature,
                       const std::function<absl::Status()>& body) override;

@@ -72,7 +72,7 @@ class CudaPagePool final : public KvPagePool {
   CudaBackend* backend_;
   KvPoolGeometry g_;
   int32_t n_pages_ = 0;
-  DeviceBuffer pools_;  // [n_layers][K, V][n_pages * page_tokens, kv_dim] f16
+  DeviceBuffer pools_;   // [n_layers][K, V][n_pages * page_tokens, kv_dim] f16
   int page_stride_ = 1;  // pages per page-table row
   // The pass: its rows and where BeginPass staged its tables (CudaStepTables offsets).
   int64_t rows_ = 0;

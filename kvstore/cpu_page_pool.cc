@@ -117,11 +117,10 @@ absl::Status CpuPagePool::Write(int layer, const float* k, const float* v) {
 
 absl::Status CpuPagePool::Attend(int layer, const float* q, float scale, float* out) {
   const int64_t row = static_cast<int64_t>(g_.n_kv_heads) * g_.gqa_group * g_.head_dim;
-  ForEachPassHead(threads_, static_cast<int64_t>(pass_.size()), g_.n_kv_heads,
-                  [&](int64_t i, int kv_head) {
-                    AttendSeq(pass_[i], layer, kv_head, q + first_[i] * row, scale,
-                              out + first_[i] * row);
-                  });
+  ForEachPassHead(
+      threads_, static_cast<int64_t>(pass_.size()), g_.n_kv_heads, [&](int64_t i, int kv_head) {
+        AttendSeq(pass_[i], layer, kv_head, q + first_[i] * row, scale, out + first_[i] * row);
+      });
   return absl::OkStatus();
 }
 
@@ -251,8 +250,8 @@ void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, cons
       // Sampled by the query's position, not by step: a sequence observes the same
       // queries whether it decodes one token per step, verifies drafts or prefills, and a
       // verification pass costs no more per row than a decode step.
-      const bool observe = s.mass.on && n_ctx - min_distance > 0 &&
-                           (n_ctx - 1) % s.mass.sample_every == 0;
+      const bool observe =
+          s.mass.on && n_ctx - min_distance > 0 && (n_ctx - 1) % s.mass.sample_every == 0;
       if (observe) {
         const int32_t* p = sc.pos[c].data();
         mass.sum = s.mass.sum[kv_head];

@@ -75,7 +75,7 @@ class CpuPagePool final : public KvPagePool {
   KvPoolGeometry g_;
   bool rotate_;
   std::array<size_t, kNumKvPrecisions> row_bytes_{};
-  std::vector<std::unique_ptr<Page>> pages_;  // by page id; null = not allocated
+  std::vector<std::unique_ptr<Page>> pages_;       // by page id; null = not allocated
   const kv_kernels::KvAttentionKernels* kernels_;  // static tables, chosen at construction
   std::vector<KvPoolPassSeq> pass_;
   std::vector<int64_t> first_;  // the pass's first row of each sequence

@@ -22,8 +22,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, 
                                                      const KvOptions& o) {
   SPECNODE_RETURN_IF_ERROR(o.Validate());
   if (o.mode == KvMode::kDense) {
-    const int64_t bytes_per_token =
-        int64_t{2} * config.n_layers * n_kv_heads * config.head_dim * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes_per_token = int64_t{2} * config.n_layers * n_kv_heads * config.head_dim *
+                                    static_cast<int64_t>(sizeof(float));
     return std::make_unique<DenseKvCache>(config.n_layers, n_kv_heads, config.head_dim,
                                           config.gqa_group(), config.context_length,
                                           std::max<int64_t>(1, o.capacity_bytes / bytes_per_token));

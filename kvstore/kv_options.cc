@@ -27,8 +27,9 @@ absl::StatusOr<KvMode> ParseKvMode(std::string_view name) {
                    KvMode::kMixed}) {
     if (KvModeName(m) == name) return m;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown KV mode \"", std::string(name),
-                                                 "\" (expected auto, mixed, full, int8, int4 or dense)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KV mode \"", std::string(name),
+                   "\" (expected auto, mixed, full, int8, int4 or dense)"));
 }
 
 absl::Status KvOptions::Validate(std::string_view prefix) const {

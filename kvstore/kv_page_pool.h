@@ -40,7 +40,7 @@ struct KvPoolGeometry {
   int n_layers = 0;
   int n_kv_heads = 0;  // kv heads held here (a tensor-parallel shard's)
   int head_dim = 0;
-  int gqa_group = 1;   // query heads per kv head
+  int gqa_group = 1;  // query heads per kv head
   int page_tokens = 8;
 };
 

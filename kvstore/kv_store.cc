@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "model/status_macros.h"
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store_internal.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 
@@ -59,8 +59,8 @@ absl::Status KvStore::CheckSupported(const KvOptions& o, const KvPoolCaps& caps,
                             " page pool cannot do"));
   }
   if (o.evict && caps.page_order) {
-    return bad(absl::StrCat("sliding-window eviction is not available on the ", device,
-                            " page pool"));
+    return bad(
+        absl::StrCat("sliding-window eviction is not available on the ", device, " page pool"));
   }
   return absl::OkStatus();
 }
@@ -106,8 +106,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c,
   std::unique_ptr<KvStore> s(new KvStore(resolved, std::move(pool)));
   const int64_t biggest = static_cast<int64_t>(s->PageBytes(first));
   if (c.capacity_bytes < 2 * biggest) {
-    return bad(absl::StrFormat("capacity_bytes %d is below two pages (%d bytes)",
-                               c.capacity_bytes, 2 * biggest));
+    return bad(absl::StrFormat("capacity_bytes %d is below two pages (%d bytes)", c.capacity_bytes,
+                               2 * biggest));
   }
   return s;
 }
@@ -175,8 +175,8 @@ absl::StatusOr<int32_t> KvStore::AllocatePage(KvPrecision p) {
   }
   if (id >= pool_->MaxPages()) {
     if (id == static_cast<int32_t>(pages_.size()) - 1) pages_.pop_back();
-    return absl::ResourceExhaustedError(absl::StrCat("kvstore: the ", pool_->device(),
-                                                     " page pool has no page ", id));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("kvstore: the ", pool_->device(), " page pool has no page ", id));
   }
   if (absl::Status st = pool_->AllocatePage(id, p); !st.ok()) {
     if (id == static_cast<int32_t>(pages_.size()) - 1) {
@@ -296,9 +296,9 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
     const Loc last = s->loc[have - 1];
     if (last.page < 0 || pages_[last.page]->ref != 1 ||
         pages_[last.page]->used != have % config_.page_tokens) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "sequence ", seq, " would append into a shared page, which the ", pool_->device(),
-          " page pool cannot copy on write"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", seq, " would append into a shared page, which the ",
+                       pool_->device(), " page pool cannot copy on write"));
     }
   }
   int64_t bytes = PagesNeeded(s, wc, extra) * static_cast<int64_t>(PageBytes(wc));
@@ -357,9 +357,9 @@ absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool
     auto it = seqs_.find(e.seq);
     if (it == seqs_.end() || it->second->swapped ||
         static_cast<int64_t>(it->second->loc.size()) < int64_t{e.pos0} + e.n || e.n < 1) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("kvstore: pass over sequence ", e.seq, " positions [", e.pos0, ", ",
-                       e.pos0 + e.n, ") that are not reserved"));
+      return absl::FailedPreconditionError(absl::StrCat("kvstore: pass over sequence ", e.seq,
+                                                        " positions [", e.pos0, ", ", e.pos0 + e.n,
+                                                        ") that are not reserved"));
     }
     Sequence& s = *it->second;
     float** mass = pass_mass_.data() + i * 2 * nkv;

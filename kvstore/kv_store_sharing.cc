@@ -11,13 +11,14 @@ namespace specnode {
 absl::Status KvStore::Fork(SeqId src, SeqId dst) {
   auto it = seqs_.find(src);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("fork: no sequence ", src));
-  if (seqs_.count(dst)) return absl::AlreadyExistsError(absl::StrCat("fork: sequence ", dst, " exists"));
+  if (seqs_.count(dst))
+    return absl::AlreadyExistsError(absl::StrCat("fork: sequence ", dst, " exists"));
   const Sequence& s = *it->second;
   if (s.swapped) return absl::FailedPreconditionError("fork: source is swapped out");
   if (page_order_ && s.length % config_.page_tokens != 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "fork: sequence ", src, " ends inside a page, and the ", pool_->device(),
-        " page pool cannot copy the shared page on write"));
+    return absl::UnimplementedError(
+        absl::StrCat("fork: sequence ", src, " ends inside a page, and the ", pool_->device(),
+                     " page pool cannot copy the shared page on write"));
   }
   auto d = std::make_unique<Sequence>();
   d->length = s.length;
@@ -57,7 +58,9 @@ int32_t KvStore::MatchPrefix(SeqId seq, std::span<const int32_t> tokens) {
     auto block = tokens.subspan(b * P, P);
     h = BlockHash(h, block);
     auto e = prefix_cache_.find(h);
-    if (e == prefix_cache_.end() || !std::equal(block.begin(), block.end(), e->second.tokens.begin())) break;
+    if (e == prefix_cache_.end() ||
+        !std::equal(block.begin(), block.end(), e->second.tokens.begin()))
+      break;
     lru_.splice(lru_.begin(), lru_, e->second.lru);
     pages.push_back(e->second.page);
   }
@@ -98,7 +101,8 @@ void KvStore::PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {
     Ref(page);
     pages_[page]->cached = true;
     lru_.push_front(h);
-    prefix_cache_[h] = CacheEntry{page, std::vector<int32_t>(block.begin(), block.end()), lru_.begin()};
+    prefix_cache_[h] =
+        CacheEntry{page, std::vector<int32_t>(block.begin(), block.end()), lru_.begin()};
   }
 }
 
@@ -117,16 +121,17 @@ absl::Status KvStore::SwapOut(SeqId seq) {
         absl::StrCat("swap-out: the ", pool_->device(), " page pool cannot copy KV to the host"));
   }
   // Uncommitted reservations are dropped; committed rows are copied byte for byte.
-  for (int32_t p = static_cast<int32_t>(s.loc.size()) - 1; p >= s.length; --p) ReleaseLoc(s, s.loc[p]);
+  for (int32_t p = static_cast<int32_t>(s.loc.size()) - 1; p >= s.length; --p)
+    ReleaseLoc(s, s.loc[p]);
   s.loc.resize(s.length);
   int64_t bytes = 0;
   for (const Loc& loc : s.loc) {
     if (loc.page >= 0) bytes += static_cast<int64_t>(pool_->SlotBytes(pages_[loc.page]->prec));
   }
   if (host_bytes_ + bytes > config_.host_capacity_bytes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "host swap tier full: %d of %d bytes in use, %d needed", host_bytes_,
-        config_.host_capacity_bytes, bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("host swap tier full: %d of %d bytes in use, %d needed", host_bytes_,
+                        config_.host_capacity_bytes, bytes));
   }
   s.host_class.resize(s.loc.size());
   s.host_rows.resize(bytes);
@@ -166,18 +171,18 @@ absl::Status KvStore::SwapIn(SeqId seq) {
              static_cast<int64_t>(PageBytes(static_cast<KvPrecision>(c)));
   }
   if (!EnsureBytes(bytes)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "swap-in of sequence %d needs %d bytes; %d of %d in use", seq, bytes, used_bytes_,
-        config_.capacity_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("swap-in of sequence %d needs %d bytes; %d of %d in use", seq, bytes,
+                        used_bytes_, config_.capacity_bytes));
   }
   int64_t pages = 0;
   for (int c = 0; c < kNumKvPrecisions; ++c) {
     pages += PagesNeeded(nullptr, static_cast<KvPrecision>(c), count[c]);
   }
   if (live_pages_ + pages > pool_->MaxPages()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "swap-in of sequence %d needs %d pages; the %s page pool holds %d", seq, pages,
-        pool_->device(), pool_->MaxPages()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("swap-in of sequence %d needs %d pages; the %s page pool holds %d", seq,
+                        pages, pool_->device(), pool_->MaxPages()));
   }
   size_t off = 0;
   s.loc.resize(s.host_class.size());

@@ -39,10 +39,10 @@ absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool p
   // What the request asks of any GPU first (answers the same with or without one), then
   // whether this one is there.
   if (o.activations.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dev, " computes matmuls with f32 activations; activations ",
-        *o.activations == ActQuant::kInt8 ? "int8" : "int16",
-        " is a CPU option (leave it unset on a GPU)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dev, " computes matmuls with f32 activations; activations ",
+                     *o.activations == ActQuant::kInt8 ? "int8" : "int16",
+                     " is a CPU option (leave it unset on a GPU)"));
   }
   if (o.kv.mode == KvMode::kDense) {
     return absl::InvalidArgumentError(
@@ -51,8 +51,8 @@ absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool p
   }
   SPECNODE_RETURN_IF_ERROR(KvStore::CheckSupported(o.kv, CudaPagePool::Caps(), dev));
   if (config != nullptr && config->head_dim > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dev, ": head_dim ", config->head_dim, " exceeds the GPU attention kernel's 256"));
+    return absl::InvalidArgumentError(absl::StrCat(dev, ": head_dim ", config->head_dim,
+                                                   " exceeds the GPU attention kernel's 256"));
   }
   if (!probe_device) return absl::OkStatus();
   SPECNODE_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
@@ -64,9 +64,10 @@ absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool p
 #else
   (void)config;
   (void)probe_device;
-  return absl::UnimplementedError(absl::StrCat(
-      dev, " requested, but this specnode was built without the CUDA backend "
-      "(configure with nvcc on PATH, or -DSPECNODE_CUDA=ON)"));
+  return absl::UnimplementedError(
+      absl::StrCat(dev,
+                   " requested, but this specnode was built without the CUDA backend "
+                   "(configure with nvcc on PATH, or -DSPECNODE_CUDA=ON)"));
 #endif
 }
 
@@ -130,9 +131,9 @@ absl::StatusOr<std::unique_ptr<GpuShardLink>> GpuShardLink::Create(Communicator*
   return link;
 #else
   (void)timeout_s;
-  return absl::UnimplementedError(absl::StrCat(
-      "a tensor-parallel group on ", device.name(),
-      " needs NCCL, and this specnode was built without it (CUDA + MPI + NCCL)"));
+  return absl::UnimplementedError(
+      absl::StrCat("a tensor-parallel group on ", device.name(),
+                   " needs NCCL, and this specnode was built without it (CUDA + MPI + NCCL)"));
 #endif
 }
 

@@ -16,8 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "kvstore/kv_options.h"
-#include "model/llama/backend.h"
 #include "model/cpu/cpu_matmul.h"
+#include "model/llama/backend.h"
 #include "model/llama/llama_config.h"
 #include "model/llama/llama_weights.h"
 #include "runtime/device.h"

@@ -91,8 +91,8 @@ class Backend {
                                float* y) = 0;
   // x += h, then y = RmsNorm(x) * weight: bit-identical to Add followed by RmsNorm.
   // x: [n, dim] (updated); h, y: [n, dim], y may alias h exactly (not x).
-  virtual absl::Status AddRmsNorm(float* x, const float* h, const float* weight, int64_t n,
-                                  int dim, float eps, float* y) = 0;
+  virtual absl::Status AddRmsNorm(float* x, const float* h, const float* weight, int64_t n, int dim,
+                                  float eps, float* y) = 0;
   // RmsNorm of the rows `rows` (ascending row indices of x) into y [rows.size(), dim].
   virtual absl::Status RmsNormRows(const float* x, std::span<const int64_t> rows,
                                    const float* weight, int dim, float eps, float* y) = 0;

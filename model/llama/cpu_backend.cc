@@ -18,8 +18,8 @@ constexpr int64_t kMinParallelRopeTokens = 4;
 CpuBackend::CpuBackend(ThreadPool* pool, ActQuant act) : pool_(pool), act_(act) {}
 
 std::string CpuBackend::Describe() const {
-  return absl::StrCat("cpu (", CpuKernelName(), " kernels, ", ActQuantName(act_),
-                      " activations, ", pool_ == nullptr ? 1 : pool_->n_threads(), " threads)");
+  return absl::StrCat("cpu (", CpuKernelName(), " kernels, ", ActQuantName(act_), " activations, ",
+                      pool_ == nullptr ? 1 : pool_->n_threads(), " threads)");
 }
 
 absl::StatusOr<std::shared_ptr<const LlamaWeights>> CpuBackend::UploadWeights(
@@ -54,8 +54,8 @@ absl::Status CpuBackend::EmbeddingRows(const WeightView& table, float* out) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::RmsNorm(const float* x, const float* weight, int64_t n, int dim,
-                                 float eps, float* y) {
+absl::Status CpuBackend::RmsNorm(const float* x, const float* weight, int64_t n, int dim, float eps,
+                                 float* y) {
   specnode::RmsNorm(x, weight, n, dim, eps, y);
   return absl::OkStatus();
 }

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "model/llama/backend.h"
 #include "model/cpu/cpu_matmul.h"
 #include "model/cpu/thread_pool.h"
+#include "model/llama/backend.h"
 
 namespace specnode {
 
@@ -32,8 +32,7 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<const LlamaWeights>> UploadWeights(
       std::shared_ptr<const LlamaWeights> weights) override;
   absl::StatusOr<float*> Buffer(int slot, int64_t floats) override;
-  absl::Status BeginPass(std::span<const int32_t> ids,
-                         std::span<const int32_t> positions) override;
+  absl::Status BeginPass(std::span<const int32_t> ids, std::span<const int32_t> positions) override;
   absl::Status EmbeddingRows(const WeightView& table, float* out) override;
   absl::Status RmsNorm(const float* x, const float* weight, int64_t n, int dim, float eps,
                        float* y) override;
@@ -50,8 +49,7 @@ class CpuBackend final : public Backend {
   absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   absl::Status AllReduce(PartialSumReducer* reducer, float* data, int64_t count) override;
   absl::StatusOr<float*> LogitsBuffer(int64_t floats, std::vector<float>* host) override;
-  absl::Status FinishLogits(const float* logits, int64_t floats,
-                            std::vector<float>* host) override;
+  absl::Status FinishLogits(const float* logits, int64_t floats, std::vector<float>* host) override;
   absl::Status Sync() override { return absl::OkStatus(); }
   ThreadPool* host_threads() const override { return pool_; }
 

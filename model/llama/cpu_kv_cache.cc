@@ -19,7 +19,8 @@ void ForEachPassSequence(ThreadPool* threads, int64_t n_seqs,
 void ForEachPassHead(ThreadPool* threads, int64_t n_seqs, int n_kv_heads,
                      const std::function<void(int64_t, int)>& fn) {
   auto run = [&](int64_t begin, int64_t end, int) {
-    for (int64_t job = begin; job < end; ++job) fn(job / n_kv_heads, static_cast<int>(job % n_kv_heads));
+    for (int64_t job = begin; job < end; ++job)
+      fn(job / n_kv_heads, static_cast<int>(job % n_kv_heads));
   };
   const int64_t n_jobs = n_seqs * n_kv_heads;
   if (threads != nullptr) {

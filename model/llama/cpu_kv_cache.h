@@ -23,7 +23,8 @@ namespace specnode {
 // How a pass of a CPU cache is split across host threads (null: the calling thread): by
 // sequence for writes (only when the pass has several), by (sequence, kv head) for
 // attention. Shared by every CPU cache (CpuKvCache, kvstore's CpuPagePool).
-void ForEachPassSequence(ThreadPool* threads, int64_t n_seqs, const std::function<void(int64_t)>& fn);
+void ForEachPassSequence(ThreadPool* threads, int64_t n_seqs,
+                         const std::function<void(int64_t)>& fn);
 void ForEachPassHead(ThreadPool* threads, int64_t n_seqs, int n_kv_heads,
                      const std::function<void(int64_t, int)>& fn);
 // The first row of each of the pass's sequences, given their row counts.
@@ -57,8 +58,8 @@ class CpuKvCache : public KvCache {
   // position pos0 + i) attends to positions [0, pos0 + i].
   //   q:   [n, n_heads, head_dim]  (only heads [kv_head * group, (kv_head + 1) * group) read)
   //   out: [n, n_heads, head_dim]  (only that head range is written)
-  virtual void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
-                         const float* q, float scale, float* out) = 0;
+  virtual void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
+                         float scale, float* out) = 0;
 
  private:
   const int n_kv_heads_, head_dim_, group_;

@@ -51,7 +51,7 @@ struct KvUsage {
   std::array<int64_t, kKvClasses> tokens{};  // live token slots per class (all sequences)
   int64_t capacity_bytes = 0;
   int64_t used_bytes = 0;
-  int64_t host_bytes = 0;           // swap tier
+  int64_t host_bytes = 0;  // swap tier
   int64_t pages = 0;
   int64_t cached_prefix_pages = 0;  // pages held by the prefix cache
   int64_t evicted_tokens = 0;       // dropped by sliding-window eviction (lossy)

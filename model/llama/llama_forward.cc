@@ -55,9 +55,10 @@ LlamaForward::LlamaForward(const LlamaConfig& config, std::shared_ptr<const Llam
       n_kv_heads_(w_->n_kv_heads_local),
       d_ff_(w_->d_ff_local) {}
 
-LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weights,
-                           ThreadPool* pool, PartialSumReducer* reducer)
-    : LlamaForward(config, std::shared_ptr<const LlamaWeights>(&weights, [](const LlamaWeights*) {}),
+LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
+                           PartialSumReducer* reducer)
+    : LlamaForward(config,
+                   std::shared_ptr<const LlamaWeights>(&weights, [](const LlamaWeights*) {}),
                    nullptr, reducer) {
   owned_backend_ = std::make_unique<CpuBackend>(pool, weights.activations);
   backend_ = owned_backend_.get();
@@ -69,9 +70,9 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
                                    std::vector<float>* logits) {
   SPECNODE_ASSIGN_OR_RETURN(const int64_t n, ValidateBatch(batch, config_.vocab_size));
   if (cache->device() != backend_->device()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the KV cache is on ", cache->device(), " but the forward pass runs on ",
-        backend_->device()));
+    return absl::FailedPreconditionError(absl::StrCat("the KV cache is on ", cache->device(),
+                                                      " but the forward pass runs on ",
+                                                      backend_->device()));
   }
   if (n == 0) {
     if (logits != nullptr) logits->clear();
@@ -159,8 +160,8 @@ absl::Status LlamaForward::Body(int64_t n, const Buffers& b, KvCache* cache) {
   if (w_->layers.empty()) return absl::OkStatus();
   // Each layer starts with h = its attention norm of x: here for the first, fused into the
   // previous layer's last residual add for the others.
-  SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.x, w_->layers[0].attn_norm, n, config_.d_model,
-                                             config_.rms_eps, b.h));
+  SPECNODE_RETURN_IF_ERROR(
+      backend_->RmsNorm(b.x, w_->layers[0].attn_norm, n, config_.d_model, config_.rms_eps, b.h));
   for (int l = 0; l < static_cast<int>(w_->layers.size()); ++l) {
     SPECNODE_RETURN_IF_ERROR(Layer(l, n, b, cache));
   }

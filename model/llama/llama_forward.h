@@ -31,11 +31,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/cpu/thread_pool.h"
 #include "model/llama/backend.h"
 #include "model/llama/kv_cache.h"
 #include "model/llama/llama_config.h"
 #include "model/llama/llama_weights.h"
-#include "model/cpu/thread_pool.h"
 
 namespace specnode {
 

@@ -17,8 +17,8 @@ int RunErrorCodes(int argc, char** argv) {
       "front, meaning. --json writes client/error_codes.json's content.\n";
   auto args = CliArgs::Parse(argc, argv, {}, {"json", "help"});
   if (!args.ok()) {
-    std::fprintf(stderr, "specnode error-codes: %s\n%s", std::string(args.status().message()).c_str(),
-                 kHelp);
+    std::fprintf(stderr, "specnode error-codes: %s\n%s",
+                 std::string(args.status().message()).c_str(), kHelp);
     return 2;
   }
   if (args->Has("help")) {

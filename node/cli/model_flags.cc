@@ -44,7 +44,8 @@ absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
   if (args.Has("device")) {
     absl::StatusOr<Device> d = ParseDevice(args.Get("device"));
-    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", d.status().message()));
+    if (!d.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--device: ", d.status().message()));
     c.device = *d;
   }
   return c;
@@ -69,7 +70,8 @@ std::set<std::string> WithKvFlags(std::set<std::string> flags) {
 absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* o) {
   if (args.Has("kv-mode")) {
     absl::StatusOr<KvMode> mode = ParseKvMode(args.Get("kv-mode"));
-    if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--kv-mode: ", mode.status().message()));
+    if (!mode.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--kv-mode: ", mode.status().message()));
     o->mode = *mode;
   }
   auto set_int = [&args](const char* flag, int64_t lo, int64_t hi, auto* out) -> absl::Status {

@@ -174,11 +174,11 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   // The target's backend when it runs here; a remote target's ranks are listed below.
-  const std::string compute =
-      target == &session->runner() ? session->kernel_name() : session->runner().backend().Describe();
+  const std::string compute = target == &session->runner() ? session->kernel_name()
+                                                           : session->runner().backend().Describe();
   std::fprintf(
-      stderr, "specnode serve: %s on %s (%s, draft %s%s)\n",
-      model_path.c_str(), fo.endpoint.c_str(), compute.c_str(), draft_name.c_str(),
+      stderr, "specnode serve: %s on %s (%s, draft %s%s)\n", model_path.c_str(),
+      fo.endpoint.c_str(), compute.c_str(), draft_name.c_str(),
       fo.ranks.empty() ? ""
       : serve_groups.size() == 1
           ? absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1).c_str()

@@ -12,11 +12,10 @@ TEST(DraftSpecTest, ParsesEveryKindAndPrintsItBack) {
     DraftSpec::Kind kind;
     int count;
   };
-  for (const Case& c : {Case{"none", DraftSpec::Kind::kNone, 0},
-                        Case{"ngram", DraftSpec::Kind::kNgram, 0},
-                        Case{"ngram:3", DraftSpec::Kind::kNgram, 3},
-                        Case{"self:20", DraftSpec::Kind::kSelf, 20},
-                        Case{"/models/draft.gguf", DraftSpec::Kind::kModel, 0}}) {
+  for (const Case& c :
+       {Case{"none", DraftSpec::Kind::kNone, 0}, Case{"ngram", DraftSpec::Kind::kNgram, 0},
+        Case{"ngram:3", DraftSpec::Kind::kNgram, 3}, Case{"self:20", DraftSpec::Kind::kSelf, 20},
+        Case{"/models/draft.gguf", DraftSpec::Kind::kModel, 0}}) {
     auto d = ParseDraftSpec(c.text);
     ASSERT_TRUE(d.ok()) << c.text << ": " << d.status();
     EXPECT_EQ(d->kind, c.kind) << c.text;

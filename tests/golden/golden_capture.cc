@@ -37,9 +37,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
-#include "model/tokenizer/chat_template.h"
 #include "model/cpu/cpu_features.h"
 #include "model/status_macros.h"
+#include "model/tokenizer/chat_template.h"
 #include "tests/golden/golden_engine.h"
 
 namespace specnode {
@@ -99,7 +99,8 @@ struct Prompt {
   std::vector<int32_t> ids;
 };
 
-absl::StatusOr<std::vector<Prompt>> Prompts(const GoldenModel& model, const std::string& long_text) {
+absl::StatusOr<std::vector<Prompt>> Prompts(const GoldenModel& model,
+                                            const std::string& long_text) {
   const Tokenizer& tok = model.tokenizer();
   std::vector<Prompt> out;
   auto chat = [&](const std::string& name, const std::string& text) -> absl::Status {
@@ -256,11 +257,16 @@ int Main(int argc, char** argv) {
       long_text_path = "tests/data/kv-eval/01-lighthouse-history.txt";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--model") model = argv[i + 1];
-    else if (k == "--write") write_dir = argv[i + 1];
-    else if (k == "--check") check_dir = argv[i + 1];
-    else if (k == "--long-text") long_text_path = argv[i + 1];
-    else if (k == "--expect-kernels") expect_kernels = argv[i + 1];
+    if (k == "--model")
+      model = argv[i + 1];
+    else if (k == "--write")
+      write_dir = argv[i + 1];
+    else if (k == "--check")
+      check_dir = argv[i + 1];
+    else if (k == "--long-text")
+      long_text_path = argv[i + 1];
+    else if (k == "--expect-kernels")
+      expect_kernels = argv[i + 1];
     else {
       std::fprintf(stderr, "golden_capture: unknown option %s\n", k.c_str());
       return 2;
@@ -285,7 +291,8 @@ int Main(int argc, char** argv) {
   const std::string kernels = CpuKernelName();
   if (!expect_kernels.empty() && expect_kernels != kernels) {
     const char* cap = std::getenv("SPECNODE_CPU");
-    std::fprintf(stderr, "golden_capture: SKIP: %s kernels asked (SPECNODE_CPU=%s), this CPU runs %s\n",
+    std::fprintf(stderr,
+                 "golden_capture: SKIP: %s kernels asked (SPECNODE_CPU=%s), this CPU runs %s\n",
                  expect_kernels.c_str(), cap == nullptr ? "" : cap, kernels.c_str());
     return kSkip;
   }
@@ -331,10 +338,10 @@ int Main(int argc, char** argv) {
     const json& gh = got["hashes"];
     size_t pass = 0;
     while (pass < wh.size() && pass < gh.size() && wh[pass] == gh[pass]) ++pass;
-    std::fprintf(stderr, "DIFF %s: first differing pass %zu; tokens %s vs golden %s; top %s vs %s\n",
-                 it.key().c_str(), pass, got["tokens"].dump().c_str(),
-                 it.value()["tokens"].dump().c_str(), got["top"].dump().c_str(),
-                 it.value()["top"].dump().c_str());
+    std::fprintf(
+        stderr, "DIFF %s: first differing pass %zu; tokens %s vs golden %s; top %s vs %s\n",
+        it.key().c_str(), pass, got["tokens"].dump().c_str(), it.value()["tokens"].dump().c_str(),
+        got["top"].dump().c_str(), it.value()["top"].dump().c_str());
   }
   for (auto it = cases->begin(); it != cases->end(); ++it) {
     if (!want.contains(it.key())) {

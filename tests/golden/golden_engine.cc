@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvstore/kv_cache_factory.h"
+#include "model/cpu/thread_pool.h"
 #include "model/llama/llama_model.h"
 #include "model/status_macros.h"
-#include "model/cpu/thread_pool.h"
 #include "tensor-parallel/communicator.h"
 #include "tensor-parallel/local_communicator.h"
 

@@ -38,8 +38,7 @@ class GoldenModel {
 // thread each, summing through a LocalCommunicatorGroup; rank 0's logits are returned.
 class GoldenEngine {
  public:
-  static absl::StatusOr<std::unique_ptr<GoldenEngine>> Create(const std::string& path,
-                                                              ActQuant act,
+  static absl::StatusOr<std::unique_ptr<GoldenEngine>> Create(const std::string& path, ActQuant act,
                                                               const std::string& kv_mode,
                                                               int tp_size);
   virtual ~GoldenEngine() = default;

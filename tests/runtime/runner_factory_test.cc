@@ -16,9 +16,9 @@
 #include "coordinator/spec_engine.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
+#include "model/cpu/thread_pool.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_model.h"
-#include "model/cpu/thread_pool.h"
 #include "model/llama/tiny_model.h"
 #include "runtime/device.h"
 
