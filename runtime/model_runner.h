@@ -74,9 +74,11 @@ class ModelRunner {
   struct KvMemory {
     int64_t capacity_bytes = 0;
     int64_t used_bytes = 0;
-    std::array<int64_t, kKvClasses> class_bytes{};   // in pages of each precision class
-    std::array<int64_t, kKvClasses> class_tokens{};  // live tokens per class
-    int64_t host_bytes = 0;                          // swap tier
+    std::array<int64_t, kKvClasses> class_bytes{};  // in pages of each precision class
+    // Live tokens per class and swap-tier bytes: unset where the runner cannot tell (a
+    // remote target: the shards' replies carry bytes only).
+    std::optional<std::array<int64_t, kKvClasses>> class_tokens;
+    std::optional<int64_t> host_bytes;
   };
   virtual std::optional<KvMemory> Memory() const;
   // Live tokens per class of one sequence; nullopt when unknown.

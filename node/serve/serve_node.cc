@@ -44,7 +44,7 @@ std::string KvClassSeries(const char* family, int c) {
 // shards summed); nothing for a target that does not account (the dense reference).
 std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets) {
   std::map<std::string, double> g;
-  bool any = false;
+  bool any = false, all_tokens = true, all_host = true;
   double capacity = 0, used = 0, host = 0;
   std::array<double, kKvClasses> bytes{}, tokens{};
   for (const ModelRunner* t : targets) {
@@ -53,20 +53,27 @@ std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets)
     any = true;
     capacity += static_cast<double>(m->capacity_bytes);
     used += static_cast<double>(m->used_bytes);
-    host += static_cast<double>(m->host_bytes);
-    for (int c = 0; c < kKvClasses; ++c) {
-      bytes[c] += static_cast<double>(m->class_bytes[c]);
-      tokens[c] += static_cast<double>(m->class_tokens[c]);
+    for (int c = 0; c < kKvClasses; ++c) bytes[c] += static_cast<double>(m->class_bytes[c]);
+    // Series a target cannot tell are left out rather than reported as zero.
+    if (m->class_tokens.has_value()) {
+      for (int c = 0; c < kKvClasses; ++c) tokens[c] += static_cast<double>((*m->class_tokens)[c]);
+    } else {
+      all_tokens = false;
+    }
+    if (m->host_bytes.has_value()) {
+      host += static_cast<double>(*m->host_bytes);
+    } else {
+      all_host = false;
     }
   }
   if (!any) return g;
   for (int c = 0; c < kKvClasses; ++c) {
     g[KvClassSeries("specnode_kv_bytes", c)] = bytes[c];
-    g[KvClassSeries("specnode_kv_tokens", c)] = tokens[c];
+    if (all_tokens) g[KvClassSeries("specnode_kv_tokens", c)] = tokens[c];
   }
   g["specnode_kv_capacity_bytes"] = capacity;  // every target rank's, summed
   g["specnode_kv_used_bytes"] = used;
-  g["specnode_kv_host_bytes"] = host;
+  if (all_host) g["specnode_kv_host_bytes"] = host;
   return g;
 }
 

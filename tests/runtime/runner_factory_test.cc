@@ -87,11 +87,12 @@ TEST(RunnerFactoryTest, CpuRunnerEqualsTheReferencePassAndManagesItsStore) {
   EXPECT_GT(room->available, room->needed);
   const auto mem = (*runner)->Memory();
   ASSERT_TRUE(mem.has_value());
-  EXPECT_EQ(mem->class_tokens[0], 9);
+  ASSERT_TRUE(mem->class_tokens.has_value());
+  EXPECT_EQ((*mem->class_tokens)[0], 9);
   EXPECT_EQ(mem->used_bytes, mem->class_bytes[0]);
   EXPECT_EQ((*runner)->SequenceTokens(1).value()[0], 9);
   ASSERT_TRUE((*runner)->SwapOut(1).ok());
-  EXPECT_GT((*runner)->Memory()->host_bytes, 0);
+  EXPECT_GT((*runner)->Memory()->host_bytes.value_or(0), 0);
   ASSERT_TRUE((*runner)->SwapIn(1).ok());
   EXPECT_EQ((*runner)->Length(1), 9);
 }
