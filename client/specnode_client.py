@@ -104,6 +104,10 @@ class SpecnodeClient:
         self._replies: Deque[dict] = collections.deque()  # stats / health / id-less errors
         self._cancel_replies: Deque[dict] = collections.deque()  # unknown_id errors
         self._dup_errors: Deque[dict] = collections.deque()  # duplicate_id errors
+        # Submits sent and not answered yet (no `accepted` / error with their id), oldest
+        # first. The node answers frames in order; an error with id null (a frame too large
+        # to read its id from) is the answer to the oldest of them.
+        self._unanswered: Deque[str] = collections.deque()
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
@@ -145,6 +149,7 @@ class SpecnodeClient:
         except BaseException:
             del self._queues[rid]
             raise
+        self._unanswered.append(rid)
         return self._events(rid)
 
     def _events(self, rid: str) -> Iterator[dict]:
@@ -273,6 +278,11 @@ class SpecnodeClient:
             raise SpecnodeError("bad_reply", "the node sent a JSON value that is not an object")
         mid = m.get("id")
         mtype = m.get("type")
+        if mtype in ("accepted", "error") and isinstance(mid, str) and mid in self._unanswered:
+            self._unanswered.remove(mid)
+        elif mtype == "error" and mid is None and self._unanswered:
+            mid = self._unanswered.popleft()
+            m = dict(m, id=mid)
         if mtype == "error" and m.get("code") == "unknown_id":
             self._cancel_replies.append(m)  # only cancels earn unknown_id
         elif mtype == "error" and m.get("code") == "duplicate_id":

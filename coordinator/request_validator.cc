@@ -1,5 +1,6 @@
 #include "coordinator/request_validator.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/domain_router.h"
 #include "coordinator/request_error.h"
@@ -7,7 +8,8 @@
 namespace specnode {
 
 absl::Status ValidateRequest(std::span<const int32_t> prompt, int64_t max_tokens,
-                             const SamplingParams& sampling, std::string_view domain,
+                             const SamplingParams& sampling,
+                             std::optional<std::string_view> domain,
                              const RequestLimits& limits) {
   auto bad = [](const std::string& what) {
     return RequestErrorStatus(RequestError::kBadRequest, what);
@@ -25,9 +27,9 @@ absl::Status ValidateRequest(std::span<const int32_t> prompt, int64_t max_tokens
   }
   if (absl::Status s = ValidateSamplingParams(sampling); !s.ok())
     return bad(std::string(s.message()));
-  if (!domain.empty()) {
-    if (absl::Status s = DomainRouter::ValidateDomainName(domain); !s.ok()) {
-      return bad(std::string(s.message()));
+  if (domain.has_value()) {
+    if (absl::Status s = DomainRouter::ValidateDomainName(*domain); !s.ok()) {
+      return bad(absl::StrCat("domain: ", s.message()));
     }
   }
   if (static_cast<int64_t>(prompt.size()) + max_tokens > limits.context_length) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -24,10 +25,11 @@ struct RequestLimits {
 };
 
 // prompt: token ids (non-empty); max_tokens >= 1 and <= limits.max_tokens; sampling within
-// ValidateSamplingParams' ranges; domain a valid domain name (DomainRouter::
-// ValidateDomainName) unless empty (the router picks one).
+// ValidateSamplingParams' ranges; domain, when given (nullopt: the router names it), a valid
+// domain name (DomainRouter::ValidateDomainName: 1..64 of [A-Za-z0-9_.:-], so "" is refused).
 absl::Status ValidateRequest(std::span<const int32_t> prompt, int64_t max_tokens,
-                             const SamplingParams& sampling, std::string_view domain,
+                             const SamplingParams& sampling,
+                             std::optional<std::string_view> domain,
                              const RequestLimits& limits);
 
 }  // namespace specnode

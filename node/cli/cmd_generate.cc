@@ -99,7 +99,9 @@ absl::Status Run(const CliArgs& args) {
     SPECNODE_ASSIGN_OR_RETURN(prompt, session->EncodePrompt(args.Get("prompt"), args.Has("chat")));
   }
   // The checks every request passes (the node's too: coordinator/request_validator.h).
-  SPECNODE_RETURN_IF_ERROR(session->ValidateRequest(prompt, max_tokens, sp, domain));
+  SPECNODE_RETURN_IF_ERROR(session->ValidateRequest(
+      prompt, max_tokens, sp,
+      args.Has("domain") ? std::optional<std::string_view>(domain) : std::nullopt));
 
   // Every generation runs on the speculative engine; without --draft it is target-only.
   std::unique_ptr<Drafter> drafter;

@@ -39,10 +39,10 @@ absl::Status Frontend::Bind() {
     sock_->set(zmq::sockopt::linger, 500);
     sock_->set(zmq::sockopt::heartbeat_ivl, 1000);
     sock_->set(zmq::sockopt::heartbeat_timeout, 5000);
-    // Frames somewhat over the limit still arrive (and get a frame_too_large reply);
-    // absurd ones drop the connection inside libzmq before using memory.
-    sock_->set(zmq::sockopt::maxmsgsize,
-               static_cast<int64_t>(options_.limits.max_frame_bytes) * 4 + 4096);
+    // Frames over the protocol's limit still arrive and get a frame_too_large reply up to
+    // the transport cap; beyond it libzmq drops the connection before buffering the frame
+    // (memory stays bounded). docs/protocol.md states both.
+    sock_->set(zmq::sockopt::maxmsgsize, TransportFrameCap(options_.limits));
     sock_->set(zmq::sockopt::sndhwm, 100000);
     if (!options_.curve_secret_key.empty()) {
       sock_->set(zmq::sockopt::curve_server, 1);
@@ -138,7 +138,7 @@ void Frontend::HandleSubmit(const std::string& peer, const SubmitMessage& m) {
   g.sampling = m.sampling;
   g.max_tokens = m.max_tokens;
   g.stop = m.stop;
-  g.domain = router_->Classify(m.domain, routing_text);
+  g.domain = m.domain.has_value() ? *m.domain : router_->Classify("", routing_text);
   g.sla = m.sla;
   auto ticket = scheduler_->Submit(std::move(g));
   if (!ticket.ok()) {

@@ -1,5 +1,6 @@
 #include "node/serve/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -144,6 +145,8 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
     if (!j[key].is_string())
       return Bad(RequestError::kBadRequest, absl::StrCat("\"", key, "\" must be a string"), id);
   }
+  // Present means as given (the validator checks it: 1..64 characters); absent means the
+  // router names it.
   if (j.contains("domain")) s.domain = j["domain"].get<std::string>();
   if (j.contains("sla")) s.sla = j["sla"].get<std::string>();
   if (j.contains("stream")) {
@@ -157,6 +160,12 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
 
 }  // namespace
 
+int64_t TransportFrameCap(const ProtocolLimits& limits) {
+  constexpr int64_t kFloor = int64_t{64} << 20;
+  const int64_t scaled = static_cast<int64_t>(limits.max_frame_bytes) * 16;
+  return std::max(kFloor, scaled);
+}
+
 ParseResult ParseClientMessage(std::string_view frame, const ProtocolLimits& limits) {
   if (frame.size() > limits.max_frame_bytes) {
     return Bad(RequestError::kFrameTooLarge,
@@ -166,8 +175,13 @@ ParseResult ParseClientMessage(std::string_view frame, const ProtocolLimits& lim
   if (j.is_discarded() || !j.is_object()) {
     return Bad(RequestError::kBadJson, "a frame must hold one JSON object");
   }
+  // Every error about a message that carries a usable id names it, whatever else is wrong.
+  std::optional<std::string> frame_id;
+  if (j.contains("id") && j["id"].is_string() && ValidId(j["id"].get<std::string>())) {
+    frame_id = j["id"].get<std::string>();
+  }
   if (!j.contains("type") || !j["type"].is_string()) {
-    return Bad(RequestError::kBadRequest, "missing string field \"type\"");
+    return Bad(RequestError::kBadRequest, "missing string field \"type\"", frame_id);
   }
   const std::string type = j["type"].get<std::string>();
   ParseResult r;
@@ -177,7 +191,7 @@ ParseResult ParseClientMessage(std::string_view frame, const ProtocolLimits& lim
     return r;
   }
   if (type != "submit" && type != "cancel") {
-    return Bad(RequestError::kBadRequest, "unknown message type \"" + type + "\"");
+    return Bad(RequestError::kBadRequest, "unknown message type \"" + type + "\"", frame_id);
   }
   if (!j.contains("id") || !j["id"].is_string() || !ValidId(j["id"].get<std::string>())) {
     return Bad(RequestError::kBadRequest, "\"id\" must be a string of 1..128 printable ASCII characters");

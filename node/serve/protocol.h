@@ -35,7 +35,7 @@ struct SubmitMessage {
   int64_t max_tokens = 128;
   SamplingParams sampling;
   std::vector<std::string> stop;
-  std::string domain;  // "" = router rules
+  std::optional<std::string> domain;  // absent: the router's rules name it
   std::string sla;     // "" = default class
   bool stream = true;
 };
@@ -46,6 +46,11 @@ struct ClientMessage {
   std::string id;  // submit / cancel
   SubmitMessage submit;
 };
+
+// The largest frame the socket reads at all: max(64 MiB, 16 x max_frame_bytes). Frames
+// between max_frame_bytes and it are answered with frame_too_large; larger ones make
+// libzmq close the connection unread.
+int64_t TransportFrameCap(const ProtocolLimits& limits);
 
 // A rejected frame: its typed error code (coordinator/request_error.h), a message, and the
 // request id when the frame carried a usable one.

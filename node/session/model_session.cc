@@ -61,7 +61,7 @@ absl::StatusOr<std::vector<int32_t>> ModelSession::EncodePrompt(const std::strin
 
 absl::Status ModelSession::ValidateRequest(std::span<const int32_t> prompt, int64_t max_tokens,
                                            const SamplingParams& sampling,
-                                           std::string_view domain) const {
+                                           std::optional<std::string_view> domain) const {
   const LlamaConfig& c = model_->config();
   return specnode::ValidateRequest(prompt, max_tokens, sampling, domain,
                                    RequestLimits{c.vocab_size, c.context_length, c.context_length});

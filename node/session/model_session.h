@@ -60,7 +60,7 @@ class ModelSession {
   // max_tokens beyond the context, bad sampling values or domain are errors naming why.
   absl::Status ValidateRequest(std::span<const int32_t> prompt, int64_t max_tokens,
                                const SamplingParams& sampling = {},
-                               std::string_view domain = "") const;
+                               std::optional<std::string_view> domain = std::nullopt) const;
 
   // Feeds the prompt to sequence `seq` in chunks of at most kPrefillChunk tokens and
   // returns the logits of its last token ([vocab], valid until the next call).

@@ -48,7 +48,7 @@ TEST(RequestValidatorTest, EachCheckHasItsCodeAndNamesTheField) {
   const RequestLimits limits{/*vocab_size=*/100, /*context_length=*/32, /*max_tokens=*/16};
   const std::vector<int32_t> prompt = {1, 2, 3};
   SamplingParams sp;
-  EXPECT_TRUE(ValidateRequest(prompt, 8, sp, "", limits).ok());
+  EXPECT_TRUE(ValidateRequest(prompt, 8, sp, std::nullopt, limits).ok());
   EXPECT_TRUE(ValidateRequest(prompt, 8, sp, "code", limits).ok());
   struct Case {
     std::vector<int32_t> prompt;
@@ -73,6 +73,7 @@ TEST(RequestValidatorTest, EachCheckHasItsCodeAndNamesTheField) {
       {prompt, 8, topk, "", RequestError::kBadRequest, "top_k"},
       {prompt, 8, topp, "", RequestError::kBadRequest, "top_p"},
       {prompt, 8, sp, "a b", RequestError::kBadRequest, "domain"},
+      {prompt, 8, sp, "", RequestError::kBadRequest, "domain"},
       {std::vector<int32_t>(20, 1), 13, sp, "", RequestError::kPromptTooLong, "context length 32"},
   };
   for (const Case& c : cases) {

@@ -125,6 +125,19 @@ def test_bad_requests_get_openai_style_errors(gateway, path, body, raw, status, 
     assert gateway.post("/v1/chat/completions", CHAT)[0] == 200
 
 
+def test_a_request_over_the_nodes_frame_limit_is_413_at_once(gateway):
+    """A body under the gateway's limit but over the node's frame limit (1 MiB by default):
+    the node's frame_too_large (id null: it could not read the frame) answers this request,
+    413 at once, not a timeout (issue 16, item 7)."""
+    t0 = time.monotonic()
+    status, _, text = gateway.post("/v1/completions", {"prompt": "x" * (1536 << 10),
+                                                       "max_tokens": 4})
+    assert status == 413, text
+    assert json.loads(text)["error"]["code"] == "frame_too_large"
+    assert time.monotonic() - t0 < 10
+    assert gateway.post("/v1/chat/completions", CHAT)[0] == 200
+
+
 def test_no_node_is_a_gateway_timeout(dead_endpoint, tmp_path):
     g = Gateway(dead_endpoint, tmp_path, timeout_s=1)
     try:

@@ -59,7 +59,7 @@ BAD_FRAMES = [
     (b"\xff\x00\x13garbage", "bad_json", None),
     (b"{not json", "bad_json", None),
     (b"[1, 2, 3]", "bad_json", None),
-    (b'{"id": "x"}', "bad_request", None),
+    (b'{"id": "x"}', "bad_request", "x"),
     (b'{"type": 7}', "bad_request", None),
     (b'{"type": "launch_missiles"}', "bad_request", None),
     (b'{"type": "submit", "id": "m1"}', "bad_request", "m1"),
@@ -84,7 +84,16 @@ BAD_FRAMES = [
                                                               "content": "x"}]}).encode(),
      "bad_request", "t15"),
     (b'{"type": "cancel", "id": "never-submitted"}', "unknown_id", "never-submitted"),
+    # An error names the message's id whenever it carried a usable one (issue 16, item 6).
+    (b'{"id": "m2"}', "bad_request", "m2"),
+    (b'{"type": 7, "id": "m3"}', "bad_request", "m3"),
+    (b'{"type": "launch_missiles", "id": "m4"}', "bad_request", "m4"),
+    # "domain", when given, is 1..64 characters (issue 16, item 4).
+    (json.dumps(submit("t16", domain="")).encode(), "bad_request", "t16"),
     (b"x" * (2 << 20), "frame_too_large", None),
+    # Over the old 4 x limit + 4 KiB (then the connection was dropped unanswered) and below
+    # the transport cap: still an answer (issue 16, item 3).
+    (b"x" * (5 << 20), "frame_too_large", None),
 ]
 
 
