@@ -157,7 +157,8 @@ absl::Status LocalCommunicator::AllReduceSum(float* data, int64_t count) {
   const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
   if (absl::Status s = Exchange(Op::kAllReduceSum, count, -1, data, bytes); !s.ok()) return s;
   // Rank order, element by element: ((x0 + x1) + x2) + ... — identical bits on every rank.
-  std::memcpy(data, Payload(0), static_cast<size_t>(bytes));
+  // (count 0 takes part in the ordering but moves nothing: data may be null then.)
+  if (bytes > 0) std::memcpy(data, Payload(0), static_cast<size_t>(bytes));
   for (int r = 1; r < n; ++r) {
     const float* x = reinterpret_cast<const float*>(Payload(r));
     for (int64_t i = 0; i < count; ++i) data[i] += x[i];

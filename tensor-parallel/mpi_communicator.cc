@@ -239,7 +239,8 @@ absl::Status MpiCommunicator::AllReduceSum(float* data, int64_t count) {
   if (bytes > 0) std::memcpy(Row(rank_), data, static_cast<size_t>(bytes));
   SPECNODE_RETURN_IF_ERROR(Exchange("AllReduceSum", count, bytes, peers_, peers_));
   // Rank order, element by element: ((x0 + x1) + x2) + ... — identical bits on every rank.
-  std::memcpy(data, Row(0), static_cast<size_t>(bytes));
+  // (count 0 takes part in the ordering but moves nothing: data may be null then.)
+  if (bytes > 0) std::memcpy(data, Row(0), static_cast<size_t>(bytes));
   for (int r = 1; r < size_; ++r) {
     const float* x = reinterpret_cast<const float*>(Row(r));
     for (int64_t i = 0; i < count; ++i) data[i] += x[i];

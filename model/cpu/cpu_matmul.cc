@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "model/cpu/cpu_features.h"
@@ -147,6 +148,19 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
     for (int64_t t = t0; t < t1; ++t) {
       float* dt = d + t * ds_stride;
       float* st = s + t * ds_stride;
+      if (!AllFinite(x + t * cols, cols)) {
+        // A NaN / Inf activation (a broken model) cannot be rounded to integers without
+        // undefined behaviour; the row's scales become NaN instead, so its outputs are NaN
+        // and the pass reports non-finite logits (llama_forward.h) rather than garbage.
+        std::fill(dt, dt + ds_stride, std::numeric_limits<float>::quiet_NaN());
+        std::fill(st, st + ds_stride, std::numeric_limits<float>::quiet_NaN());
+        if (int8) {
+          std::fill(qs8 + t * qs_stride, qs8 + (t + 1) * qs_stride, int8_t{0});
+        } else {
+          std::fill(qs + t * qs_stride, qs + (t + 1) * qs_stride, int16_t{0});
+        }
+        continue;
+      }
       // Zero padding first (kernels read whole 4-block groups and 16-block chunks); a
       // quantiser may then write past `cols` within a group.
       std::fill(dt + blocks, dt + ds_stride, 0.0f);
@@ -229,6 +243,18 @@ void MatMulReference(const WeightView& w, const float* x, int64_t n, float* y) {
       y[t * w.rows + r] = static_cast<float>(acc);
     }
   }
+}
+
+bool AllFinite(const float* x, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += x[i + j] * 0.0f;
+  }
+  for (; i < n; ++i) acc[0] += x[i] * 0.0f;
+  float sum = 0.0f;
+  for (float a : acc) sum += a;
+  return sum == 0.0f;
 }
 
 void EmbeddingRow(const WeightView& w, int64_t row, float* dst) {

@@ -72,6 +72,10 @@ void MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
 // double. Used by tests only.
 void MatMulReference(const WeightView& w, const float* x, int64_t n, float* y);
 
+// True when every x[0, n) is finite (no NaN, no Inf): 8 running sums of x * 0, which stay 0
+// for finite values and turn NaN for the others (no overflow, vectorisable).
+bool AllFinite(const float* x, int64_t n);
+
 // Copy row `row` of an embedding matrix stored as W (any supported type) into dst[cols].
 void EmbeddingRow(const WeightView& w, int64_t row, float* dst);
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "model/cpu/cpu_matmul.h"
 #include "model/llama/cpu_backend.h"
 #include "model/status_macros.h"
 
@@ -217,7 +218,17 @@ absl::Status LlamaForward::Head(std::span<const BatchEntry> batch, const float* 
       backend_->RmsNormRows(x, out_rows, w_->output_norm, d, config_.rms_eps, normed));
   SPECNODE_ASSIGN_OR_RETURN(float* out, backend_->LogitsBuffer(floats, logits));
   SPECNODE_RETURN_IF_ERROR(backend_->MatMul(w_->output, normed, n_out, out));
-  return backend_->FinishLogits(out, floats, logits);
+  SPECNODE_RETURN_IF_ERROR(backend_->FinishLogits(out, floats, logits));
+  // A model whose weights overflow gives NaN / Inf logits: an error naming it, never text
+  // sampled from garbage (the pass is undone like any failed pass).
+  for (int64_t r = 0; r < n_out; ++r) {
+    if (!AllFinite(logits->data() + r * config_.vocab_size, config_.vocab_size)) {
+      return absl::DataLossError(absl::StrCat(
+          "the model produced non-finite logits (NaN or Inf) for batch row ", out_rows[r],
+          ": its weights or activations overflow"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specnode

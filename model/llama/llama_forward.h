@@ -70,6 +70,7 @@ class LlamaForward {
   // every token's row when all_logits, else the last token's. Checks token ids, that the
   // cache is on the backend's device and that it can take the tokens (Reserve) before
   // computing anything; on error no sequence's length changes (reservations are undone).
+  // DataLoss when the logits are not finite (a model whose weights overflow).
   // `logits` may be null: the final norm and head are skipped (a tensor-parallel shard
   // whose logits nobody reads; the cache is updated as usual).
   absl::Status Forward(std::span<const BatchEntry> batch, KvCache* cache,

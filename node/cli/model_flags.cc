@@ -4,22 +4,29 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "model/status_macros.h"
 
 namespace specnode {
 
-const char kKvFlagsHelp[] =
-    "  --kv-mode MODE      KV cache: auto (default: mixed on the CPU, full on a GPU), mixed\n"
-    "                      (f16 sinks + recent window, older tokens INT8 if critical else\n"
-    "                      INT4), full (f16), int8, int4, dense (f32 reference, CPU only)\n"
-    "  --kv-capacity-mb N  KV memory budget in MiB (default 1024)\n"
-    "  --kv-window N       recent tokens kept full precision in mixed mode (default 64)\n"
-    "  --kv-sinks N        leading tokens kept full precision (default 4)\n"
-    "  --kv-page-tokens N  token slots per KV page (default 8)\n"
-    "  --kv-critical-threshold X  relative attention mass that keeps a token INT8 (default 4)\n"
-    "  --kv-sample-every N observe attention mass at 1 query position in N (default 4)\n"
-    "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
-    "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n";
+std::string KvFlagsHelp() {
+  // The defaults printed are KvOptions' own: one source (kvstore/kv_options.h).
+  const KvOptions d;
+  return absl::StrFormat(
+      "  --kv-mode MODE      KV cache: auto (default: mixed on the CPU, full on a GPU), mixed\n"
+      "                      (f16 sinks + recent window, older tokens INT8 if critical else\n"
+      "                      INT4), full (f16), int8, int4, dense (f32 reference, CPU only)\n"
+      "  --kv-capacity-mb N  KV memory budget in MiB (default %d)\n"
+      "  --kv-window N       recent tokens kept full precision in mixed mode (default %d)\n"
+      "  --kv-sinks N        leading tokens kept full precision (default %d)\n"
+      "  --kv-page-tokens N  token slots per KV page (default %d)\n"
+      "  --kv-critical-threshold X  relative attention mass that keeps a token INT8 (default %g)\n"
+      "  --kv-sample-every N observe attention mass at 1 query position in N (default %d)\n"
+      "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
+      "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n",
+      d.capacity_bytes >> 20, d.window_tokens, d.sink_tokens, d.page_tokens,
+      d.critical_threshold, d.mass_sample_every);
+}
 
 const char kComputeFlagsHelp[] =
     "  --activations MODE  CPU matmuls: int16 (default: follows a float reference's greedy\n"
@@ -106,7 +113,7 @@ absl::StatusOr<KvOptions> KvOptionsFromArgs(const CliArgs& args) {
   return o;
 }
 
-int RunModelCommand(const char* name, const char* help, int argc, char** argv,
+int RunModelCommand(const char* name, const std::string& help, int argc, char** argv,
                     std::set<std::string> value_keys, std::set<std::string> flag_keys,
                     absl::Status (*run)(const CliArgs&)) {
   value_keys.merge(KvValueKeys());
@@ -116,12 +123,12 @@ int RunModelCommand(const char* name, const char* help, int argc, char** argv,
   auto args = CliArgs::Parse(argc, argv, value_keys, WithKvFlags(std::move(flag_keys)));
   if (!args.ok()) {
     std::fprintf(stderr, "specnode %s: %s\n%s%s%s", name,
-                 std::string(args.status().message()).c_str(), help, kKvFlagsHelp,
-                 kComputeFlagsHelp);
+                 std::string(args.status().message()).c_str(), help.c_str(),
+                 KvFlagsHelp().c_str(), kComputeFlagsHelp);
     return 2;
   }
   if (args->Has("help")) {
-    std::printf("%s%s%s", help, kKvFlagsHelp, kComputeFlagsHelp);
+    std::printf("%s%s%s", help.c_str(), KvFlagsHelp().c_str(), kComputeFlagsHelp);
     return 0;
   }
   absl::Status s = run(*args);

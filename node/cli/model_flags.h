@@ -18,7 +18,7 @@ namespace specnode {
 //   --kv-mode dense|full|int8|int4|mixed   --kv-capacity-mb N   --kv-window N
 //   --kv-sinks N   --kv-critical-threshold X   --kv-sample-every N   --kv-evict-window N
 //   (--kv-evict-window turns on lossy sliding-window eviction)
-extern const char kKvFlagsHelp[];
+std::string KvFlagsHelp();  // with KvOptions' defaults
 std::set<std::string> KvValueKeys();
 // `flags` plus the boolean KV flags (--kv-no-rotate).
 std::set<std::string> WithKvFlags(std::set<std::string> flags);
@@ -43,7 +43,7 @@ std::string ActivationsName(const ComputeOptions& compute);
 // usage error (returns 2) or --help (0), otherwise runs `run`, printing
 // "specnode <name>: <message>" and returning 1 when it fails (a status with an empty
 // message returns 1 silently: it was reported elsewhere, e.g. by MPI rank 0).
-int RunModelCommand(const char* name, const char* help, int argc, char** argv,
+int RunModelCommand(const char* name, const std::string& help, int argc, char** argv,
                     std::set<std::string> value_keys, std::set<std::string> flag_keys,
                     absl::Status (*run)(const CliArgs&));
 

@@ -188,7 +188,8 @@ absl::Status RemoteTargetRunner::CollectReplies(uint64_t step,
       size_t first = 0;
       while (got[first]) ++first;
       return absl::DeadlineExceededError(
-          absl::StrFormat("%s did not answer within %.1f s", RankName(first), options_.timeout_s));
+          absl::StrFormat("%s did not answer within %.1f s", RankName(first),
+                          options_.timeout_s * kReplyGraceFactor));
     }
     backoff.Sleep();
   }

@@ -1,6 +1,7 @@
 #include "node/serve/cluster_config.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -30,16 +31,18 @@ class Reader {
     return absl::InvalidArgumentError(absl::StrCat(source_, ":", line, ": ", key, ": ", what));
   }
 
-  // A mapping whose keys are all in `allowed` (absent = empty mapping).
+  // A mapping whose keys are all in `allowed` (absent = empty mapping), each at most once
+  // (YAML parsers keep the first of duplicate keys silently; here it is an error).
   absl::Status Section(const YAML::Node& node, const std::string& key,
                        const std::set<std::string>& allowed) {
     if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
     if (!node.IsMap()) return Error(node, key, "expected a mapping");
+    std::set<std::string> seen;
     for (const auto& kv : node) {
       const std::string k = kv.first.as<std::string>();
-      if (!allowed.count(k)) {
-        return Error(kv.first, key.empty() ? k : key + "." + k, "unknown key");
-      }
+      const std::string dotted = key.empty() ? k : key + "." + k;
+      if (!allowed.count(k)) return Error(kv.first, dotted, "unknown key");
+      if (!seen.insert(k).second) return Error(kv.first, dotted, "duplicate key");
     }
     return absl::OkStatus();
   }
@@ -357,6 +360,11 @@ absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
 }
 
 absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config ", path, " is a directory, not a YAML file"));
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
   std::stringstream text;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "coordinator/spec_controller.h"
 #include "model/status_macros.h"
 #include "node/cli/cli_args.h"
@@ -21,7 +22,11 @@
 namespace specnode {
 namespace {
 
-constexpr char kHelp[] =
+// The defaults printed are ServeConfig's own (the embedded local-cpu.yaml states the same;
+// a test keeps the two equal).
+std::string Help() {
+  const ServeConfig d;
+  return absl::StrFormat(
     "usage: specnode serve [--config FILE.yaml] [--model PATH] [--bind ENDPOINT] [options]\n"
     "\n"
     "Serves the ZeroMQ protocol of docs/protocol.md until SIGINT/SIGTERM (then drains and\n"
@@ -32,17 +37,20 @@ constexpr char kHelp[] =
     "cluster-configs/mpirun-cpu-tp3.yaml (docs/serving.md, \"Cluster (mpirun)\").\n"
     "  --config FILE       YAML cluster config\n"
     "  --model PATH        target GGUF (default: $SPECNODE_MODEL or the fetch-model cache)\n"
-    "  --bind ENDPOINT     ROUTER endpoint (default tcp://127.0.0.1:5555)\n"
+    "  --bind ENDPOINT     ROUTER endpoint (default %s)\n"
     "  --metrics-bind A    HTTP Prometheus endpoint IPV4:PORT (GET /metrics, /health),\n"
     "                      e.g. 127.0.0.1:9464; keep it on loopback (default: off)\n"
     "  --threads N         CPU threads (default: all cores available)\n"
-    "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default ngram)\n"
-    "  --spec-k K          largest speculation length (default 4)\n"
+    "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default %s)\n"
+    "  --spec-k K          largest speculation length (default %d)\n"
     "  --router-rules FILE JSON rules naming a request's domain from its prompt\n"
-    "  --max-active N      sequences running at once (default 16)\n"
-    "  --max-queue N       waiting requests before `overloaded` (default 256)\n"
-    "  --max-tokens N      largest max_tokens a request may ask (default 4096)\n"
-    "  --max-frame-bytes N largest accepted frame (default 1048576)\n";
+    "  --max-active N      sequences running at once (default %d)\n"
+    "  --max-queue N       waiting requests before `overloaded` (default %d)\n"
+    "  --max-tokens N      largest max_tokens a request may ask (default %d)\n"
+    "  --max-frame-bytes N largest accepted frame (default %d)\n",
+    d.bind, d.draft.text(), d.k_max, d.max_active, d.max_queue, d.limits.max_tokens,
+    d.limits.max_frame_bytes);
+}
 
 // The config (--config FILE, else the embedded local-cpu.yaml) with command-line flags
 // applied on top.
@@ -120,7 +128,7 @@ absl::Status Run(const CliArgs& args) {
 
 int RunServe(int argc, char** argv) {
   return RunModelCommand(
-      "serve", kHelp, argc, argv,
+      "serve", Help(), argc, argv,
       {"config", "model", "bind", "metrics-bind", "threads", "draft", "spec-k", "router-rules",
        "max-active", "max-queue", "max-tokens", "max-frame-bytes"},
       {}, Run);

@@ -1,6 +1,7 @@
 // The one table of error codes and the one request validator.
 #include "coordinator/request_validator.h"
 
+#include <optional>
 #include <set>
 #include <string>
 
@@ -54,7 +55,7 @@ TEST(RequestValidatorTest, EachCheckHasItsCodeAndNamesTheField) {
     std::vector<int32_t> prompt;
     int64_t max_tokens;
     SamplingParams sp;
-    std::string domain;
+    std::optional<std::string> domain;
     RequestError code;
     const char* needle;
   };
@@ -65,19 +66,22 @@ TEST(RequestValidatorTest, EachCheckHasItsCodeAndNamesTheField) {
   SamplingParams topp;
   topp.top_p = 1.5f;
   const Case cases[] = {
-      {{}, 8, sp, "", RequestError::kBadRequest, "prompt is empty"},
-      {{1, 100}, 8, sp, "", RequestError::kBadRequest, "token id 100"},
-      {prompt, 0, sp, "", RequestError::kBadRequest, "max_tokens"},
-      {prompt, 17, sp, "", RequestError::kBadRequest, "max_tokens must be in [1, 16]"},
-      {prompt, 8, hot, "", RequestError::kBadRequest, "temperature"},
-      {prompt, 8, topk, "", RequestError::kBadRequest, "top_k"},
-      {prompt, 8, topp, "", RequestError::kBadRequest, "top_p"},
+      {{}, 8, sp, std::nullopt, RequestError::kBadRequest, "prompt is empty"},
+      {{1, 100}, 8, sp, std::nullopt, RequestError::kBadRequest, "token id 100"},
+      {prompt, 0, sp, std::nullopt, RequestError::kBadRequest, "max_tokens"},
+      {prompt, 17, sp, std::nullopt, RequestError::kBadRequest, "max_tokens must be in [1, 16]"},
+      {prompt, 8, hot, std::nullopt, RequestError::kBadRequest, "temperature"},
+      {prompt, 8, topk, std::nullopt, RequestError::kBadRequest, "top_k"},
+      {prompt, 8, topp, std::nullopt, RequestError::kBadRequest, "top_p"},
       {prompt, 8, sp, "a b", RequestError::kBadRequest, "domain"},
-      {prompt, 8, sp, "", RequestError::kBadRequest, "domain"},
-      {std::vector<int32_t>(20, 1), 13, sp, "", RequestError::kPromptTooLong, "context length 32"},
+      {prompt, 8, sp, std::string(), RequestError::kBadRequest, "domain"},
+      {std::vector<int32_t>(20, 1), 13, sp, std::nullopt, RequestError::kPromptTooLong,
+       "context length 32"},
   };
   for (const Case& c : cases) {
-    const absl::Status s = ValidateRequest(c.prompt, c.max_tokens, c.sp, c.domain, limits);
+    const std::optional<std::string_view> domain =
+        c.domain.has_value() ? std::optional<std::string_view>(*c.domain) : std::nullopt;
+    const absl::Status s = ValidateRequest(c.prompt, c.max_tokens, c.sp, domain, limits);
     ASSERT_FALSE(s.ok()) << c.needle;
     EXPECT_EQ(RequestErrorOf(s), c.code) << s;
     EXPECT_NE(s.message().find(c.needle), std::string_view::npos) << s;

@@ -3,12 +3,14 @@
 // and tensor-parallel shards summing to the unsharded result.
 #include "model/llama/llama_forward.h"
 
-#include <algorithm>
-#include <cmath>
-#include <barrier>
 #include <unistd.h>
+#include <algorithm>
+#include <barrier>
+#include <cmath>
 
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <memory>
 #include <thread>
 #include <tuple>
@@ -16,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_features.h"
+#include "model/gguf/gguf_reader.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
@@ -24,8 +27,9 @@ namespace specnode {
 namespace {
 
 std::string WriteModel(const TinyModelOptions& o, const std::string& name) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("specnode_fwd_" + std::to_string(getpid()) + "_" + name + ".gguf")).string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("specnode_fwd_" + std::to_string(getpid()) + "_" + name + ".gguf"))
+                               .string();
   EXPECT_TRUE(WriteTinyModel(o, path).ok());
   return path;
 }
@@ -179,6 +183,58 @@ TEST(Forward, Int8ActivationsStayCloseToInt16) {
   }
   EXPECT_GT(diff2, 0.0) << "int8 mode computed exactly the int16 logits";
   EXPECT_LT(std::sqrt(diff2 / spread2), 0.05);
+}
+
+// A model whose weights overflow (here: a NaN in a norm vector) gets a clear error from the
+// pass, not text sampled from garbage, and no sequence changes; through the quantised
+// matmuls (int16 and int8 activations: the NaN rows' scales become NaN instead of
+// integer-rounding NaN) and the float ones alike (issue 16, item 13).
+TEST(Forward, NonFiniteLogitsAreADataLossErrorAndChangeNothing) {
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kF32}) {
+    for (ActQuant act : {ActQuant::kInt16, ActQuant::kInt8}) {
+      TinyModelOptions o;
+      o.n_layers = 2;
+      o.weight_type = type;
+      const std::string path = WriteModel(o, "nan");
+      {
+        auto file = GgufFile::Open(path);
+        ASSERT_TRUE(file.ok()) << file.status();
+        const GgufTensorInfo* t = (*file)->FindTensor("blk.1.ffn_norm.weight");
+        ASSERT_NE(t, nullptr);
+        ASSERT_EQ(t->type, GgmlType::kF32);
+        const uint64_t offset = t->offset;
+        file->reset();
+        std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        f.seekp(static_cast<std::streamoff>(offset + 4 * sizeof(float)));
+        f.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+      }
+      Harness h(path, 2, 4096, {}, nullptr, act);
+      const auto toks = Tokens(5, 3);
+      std::vector<float> logits;
+      const std::vector<BatchEntry> batch = {{1, toks, false}};
+      absl::Status s = h.fwd->Forward(batch, h.cache.get(), &logits);
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_NE(s.message().find("non-finite logits"), std::string_view::npos) << s;
+      EXPECT_EQ(h.cache->Length(1), 0);
+    }
+  }
+}
+
+TEST(Forward, AllFiniteSeesEveryNanAndInf) {
+  std::vector<float> v(37, 1.5f);
+  EXPECT_TRUE(AllFinite(v.data(), static_cast<int64_t>(v.size())));
+  for (size_t i : {size_t{0}, size_t{7}, size_t{8}, size_t{36}}) {
+    for (float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+          -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> w = v;
+      w[i] = bad;
+      EXPECT_FALSE(AllFinite(w.data(), static_cast<int64_t>(w.size()))) << i << " " << bad;
+    }
+  }
+  std::vector<float> huge(16, 3e38f);  // large but finite: no overflow to a false alarm
+  EXPECT_TRUE(AllFinite(huge.data(), 16));
 }
 
 TEST(Forward, RejectsBadTokensWithoutTouchingTheCache) {

@@ -65,6 +65,21 @@ def test_bad_configs_name_file_line_and_key(specnode, tmp_path, text, needle):
     assert "missing.gguf" not in res.stderr
 
 
+def test_a_directory_or_duplicate_keys_are_refused(specnode, tmp_path):
+    """A directory passed as --config is not an empty config, and a key given twice is an
+    error at its line (issue 16, item 12)."""
+    res = subprocess.run([specnode, "serve", "--config", str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert "is a directory" in res.stderr, res.stderr
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("serve:\n  max_active: 2\n  max_active: 3\n")
+    res = subprocess.run([specnode, "serve", "--config", str(dup)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert "dup.yaml:3: serve.max_active: duplicate key" in res.stderr, res.stderr
+
+
 def test_shipped_local_config_serves(specnode, tiny_model, tmp_path):
     node = Node(specnode, tiny_model, tmp_path / "serve.log",
                 extra=["--config", str(ROOT / "cluster-configs/local-cpu.yaml"),

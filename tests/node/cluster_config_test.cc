@@ -1,0 +1,85 @@
+// The serve config loader: the embedded default config states exactly the code's defaults
+// (one source of truth: what `serve --help`, ServeConfig and local-cpu.yaml say agree),
+// duplicate keys and a directory are refused naming the file.
+#include "node/serve/cluster_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace specnode {
+namespace {
+
+TEST(ServeConfigTest, EmbeddedConfigStatesTheDefaults) {
+  auto embedded = ParseServeConfig(kEmbeddedLocalCpuConfig, "local-cpu.yaml");
+  ASSERT_TRUE(embedded.ok()) << embedded.status();
+  auto defaults = ParseServeConfig("", "(empty)");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  const ServeConfig& e = *embedded;
+  const ServeConfig& d = *defaults;
+  EXPECT_EQ(e.model, d.model);
+  EXPECT_EQ(e.threads, d.threads);
+  EXPECT_EQ(e.device, d.device);
+  EXPECT_EQ(e.bind, d.bind);
+  EXPECT_EQ(e.max_active, d.max_active);
+  EXPECT_EQ(e.max_queue, d.max_queue);
+  EXPECT_EQ(e.limits.max_tokens, d.limits.max_tokens);
+  EXPECT_EQ(e.limits.max_frame_bytes, d.limits.max_frame_bytes);
+  EXPECT_EQ(e.metrics_bind, d.metrics_bind);
+  EXPECT_EQ(e.draft, d.draft);
+  EXPECT_EQ(e.k_max, d.k_max);
+  EXPECT_EQ(e.free_threshold, d.free_threshold);
+  EXPECT_EQ(e.disable_threshold, d.disable_threshold);
+  EXPECT_EQ(e.probe_every, d.probe_every);
+  EXPECT_EQ(e.default_domain, d.default_domain);
+  // The KV section, field by field (the defaults the docs state: docs/kvstore.md).
+  EXPECT_EQ(e.kv.mode, d.kv.mode);
+  EXPECT_EQ(e.kv.capacity_bytes, d.kv.capacity_bytes);
+  EXPECT_EQ(e.kv.host_capacity_bytes, d.kv.host_capacity_bytes);
+  EXPECT_EQ(e.kv.page_tokens, d.kv.page_tokens);
+  EXPECT_EQ(e.kv.sink_tokens, d.kv.sink_tokens);
+  EXPECT_EQ(e.kv.window_tokens, d.kv.window_tokens);
+  EXPECT_EQ(e.kv.critical_threshold, d.kv.critical_threshold);
+  EXPECT_EQ(e.kv.mass_sample_every, d.kv.mass_sample_every);
+  EXPECT_EQ(e.kv.evict, d.kv.evict);
+  EXPECT_EQ(e.kv.rotate, d.kv.rotate);
+  EXPECT_EQ(d.kv.page_tokens, KvOptions{}.page_tokens);
+  EXPECT_EQ(d.kv.critical_threshold, KvOptions{}.critical_threshold);
+  EXPECT_EQ(e.sla.default_class, d.sla.default_class);
+  EXPECT_EQ(e.sla.window_fraction, d.sla.window_fraction);
+  ASSERT_EQ(e.sla.classes.size(), d.sla.classes.size());
+  for (size_t i = 0; i < e.sla.classes.size(); ++i) {
+    EXPECT_EQ(e.sla.classes[i].name, d.sla.classes[i].name);
+    EXPECT_EQ(e.sla.classes[i].ttft_p99_ms, d.sla.classes[i].ttft_p99_ms);
+    EXPECT_EQ(e.sla.classes[i].tpot_p99_ms, d.sla.classes[i].tpot_p99_ms);
+    EXPECT_EQ(e.sla.classes[i].priority, d.sla.classes[i].priority);
+  }
+}
+
+TEST(ServeConfigTest, DuplicateKeysAreErrorsWithTheirLine) {
+  auto c = ParseServeConfig("kv:\n  window_tokens: 32\n  page_tokens: 8\n  window_tokens: 16\n",
+                            "dup.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("dup.yaml:4: kv.window_tokens: duplicate key"),
+            std::string_view::npos)
+      << c.status();
+  auto top = ParseServeConfig("serve:\n  max_active: 2\nserve:\n  max_queue: 3\n", "dup.yaml");
+  ASSERT_FALSE(top.ok());
+  EXPECT_NE(top.status().message().find("dup.yaml:3: serve: duplicate key"), std::string_view::npos)
+      << top.status();
+}
+
+TEST(ServeConfigTest, ADirectoryIsNotAConfig) {
+  const std::string dir = ::testing::TempDir();
+  auto c = LoadServeConfig(dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("is a directory"), std::string_view::npos) << c.status();
+  auto missing = LoadServeConfig(dir + "/no-such-config.yaml");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace specnode
