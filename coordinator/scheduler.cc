@@ -45,6 +45,14 @@ const char* FinishKindName(FinishKind kind) {
 Scheduler::Scheduler(SpeculativeEngine* engine, const Tokenizer* tokenizer,
                      SchedulerOptions options, Sink sink)
     : engine_(engine), tok_(tokenizer), options_(std::move(options)), sink_(std::move(sink)) {
+  // Every documented series exists from the start: per class, empty latency samples (a
+  // scrape shows 0 until a request completes), and the engine's gauges as they are before
+  // any step (the thread that reads them later has not started yet).
+  for (const SlaClass& c : options_.classes) {
+    stats_.ttft_ms[c.name];
+    stats_.tpot_ms[c.name];
+  }
+  if (options_.gauges) stats_.gauges = options_.gauges();
   thread_ = std::thread([this] { Loop(); });
 }
 

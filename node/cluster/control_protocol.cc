@@ -269,6 +269,8 @@ std::string EncodeControl(const StepReplyMessage& m) {
   w.Put<int64_t>(m.kv_used_bytes);
   static_assert(kNumKvPrecisions == 3, "the wire format carries 3 classes (f16, int8, int4)");
   for (int64_t b : m.kv_class_bytes) w.Put<int64_t>(b);
+  for (int64_t t : m.kv_class_tokens) w.Put<int64_t>(t);
+  w.Put<int64_t>(m.kv_host_bytes);
   w.Put<int64_t>(m.n_rows);
   w.Put<int32_t>(m.vocab);
   w.Put<uint64_t>(m.logits.size());
@@ -423,6 +425,8 @@ absl::StatusOr<StepReplyMessage> DecodeStepReply(std::string_view frame) {
   m.kv_available_bytes = r.Get<int64_t>("kv_available_bytes");
   m.kv_used_bytes = r.Get<int64_t>("kv_used_bytes");
   for (int64_t& b : m.kv_class_bytes) b = r.Get<int64_t>("kv_class_bytes");
+  for (int64_t& t : m.kv_class_tokens) t = r.Get<int64_t>("kv_class_tokens");
+  m.kv_host_bytes = r.Get<int64_t>("kv_host_bytes");
   m.n_rows = r.Get<int64_t>("n_rows");
   m.vocab = r.Get<int32_t>("vocab");
   const uint64_t n_logits = r.Get<uint64_t>("logits count");
@@ -430,8 +434,9 @@ absl::StatusOr<StepReplyMessage> DecodeStepReply(std::string_view frame) {
     r.Fail(absl::StrFormat("status code %d", m.status_code));
   }
   if (r.ok() && local > 1) r.Fail(absl::StrFormat("local_failure %d", local));
-  if (r.ok() && (m.kv_available_bytes < -1 || m.kv_used_bytes < 0 ||
-                 *std::min_element(m.kv_class_bytes.begin(), m.kv_class_bytes.end()) < 0)) {
+  if (r.ok() && (m.kv_available_bytes < -1 || m.kv_used_bytes < 0 || m.kv_host_bytes < -1 ||
+                 *std::min_element(m.kv_class_bytes.begin(), m.kv_class_bytes.end()) < 0 ||
+                 *std::min_element(m.kv_class_tokens.begin(), m.kv_class_tokens.end()) < -1)) {
     r.Fail(
         absl::StrFormat("KV bytes (available %d, used %d)", m.kv_available_bytes, m.kv_used_bytes));
   }

@@ -36,7 +36,7 @@
 namespace specnode {
 
 inline constexpr uint32_t kControlMagic = 0x50434E53;  // "SNCP" little-endian
-inline constexpr uint16_t kControlProtocolVersion = 2;
+inline constexpr uint16_t kControlProtocolVersion = 3;
 inline constexpr size_t kControlHeaderBytes = 16;
 
 enum class ControlKind : uint16_t {
@@ -128,6 +128,9 @@ struct StepReplyMessage {
   int64_t kv_available_bytes = -1;
   int64_t kv_used_bytes = 0;
   std::array<int64_t, kNumKvPrecisions> kv_class_bytes{};  // bytes in pages per KvPrecision
+  // (v3) Live tokens per class and swap-tier bytes; -1 = the shard's cache cannot tell.
+  std::array<int64_t, kNumKvPrecisions> kv_class_tokens{-1, -1, -1};
+  int64_t kv_host_bytes = -1;
   // Logits [n_rows, vocab] row-major; only TP rank 0 sends them (others: n_rows = 0).
   int64_t n_rows = 0;
   int32_t vocab = 0;

@@ -258,7 +258,8 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
     }
   }
   for (const StepReplyMessage& r : replies) {
-    kv_[r.tp_rank] = {r.kv_available_bytes, r.kv_used_bytes, r.kv_class_bytes};
+    kv_[r.tp_rank] = {r.kv_available_bytes, r.kv_used_bytes, r.kv_class_bytes,
+                      r.kv_class_tokens, r.kv_host_bytes};
   }
   if (failed != nullptr) return failed->status();
   StepReplyMessage& head = replies[0];
@@ -296,12 +297,30 @@ std::optional<ModelRunner::KvRoom> RemoteTargetRunner::Room(int64_t tokens) cons
 
 std::optional<ModelRunner::KvMemory> RemoteTargetRunner::Memory() const {
   KvMemory m;
+  // Bytes add up over the shards. Every shard holds every token (for its own kv heads), so
+  // tokens per class are the shards' mean (the shards of a mixed store may demote a token
+  // differently); both only when every shard can tell.
+  std::array<int64_t, kKvClasses> tokens{};
+  int64_t host = 0;
+  bool have_tokens = !shards_.empty(), have_host = !shards_.empty();
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (kv_[i].available < 0) return std::nullopt;
     m.capacity_bytes += shards_[i].kv_capacity_bytes;
     m.used_bytes += kv_[i].used;
-    for (size_t c = 0; c < m.class_bytes.size(); ++c) m.class_bytes[c] += kv_[i].class_bytes[c];
+    for (size_t c = 0; c < m.class_bytes.size(); ++c) {
+      m.class_bytes[c] += kv_[i].class_bytes[c];
+      if (kv_[i].class_tokens[c] < 0) have_tokens = false;
+      tokens[c] += kv_[i].class_tokens[c];
+    }
+    if (kv_[i].host_bytes < 0) have_host = false;
+    host += kv_[i].host_bytes;
   }
+  if (have_tokens) {
+    const int64_t n = static_cast<int64_t>(shards_.size());
+    for (int64_t& t : tokens) t = (t + n / 2) / n;
+    m.class_tokens = tokens;
+  }
+  if (have_host) m.host_bytes = host;
   return m;
 }
 

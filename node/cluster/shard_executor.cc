@@ -32,7 +32,9 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
       reply.kv_used_bytes = m->used_bytes;
       for (size_t c = 0; c < reply.kv_class_bytes.size() && c < m->class_bytes.size(); ++c) {
         reply.kv_class_bytes[c] = m->class_bytes[c];
+        if (m->class_tokens.has_value()) reply.kv_class_tokens[c] = (*m->class_tokens)[c];
       }
+      if (m->host_bytes.has_value()) reply.kv_host_bytes = *m->host_bytes;
     }
     return reply;
   };

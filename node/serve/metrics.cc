@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_format.h"
+#include "coordinator/request_error.h"
 
 namespace specnode {
 
@@ -58,7 +60,11 @@ std::string PrometheusText(
   counter("specnode_admission_kv_waits_total",
           "Admission rounds that held requests back because their KV would not fit.", s.kv_waits);
   family("specnode_errors_total", "counter", "Error replies by code.");
-  for (const auto& [code, n] : s.errors_by_code) {
+  // Every code of the one table, from the start (0 until it happens).
+  std::map<std::string, int64_t> errors;
+  for (const RequestErrorInfo& e : RequestErrorTable()) errors[e.wire] = 0;
+  for (const auto& [code, n] : s.errors_by_code) errors[code] += n;
+  for (const auto& [code, n] : errors) {
     absl::StrAppendFormat(&out, "specnode_errors_total{code=\"%s\"} %d\n", code, n);
   }
   family("specnode_ttft_ms", "gauge", "Time to first token of recent requests, per SLA class.");

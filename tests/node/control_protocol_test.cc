@@ -56,6 +56,8 @@ StepReplyMessage SampleReply() {
   m.kv_available_bytes = 123456;
   m.kv_used_bytes = 654321;
   m.kv_class_bytes = {600000, 50000, 4321};
+  m.kv_class_tokens = {70, 8, 120};
+  m.kv_host_bytes = 9999;
   m.n_rows = 2;
   m.vocab = 3;
   m.logits = {0.5f, -1.0f, 2.0f, 3.0f, 1e-3f, -7.25f};
@@ -124,6 +126,8 @@ TEST(ControlProtocolTest, StepReplyRoundTrip) {
   EXPECT_EQ(d->kv_available_bytes, 123456);
   EXPECT_EQ(d->kv_used_bytes, 654321);
   EXPECT_EQ(d->kv_class_bytes, m.kv_class_bytes);
+  EXPECT_EQ(d->kv_class_tokens, m.kv_class_tokens);
+  EXPECT_EQ(d->kv_host_bytes, 9999);
   EXPECT_EQ(d->kv_tokens, 99);
   EXPECT_EQ(d->n_rows, 2);
   EXPECT_EQ(d->vocab, 3);
@@ -161,7 +165,7 @@ TEST(ControlProtocolTest, HeaderErrors) {
   bad_version[4] = 1;  // an older peer
   EXPECT_EQ(DecodeHello(bad_version).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(DecodeHello(bad_version).status().message(),
-              HasSubstr("control protocol version 1; this build speaks 2"));
+              HasSubstr("control protocol version 1; this build speaks 3"));
 
   std::string bad_kind = f;
   bad_kind[6] = 99;

@@ -329,6 +329,11 @@ def test_two_groups_share_requests_and_match_single_process(specnode, tiny_model
     assert cap and float(cap.group(1)) == 3 * 64 * 2**20, metrics
     assert re.search(r"^specnode_kv_used_bytes (\S+)$", metrics, re.M), metrics
     assert re.search(r'^specnode_kv_bytes\{class="f16"\} \d', metrics, re.M), metrics
+    # Tokens per class and the host tier come over the control protocol too (issue 16,
+    # item 5): as in one process.
+    for cls in ("f16", "int8", "int4"):
+        assert re.search(rf'^specnode_kv_tokens\{{class="{cls}"\}} \d', metrics, re.M), metrics
+    assert re.search(r"^specnode_kv_host_bytes \d", metrics, re.M), metrics
 
 
 def test_rank0_failing_to_serve_ends_every_rank(specnode, tiny_model, tmp_path):

@@ -196,6 +196,29 @@ def test_client_disconnect_mid_stream_cancels_and_frees(tiny_node, conn):
     assert metric(conn, 'specnode_kv_used_bytes') is not None
 
 
+def test_documented_series_exist_before_any_request(specnode, tiny_model, tmp_path):
+    """A scraper sees every documented series from the start, at 0 (issue 16, item 5): the
+    error codes, per-class latencies and the KV gauges."""
+    from serve_helpers import Node
+    from specnode_client import ERROR_CODES, SpecnodeClient
+    node = Node(specnode, tiny_model, tmp_path / "serve.log", extra=["--threads", "1"])
+    try:
+        node.wait_ready()
+        with SpecnodeClient(node.endpoint, timeout_s=10) as c:
+            metrics = c.metrics()
+    finally:
+        node.stop()
+    for code in ERROR_CODES:
+        assert f'specnode_errors_total{{code="{code}"}} 0' in metrics, (code, metrics)
+    for sla in ("interactive", "batch"):
+        assert f'specnode_ttft_ms{{sla="{sla}",quantile="0.99"}} 0' in metrics, metrics
+        assert f'specnode_tpot_ms{{sla="{sla}",quantile="0.5"}} 0' in metrics, metrics
+    for series in ('specnode_kv_bytes{class="f16"} 0', 'specnode_kv_tokens{class="int4"} 0',
+                   "specnode_kv_used_bytes 0", "specnode_kv_host_bytes 0",
+                   "specnode_kv_capacity_bytes "):
+        assert series in metrics, (series, metrics)
+
+
 def test_metrics_cover_the_issue_list(conn):
     conn.send(submit("m", max_tokens=8))
     conn.until_terminal("m")
