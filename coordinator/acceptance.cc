@@ -4,7 +4,21 @@
 #include <cassert>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace specnode {
+
+absl::StatusOr<AcceptanceRule> ParseAcceptanceRule(std::string_view name) {
+  if (name == "match") return AcceptanceRule::kMatch;
+  if (name == "ratio") return AcceptanceRule::kRatio;
+  return absl::InvalidArgumentError(absl::StrCat("acceptance rule must be match or ratio, got \"",
+                                                 absl::string_view(name.data(), name.size()),
+                                                 "\""));
+}
+
+std::string_view AcceptanceRuleName(AcceptanceRule rule) {
+  return rule == AcceptanceRule::kMatch ? "match" : "ratio";
+}
 
 AcceptOutcome AcceptGreedy(std::span<const int32_t> drafts, std::span<const float> target_logits,
                            int32_t vocab) {
@@ -22,20 +36,40 @@ AcceptOutcome AcceptGreedy(std::span<const int32_t> drafts, std::span<const floa
   return out;  // unreachable: the loop returns at i == k
 }
 
-AcceptOutcome AcceptSampled(std::span<const int32_t> drafts, std::span<const float> p,
-                            std::span<const float> q, int32_t vocab, Sampler* sampler) {
+AcceptOutcome AcceptMatch(std::span<const int32_t> drafts, std::span<const float> target_logits,
+                          int32_t vocab, int64_t first_position, Sampler* sampler) {
+  const size_t k = drafts.size();
+  assert(target_logits.size() == (k + 1) * static_cast<size_t>(vocab));
+  AcceptOutcome out;
+  for (size_t i = 0; i <= k; ++i) {
+    const int32_t t = sampler->Sample(target_logits.subspan(i * vocab, vocab),
+                                      first_position + static_cast<int64_t>(i));
+    if (i == k || t != drafts[i]) {
+      out.accepted = static_cast<int>(i);
+      out.next_token = t;
+      return out;
+    }
+  }
+  return out;  // unreachable: the loop returns at i == k
+}
+
+AcceptOutcome AcceptRatio(std::span<const int32_t> drafts, std::span<const float> p,
+                          std::span<const float> q, int32_t vocab, int64_t first_position,
+                          const Sampler& sampler) {
   const size_t k = drafts.size();
   assert(p.size() == (k + 1) * static_cast<size_t>(vocab));
   assert(q.empty() || q.size() == k * static_cast<size_t>(vocab));
   AcceptOutcome out;
   for (size_t i = 0; i < k; ++i) {
+    const int64_t position = first_position + static_cast<int64_t>(i);
     const std::span<const float> pi = p.subspan(i * vocab, vocab);
     const int32_t d = drafts[i];
     const double p_d = pi[d];
     const double q_d = q.empty() ? 1.0 : q[i * vocab + d];
     // q_d > 0 for a token the draft sampled; guard anyway so a bad drafter cannot divide by 0.
     const double ratio = q_d > 0.0 ? p_d / q_d : (p_d > 0.0 ? 1.0 : 0.0);
-    if (sampler->rng().Uniform() < ratio) continue;  // accepted (ratio >= 1 always passes)
+    // Accepted when U < ratio (ratio >= 1 always passes).
+    if (sampler.Noise(position, NoiseStream::kAccept).Uniform(0) < ratio) continue;
     std::vector<float> residual(pi.begin(), pi.end());
     double mass = 0.0;
     for (int32_t t = 0; t < vocab; ++t) {
@@ -46,11 +80,13 @@ AcceptOutcome AcceptSampled(std::span<const int32_t> drafts, std::span<const flo
     out.accepted = static_cast<int>(i);
     // mass == 0 only if p <= q everywhere, i.e. p == q up to rounding, where rejection has
     // probability ~0; fall back to p itself.
-    out.next_token = mass > 0.0 ? sampler->SampleFrom(residual) : sampler->SampleFrom(pi);
+    out.next_token = RaceDraw(mass > 0.0 ? std::span<const float>(residual) : pi,
+                              sampler.Noise(position, NoiseStream::kResidual));
     return out;
   }
   out.accepted = static_cast<int>(k);
-  out.next_token = sampler->SampleFrom(p.subspan(k * vocab, vocab));
+  out.next_token =
+      sampler.SampleFrom(p.subspan(k * vocab, vocab), first_position + static_cast<int64_t>(k));
   return out;
 }
 

@@ -1,20 +1,46 @@
-// The exact acceptance rules of speculative decoding (Leviathan et al. 2023; Chen et al.
-// 2023): the tokens they emit are distributed exactly as if the target had sampled them one
-// by one, whatever the draft proposed.
+// The exact acceptance rules of speculative decoding: the tokens they emit are distributed
+// exactly as if the target had sampled them one by one, whatever the draft proposed.
 //
-// A step verified k drafts d_1..d_k with the target's distributions p_1..p_{k+1} (p_i is the
-// target's next-token distribution after the context and d_1..d_{i-1}). The outcome is the
-// number n of accepted drafts and one more token from the target: the resampled token at
-// the first rejection, or the bonus token drawn from p_{k+1} when all were accepted. A step
-// therefore always emits n + 1 tokens.
+// A step verified k drafts d_1..d_k with the target's rows 0..k (row i is the target's
+// next-token distribution after the context and d_1..d_i). The outcome is the number n of
+// accepted drafts and one more token from the target (at the first rejection, or the bonus
+// token of row k when all were accepted). A step therefore always emits n + 1 tokens.
+//
+// Positions: row i predicts the token at position first_position + i of the sequence (the
+// sequence's committed length before the step), the position whose noise (sampling.h) the
+// rules draw with.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
+#include "absl/status/statusor.h"
 #include "model/llama/sampling.h"
 
 namespace specnode {
+
+// How a sampled (temperature > 0) verification accepts drafts. Greedy requests always use
+// AcceptGreedy, which both rules reduce to.
+enum class AcceptanceRule {
+  // Default. The target's token at each position is drawn exactly as target-only decoding
+  // draws it (Sampler::Sample with the position's noise); a draft is accepted iff it equals
+  // that token. Seeded output is then the same text with or without speculation, whatever
+  // the drafter, K or batch. For a deterministic drafter the acceptance probability is
+  // p(d), as under the ratio test; a model drafter that races with the same noise
+  // (ModelDrafter does) is accepted with probability at least (1 - TV) / (1 + TV), TV the
+  // total variation between p and q (the ratio rule's is 1 - TV); measured in
+  // docs/speculative.md.
+  kMatch,
+  // Leviathan et al. 2023 / Chen et al. 2023: accept d with probability min(1, p(d)/q(d)),
+  // resample from norm(max(0, p - q)) at the first rejection. Maximal acceptance for a
+  // given q, but the text of a seed depends on what was drafted.
+  kRatio,
+};
+
+// "match" | "ratio"; InvalidArgument naming the accepted values otherwise.
+absl::StatusOr<AcceptanceRule> ParseAcceptanceRule(std::string_view name);
+std::string_view AcceptanceRuleName(AcceptanceRule rule);
 
 struct AcceptOutcome {
   int accepted = 0;        // n, the accepted prefix of the drafts
@@ -28,13 +54,20 @@ struct AcceptOutcome {
 AcceptOutcome AcceptGreedy(std::span<const int32_t> drafts, std::span<const float> target_logits,
                            int32_t vocab);
 
-// Sampled: accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection
-// draw from norm(max(0, p_i − q_i)); if all pass draw the bonus from p_{k+1}.
+// kMatch: t_i = sampler->Sample(row i, first_position + i); accept while d_i == t_i; next =
+// t at the first mismatch (or t_k). Stops sampling at the first mismatch.
+//   target_logits: [k + 1, vocab]
+AcceptOutcome AcceptMatch(std::span<const int32_t> drafts, std::span<const float> target_logits,
+                          int32_t vocab, int64_t first_position, Sampler* sampler);
+
+// kRatio: accept d_i if U_i < p_i(d_i) / q_i(d_i), U_i the uniform of position
+// first_position + i's kAccept stream; at the first rejection race over norm(max(0, p_i −
+// q_i)) with its kResidual noise; if all pass, the bonus is SampleFrom(p_k) at its position.
 //   p: [k + 1, vocab] target distributions (Sampler::Distribution of the target logits)
 //   q: [k, vocab] draft distributions, or empty for a deterministic drafter (q_i one-hot on
 //      d_i: accept with probability p_i(d_i), residual = p_i without d_i)
-// Draws from sampler's stream (Uniform for the tests, SampleFrom for the residual/bonus).
-AcceptOutcome AcceptSampled(std::span<const int32_t> drafts, std::span<const float> p,
-                            std::span<const float> q, int32_t vocab, Sampler* sampler);
+AcceptOutcome AcceptRatio(std::span<const int32_t> drafts, std::span<const float> p,
+                          std::span<const float> q, int32_t vocab, int64_t first_position,
+                          const Sampler& sampler);
 
 }  // namespace specnode

@@ -29,13 +29,19 @@ struct DraftRequest {
   SeqId seq = 0;
   std::span<const int32_t> context;  // committed tokens, non-empty
   int k = 0;                         // wanted drafts, >= 1
-  Sampler* sampler = nullptr;        // the sequence's sampler: params for q, and its stream
-  std::string_view domain;           // the request's routed domain (valid for the call)
+  // The sequence's sampler: params for q, and the noise of each position (a drafter that
+  // samples draws draft j, the token at position context.size() + j, with
+  // sampler->SampleFrom(q, that position) / Sample, so that it races with the same noise
+  // as the target's draw there: what makes the match acceptance rule accept it).
+  Sampler* sampler = nullptr;
+  std::string_view domain;  // the request's routed domain (valid for the call)
+  bool need_q = true;       // false: the acceptance rule does not read Draft::q (kMatch)
 };
 
 struct Draft {
   std::vector<int32_t> tokens;  // 0..k drafted tokens
-  std::vector<float> q;         // [tokens.size(), vocab] or empty (deterministic drafter)
+  // [tokens.size(), vocab], or empty (deterministic drafter, or need_q was false)
+  std::vector<float> q;
 };
 
 class Drafter {

@@ -168,12 +168,17 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
       cached.insert(cached.end(), feed[i].begin(), feed[i].end());
       const std::span<const float> row(logits_.data() + b * vocab, vocab);
       Draft& d = (*drafts)[i];
+      // Draft j is the token at position context.size() + j: drawn with that position's
+      // noise, as the target draws its own token there.
+      const int64_t position = static_cast<int64_t>(r.context.size() + d.tokens.size());
       int32_t token;
       if (r.sampler->params().temperature == 0.0f) {
         token = ArgMax(row);  // greedy: q is one-hot, left implicit
+      } else if (!r.need_q) {
+        token = r.sampler->Sample(row, position);  // == SampleFrom(Distribution(row))
       } else {
         r.sampler->Distribution(row, &q);
-        token = r.sampler->SampleFrom(q);
+        token = r.sampler->SampleFrom(q, position);
         d.q.insert(d.q.end(), q.begin(), q.end());
       }
       d.tokens.push_back(token);

@@ -4,8 +4,9 @@
 //
 // Drafting K tokens for a batch of sequences costs K batched forward passes of one token
 // per sequence. Each drafted token is sampled from q = the sequence sampler's Distribution
-// of the draft logits (temperature / top-k / top-p of the request; greedy gives one-hot q),
-// drawing from the sequence's own stream, so a seeded request stays reproducible.
+// of the draft logits (temperature / top-k / top-p of the request; greedy gives one-hot q)
+// with the noise of the position it fills — the noise the target draws that position with,
+// so under the match rule a draft close to the target is accepted often.
 #pragma once
 
 #include <functional>

@@ -267,8 +267,13 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     s->chunk = 0;
     s->drafts.clear();
     s->q.clear();
+    // The target's pass boundary (ModelRunner::PassBoundary): a pass holds rows of this
+    // sequence between two of its multiples only, so the rows see the cache that decoding
+    // one token at a time would show them (mixed KV demotes at those boundaries).
+    const int32_t boundary = TargetOf(*s)->PassBoundary();
     if (s->prefilled < s->n_prompt) {
       s->chunk = std::min(budget, s->n_prompt - s->prefilled);
+      if (boundary > 0) s->chunk = std::min(s->chunk, boundary - s->prefilled % boundary);
       budget -= s->chunk;
       has_prefill |= s->chunk > 0;
       continue;
@@ -280,6 +285,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     const int32_t len = static_cast<int32_t>(s->tokens.size());
     k = std::min(k, s->request.max_new_tokens - s->stats.generated - 1);
     k = std::min(k, target_->max_positions() - len);
+    // Rows at positions len - 1 .. len - 1 + k.
+    if (boundary > 0) k = std::min(k, boundary - 1 - (len - 1) % boundary);
     s->k = std::max(k, 0);
     if (s->k > 0) by_group[s->group].push_back(s);
   }
@@ -290,7 +297,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     if (by_group[g].empty()) continue;
     std::vector<DraftRequest> requests;
     for (Seq* s : by_group[g]) {
-      requests.push_back({s->request.id, s->tokens, s->k, &s->sampler, s->request.domain});
+      requests.push_back({s->request.id, s->tokens, s->k, &s->sampler, s->request.domain,
+                          options_.acceptance == AcceptanceRule::kRatio});
     }
     // Sync (a draft model catching up on context it has not seen, e.g. the first
     // speculative step of a sequence or a probe of a disabled domain) is part of what
@@ -349,8 +357,9 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     return p.seconds * inputs[i].size() / p.tokens;
   };
 
-  // Sample and accept, per sequence (each draws from its own sampler's stream, so the
-  // sequences may be spread over the pool: the results do not depend on the split).
+  // Sample and accept, per sequence. Each draw's noise is a function of the sequence's seed
+  // and the position drawn (sampling.h), so the results depend neither on the split over
+  // the pool nor on the order.
   const int32_t vocab = target_->vocab_size();
   std::vector<AcceptOutcome> outcomes(seqs.size());
   std::vector<int32_t> first_token(seqs.size(), -1);
@@ -360,27 +369,31 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       Seq* s = seqs[i];
       if (inputs[i].empty()) continue;  // a prefill with no chunk this step
       const float* row0 = passes[pass_of[i]].logits.data() + row_of[i] * vocab;
+      // Row 0 predicts the token at the sequence's committed length.
+      const int64_t position = static_cast<int64_t>(s->tokens.size());
       if (s->prefilled < s->n_prompt) {
         if (s->prefilled + s->chunk == s->n_prompt) {
-          first_token[i] = s->sampler.Sample({row0, static_cast<size_t>(vocab)});
+          first_token[i] = s->sampler.Sample({row0, static_cast<size_t>(vocab)}, position);
         }
         continue;
       }
       const int k = static_cast<int>(s->drafts.size());
+      const std::span<const float> rows(row0, static_cast<size_t>(k + 1) * vocab);
       if (k == 0) {
-        outcomes[i].next_token = s->sampler.Sample({row0, static_cast<size_t>(vocab)});
+        outcomes[i].next_token = s->sampler.Sample(rows, position);
       } else if (s->request.sampling.temperature == 0.0f) {
-        outcomes[i] = AcceptGreedy(s->drafts, {row0, static_cast<size_t>(k + 1) * vocab}, vocab);
+        outcomes[i] = AcceptGreedy(s->drafts, rows, vocab);
+      } else if (options_.acceptance == AcceptanceRule::kMatch) {
+        outcomes[i] = AcceptMatch(s->drafts, rows, vocab, position, &s->sampler);
       } else {
         std::vector<float>& p = p_[i];
         p.resize(static_cast<size_t>(k + 1) * vocab);
         std::vector<float> dist;
         for (int r = 0; r <= k; ++r) {
-          s->sampler.Distribution(
-              {row0 + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab)}, &dist);
+          s->sampler.Distribution(rows.subspan(static_cast<size_t>(r) * vocab, vocab), &dist);
           std::copy(dist.begin(), dist.end(), p.begin() + static_cast<size_t>(r) * vocab);
         }
-        outcomes[i] = AcceptSampled(s->drafts, p, s->q, vocab, &s->sampler);
+        outcomes[i] = AcceptRatio(s->drafts, p, s->q, vocab, position, s->sampler);
       }
     }
   };

@@ -37,13 +37,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "coordinator/acceptance.h"
 #include "coordinator/domain_router.h"
 #include "coordinator/drafter.h"
 #include "coordinator/request_validator.h"
-#include "runtime/model_runner.h"
 #include "coordinator/spec_controller.h"
-#include "model/llama/sampling.h"
 #include "model/cpu/thread_pool.h"
+#include "model/llama/sampling.h"
+#include "runtime/model_runner.h"
 
 namespace specnode {
 
@@ -70,6 +71,9 @@ struct SpecEngineOptions {
   // turn instead of the best one, so estimates of groups that lost a domain do not go
   // stale (0 = never).
   int explore_every = 16;
+  // How sampled verification accepts drafts (coordinator/acceptance.h). kMatch: a seed's
+  // text does not depend on speculation; kRatio: the classic rule.
+  AcceptanceRule acceptance = AcceptanceRule::kMatch;
   // Spreads the per-sequence sampling and acceptance of a step over this pool (the one the
   // forward pass uses; idle at that point). nullptr: on the calling thread.
   ThreadPool* pool = nullptr;

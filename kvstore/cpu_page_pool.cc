@@ -217,8 +217,17 @@ void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, cons
   const kv_kernels::KvQuery query{sc.q.data(), sc.qsum.data(), g, hd};
   const int32_t min_distance = s.mass.min_distance;
   std::array<int, kNumKvPrecisions> len{}, off{};
+  // The sink's rows, one per observed query in row order (the manager sampled them by
+  // position: a sequence observes the same queries whether it decodes one token per step,
+  // verifies drafts or prefills).
+  size_t next_observed = 0;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t n_ctx = pos0 + i + 1;
+    const KvMassRow* observed = nullptr;
+    if (s.mass.on && next_observed < s.mass.rows.size() &&
+        s.mass.rows[next_observed].pos == n_ctx - 1) {
+      observed = &s.mass.rows[next_observed++];
+    }
     const float* qi = q + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
     std::copy(qi, qi + static_cast<size_t>(g) * hd, sc.q.begin());
     for (int h = 0; h < g; ++h) {
@@ -247,23 +256,21 @@ void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, cons
     for (int c = 0; c < kNumKvPrecisions; ++c) {
       if (len[c] == 0) continue;
       kv_kernels::KvMassOut mass;
-      // Sampled by the query's position, not by step: a sequence observes the same
-      // queries whether it decodes one token per step, verifies drafts or prefills, and a
-      // verification pass costs no more per row than a decode step.
-      const bool observe =
-          s.mass.on && n_ctx - min_distance > 0 && (n_ctx - 1) % s.mass.sample_every == 0;
-      if (observe) {
+      if (observed != nullptr) {
         const int32_t* p = sc.pos[c].data();
-        mass.sum = s.mass.sum[kv_head];
-        mass.cnt = s.mass.cnt[kv_head];
+        const int32_t width = n_ctx - min_distance - observed->lo;
+        mass.sum = observed->sum + static_cast<size_t>(kv_head) * width;
+        mass.cnt = observed->cnt + static_cast<size_t>(kv_head) * width;
         mass.pos = p;
+        mass.first = static_cast<int>(std::lower_bound(p, p + len[c], observed->lo) - p);
         mass.n = static_cast<int>(std::lower_bound(p, p + len[c], n_ctx - min_distance) - p);
+        mass.base = observed->lo;
         mass.weight = static_cast<float>(n_ctx);
         mass.inv = sc.inv.data();
       }
       kern.accumulate(static_cast<KvPrecision>(c), sc.v[c].data(), len[c],
                       sc.scores.data() + off[c], ld, g, hd, sc.acc.data(),
-                      observe ? &mass : nullptr);
+                      observed != nullptr ? &mass : nullptr);
     }
     float* oi = out + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
     for (int h = 0; h < g; ++h) {

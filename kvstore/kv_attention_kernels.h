@@ -53,10 +53,12 @@ struct KvQuery {
 // Attention-mass observation fused into accumulate (the critical-token policy's input).
 // For rows r < n: sum[pos[r]] += weight * Σ_h e[h, r] * inv[h]; cnt[pos[r]] += g.
 struct KvMassOut {
-  float* sum = nullptr;          // [sequence length], indexed by position
-  float* cnt = nullptr;          // [sequence length]
+  float* sum = nullptr;          // indexed by position - base
+  float* cnt = nullptr;          // indexed by position - base
   const int32_t* pos = nullptr;  // [n]: the position of each row of the call
-  int n = 0;                     // rows observed (a prefix of the call's rows)
+  int first = 0;                 // rows [first, n) of the call are observed
+  int n = 0;
+  int32_t base = 0;              // position of sum[0] / cnt[0]
   float weight = 0.0f;           // the query's context length (mass relative to a uniform share)
   const float* inv = nullptr;    // [g]: 1 / Σ e[h, ·] over the query's whole context
 };

@@ -126,11 +126,11 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
                      float* out, const KvMassOut* mass) {
   float codes[256];
   if (mass != nullptr) {
-    for (int r = 0; r < mass->n; ++r) {
+    for (int r = mass->first; r < mass->n; ++r) {
       float m = 0.0f;
       for (int h = 0; h < g; ++h) m += e[h * ld + r] * mass->inv[h];
-      mass->sum[mass->pos[r]] += mass->weight * m;
-      mass->cnt[mass->pos[r]] += static_cast<float>(g);
+      mass->sum[mass->pos[r] - mass->base] += mass->weight * m;
+      mass->cnt[mass->pos[r] - mass->base] += static_cast<float>(g);
     }
   }
   for (int r = 0; r < n; ++r) {

@@ -310,10 +310,10 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
     for (int r = 0; r < nb && r < 2 * kPrefetchRows; ++r) PrefetchRow<I>(brows[r], row_bytes);
     if (mass != nullptr) {
       const int nm = std::min(nb, mass->n - b0);
-      for (int r = 0; r < nm; ++r) {
+      for (int r = std::max(0, mass->first - b0); r < nm; ++r) {
         float m = 0.0f;
         for (int h = 0; h < g; ++h) m += e[h * ld + b0 + r] * mass->inv[h];
-        const int32_t pos = mass->pos[b0 + r];
+        const int32_t pos = mass->pos[b0 + r] - mass->base;
         mass->sum[pos] += mass->weight * m;
         mass->cnt[pos] += static_cast<float>(g);
       }

@@ -42,6 +42,7 @@ absl::Status KvOptions::Validate(std::string_view prefix) const {
   if (sink_tokens < 0) return bad("sink_tokens", "must be >= 0");
   if (window_tokens < 1) return bad("window_tokens", "must be >= 1");
   if (mass_sample_every < 1) return bad("mass_sample_every", "must be >= 1");
+  if (demote_every < 1) return bad("demote_every", "must be >= 1");
   if (!(critical_threshold >= 0.0f)) return bad("critical_threshold", "must be >= 0");
   if (evict && evict_window < window_tokens) {
     return bad("evict_window", "must be >= window_tokens");

@@ -36,6 +36,12 @@ struct KvOptions {
   int window_tokens = 64;
   float critical_threshold = 4.0f;
   int mass_sample_every = 4;
+  // Mixed mode demotes when a sequence's committed length reaches a multiple of this many
+  // tokens (those older than the window then), and a pass never holds rows of one sequence
+  // on both sides of such a boundary (ModelRunner::PassBoundary): so every query sees the
+  // same cache whether the sequence decoded, verified drafts or prefilled in chunks, and
+  // the chunks of a long prefill or recompute each fit beside the demoted rest.
+  int demote_every = 64;
   bool evict = false;  // sliding-window eviction with sinks (lossy)
   int evict_window = 1024;
   // Store K and V Hadamard-rotated (kv_precision.h). Unset: the device's default (the CPU

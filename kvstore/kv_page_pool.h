@@ -51,16 +51,25 @@ struct KvSlot {
 };
 
 // The attention-mass observation of one sequence in a pass (the critical-token policy's
-// input, kv_store.h): when `on`, a query at position p (context n = p + 1) with
-// p % sample_every == 0 and n > min_distance adds, for every cached position j with
-// j < n - min_distance, weight(j) * n to sum[kv_head][j] (weight summed over the kv head's
-// query heads) and the group size to cnt[kv_head][j].
+// input, kv_store.h). A query at position p (context n = p + 1) is observed when
+// p % sample_every == 0 and n > min_distance; it then adds, for every cached position j in
+// [lo, n - min_distance), weight(j) * n to its row's sum[kv_head][j - lo] (weight summed
+// over the kv head's query heads) and the group size to cnt[kv_head][j - lo]. Each observed
+// query has a row of its own (so the manager can drop the rows of queries that are rolled
+// back), in the order of the pass's rows.
+struct KvMassRow {
+  int32_t pos = 0;  // the query's position
+  int32_t lo = 0;   // first key position observed
+  // [n_kv_heads, width] with width = pos + 1 - min_distance - lo: kv head h's keys at
+  // sum + h * width.
+  float* sum = nullptr;
+  float* cnt = nullptr;
+};
 struct KvMassSink {
   bool on = false;
   int32_t sample_every = 1;
   int32_t min_distance = 0;
-  std::span<float* const> sum;  // [n_kv_heads] arrays indexed by position
-  std::span<float* const> cnt;
+  std::span<const KvMassRow> rows;  // one per observed query of the entry, ascending pos
 };
 
 // One sequence's part of a pass: rows for positions [pos0, pos0 + n), its block table for

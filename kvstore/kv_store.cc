@@ -265,8 +265,22 @@ int64_t KvStore::PagesNeeded(const Sequence* s, KvPrecision p, int64_t n) const 
 }
 
 int64_t KvStore::BytesForTokens(int64_t n) const {
-  return (PagesNeeded(nullptr, WriteClass(), n) + 1) *
-         static_cast<int64_t>(PageBytes(WriteClass()));
+  const int64_t written =
+      (PagesNeeded(nullptr, WriteClass(), n) + 1) * static_cast<int64_t>(PageBytes(WriteClass()));
+  if (config_.mode != KvMode::kMixed) return written;
+  // Mixed: a sequence fed in passes that respect PassBoundary (the engine's) holds at most
+  // sinks + window + demote_every tokens at f16 once settled; the rest is demoted, counted
+  // here as INT8 (the larger class), plus the demotion reserve of one chunk. Not the f16
+  // peak of all n (issue 16, item 10: admission and recompute refused sequences that fit).
+  const int64_t full = std::min<int64_t>(
+      n, int64_t{config_.sink_tokens} + config_.window_tokens + config_.demote_every);
+  if (full == n) return written;
+  const int64_t demoted = n - full + config_.demote_every;
+  return (PagesNeeded(nullptr, KvPrecision::kFull, full) + 1) *
+             static_cast<int64_t>(PageBytes(KvPrecision::kFull)) +
+         (PagesNeeded(nullptr, KvPrecision::kInt8, demoted) + 1) *
+             static_cast<int64_t>(PageBytes(KvPrecision::kInt8)) +
+         static_cast<int64_t>(PageBytes(KvPrecision::kInt4));
 }
 
 int32_t KvStore::Length(SeqId seq) const {
@@ -281,6 +295,9 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
   if (s != nullptr && s->swapped) {
     return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " is swapped out"));
   }
+  // What the previous pass committed: its observations, its demotions (with the bytes the
+  // previous Reserve set aside for them).
+  if (s != nullptr) Settle(*s);
   const int64_t length = s == nullptr ? 0 : s->length;
   const int64_t need = length + n_new;
   if (need > config_.max_seq_len) {
@@ -302,12 +319,12 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
     }
   }
   int64_t bytes = PagesNeeded(s, wc, extra) * static_cast<int64_t>(PageBytes(wc));
-  // Room for the demotions the next Commit will make (worst case: all to INT8, one
-  // partly filled page per class).
+  // Room for the demotions the next Settle may make, when the committed length reaches at
+  // most `need` (worst case: all to INT8, one partly filled page per class).
   int64_t demote_bytes = 0;
   if (config_.mode == KvMode::kMixed) {
     const int64_t from = std::max<int64_t>(config_.sink_tokens, s == nullptr ? 0 : s->demoted_upto);
-    const int64_t demote = std::max<int64_t>(0, need - config_.window_tokens - from);
+    const int64_t demote = std::max<int64_t>(0, DemoteLimit(need) - from);
     if (demote > 0) {
       demote_bytes = (PagesNeeded(nullptr, KvPrecision::kInt8, demote) + 1) *
                          static_cast<int64_t>(PageBytes(KvPrecision::kInt8)) +
@@ -350,8 +367,11 @@ KvStore::Sequence& KvStore::NewSequence(SeqId seq) {
 
 absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) {
   const int nkv = config_.n_kv_heads;
+  const bool observe = config_.mode == KvMode::kMixed;
+  const int32_t every = config_.mass_sample_every;
+  const int32_t min_distance = config_.window_tokens / 2;
   pass_.resize(entries.size());
-  pass_mass_.resize(entries.size() * 2 * nkv);
+  pass_mass_.resize(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     const KvPassEntry& e = entries[i];
     auto it = seqs_.find(e.seq);
@@ -362,21 +382,37 @@ absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool
                                                         ") that are not reserved"));
     }
     Sequence& s = *it->second;
-    float** mass = pass_mass_.data() + i * 2 * nkv;
-    for (int h = 0; h < nkv; ++h) {
-      mass[h] = s.mass_sum[h].data();
-      mass[nkv + h] = s.mass_cnt[h].data();
+    // A row per observed query (positions that are multiples of `every`), over the keys
+    // that can still be demoted: those below max(sinks, demoted_upto) never will be again.
+    std::vector<KvMassRow>& rows = pass_mass_[i];
+    rows.clear();
+    if (observe) {
+      const int32_t lo = std::max(config_.sink_tokens, s.demoted_upto);
+      const int32_t first = (e.pos0 + every - 1) / every * every;
+      for (int32_t q = first; q < e.pos0 + e.n; q += every) {
+        const int32_t width = q + 1 - min_distance - lo;
+        if (width <= 0) continue;
+        Sequence::StagedMass& m = s.staged.emplace_back();
+        m.pos = q;
+        m.lo = lo;
+        m.width = width;
+        m.sum.assign(static_cast<size_t>(nkv) * width, 0.0f);
+        m.cnt.assign(static_cast<size_t>(nkv) * width, 0.0f);
+      }
+      // Pointers once every row exists (emplace_back may move the rows, not their data).
+      for (Sequence::StagedMass& m : s.staged) {
+        if (m.pos >= e.pos0) rows.push_back({m.pos, m.lo, m.sum.data(), m.cnt.data()});
+      }
     }
     KvPoolPassSeq& p = pass_[i];
     p.seq = e.seq;
     p.pos0 = e.pos0;
     p.n = e.n;
     p.slots = std::span<const Loc>(s.loc.data(), static_cast<size_t>(e.pos0 + e.n));
-    p.mass.on = config_.mode == KvMode::kMixed;
-    p.mass.sample_every = config_.mass_sample_every;
-    p.mass.min_distance = config_.window_tokens / 2;
-    p.mass.sum = std::span<float* const>(mass, nkv);
-    p.mass.cnt = std::span<float* const>(mass + nkv, nkv);
+    p.mass.on = observe;
+    p.mass.sample_every = every;
+    p.mass.min_distance = min_distance;
+    p.mass.rows = rows;
   }
   return pool_->BeginPass(pass_, threads);
 }
@@ -413,17 +449,49 @@ void KvStore::Evict(Sequence& s, int32_t pos) {
   ++evicted_tokens_;
 }
 
-void KvStore::Commit(SeqId seq, int32_t new_length) {
-  Sequence& s = *seqs_.at(seq);
-  assert(new_length <= static_cast<int32_t>(s.loc.size()));
-  s.length = new_length;
-  SetPendingBytes(s, 0);
-  if (config_.mode == KvMode::kMixed) {
-    const int32_t from = std::max(config_.sink_tokens, s.demoted_upto);
-    const int32_t to = new_length - config_.window_tokens;
-    for (int32_t p = from; p < to; ++p) Demote(s, p);
-    s.demoted_upto = std::max(s.demoted_upto, to);
+int64_t KvStore::DemoteLimit(int64_t length) const {
+  if (config_.mode != KvMode::kMixed) return 0;
+  return length / config_.demote_every * config_.demote_every - config_.window_tokens;
+}
+
+int64_t KvStore::EvictLimit(int64_t length) const {
+  if (!config_.evict) return 0;
+  return length / config_.demote_every * config_.demote_every - config_.evict_window;
+}
+
+int32_t KvStore::PassBoundary() const {
+  return config_.mode == KvMode::kMixed || config_.evict ? config_.demote_every : 0;
+}
+
+void KvStore::Settle(Sequence& s) {
+  // Observations of committed queries, in position order (rows of queries at or past the
+  // length were rolled back by Truncate and are gone). Adding row by row in that order
+  // gives the same floats however the queries were grouped into passes.
+  size_t kept = 0;
+  for (Sequence::StagedMass& m : s.staged) {
+    if (m.pos >= s.length) {
+      s.staged[kept++] = std::move(m);  // not committed yet (a pass in flight)
+      continue;
+    }
+    for (int h = 0; h < config_.n_kv_heads; ++h) {
+      float* sum = s.mass_sum[h].data() + m.lo;
+      float* cnt = s.mass_cnt[h].data() + m.lo;
+      const float* ms = m.sum.data() + static_cast<size_t>(h) * m.width;
+      const float* mc = m.cnt.data() + static_cast<size_t>(h) * m.width;
+      for (int32_t j = 0; j < m.width; ++j) {
+        sum[j] += ms[j];
+        cnt[j] += mc[j];
+      }
+    }
   }
+  s.staged.resize(kept);
+  const int32_t demote_to = static_cast<int32_t>(DemoteLimit(s.length));
+  const int32_t demote_from = std::max(config_.sink_tokens, s.demoted_upto);
+  if (config_.mode == KvMode::kMixed && demote_to > demote_from) {
+    SetPendingBytes(s, 0);  // the bytes Reserve set aside are what the demotions take
+    for (int32_t p = demote_from; p < demote_to; ++p) Demote(s, p);
+  }
+  s.demoted_upto = std::max(s.demoted_upto, demote_to);
   if (config_.evict) {
     if (!warned_evict_) {
       std::fprintf(stderr,
@@ -433,10 +501,18 @@ void KvStore::Commit(SeqId seq, int32_t new_length) {
       warned_evict_ = true;
     }
     const int32_t from = std::max(config_.sink_tokens, s.evicted_upto);
-    const int32_t to = new_length - config_.evict_window;
+    const int32_t to = static_cast<int32_t>(EvictLimit(s.length));
     for (int32_t p = from; p < to; ++p) Evict(s, p);
     s.evicted_upto = std::max(s.evicted_upto, to);
   }
+}
+
+void KvStore::Commit(SeqId seq, int32_t new_length) {
+  Sequence& s = *seqs_.at(seq);
+  assert(new_length <= static_cast<int32_t>(s.loc.size()));
+  // Demotion waits for Settle: the caller may still roll back part of this pass (rejected
+  // drafts), whose observations must not count and whose length must not move the window.
+  s.length = new_length;
 }
 
 absl::Status KvStore::Truncate(SeqId seq, int32_t n) {
@@ -449,6 +525,8 @@ absl::Status KvStore::Truncate(SeqId seq, int32_t n) {
   if (it == seqs_.end()) return absl::OkStatus();
   Sequence& s = *it->second;
   if (s.swapped) return absl::FailedPreconditionError("sequence is swapped out");
+  // Observations of queries at positions >= n are of rolled-back tokens: dropped.
+  std::erase_if(s.staged, [n](const Sequence::StagedMass& m) { return m.pos >= n; });
   for (int32_t p = static_cast<int32_t>(s.loc.size()) - 1; p >= n; --p) ReleaseLoc(s, s.loc[p]);
   s.loc.resize(n);
   for (int h = 0; h < config_.n_kv_heads; ++h) {
@@ -458,6 +536,7 @@ absl::Status KvStore::Truncate(SeqId seq, int32_t n) {
   s.length = n;
   s.demoted_upto = std::min(s.demoted_upto, n);
   s.evicted_upto = std::min(s.evicted_upto, n);
+  Settle(s);  // with the pending bytes still set aside
   SetPendingBytes(s, 0);
   return absl::OkStatus();
 }

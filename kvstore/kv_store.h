@@ -18,9 +18,11 @@
 // pool) and is never exceeded: Reserve and SwapIn fail with ResourceExhausted and change
 // nothing instead. Usage() accounts bytes per class.
 //
-// Policy (mode kMixed): new tokens are written at full precision. At Commit, tokens that
-// fell out of the recent window (all but the last `window_tokens`), except the first
-// `sink_tokens` (attention sinks), are demoted: to INT8 if critical — the attention mass
+// Policy (mode kMixed): new tokens are written at full precision. Once a sequence's
+// committed length reaches a multiple of `demote_every` (B), the tokens older than the
+// recent window counted back from there (positions < floor(L / B) * B - window_tokens),
+// except the first `sink_tokens` (attention sinks), are demoted: to INT8 if critical — the
+// attention mass
 // they received, relative to a uniform share, averaged over the layers, heads and queries
 // that observed them from at least window_tokens / 2 positions away (a token's weight
 // while it is recent says little about whether later tokens will need it), is at least
@@ -28,8 +30,15 @@
 // (never rewrites a row in place), so pages shared with other sequences stay intact.
 // Attention mass is observed by one query position in `mass_sample_every` (positions p
 // with p % mass_sample_every == 0), in prefill, decode and verification passes alike (its
-// cost is extra adds in the attention loop): the observed queries do not depend on how a
-// sequence was stepped.
+// cost is extra adds in the attention loop). Each observed query's contribution is staged
+// until its position is committed (Truncate drops the rows of rolled-back drafts) and then
+// added in position order, and demotion happens only at those length boundaries, which a
+// caller keeps every pass of a sequence from straddling (PassBoundary): so what a query
+// sees, and which tokens end in which class, depend only on the committed tokens — not on
+// whether the sequence decoded one token per step, verified drafts, prefilled in chunks of
+// any size, or had batch mates (greedy output is deterministic, and greedy speculation
+// equals plain decoding, in mixed mode too). Demotion and eviction run in Settle: at the
+// next Reserve, Truncate, SwapOut or Fork after a Commit.
 // Modes kFull / kInt8 / kInt4 store every token in that class from the start.
 // Optional sliding-window eviction (off by default; lossy, logged once when on) drops
 // tokens older than `evict_window` except the sinks.
@@ -109,6 +118,8 @@ class KvStore : public KvCache {
   void Commit(SeqId seq, int32_t new_length) override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
   void Free(SeqId seq) override;
+  // demote_every in mixed mode or with eviction, else 0 (no constraint).
+  int32_t PassBoundary() const override;
 
   // dst (must not exist) shares all of src's committed tokens. src must not be swapped.
   // Unimplemented on a pool that NeedsPageOrder() when src ends inside a page.
@@ -131,7 +142,8 @@ class KvStore : public KvCache {
   }
 
   bool managed() const override { return true; }
-  // Bytes of the pages a sequence of n more tokens would need at most (admission checks).
+  // Bytes of the pages a new sequence of n tokens would need at most (admission checks):
+  // in mixed mode, fed within PassBoundary, its f16 window and sinks plus the rest at INT8.
   int64_t BytesForTokens(int64_t n) const override;
   // Bytes that could be made available now (free + evictable prefix-cache pages).
   int64_t AvailableBytes() const override;
@@ -162,6 +174,15 @@ class KvStore : public KvCache {
   void ReleaseLoc(Sequence& s, Loc loc);
   void Demote(Sequence& s, int32_t pos);
   void Evict(Sequence& s, int32_t pos);
+  // Positions below this are demoted (mixed) / evicted (evict on) once a sequence has
+  // `length` committed positions: the window counted back from the last multiple of
+  // demote_every, so it moves only at those boundaries (kv_options.h).
+  int64_t DemoteLimit(int64_t length) const;
+  int64_t EvictLimit(int64_t length) const;
+  // Applies what the committed length implies: adds the staged observations of committed
+  // queries to the sequence's mass, then demotes and evicts up to the limits. A function of
+  // the committed tokens only, so calling it again, or earlier, changes nothing.
+  void Settle(Sequence& s);
   int64_t PagesNeeded(const Sequence* s, KvPrecision p, int64_t n) const;
   Sequence& NewSequence(SeqId seq);
 
@@ -181,7 +202,7 @@ class KvStore : public KvCache {
   bool warned_evict_ = false;
   // The current pass, as handed to the pool (spans into the sequences' tables).
   std::vector<KvPoolPassSeq> pass_;
-  std::vector<float*> pass_mass_;  // [entries][sum heads..., cnt heads...]
+  std::vector<std::vector<KvMassRow>> pass_mass_;  // [entries][observed queries]
   // Prefix cache: hash of token ids [0, (b + 1) * page_tokens) -> page, with LRU order.
   struct CacheEntry {
     int32_t page;

@@ -24,11 +24,20 @@ struct KvStore::Sequence {
   std::vector<Loc> loc;         // block table: per position with storage (>= length after Reserve)
   std::array<int32_t, kNumKvPrecisions> open{-1, -1, -1};  // page being filled, per class
   std::unordered_map<int32_t, int32_t> live;  // page -> slots of this sequence in it
-  // Attention mass, per kv head and position: Σ (weight * n_ctx) and observation count.
+  // Attention mass, per kv head and position: Σ (weight * n_ctx) and observation count,
+  // of the settled observations (queries at committed positions).
   std::vector<std::vector<float>> mass_sum, mass_cnt;
+  // Observations of queries since the last Settle, in position order: one row per query
+  // (KvMassRow's layout: [n_kv_heads, width] for keys [lo, lo + width)). Truncate drops the
+  // rows of rolled-back queries; Settle adds the rest to mass_sum / mass_cnt.
+  struct StagedMass {
+    int32_t pos = 0, lo = 0, width = 0;
+    std::vector<float> sum, cnt;
+  };
+  std::vector<StagedMass> staged;
   int32_t demoted_upto = 0;  // positions below have been considered for demotion
   int32_t evicted_upto = 0;
-  int64_t pending_bytes = 0;     // reserved for the next Commit's demotions
+  int64_t pending_bytes = 0;  // reserved for the demotions of the next Settle
   // Swap tier: per position the class (or 255 = evicted) and the slot's bytes (the pool's
   // ReadSlot layout).
   bool swapped = false;

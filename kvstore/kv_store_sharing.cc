@@ -13,13 +13,14 @@ absl::Status KvStore::Fork(SeqId src, SeqId dst) {
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("fork: no sequence ", src));
   if (seqs_.count(dst))
     return absl::AlreadyExistsError(absl::StrCat("fork: sequence ", dst, " exists"));
-  const Sequence& s = *it->second;
+  Sequence& s = *it->second;
   if (s.swapped) return absl::FailedPreconditionError("fork: source is swapped out");
   if (page_order_ && s.length % config_.page_tokens != 0) {
     return absl::UnimplementedError(
         absl::StrCat("fork: sequence ", src, " ends inside a page, and the ", pool_->device(),
                      " page pool cannot copy the shared page on write"));
   }
+  Settle(s);  // dst starts from src's settled state (no staged rows of its own)
   auto d = std::make_unique<Sequence>();
   d->length = s.length;
   d->loc.assign(s.loc.begin(), s.loc.begin() + s.length);
@@ -120,6 +121,7 @@ absl::Status KvStore::SwapOut(SeqId seq) {
     return absl::UnimplementedError(
         absl::StrCat("swap-out: the ", pool_->device(), " page pool cannot copy KV to the host"));
   }
+  Settle(s);  // the committed state, with the bytes its demotions were given
   // Uncommitted reservations are dropped; committed rows are copied byte for byte.
   for (int32_t p = static_cast<int32_t>(s.loc.size()) - 1; p >= s.length; --p)
     ReleaseLoc(s, s.loc[p]);

@@ -93,6 +93,9 @@ class ModelRunner {
   virtual absl::Status Fork(SeqId src, SeqId dst);
   virtual int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) { return 0; }
   virtual void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {}
+  // KvCache::PassBoundary of the target's cache (for a remote target, its shards'): the
+  // rows one pass may hold of one sequence lie between two multiples of it (0: any).
+  virtual int32_t PassBoundary() const { return 0; }
   // Liveness while idle: a remote target exchanges an empty step with its ranks (and
   // flushes queued frees), failing like Forward when one is gone or silent. OK by default.
   virtual absl::Status Ping();
@@ -127,6 +130,7 @@ class LocalModelRunner final : public ModelRunner {
   absl::Status Reserve(SeqId seq, int32_t count) override { return cache_->Reserve(seq, count); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return cache_->Truncate(seq, n); }
   void Free(SeqId seq) override { cache_->Free(seq); }
+  int32_t PassBoundary() const override { return cache_->PassBoundary(); }
   std::optional<KvRoom> Room(int64_t tokens) const override;
   std::optional<KvMemory> Memory() const override;
   std::optional<std::array<int64_t, kKvClasses>> SequenceTokens(SeqId seq) const override;

@@ -69,7 +69,9 @@ class KvCache {
 
   // Makes room for n_new positions after Length(seq) in every layer, creating the
   // sequence if new. ResourceExhausted (with nothing changed) when memory is short;
-  // InvalidArgument beyond the cache's maximum sequence length.
+  // InvalidArgument beyond the cache's maximum sequence length. (The paged store first
+  // settles the sequence's previous commit — the demotions it implies — and keeps that
+  // when the reservation then fails: it depends on committed tokens only.)
   virtual absl::Status Reserve(SeqId seq, int32_t n_new) = 0;
 
   // Starts a pass over `entries` (each reserved; no sequence twice). Row r of the pass's
@@ -103,6 +105,13 @@ class KvCache {
 
   // Forgets seq and releases its memory. Unknown ids are ignored.
   virtual void Free(SeqId seq) = 0;
+
+  // B > 0: a pass must not hold rows of one sequence at positions on both sides of a
+  // multiple of B (rows [pos0, pos0 + n) need pos0 / B == (pos0 + n - 1) / B), or what its
+  // queries see depends on how the sequence was stepped (the paged store's mixed mode,
+  // kvstore/kv_store.h). The cache still runs such a pass; only determinism is lost.
+  // 0: no constraint.
+  virtual int32_t PassBoundary() const { return 0; }
 
   // Management, between passes. A managed cache (the paged store, kvstore/kv_store.h)
   // accounts bytes and tokens per precision class and answers the calls below; the others

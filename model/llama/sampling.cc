@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -24,38 +25,60 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
 }
 
 namespace {
-uint64_t SplitMix64(uint64_t* x) {
-  uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+
+// splitmix64's output function: a bijective 64-bit mix with full avalanche.
+uint64_t Mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
+uint64_t SplitMix64(uint64_t* x) { return Mix(*x += kGolden); }
 uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-}  // namespace
 
-namespace {
-
-// Inverse-CDF draw with one uniform from rng over n entries in id order: id_of(i) and
-// prob_of(i) (need not be normalised; entries <= 0 are never drawn). Shared by the dense
-// SampleFrom and the sparse Sample so both accumulate the same floats in the same order.
+// The exponential race over n entries: id_of(i) and prob_of(i) in ascending id order
+// (entries <= 0 never win). Shared by the dense SampleFrom/RaceDraw and the sparse Sample
+// so both see the same floats, the same noise per id and the same tie order.
 template <typename IdOf, typename ProbOf>
-int32_t DrawInOrder(Rng* rng, size_t n, IdOf id_of, ProbOf prob_of) {
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i) total += prob_of(i);
-  const double r = rng->Uniform() * total;
-  double cumulative = 0.0;
-  int32_t last_nonzero = 0;
+int32_t RaceInOrder(const PositionNoise& noise, size_t n, IdOf id_of, ProbOf prob_of) {
+  double best = std::numeric_limits<double>::infinity();
+  int32_t winner = -1;
   for (size_t i = 0; i < n; ++i) {
-    const float p = prob_of(i);
-    if (p <= 0.0f) continue;
-    cumulative += p;
-    last_nonzero = id_of(i);
-    if (r < cumulative) return last_nonzero;
+    const double p = prob_of(i);
+    if (!(p > 0.0)) continue;
+    const int32_t id = id_of(i);
+    const double u = noise.Uniform(static_cast<uint64_t>(id));
+    // -ln(u) >= 1 - u, so an entry whose (1 - u) / p already reaches the best cannot win:
+    // most of a large vocabulary is skipped without a logarithm. The 1e-9 margin keeps the
+    // skip on the safe side of ln's rounding (a skipped entry would have lost anyway).
+    if (1.0 - u >= best * p * (1.0 + 1e-9)) continue;
+    const double e = -std::log(u) / p;
+    if (e < best) {  // strict: the lowest id wins a tie
+      best = e;
+      winner = id;
+    }
   }
-  return last_nonzero;  // rounding left r at the very top
+  return winner >= 0 ? winner : 0;
 }
 
 }  // namespace
+
+PositionNoise::PositionNoise(uint64_t seed, int64_t position, NoiseStream stream)
+    : key_(Mix(Mix(seed + kGolden) ^
+               Mix((static_cast<uint64_t>(position) << 2 | static_cast<uint64_t>(stream)) +
+                   2 * kGolden))) {}
+
+double PositionNoise::Uniform(uint64_t index) const {
+  // Centre of one of 2^53 equal cells: never 0 or 1, so ln(u) is finite and 1 - u > 0.
+  return (static_cast<double>(Mix(key_ + (index + 1) * kGolden) >> 11) + 0.5) * 0x1.0p-53;
+}
+
+int32_t RaceDraw(std::span<const float> probs, const PositionNoise& noise) {
+  return RaceInOrder(
+      noise, probs.size(), [](size_t i) { return static_cast<int32_t>(i); },
+      [&](size_t i) { return probs[i]; });
+}
 
 Rng::Rng(uint64_t seed) {
   for (uint64_t& s : s_) s = SplitMix64(&seed);
@@ -108,7 +131,7 @@ double LogitWeight(float logit, float max_logit, float inv_t) {
 
 }  // namespace
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+Sampler::Sampler(const SamplingParams& params) : params_(params) {}
 
 void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* ids,
                          std::vector<double>* weights, double* sum) const {
@@ -197,32 +220,30 @@ void Sampler::Distribution(std::span<const float> logits, std::vector<float>* pr
   for (size_t i = 0; i < ids.size(); ++i) (*probs)[ids[i]] = static_cast<float>(p[i] / sum);
 }
 
-int32_t Sampler::SampleFrom(std::span<const float> probs) {
-  return DrawInOrder(
-      &rng_, probs.size(), [](size_t i) { return static_cast<int32_t>(i); },
-      [&](size_t i) { return probs[i]; });
+int32_t Sampler::SampleFrom(std::span<const float> probs, int64_t position) const {
+  return RaceDraw(probs, Noise(position, NoiseStream::kToken));
 }
 
-int32_t Sampler::Sample(std::span<const float> logits) {
+int32_t Sampler::Sample(std::span<const float> logits, int64_t position) {
   if (params_.temperature == 0.0f) return ArgMax(logits);
   if (KeepsWholeVocabulary(logits.size())) {
     // The whole vocabulary in id order: no id list, no pairs, no sort check.
     dense_probs_.resize(logits.size());
     DenseProbabilities(logits, dense_probs_.data());
-    return SampleFrom(dense_probs_);
+    return SampleFrom(dense_probs_, position);
   }
   std::vector<int32_t> ids;
   std::vector<double> p;
   double sum = 0.0;
   Candidates(logits, &ids, &p, &sum);
   // SampleFrom over the dense vector, restricted to its non-zero entries: the same float
-  // probabilities accumulated in the same (id) order, one uniform draw.
+  // probabilities raced with the same noise per id in the same (id) order.
   std::vector<std::pair<int32_t, float>> kept(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) kept[i] = {ids[i], static_cast<float>(p[i] / sum)};
   // Pruned candidates come in logit order: back to id order.
   std::sort(kept.begin(), kept.end());
-  return DrawInOrder(
-      &rng_, kept.size(), [&](size_t i) { return kept[i].first; },
+  return RaceInOrder(
+      Noise(position, NoiseStream::kToken), kept.size(), [&](size_t i) { return kept[i].first; },
       [&](size_t i) { return kept[i].second; });
 }
 

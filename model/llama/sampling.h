@@ -1,6 +1,14 @@
-// Token sampling from logits: greedy, temperature, top-k, top-p, with a seeded generator
-// whose stream is defined by this code (not by the standard library's distributions), so
-// the same seed gives the same tokens on every platform and build.
+// Token sampling from logits: greedy, temperature, top-k, top-p. The randomness of a sampled
+// token is a pure function of (seed, position in the sequence): counter-based noise defined
+// by this code (not by the standard library's distributions), so the same seed gives the
+// same token at the same position whatever else ran before it — batch mates, preemption,
+// the drafts speculation proposed, a restart.
+//
+// A draw is an exponential race (equivalent to Gumbel-max): token t gets E_t = -ln(u_t) with
+// u_t the position's uniform for id t, and the winner is argmin over p_t > 0 of E_t / p_t,
+// which is t with probability p_t / sum(p). Because the noise is indexed by token id, the
+// target and a draft model that race with the same position's noise pick the same token
+// whenever their distributions are close — what the `match` acceptance rule relies on.
 //
 // Order of operations (as llama.cpp and HF do): temperature scaling -> top-k -> softmax ->
 // top-p (smallest set whose probability reaches top_p, at least one token) -> renormalise
@@ -26,7 +34,8 @@ struct SamplingParams {
 // top_k < 0, top_p outside (0, 1]).
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
-// xoshiro256** seeded through splitmix64. Deterministic across platforms.
+// xoshiro256** seeded through splitmix64. Deterministic across platforms. A sequential
+// generator for benchmarks and tests; sampling uses PositionNoise.
 class Rng {
  public:
   explicit Rng(uint64_t seed);
@@ -38,28 +47,59 @@ class Rng {
   uint64_t s_[4];
 };
 
+// What a position's randomness is used for: independent streams of the same position.
+enum class NoiseStream : uint64_t {
+  kToken = 0,     // the token drawn at the position (target and drafter alike)
+  kAccept = 1,    // the ratio acceptance rule's uniform
+  kResidual = 2,  // the ratio rule's draw from the residual distribution
+};
+
+// The noise of one (seed, position, stream): a family of independent uniforms indexed by
+// token id. Cheap to make (a few multiplies); copyable; immutable, so thread-safe.
+class PositionNoise {
+ public:
+  PositionNoise(uint64_t seed, int64_t position, NoiseStream stream);
+  // Uniform in the open interval (0, 1), 53 random bits; a function of the key and index only.
+  double Uniform(uint64_t index) const;
+
+ private:
+  uint64_t key_;
+};
+
+// The exponential race over probs ([n], need not be normalised; entries <= 0 or NaN never
+// win) with noise's uniform for each index: index t wins with probability probs[t]/sum.
+// Ties go to the lowest index. probs must hold at least one positive entry (else 0).
+int32_t RaceDraw(std::span<const float> probs, const PositionNoise& noise);
+
 // Index of the largest logit (lowest index on ties). logits must be non-empty.
 int32_t ArgMax(std::span<const float> logits);
 
-// One sampler per sequence: owns the generator stream. Not thread-safe.
+// One sampler per sequence: its parameters and scratch. Holds no generator state (the noise
+// is a function of the seed and the position), so calls commute. Not thread-safe (scratch).
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
 
-  // Draws a token id from logits ([vocab]). Bit-identical to SampleFrom(Distribution(..))
-  // but, with top-k on, touches only the k candidates after one selection pass (the dense
-  // path sorted and normalised the whole vocabulary: 4-6% of a 16-sequence serve step).
-  int32_t Sample(std::span<const float> logits);
+  // The token at `position` (0-based index in the sequence, prompt included, of the token
+  // being drawn) from logits ([vocab]), racing with Noise(position, kToken). Bit-identical
+  // to SampleFrom(Distribution(..), position) but, with top-k on, touches only the k
+  // candidates after one selection pass. Greedy (temperature 0) is ArgMax.
+  int32_t Sample(std::span<const float> logits, int64_t position);
 
   // The distribution Sample draws from, as a dense [vocab] vector of probabilities (zeros
   // outside the kept set). Greedy gives a one-hot vector. Used by speculative acceptance.
   void Distribution(std::span<const float> logits, std::vector<float>* probs) const;
 
-  // Draws an index from a probability vector (need not be normalised; sum > 0).
-  int32_t SampleFrom(std::span<const float> probs);
+  // Draws an index from a probability vector (need not be normalised; sum > 0) at
+  // `position`: RaceDraw with Noise(position, kToken).
+  int32_t SampleFrom(std::span<const float> probs, int64_t position) const;
+
+  // The noise of this sequence's seed at a position.
+  PositionNoise Noise(int64_t position, NoiseStream stream) const {
+    return PositionNoise(params_.seed, position, stream);
+  }
 
   const SamplingParams& params() const { return params_; }
-  Rng& rng() { return rng_; }
 
  private:
   // The kept candidates when top-k or top-p prunes (temperature > 0, not
@@ -75,7 +115,6 @@ class Sampler {
   void DenseProbabilities(std::span<const float> logits, float* probs) const;
 
   SamplingParams params_;
-  Rng rng_;
   std::vector<float> dense_probs_;  // scratch of Sample
 };
 

@@ -45,6 +45,8 @@ constexpr char kHelp[] =
     "  --spec-k K          most tokens drafted per step (default 4); the controller adapts\n"
     "                      K in [1, K] per domain, or turns speculation off where it loses\n"
     "  --spec-fixed        always draft K tokens (no adaptation)\n"
+    "  --acceptance RULE   sampled drafts: match (default: the text of a seed does not\n"
+    "                      depend on the drafter) or ratio (min(1, p/q) test)\n"
     "  --domain NAME       the request's domain, for per-domain acceptance (default: from\n"
     "                      --router-rules, else \"default\")\n"
     "  --router-rules FILE JSON rules naming a prompt's domain (bench/prompts/router-rules.json)\n"
@@ -111,6 +113,7 @@ absl::Status Run(const CliArgs& args) {
   SpecEngineOptions options;
   options.adaptive = !args.Has("spec-fixed");
   options.fixed_k = static_cast<int>(spec_k);
+  SPECNODE_ASSIGN_OR_RETURN(options.acceptance, AcceptanceFromArgs(args));
   if (draft.has_value() && !draft->none()) {
     SPECNODE_ASSIGN_OR_RETURN(drafter, MakeDrafter(*draft, session->model(), session->pool(), kv));
     SpecControllerConfig cc;
@@ -210,10 +213,11 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunGenerate(int argc, char** argv) {
-  return RunModelCommand("generate", kHelp, argc, argv,
-                         {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k",
-                          "top-p", "seed", "threads", "draft", "spec-k", "domain", "router-rules"},
-                         {"chat", "ignore-eos", "json", "quiet", "spec-fixed"}, Run);
+  return RunModelCommand(
+      "generate", kHelp, argc, argv,
+      {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "seed",
+       "threads", "draft", "spec-k", "domain", "router-rules", "acceptance"},
+      {"chat", "ignore-eos", "json", "quiet", "spec-fixed"}, Run);
 }
 
 }  // namespace specnode

@@ -42,8 +42,11 @@ constexpr char kHelp[] =
     "  --max-tokens N      tokens generated per prompt (default 64)\n"
     "  --spec-k K          K of the fixed-K (\"router off\") runs (default 4)\n"
     "  --k-max K           the adaptive controllers' largest K (default 8)\n"
-    "  --temperature T     0 = greedy (default 0): greedy runs also check that every\n"
-    "                      configuration produced the target-only tokens\n"
+    "  --temperature T     0 = greedy (default 0); greedy runs, and sampled runs under\n"
+    "                      the match rule, also check that every configuration produced\n"
+    "                      the target-only tokens\n"
+    "  --top-k K --top-p P --seed S  sampling parameters (default 0 = off, 1 = off, 0)\n"
+    "  --acceptance RULE   match (default) or ratio: how sampled drafts are accepted\n"
     "  --threads N         CPU threads (default: all cores available)\n"
     "  --router-rules FILE name each prompt's domain with these rules (JSON, see\n"
     "                      bench/prompts/router-rules.json) instead of its \"domain\" field;\n"
@@ -133,6 +136,13 @@ absl::Status Run(const CliArgs& args) {
   }
   SamplingParams sp;
   sp.temperature = static_cast<float>(temperature);
+  SPECNODE_ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k", 0, 0, 1 << 30));
+  SPECNODE_ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p", 1.0, 0.0, 1.0));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 0, 0, INT64_MAX));
+  sp.top_k = static_cast<int>(top_k);
+  sp.top_p = static_cast<float>(top_p);
+  sp.seed = static_cast<uint64_t>(seed);
+  SPECNODE_ASSIGN_OR_RETURN(const AcceptanceRule acceptance, AcceptanceFromArgs(args));
   for (const WorkloadPrompt& p : prompts) {
     SPECNODE_RETURN_IF_ERROR(session->ValidateRequest(p.ids, max_tokens, sp));
   }
@@ -181,6 +191,7 @@ absl::Status Run(const CliArgs& args) {
     SpecEngineOptions options;
     options.adaptive = c->adaptive;
     options.fixed_k = static_cast<int>(spec_k);
+    options.acceptance = acceptance;
     options.stop_tokens.insert(eog.begin(), eog.end());
     c->engine = std::make_unique<SpeculativeEngine>(&session->runner(), groups, options);
   }
@@ -219,6 +230,10 @@ absl::Status Run(const CliArgs& args) {
   out["spec_k"] = spec_k;
   out["k_max"] = k_max;
   out["temperature"] = temperature;
+  out["top_k"] = top_k;
+  out["top_p"] = top_p;
+  out["seed"] = seed;
+  out["acceptance"] = std::string(AcceptanceRuleName(acceptance));
   out["threads"] = threads;
   out["kv_mode"] = std::string(KvModeName(kv.mode));
   out["ignore_eos"] = ignore_eos;
@@ -290,10 +305,11 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunSpecBench(int argc, char** argv) {
-  return RunModelCommand("spec-bench", kHelp, argc, argv,
-                         {"model", "prompts", "drafters", "per-domain", "max-tokens", "spec-k",
-                          "temperature", "threads", "router-rules", "k-max"},
-                         {"raw", "json", "ignore-eos"}, Run);
+  return RunModelCommand(
+      "spec-bench", kHelp, argc, argv,
+      {"model", "prompts", "drafters", "per-domain", "max-tokens", "spec-k", "temperature",
+       "threads", "router-rules", "k-max", "top-k", "top-p", "seed", "acceptance"},
+      {"raw", "json", "ignore-eos"}, Run);
 }
 
 }  // namespace specnode

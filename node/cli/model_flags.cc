@@ -22,10 +22,12 @@ std::string KvFlagsHelp() {
       "  --kv-page-tokens N  token slots per KV page (default %d)\n"
       "  --kv-critical-threshold X  relative attention mass that keeps a token INT8 (default %g)\n"
       "  --kv-sample-every N observe attention mass at 1 query position in N (default %d)\n"
+      "  --kv-demote-every N mixed mode demotes when a length reaches a multiple of N\n"
+      "                      (default %d)\n"
       "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
       "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n",
-      d.capacity_bytes >> 20, d.window_tokens, d.sink_tokens, d.page_tokens,
-      d.critical_threshold, d.mass_sample_every);
+      d.capacity_bytes >> 20, d.window_tokens, d.sink_tokens, d.page_tokens, d.critical_threshold,
+      d.mass_sample_every, d.demote_every);
 }
 
 const char kComputeFlagsHelp[] =
@@ -66,7 +68,7 @@ std::string ActivationsName(const ComputeOptions& compute) {
 std::set<std::string> KvValueKeys() {
   return {"kv-mode",         "kv-capacity-mb",        "kv-window",
           "kv-sinks",        "kv-critical-threshold", "kv-sample-every",
-          "kv-evict-window", "kv-page-tokens"};
+          "kv-demote-every", "kv-evict-window",       "kv-page-tokens"};
 }
 
 std::set<std::string> WithKvFlags(std::set<std::string> flags) {
@@ -94,6 +96,7 @@ absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* o) {
   SPECNODE_RETURN_IF_ERROR(set_int("kv-window", 1, 1 << 20, &o->window_tokens));
   SPECNODE_RETURN_IF_ERROR(set_int("kv-sinks", 0, 1 << 20, &o->sink_tokens));
   SPECNODE_RETURN_IF_ERROR(set_int("kv-sample-every", 1, 1 << 20, &o->mass_sample_every));
+  SPECNODE_RETURN_IF_ERROR(set_int("kv-demote-every", 1, 1 << 20, &o->demote_every));
   SPECNODE_RETURN_IF_ERROR(set_int("kv-page-tokens", 1, 4096, &o->page_tokens));
   if (args.Has("kv-critical-threshold")) {
     SPECNODE_ASSIGN_OR_RETURN(double thr, args.GetDouble("kv-critical-threshold", 0, 0.0, 1e6));
@@ -111,6 +114,14 @@ absl::StatusOr<KvOptions> KvOptionsFromArgs(const CliArgs& args) {
   KvOptions o;
   SPECNODE_RETURN_IF_ERROR(ApplyKvFlags(args, &o));
   return o;
+}
+
+absl::StatusOr<AcceptanceRule> AcceptanceFromArgs(const CliArgs& args) {
+  if (!args.Has("acceptance")) return AcceptanceRule::kMatch;
+  absl::StatusOr<AcceptanceRule> rule = ParseAcceptanceRule(args.Get("acceptance"));
+  if (!rule.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--acceptance: ", rule.status().message()));
+  return rule;
 }
 
 int RunModelCommand(const char* name, const std::string& help, int argc, char** argv,

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "coordinator/acceptance.h"
 #include "kvstore/kv_options.h"
 #include "model/cpu/cpu_matmul.h"
 #include "node/cli/cli_args.h"
@@ -37,6 +38,10 @@ absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args);
 // What the matmuls round activations to: "int16" / "int8" on the CPU (what its kernels
 // run), "f32" on a GPU.
 std::string ActivationsName(const ComputeOptions& compute);
+
+// --acceptance match|ratio (default match): how sampled drafts are accepted
+// (coordinator/acceptance.h).
+absl::StatusOr<AcceptanceRule> AcceptanceFromArgs(const CliArgs& args);
 
 // The shared entry of the model-running subcommands: parses argv with `value_keys` and
 // `flag_keys` plus the KV keys and --help, prints usage (`help` + the KV flags) on a

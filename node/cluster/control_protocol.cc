@@ -230,6 +230,7 @@ std::string EncodeControl(const HelloAckMessage& m) {
   w.Put<int32_t>(m.n_kv_heads_local);
   w.Put<int64_t>(m.kv_page_bytes);
   w.Put<int32_t>(m.kv_page_tokens);
+  w.Put<int32_t>(m.kv_pass_boundary);
   w.Put<int64_t>(m.pid);
   w.PutString(m.host);
   w.Put<int32_t>(m.status_code);
@@ -343,6 +344,7 @@ absl::StatusOr<HelloAckMessage> DecodeHelloAck(std::string_view frame) {
   m.n_kv_heads_local = r.Get<int32_t>("n_kv_heads_local");
   m.kv_page_bytes = r.Get<int64_t>("kv_page_bytes");
   m.kv_page_tokens = r.Get<int32_t>("kv_page_tokens");
+  m.kv_pass_boundary = r.Get<int32_t>("kv_pass_boundary");
   m.pid = r.Get<int64_t>("pid");
   m.host = r.GetString("host");
   m.status_code = r.Get<int32_t>("status_code");
@@ -350,9 +352,9 @@ absl::StatusOr<HelloAckMessage> DecodeHelloAck(std::string_view frame) {
   if (r.ok() && !ValidStatusCode(m.status_code)) {
     r.Fail(absl::StrFormat("status code %d", m.status_code));
   }
-  if (r.ok() && (m.kv_page_bytes < 0 || m.kv_page_tokens < 0)) {
-    r.Fail(absl::StrFormat("KV page geometry (%d bytes, %d tokens)", m.kv_page_bytes,
-                           m.kv_page_tokens));
+  if (r.ok() && (m.kv_page_bytes < 0 || m.kv_page_tokens < 0 || m.kv_pass_boundary < 0)) {
+    r.Fail(absl::StrFormat("KV page geometry (%d bytes, %d tokens, boundary %d)", m.kv_page_bytes,
+                           m.kv_page_tokens, m.kv_pass_boundary));
   }
   if (r.ok() && (m.tp_size < 1 || m.tp_rank < 0 || m.tp_rank >= m.tp_size)) {
     r.Fail(absl::StrFormat("tp rank %d of %d", m.tp_rank, m.tp_size));

@@ -36,7 +36,7 @@
 namespace specnode {
 
 inline constexpr uint32_t kControlMagic = 0x50434E53;  // "SNCP" little-endian
-inline constexpr uint16_t kControlProtocolVersion = 3;
+inline constexpr uint16_t kControlProtocolVersion = 4;
 inline constexpr size_t kControlHeaderBytes = 16;
 
 enum class ControlKind : uint16_t {
@@ -79,6 +79,9 @@ struct HelloAckMessage {
   // shard's cache cannot tell (dense).
   int64_t kv_page_bytes = 0;
   int32_t kv_page_tokens = 0;
+  // (v4) The shard cache's KvCache::PassBoundary (0: none): rank 0 keeps each sequence's
+  // rows of a step between two of its multiples.
+  int32_t kv_pass_boundary = 0;
   int64_t pid = 0;
   std::string host;
   // Not OK when the shard could not start (e.g. its weights failed to load).

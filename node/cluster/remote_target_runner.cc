@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
     }
     r->shards_.push_back({ack->world_rank, ack->tp_rank, ack->pid, ack->host,
                           ack->kv_capacity_bytes, ack->n_kv_heads_local, ack->kv_page_bytes,
-                          ack->kv_page_tokens});
+                          ack->kv_page_tokens, ack->kv_pass_boundary});
     r->kv_.push_back({ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1, 0, {}});
   }
   return r;

@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@ struct ShardInfo {
   int n_kv_heads_local = 0;
   int64_t kv_page_bytes = 0;  // 0: the shard's cache cannot tell (HelloAckMessage)
   int32_t kv_page_tokens = 0;
+  int32_t kv_pass_boundary = 0;  // HelloAckMessage
 };
 
 struct RemoteTargetOptions {
@@ -75,6 +77,13 @@ class RemoteTargetRunner final : public ModelRunner {
 
   int32_t vocab_size() const override { return options_.vocab_size; }
   int32_t max_positions() const override { return options_.max_positions; }
+  // The shards' (one config, so one value; their gcd if they differ: a pass inside a block
+  // of the gcd is inside a block of each).
+  int32_t PassBoundary() const override {
+    int32_t b = 0;
+    for (const ShardInfo& s : shards_) b = std::gcd(b, s.kv_pass_boundary);
+    return b;
+  }
   // "ranks 1,2,3" (the shard ranks it drives).
   std::string device() const override;
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override;

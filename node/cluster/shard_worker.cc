@@ -75,6 +75,7 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
       ack.kv_page_bytes = room->needed;  // Room(0): one page
       ack.kv_page_tokens = o.kv.page_tokens;
     }
+    ack.kv_pass_boundary = exec->model().PassBoundary();
     return absl::OkStatus();
   }();
   ack.set_status(load);

@@ -243,8 +243,9 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
 
   const YAML::Node spec = root["speculation"];
-  CFG_TRY(r.Section(spec, "speculation",
-                    {"draft", "k_max", "free_threshold", "disable_threshold", "probe_every"}));
+  CFG_TRY(r.Section(
+      spec, "speculation",
+      {"draft", "k_max", "free_threshold", "disable_threshold", "probe_every", "acceptance"}));
   std::string draft;
   CFG_TRY(r.String(spec, "speculation", "draft", &draft));
   if (spec.IsDefined() && spec.IsMap() && spec["draft"].IsDefined() && !spec["draft"].IsNull()) {
@@ -259,6 +260,16 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     return r.Error(spec, "speculation.disable_threshold", "must be <= free_threshold");
   }
   CFG_TRY(r.Int(spec, "speculation", "probe_every", 1, 1 << 20, &c.probe_every));
+  std::string acceptance;
+  CFG_TRY(r.String(spec, "speculation", "acceptance", &acceptance));
+  if (!acceptance.empty()) {
+    absl::StatusOr<AcceptanceRule> rule = ParseAcceptanceRule(acceptance);
+    if (!rule.ok()) {
+      return r.Error(spec["acceptance"], "speculation.acceptance",
+                     std::string(rule.status().message()));
+    }
+    c.acceptance = *rule;
+  }
 
   const YAML::Node router = root["router"];
   CFG_TRY(r.Section(router, "router", {"rules_file", "default_domain"}));
@@ -266,10 +277,10 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   CFG_TRY(r.String(router, "router", "default_domain", &c.default_domain));
 
   const YAML::Node kv = root["kv"];
-  CFG_TRY(r.Section(kv, "kv",
-                    {"mode", "capacity_mb", "host_capacity_mb", "page_tokens", "sink_tokens",
-                     "window_tokens", "critical_threshold", "mass_sample_every", "evict_window",
-                     "rotate"}));
+  CFG_TRY(r.Section(
+      kv, "kv",
+      {"mode", "capacity_mb", "host_capacity_mb", "page_tokens", "sink_tokens", "window_tokens",
+       "critical_threshold", "mass_sample_every", "demote_every", "evict_window", "rotate"}));
   if (kv.IsDefined() && kv.IsMap() && kv["mode"].IsDefined() && !kv["mode"].IsNull()) {
     std::string mode;
     CFG_TRY(r.String(kv, "kv", "mode", &mode));
@@ -291,6 +302,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   CFG_TRY(r.Double(kv, "kv", "critical_threshold", 0, 1e6, &thr));
   c.kv.critical_threshold = static_cast<float>(thr);
   CFG_TRY(r.Int(kv, "kv", "mass_sample_every", 1, 1 << 20, &c.kv.mass_sample_every));
+  CFG_TRY(r.Int(kv, "kv", "demote_every", 1, 1 << 20, &c.kv.demote_every));
   // Sliding-window eviction (lossy) when set: tokens older than this many, except sinks.
   int evict_window = 0;
   CFG_TRY(r.Int(kv, "kv", "evict_window", 0, 1 << 24, &evict_window));

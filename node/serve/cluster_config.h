@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/acceptance.h"
 #include "coordinator/draft_spec.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
@@ -64,6 +65,8 @@ struct ServeConfig {
   int k_max = 4;
   double free_threshold = 0.6, disable_threshold = 0.4;
   int probe_every = 32;
+  // speculation.acceptance: how sampled drafts are accepted (coordinator/acceptance.h).
+  AcceptanceRule acceptance = AcceptanceRule::kMatch;
   std::string router_rules_file;
   std::string default_domain = "default";
   KvOptions kv;  // the kv: section, typed (kvstore/kv_options.h)

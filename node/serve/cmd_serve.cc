@@ -27,29 +27,31 @@ namespace {
 std::string Help() {
   const ServeConfig d;
   return absl::StrFormat(
-    "usage: specnode serve [--config FILE.yaml] [--model PATH] [--bind ENDPOINT] [options]\n"
-    "\n"
-    "Serves the ZeroMQ protocol of docs/protocol.md until SIGINT/SIGTERM (then drains and\n"
-    "exits 0). Settings come from --config (cluster-configs/, schema in docs/configs.md;\n"
-    "default: the embedded cluster-configs/local-cpu.yaml); flags override it.\n"
-    "Under mpirun with a multi-rank config, rank 0 serves and ranks 1..T run the\n"
-    "tensor-parallel target, e.g. mpirun -np 4 specnode serve --config\n"
-    "cluster-configs/mpirun-cpu-tp3.yaml (docs/serving.md, \"Cluster (mpirun)\").\n"
-    "  --config FILE       YAML cluster config\n"
-    "  --model PATH        target GGUF (default: $SPECNODE_MODEL or the fetch-model cache)\n"
-    "  --bind ENDPOINT     ROUTER endpoint (default %s)\n"
-    "  --metrics-bind A    HTTP Prometheus endpoint IPV4:PORT (GET /metrics, /health),\n"
-    "                      e.g. 127.0.0.1:9464; keep it on loopback (default: off)\n"
-    "  --threads N         CPU threads (default: all cores available)\n"
-    "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default %s)\n"
-    "  --spec-k K          largest speculation length (default %d)\n"
-    "  --router-rules FILE JSON rules naming a request's domain from its prompt\n"
-    "  --max-active N      sequences running at once (default %d)\n"
-    "  --max-queue N       waiting requests before `overloaded` (default %d)\n"
-    "  --max-tokens N      largest max_tokens a request may ask (default %d)\n"
-    "  --max-frame-bytes N largest accepted frame (default %d)\n",
-    d.bind, d.draft.text(), d.k_max, d.max_active, d.max_queue, d.limits.max_tokens,
-    d.limits.max_frame_bytes);
+      "usage: specnode serve [--config FILE.yaml] [--model PATH] [--bind ENDPOINT] [options]\n"
+      "\n"
+      "Serves the ZeroMQ protocol of docs/protocol.md until SIGINT/SIGTERM (then drains and\n"
+      "exits 0). Settings come from --config (cluster-configs/, schema in docs/configs.md;\n"
+      "default: the embedded cluster-configs/local-cpu.yaml); flags override it.\n"
+      "Under mpirun with a multi-rank config, rank 0 serves and ranks 1..T run the\n"
+      "tensor-parallel target, e.g. mpirun -np 4 specnode serve --config\n"
+      "cluster-configs/mpirun-cpu-tp3.yaml (docs/serving.md, \"Cluster (mpirun)\").\n"
+      "  --config FILE       YAML cluster config\n"
+      "  --model PATH        target GGUF (default: $SPECNODE_MODEL or the fetch-model cache)\n"
+      "  --bind ENDPOINT     ROUTER endpoint (default %s)\n"
+      "  --metrics-bind A    HTTP Prometheus endpoint IPV4:PORT (GET /metrics, /health),\n"
+      "                      e.g. 127.0.0.1:9464; keep it on loopback (default: off)\n"
+      "  --threads N         CPU threads (default: all cores available)\n"
+      "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default %s)\n"
+      "  --spec-k K          largest speculation length (default %d)\n"
+      "  --acceptance RULE   sampled drafts: match (a seed's text does not depend on the\n"
+      "                      drafter) or ratio (min(1, p/q) test) (default %s)\n"
+      "  --router-rules FILE JSON rules naming a request's domain from its prompt\n"
+      "  --max-active N      sequences running at once (default %d)\n"
+      "  --max-queue N       waiting requests before `overloaded` (default %d)\n"
+      "  --max-tokens N      largest max_tokens a request may ask (default %d)\n"
+      "  --max-frame-bytes N largest accepted frame (default %d)\n",
+      d.bind, d.draft.text(), d.k_max, std::string(AcceptanceRuleName(d.acceptance)).c_str(),
+      d.max_active, d.max_queue, d.limits.max_tokens, d.limits.max_frame_bytes);
 }
 
 // The config (--config FILE, else the embedded local-cpu.yaml) with command-line flags
@@ -85,6 +87,9 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
     absl::StatusOr<DraftSpec> d = ParseDraftSpec(args.Get("draft"));
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--draft: ", d.status().message()));
     c.draft = *d;
+  }
+  if (args.Has("acceptance")) {
+    SPECNODE_ASSIGN_OR_RETURN(c.acceptance, AcceptanceFromArgs(args));
   }
   if (args.Has("router-rules")) c.router_rules_file = args.Get("router-rules");
   if (args.Has("activations")) {
@@ -129,8 +134,8 @@ absl::Status Run(const CliArgs& args) {
 int RunServe(int argc, char** argv) {
   return RunModelCommand(
       "serve", Help(), argc, argv,
-      {"config", "model", "bind", "metrics-bind", "threads", "draft", "spec-k", "router-rules",
-       "max-active", "max-queue", "max-tokens", "max-frame-bytes"},
+      {"config", "model", "bind", "metrics-bind", "threads", "draft", "spec-k", "acceptance",
+       "router-rules", "max-active", "max-queue", "max-tokens", "max-frame-bytes"},
       {}, Run);
 }
 

@@ -118,6 +118,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   // One group without a drafter: plain target-only decoding.
   if (groups.size() == 1 && groups[0].drafter == nullptr) groups.clear();
   SpecEngineOptions eo;
+  eo.acceptance = cfg.acceptance;
   const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
   eo.stop_tokens.insert(eog.begin(), eog.end());
   eo.pool = session->pool();  // sampling of a batch's sequences in parallel

@@ -93,6 +93,7 @@ class EngineMeasurer final : public TuneMeasurer {
       groups.push_back({drafter.get(), setup->controller.get()});
     }
     SpecEngineOptions eo;
+    eo.acceptance = c.acceptance;
     const std::vector<int32_t> eog = setup->session->model().tokenizer().EndOfGenerationIds();
     eo.stop_tokens.insert(eog.begin(), eog.end());
     SpeculativeEngine engine(&setup->session->runner(), groups, eo);

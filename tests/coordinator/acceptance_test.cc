@@ -1,8 +1,10 @@
-// The acceptance rules: greedy follows argmax exactly; sampled acceptance emits tokens with
-// the target's distribution whatever the draft proposes (chi-square over seeded trials).
+// The acceptance rules: greedy follows argmax exactly; both sampled rules emit tokens with
+// the target's distribution whatever the draft proposes (chi-square over seeded trials);
+// the match rule emits exactly what target-only sampling would, position by position.
 #include "coordinator/acceptance.h"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -60,60 +62,96 @@ double ChiSquare(const std::vector<int64_t>& counts, const std::vector<double>& 
   return chi2;
 }
 
+// The target's logits for a chain row: log p, so that Sample at temperature 1 draws from p.
+std::vector<float> LogitsOf(std::span<const float> probs) {
+  std::vector<float> l(probs.size());
+  for (size_t i = 0; i < probs.size(); ++i) l[i] = std::log(probs[i]);
+  return l;
+}
+
+// The position of the context's last token + 1: the first drafted position.
+constexpr int64_t kFirstPosition = 10;
+
 struct SampledCase {
+  AcceptanceRule rule;
   int k;
   float draft_sharpness;     // 0 = uniform draft (low acceptance); large = peaked, disagreeing
   bool deterministic_draft;  // one-hot q (n-gram style): the draft is argmax of Q
 };
 
+std::string CaseName(const testing::TestParamInfo<SampledCase>& info) {
+  const SampledCase& c = info.param;
+  return std::string(AcceptanceRuleName(c.rule)) + "_k" + std::to_string(c.k) + "_sharp" +
+         std::to_string(static_cast<int>(c.draft_sharpness * 10)) +
+         (c.deterministic_draft ? "_deterministic" : "_sampled");
+}
+
+// One verification step after context token `context`, as the engine runs it: the drafts
+// (sampled drafts race with their position's noise, as ModelDrafter's do), the target rows
+// along them, and the rule's outcome; returns the emitted tokens.
+struct StepResult {
+  std::vector<int32_t> drafts, emitted;
+};
+StepResult Step(const SampledCase& tc, const Chain& target, const Chain& draft, int context,
+                Sampler* sampler) {
+  StepResult r;
+  std::vector<float> q, p, logits;
+  int prev = context;
+  for (int i = 0; i < tc.k; ++i) {
+    const auto row = draft.Row(prev);
+    int32_t d;
+    if (tc.deterministic_draft) {
+      d = ArgMax(row);
+    } else {
+      d = sampler->SampleFrom(row, kFirstPosition + i);
+      q.insert(q.end(), row.begin(), row.end());
+    }
+    r.drafts.push_back(d);
+    prev = d;
+  }
+  prev = context;
+  for (int i = 0; i <= tc.k; ++i) {
+    const auto row = target.Row(prev);
+    p.insert(p.end(), row.begin(), row.end());
+    const std::vector<float> l = LogitsOf(row);
+    logits.insert(logits.end(), l.begin(), l.end());
+    if (i < tc.k) prev = r.drafts[i];
+  }
+  const int vocab = target.vocab;
+  const AcceptOutcome o = tc.rule == AcceptanceRule::kMatch
+                              ? AcceptMatch(r.drafts, logits, vocab, kFirstPosition, sampler)
+                              : AcceptRatio(r.drafts, p, q, vocab, kFirstPosition, *sampler);
+  r.emitted.assign(r.drafts.begin(), r.drafts.begin() + o.accepted);
+  r.emitted.push_back(o.next_token);
+  return r;
+}
+
 class AcceptSampledTest : public testing::TestWithParam<SampledCase> {};
 
 // The first two emitted tokens after context token c must be distributed as P(e1|c) P(e2|e1).
-// When a step emits only one token, the second is drawn from the target chain directly (what
-// the next step would do), so the joint is the target's. df = 24; the 0.1% critical value is
-// 51.2: with fixed seeds the test is deterministic, and a wrong rule (e.g. skipping the
-// residual) gives chi-square in the thousands.
+// When a step emits only one token, the second is what the next step draws at its position
+// (target-only there, as after a rejection), so the joint is the target's. Each trial is a
+// sequence of its own seed. df = 24; the 0.1% critical value is 51.2: with fixed seeds the
+// test is deterministic, and a wrong rule (e.g. skipping the residual, or reusing the
+// draft's noise for the ratio test) gives chi-square in the hundreds.
 TEST_P(AcceptSampledTest, EmitsTheTargetDistribution) {
   const SampledCase tc = GetParam();
   constexpr int kVocab = 5;
   const Chain target = RandomChain(kVocab, 11, 3.0f);
   const Chain draft = RandomChain(kVocab, 97, tc.draft_sharpness);
-  SamplingParams sp;
-  sp.temperature = 1.0f;
-  sp.seed = 1234;
-  Sampler sampler(sp);
   const int context = 3;
   constexpr int64_t kTrials = 60000;
   std::vector<int64_t> counts(kVocab * kVocab, 0);
-  int64_t accepted_total = 0;
+  int64_t accepted_total = 0, first_accepted = 0;
   for (int64_t trial = 0; trial < kTrials; ++trial) {
-    std::vector<int32_t> drafts;
-    std::vector<float> q, p;
-    int prev = context;
-    for (int i = 0; i < tc.k; ++i) {
-      const auto row = draft.Row(prev);
-      int32_t d;
-      if (tc.deterministic_draft) {
-        d = ArgMax(row);
-      } else {
-        d = sampler.SampleFrom(row);
-        q.insert(q.end(), row.begin(), row.end());
-      }
-      drafts.push_back(d);
-      prev = d;
+    Sampler sampler(SamplingParams{1.0f, 0, 1.0f, static_cast<uint64_t>(trial) + 1000});
+    StepResult r = Step(tc, target, draft, context, &sampler);
+    accepted_total += static_cast<int64_t>(r.emitted.size()) - 1;
+    first_accepted += r.emitted.size() > 1;
+    if (r.emitted.size() < 2) {
+      r.emitted.push_back(sampler.SampleFrom(target.Row(r.emitted[0]), kFirstPosition + 1));
     }
-    prev = context;
-    for (int i = 0; i <= tc.k; ++i) {
-      const auto row = target.Row(prev);
-      p.insert(p.end(), row.begin(), row.end());
-      if (i < tc.k) prev = drafts[i];
-    }
-    const AcceptOutcome o = AcceptSampled(drafts, p, q, kVocab, &sampler);
-    accepted_total += o.accepted;
-    std::vector<int32_t> emitted(drafts.begin(), drafts.begin() + o.accepted);
-    emitted.push_back(o.next_token);
-    if (emitted.size() < 2) emitted.push_back(sampler.SampleFrom(target.Row(emitted[0])));
-    counts[emitted[0] * kVocab + emitted[1]]++;
+    counts[r.emitted[0] * kVocab + r.emitted[1]]++;
   }
   std::vector<double> expected(kVocab * kVocab);
   for (int a = 0; a < kVocab; ++a) {
@@ -122,36 +160,81 @@ TEST_P(AcceptSampledTest, EmitsTheTargetDistribution) {
     }
   }
   const double chi2 = ChiSquare(counts, expected, kTrials);
-  EXPECT_LT(chi2, 51.2) << "k=" << tc.k << " acceptance "
-                        << static_cast<double>(accepted_total) / (kTrials * tc.k);
+  EXPECT_LT(chi2, 51.2) << "acceptance " << static_cast<double>(accepted_total) / (kTrials * tc.k);
+
+  // How often the first draft is accepted. Deterministic drafter: p(d) under both rules.
+  // Sampled drafter: 1 - TV(p, q) under the ratio rule; under the match rule (both race
+  // with the same noise) at least (1 - TV) / (1 + TV). 4.5 sigma of slack.
+  const auto p0 = target.Row(context);
+  const auto q0 = draft.Row(context);
+  double tv = 0;
+  for (int t = 0; t < kVocab; ++t) tv += 0.5 * std::abs(p0[t] - q0[t]);
+  const double rate = static_cast<double>(first_accepted) / kTrials;
+  const double want = tc.deterministic_draft ? p0[ArgMax(q0)] : 1.0 - tv;
+  const double sigma = std::sqrt(want * (1 - want) / kTrials) + 1e-9;
+  if (tc.deterministic_draft || tc.rule == AcceptanceRule::kRatio) {
+    EXPECT_NEAR(rate, want, 4.5 * sigma) << "tv " << tv;
+  } else {
+    EXPECT_GT(rate, (1 - tv) / (1 + tv) - 4.5 * sigma) << "tv " << tv;
+    EXPECT_LE(rate, want + 4.5 * sigma) << "tv " << tv;  // no rule beats the ratio rule
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Drafts, AcceptSampledTest,
-                         testing::Values(SampledCase{1, 0.0f, false}, SampledCase{2, 3.0f, false},
-                                         SampledCase{4, 8.0f, false}, SampledCase{3, 3.0f, true},
-                                         SampledCase{2, 0.5f, true}));
+                         testing::Values(SampledCase{AcceptanceRule::kRatio, 1, 0.0f, false},
+                                         SampledCase{AcceptanceRule::kRatio, 2, 3.0f, false},
+                                         SampledCase{AcceptanceRule::kRatio, 4, 8.0f, false},
+                                         SampledCase{AcceptanceRule::kRatio, 3, 3.0f, true},
+                                         SampledCase{AcceptanceRule::kRatio, 2, 0.5f, true},
+                                         SampledCase{AcceptanceRule::kMatch, 1, 0.0f, false},
+                                         SampledCase{AcceptanceRule::kMatch, 2, 3.0f, false},
+                                         SampledCase{AcceptanceRule::kMatch, 4, 8.0f, false},
+                                         SampledCase{AcceptanceRule::kMatch, 3, 3.0f, true},
+                                         SampledCase{AcceptanceRule::kMatch, 2, 0.5f, true}),
+                         CaseName);
+
+// The match rule's defining property: whatever was drafted, the emitted tokens are the
+// ones target-only sampling draws at those positions with the same seed.
+TEST(AcceptMatchTest, EmitsWhatTargetOnlySamplingDraws) {
+  constexpr int kVocab = 6;
+  const Chain target = RandomChain(kVocab, 3, 2.0f);
+  for (const SampledCase& tc : {SampledCase{AcceptanceRule::kMatch, 4, 1.0f, false},
+                                SampledCase{AcceptanceRule::kMatch, 2, 4.0f, true},
+                                SampledCase{AcceptanceRule::kMatch, 6, 0.0f, false}}) {
+    const Chain draft = RandomChain(kVocab, 71, tc.draft_sharpness);
+    for (uint64_t seed = 0; seed < 500; ++seed) {
+      Sampler sampler(SamplingParams{1.0f, 0, 1.0f, seed});
+      const StepResult r = Step(tc, target, draft, 2, &sampler);
+      int prev = 2;
+      for (size_t j = 0; j < r.emitted.size(); ++j) {
+        const std::vector<float> l = LogitsOf(target.Row(prev));
+        ASSERT_EQ(r.emitted[j], sampler.Sample(l, kFirstPosition + static_cast<int64_t>(j)))
+            << "seed " << seed << " token " << j;
+        prev = r.emitted[j];
+      }
+    }
+  }
+}
 
 TEST(AcceptSampledTest, IdenticalDraftIsAlwaysAccepted) {
   constexpr int kVocab = 5;
   const Chain chain = RandomChain(kVocab, 5, 2.0f);
-  SamplingParams sp;
-  sp.temperature = 1.0f;
-  Sampler sampler(sp);
-  for (int trial = 0; trial < 2000; ++trial) {
-    std::vector<int32_t> drafts;
-    std::vector<float> q, p;
-    int prev = 1;
-    for (int i = 0; i < 3; ++i) {
-      const auto row = chain.Row(prev);
-      drafts.push_back(sampler.SampleFrom(row));
-      q.insert(q.end(), row.begin(), row.end());
-      p.insert(p.end(), row.begin(), row.end());
-      prev = drafts.back();
+  for (AcceptanceRule rule : {AcceptanceRule::kMatch, AcceptanceRule::kRatio}) {
+    for (uint64_t seed = 0; seed < 2000; ++seed) {
+      Sampler sampler(SamplingParams{1.0f, 0, 1.0f, seed});
+      const StepResult r = Step(SampledCase{rule, 3, 0, false}, chain, chain, 1, &sampler);
+      ASSERT_EQ(r.emitted.size(), 4u) << AcceptanceRuleName(rule) << " seed " << seed;
     }
-    const auto row = chain.Row(prev);
-    p.insert(p.end(), row.begin(), row.end());
-    ASSERT_EQ(AcceptSampled(drafts, p, q, kVocab, &sampler).accepted, 3);
   }
+}
+
+TEST(AcceptanceRuleTest, ParsesItsNames) {
+  EXPECT_EQ(*ParseAcceptanceRule("match"), AcceptanceRule::kMatch);
+  EXPECT_EQ(*ParseAcceptanceRule("ratio"), AcceptanceRule::kRatio);
+  const absl::StatusOr<AcceptanceRule> bad = ParseAcceptanceRule("greedy");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("match or ratio"), std::string::npos);
+  EXPECT_EQ(AcceptanceRuleName(AcceptanceRule::kRatio), "ratio");
 }
 
 }  // namespace

@@ -119,8 +119,10 @@ TEST_P(KvKernelsTest, AccumulateAndMassMatchScalarReference) {
       std::vector<float> want = out0, got = out0;
       std::vector<float> sum_w(2 * n + 2, 0.5f), cnt_w(2 * n + 2, 1.0f);
       std::vector<float> sum_g = sum_w, cnt_g = cnt_w;
-      KvMassOut mw{sum_w.data(), cnt_w.data(), pos.data(), n / 2 + 1, 37.0f, inv.data()};
-      KvMassOut mg{sum_g.data(), cnt_g.data(), pos.data(), n / 2 + 1, 37.0f, inv.data()};
+      // Rows [n / 5, n / 2 + 1) observed, written at position - 1 (pos >= 1).
+      const int first = n / 5;
+      KvMassOut mw{sum_w.data(), cnt_w.data(), pos.data(), first, n / 2 + 1, 1, 37.0f, inv.data()};
+      KvMassOut mg{sum_g.data(), cnt_g.data(), pos.data(), first, n / 2 + 1, 1, 37.0f, inv.data()};
       ref.accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, want.data(), &mw);
       kernels->accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, got.data(), &mg);
       for (int h = 0; h < g; ++h) {
@@ -130,6 +132,10 @@ TEST_P(KvKernelsTest, AccumulateAndMassMatchScalarReference) {
           ASSERT_NEAR(got[h * hd + d], want[h * hd + d], 3e-6 * scale + 1e-7)
               << kernels->name << " g=" << g << " n=" << n << " h=" << h << " d=" << d;
         }
+      }
+      for (int r = 0; r < n; ++r) {
+        const bool observed = r >= first && r < n / 2 + 1;
+        EXPECT_EQ(cnt_w[pos[r] - 1], observed ? 1.0f + g : 1.0f) << "reference, row " << r;
       }
       for (size_t i = 0; i < sum_w.size(); ++i) {
         ASSERT_NEAR(sum_g[i], sum_w[i], 1e-5 * std::abs(sum_w[i])) << "mass sum at " << i;

@@ -16,6 +16,7 @@ namespace {
 
 using kvtest::Feed;
 using kvtest::Query;
+using kvtest::SettleNow;
 using kvtest::SmallConfig;
 
 // Per sequence: K/V of each position, [layer][K row | V row] (rows of n_kv*head_dim).
@@ -89,6 +90,9 @@ TEST_P(PropertyTest, RandomOperationsKeepInvariants) {
       SeqId id = (seqs.size() < 5 && gen() % 4 == 0) || seqs.empty() ? next_id++ : pick();
       if (swapped_witness.count(id)) continue;
       const int n = 1 + static_cast<int>(gen() % (gen() % 5 == 0 ? 24 : 3));
+      // Reserve settles the previous commit before reserving (kept if the reservation then
+      // fails): compare a failed reservation with the settled state.
+      SettleNow(store, id);
       const KvUsage before = store.Usage();
       std::vector<float> kv;
       absl::Status s = Feed(store, c, id, n, gen, &kv);
@@ -99,6 +103,7 @@ TEST_P(PropertyTest, RandomOperationsKeepInvariants) {
         // Preempt another sequence: swap it out, or drop it when the host tier is full.
         for (auto& [victim, h] : seqs) {
           if (victim == id || swapped_witness.count(victim) || h.empty()) continue;
+          SettleNow(store, victim);  // as the next step's Reserve would: the witness's view
           auto w = Query(store, c, victim, 77);
           if (store.SwapOut(victim).ok()) {
             swapped_witness[victim] = w;

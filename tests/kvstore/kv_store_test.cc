@@ -18,6 +18,7 @@ namespace {
 
 using kvtest::Feed;
 using kvtest::Query;
+using kvtest::SettleNow;
 using kvtest::SmallConfig;
 
 std::unique_ptr<KvStore> Make(const KvStoreConfig& c) {
@@ -70,6 +71,10 @@ TEST(KvStore, MixedKeepsSinksAndWindowFullAndDemotesTheRest) {
   ASSERT_TRUE(Feed(*store, c, 1, 40, gen).ok());
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(Feed(*store, c, 1, 1, gen).ok());
   auto t = store->SequenceTokens(1);
+  // The last commit is not settled yet: the window has not moved for it.
+  EXPECT_EQ(t[0], c.sink_tokens + c.window_tokens + 1);
+  SettleNow(*store, 1);
+  t = store->SequenceTokens(1);
   EXPECT_EQ(t[0], c.sink_tokens + c.window_tokens);
   EXPECT_EQ(t[1] + t[2], 50 - c.sink_tokens - c.window_tokens);
   EXPECT_GT(t[2], 0);  // most tokens are not critical
@@ -77,6 +82,102 @@ TEST(KvStore, MixedKeepsSinksAndWindowFullAndDemotesTheRest) {
   EXPECT_EQ(u.tokens, t);
   EXPECT_LE(u.used_bytes, u.capacity_bytes);
   EXPECT_EQ(u.used_bytes, u.bytes[0] + u.bytes[1] + u.bytes[2]);
+}
+
+// Issue 16, item 11: in mixed mode the classes tokens end in, and what a query sees, depend
+// only on the committed tokens. The same token stream (K/V and queries a function of the
+// position alone, as a model's are) is fed one token per pass; in passes of random sizes
+// that stay between multiples of demote_every (PassBoundary), as verification and chunked
+// prefill make them; and with drafts rolled back (extra rows written, attended, then
+// truncated away — their attention must not count). Every pass's attention outputs and the
+// final classes must be bit-identical.
+TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
+  KvStoreConfig c = SmallConfig(KvMode::kMixed);
+  c.demote_every = 8;
+  c.mass_sample_every = 2;
+  c.window_tokens = 12;
+  c.critical_threshold = 1.2f;
+  const int hd = c.head_dim, n_heads = c.n_kv_heads * c.gqa_group;
+  const size_t row = static_cast<size_t>(c.n_kv_heads) * hd;
+  const size_t qrow = static_cast<size_t>(n_heads) * hd;
+  // K, V and q of position p at layer l; `salt` != 0 gives a rejected draft's values.
+  auto values = [&](int p, int l, int salt, std::vector<float>* k, std::vector<float>* v,
+                    std::vector<float>* q) {
+    std::mt19937 g(static_cast<uint32_t>(p * 131 + l * 7 + salt * 100003));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (float& x : *k) x = d(g) * (p % 9 == 0 ? 3.0f : 1.0f);  // some keys stand out
+    for (float& x : *v) x = d(g);
+    for (float& x : *q) x = d(g);
+    if (salt != 0) {
+      // A rejected draft's query looks straight at position 20's key: were its attention
+      // counted, 20 would turn critical (INT8 instead of INT4).
+      std::mt19937 g20(static_cast<uint32_t>(20 * 131 + l * 7));
+      std::vector<float> k20(k->size());
+      for (float& x : k20) x = d(g20);
+      for (int h = 0; h < n_heads; ++h) {
+        const int kvh = h / c.gqa_group;
+        for (int i = 0; i < hd; ++i) (*q)[h * hd + i] = 4.0f * k20[kvh * hd + i];
+      }
+    }
+  };
+  const int kTotal = 90;
+  // Runs the stream in passes; `plan` gives each pass's committed rows and rejected extra
+  // rows. Returns every committed row's attention output (position order) + the classes.
+  auto run = [&](const std::vector<std::pair<int, int>>& plan) {
+    auto store = Make(c);
+    std::vector<float> outs(static_cast<size_t>(kTotal) * c.n_layers * qrow);
+    int pos = 0;
+    for (auto [n, extra] : plan) {
+      const int rows = n + extra;
+      EXPECT_EQ(pos / 8, (pos + rows - 1) / 8) << "the plan straddles a boundary";
+      EXPECT_TRUE(store->Reserve(1, rows).ok());
+      const KvPassEntry e{1, pos, rows};
+      EXPECT_TRUE(store->BeginPass({&e, 1}, nullptr).ok());
+      for (int l = 0; l < c.n_layers; ++l) {
+        std::vector<float> k(rows * row), v(rows * row), q(rows * qrow), out(rows * qrow);
+        for (int r = 0; r < rows; ++r) {
+          std::vector<float> kr(row), vr(row), qr(qrow);
+          values(pos + r, l, r < n ? 0 : 1, &kr, &vr, &qr);
+          std::copy(kr.begin(), kr.end(), k.begin() + r * row);
+          std::copy(vr.begin(), vr.end(), v.begin() + r * row);
+          std::copy(qr.begin(), qr.end(), q.begin() + r * qrow);
+        }
+        EXPECT_TRUE(store->Write(l, k.data(), v.data()).ok());
+        EXPECT_TRUE(store->Attend(l, q.data(), 0.25f, out.data()).ok());
+        for (int r = 0; r < n; ++r) {
+          std::copy(out.begin() + r * qrow, out.begin() + (r + 1) * qrow,
+                    outs.begin() + (static_cast<size_t>(pos + r) * c.n_layers + l) * qrow);
+        }
+      }
+      store->Commit(1, pos + rows);
+      if (extra > 0) EXPECT_TRUE(store->Truncate(1, pos + n).ok());
+      pos += n;
+    }
+    EXPECT_EQ(pos, kTotal);
+    SettleNow(*store, 1);
+    return std::make_pair(outs, store->SequenceTokens(1));
+  };
+  std::vector<std::pair<int, int>> one_by_one(kTotal, {1, 0});
+  const auto want = run(one_by_one);
+  EXPECT_GT(want.second[1], 0) << "no critical token: the test would not see a wrong mass";
+  EXPECT_GT(want.second[2], 0);
+  std::mt19937 gen(5);
+  for (int trial = 0; trial < 6; ++trial) {
+    std::vector<std::pair<int, int>> plan;
+    for (int pos = 0; pos < kTotal;) {
+      const int room = 8 - pos % 8;  // rows left before the next boundary
+      const int rows = 1 + static_cast<int>(gen() % room);
+      const int n = trial % 2 == 0 ? rows : 1 + static_cast<int>(gen() % rows);
+      plan.push_back({std::min(n, kTotal - pos), trial % 2 == 0 ? 0 : rows - n});
+      pos += plan.back().first;
+    }
+    const auto got = run(plan);
+    EXPECT_EQ(got.second, want.second) << "trial " << trial;
+    for (size_t i = 0; i < want.first.size(); ++i) {
+      ASSERT_EQ(got.first[i], want.first[i])
+          << "trial " << trial << " position " << i / (c.n_layers * qrow);
+    }
+  }
 }
 
 TEST(KvStore, CriticalTokensGoToInt8) {
@@ -97,6 +198,7 @@ TEST(KvStore, CriticalTokensGoToInt8) {
     ASSERT_TRUE(store->Attend(0, q.data(), 0.25f, out.data()).ok());
     store->Commit(1, pos + 1);
   }
+  SettleNow(*store, 1);
   auto t = store->SequenceTokens(1);
   EXPECT_EQ(t[1], 1) << "only position 5 is critical";
 }
@@ -131,6 +233,7 @@ TEST(KvStore, SwapRoundTripIsBitExact) {
     std::mt19937 gen(8);
     ASSERT_TRUE(Feed(*store, c, 1, 37, gen).ok());
     for (int i = 0; i < 5; ++i) ASSERT_TRUE(Feed(*store, c, 1, 1, gen).ok());
+    SettleNow(*store, 1);  // SwapOut settles first; compare with the settled view
     const auto before = Query(*store, c, 1, 4);
     const auto tokens = store->SequenceTokens(1);
     const int64_t used = store->Usage().used_bytes;
@@ -225,6 +328,7 @@ TEST(KvStore, SlidingWindowEvictionIsOptIn) {
   auto store = Make(c);
   std::mt19937 gen(1);
   ASSERT_TRUE(Feed(*store, c, 1, 40, gen).ok());
+  SettleNow(*store, 1);
   auto t = store->SequenceTokens(1);
   EXPECT_EQ(t[0], c.sink_tokens + 16);
   EXPECT_EQ(store->Usage().evicted_tokens, 40 - 16 - c.sink_tokens);

@@ -32,23 +32,107 @@ TEST(Sampling, ValidationNamesTheParameter) {
 TEST(Sampling, GreedyTakesArgmaxLowestIdOnTies) {
   Sampler s(SamplingParams{});
   std::vector<float> logits = {0.1f, 3.0f, -2.0f, 3.0f};
-  EXPECT_EQ(s.Sample(logits), 1);
+  EXPECT_EQ(s.Sample(logits, 0), 1);
   std::vector<float> probs;
   s.Distribution(logits, &probs);
   EXPECT_EQ(probs, (std::vector<float>{0, 1, 0, 0}));
 }
 
-TEST(Sampling, SameSeedSameStream) {
+TEST(Sampling, SameSeedSamePositionSameToken) {
   SamplingParams p{0.9f, 0, 1.0f, 42};
   Sampler a(p), b(p);
   std::vector<float> logits = {0.5f, 0.2f, 0.1f, 0.0f, -0.3f};
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(a.Sample(logits), b.Sample(logits));
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(a.Sample(logits, i), b.Sample(logits, i));
+  // No state: the order of the calls does not matter, only the position.
+  std::vector<int32_t> forward, backward(100);
+  for (int i = 0; i < 100; ++i) forward.push_back(a.Sample(logits, i));
+  for (int i = 99; i >= 0; --i) backward[i] = b.Sample(logits, i);
+  EXPECT_EQ(forward, backward);
+  // Another seed gives another sequence.
+  Sampler c(SamplingParams{0.9f, 0, 1.0f, 43});
+  int differ = 0;
+  for (int i = 0; i < 100; ++i) differ += c.Sample(logits, i) != forward[i];
+  EXPECT_GT(differ, 20);
   Rng r(7);
-  // Pin the generator's stream: it defines reproducibility across builds.
+  // Pin the generators: they define reproducibility across builds.
   const uint64_t first = r.Next();
   Rng r2(7);
   EXPECT_EQ(first, r2.Next());
   EXPECT_NE(Rng(8).Next(), first);
+  EXPECT_EQ(PositionNoise(7, 3, NoiseStream::kToken).Uniform(5),
+            PositionNoise(7, 3, NoiseStream::kToken).Uniform(5));
+}
+
+// The noise of different seeds, positions, streams and indexes is independent: each
+// uniform's mean and the correlation of neighbours over many keys (a broken mix — say,
+// position and stream colliding — shows up as equal values or a correlation near 1).
+TEST(Sampling, PositionNoiseIsUniformAndUncorrelated) {
+  const int n = 20000;
+  double sum = 0, sum_sq = 0;
+  double corr_pos = 0, corr_stream = 0, corr_seed = 0, corr_index = 0;
+  for (int i = 0; i < n; ++i) {
+    const double u = PositionNoise(11, i, NoiseStream::kToken).Uniform(3);
+    ASSERT_GT(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+    sum_sq += u * u;
+    corr_pos += (u - 0.5) * (PositionNoise(11, i + 1, NoiseStream::kToken).Uniform(3) - 0.5);
+    corr_stream += (u - 0.5) * (PositionNoise(11, i, NoiseStream::kAccept).Uniform(3) - 0.5);
+    corr_seed += (u - 0.5) * (PositionNoise(12, i, NoiseStream::kToken).Uniform(3) - 0.5);
+    corr_index += (u - 0.5) * (PositionNoise(11, i, NoiseStream::kToken).Uniform(4) - 0.5);
+  }
+  // Mean 1/2 and variance 1/12; 12 * E[(u-1/2)(v-1/2)] is the correlation, whose standard
+  // error over n pairs is 1/sqrt(n) ~ 0.007: 0.04 is ~6 sigma.
+  EXPECT_NEAR(sum / n, 0.5, 0.01);
+  EXPECT_NEAR(sum_sq / n - (sum / n) * (sum / n), 1.0 / 12, 0.003);
+  for (double c : {corr_pos, corr_stream, corr_seed, corr_index})
+    EXPECT_LT(std::abs(12 * c / n), 0.04);
+}
+
+// The race picks t with probability p_t / sum(p), over positions (each position one
+// draw): chi-square with 4 bins, critical value at 0.999 for 3 degrees of freedom = 16.27.
+TEST(Sampling, RaceOverPositionsFollowsTheDistribution) {
+  for (const std::vector<float>& probs :
+       {std::vector<float>{0.1f, 0.2f, 0.3f, 0.4f}, std::vector<float>{0.97f, 0.01f, 0.01f, 0.01f},
+        std::vector<float>{2.0f, 0.0f, 1.0f, 1.0f}}) {
+    const int n = 20000;
+    std::vector<int> counts(4, 0);
+    for (int i = 0; i < n; ++i) counts[RaceDraw(probs, PositionNoise(5, i, NoiseStream::kToken))]++;
+    double total = 0;
+    for (float p : probs) total += p;
+    double chi2 = 0;
+    int bins = 0;
+    for (int i = 0; i < 4; ++i) {
+      const double e = n * probs[i] / total;
+      if (e == 0) {
+        EXPECT_EQ(counts[i], 0);
+        continue;
+      }
+      chi2 += (counts[i] - e) * (counts[i] - e) / e;
+      ++bins;
+    }
+    EXPECT_LT(chi2, bins == 4 ? 16.27 : 13.82) << "probs[0] " << probs[0];
+  }
+}
+
+// The skip of RaceInOrder (no logarithm where 1 - u already loses) changes nothing: the
+// winner equals a plain argmin of -ln(u_t) / p_t over many positions and a wide vocabulary.
+TEST(Sampling, RaceEqualsPlainArgmin) {
+  Rng gen(9);
+  std::vector<float> probs(3000);
+  for (float& p : probs) p = static_cast<float>(std::pow(gen.Uniform(), 6.0));
+  probs[17] = 0.0f;
+  for (int pos = 0; pos < 300; ++pos) {
+    const PositionNoise noise(21, pos, NoiseStream::kToken);
+    double best = INFINITY;
+    int32_t want = -1;
+    for (size_t t = 0; t < probs.size(); ++t) {
+      if (!(probs[t] > 0)) continue;
+      const double e = -std::log(noise.Uniform(t)) / probs[t];
+      if (e < best) best = e, want = static_cast<int32_t>(t);
+    }
+    ASSERT_EQ(RaceDraw(probs, noise), want) << "position " << pos;
+  }
 }
 
 TEST(Sampling, TopKKeepsOnlyKMostLikely) {
@@ -61,7 +145,7 @@ TEST(Sampling, TopKKeepsOnlyKMostLikely) {
   EXPECT_EQ(probs[3], 0.0f);
   EXPECT_NEAR(probs[1], 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
   for (int i = 0; i < 200; ++i) {
-    int32_t t = s.Sample(logits);
+    int32_t t = s.Sample(logits, i);
     EXPECT_TRUE(t == 1 || t == 2);
   }
 }
@@ -100,7 +184,7 @@ TEST(Sampling, EmpiricalFrequenciesMatchDistribution) {
   s.Distribution(logits, &probs);
   const int n = 20000;
   std::vector<int> counts(4, 0);
-  for (int i = 0; i < n; ++i) counts[s.Sample(logits)]++;
+  for (int i = 0; i < n; ++i) counts[s.Sample(logits, i)]++;
   double chi2 = 0;
   for (int i = 0; i < 4; ++i) {
     const double e = n * probs[i];
@@ -112,7 +196,7 @@ TEST(Sampling, EmpiricalFrequenciesMatchDistribution) {
 TEST(Sampling, SampleFromIgnoresZeroEntries) {
   Sampler s(SamplingParams{1.0f, 0, 1.0f, 5});
   std::vector<float> probs = {0.0f, 0.0f, 2.0f, 0.0f};
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.SampleFrom(probs), 2);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.SampleFrom(probs, i), 2);
 }
 
 // Without top-k / top-p the whole vocabulary is kept (a path with no id list): the
@@ -164,7 +248,7 @@ TEST(Sampling, SampleEqualsSampleFromDistribution) {
         }
         for (int draw = 0; draw < 200; ++draw) {
           dense.Distribution(logits, &probs);
-          ASSERT_EQ(fast.Sample(logits), dense.SampleFrom(probs))
+          ASSERT_EQ(fast.Sample(logits, draw), dense.SampleFrom(probs, draw))
               << "top_k " << top_k << " top_p " << top_p << " T " << temperature << " draw "
               << draw;
         }

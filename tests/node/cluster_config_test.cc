@@ -33,6 +33,8 @@ TEST(ServeConfigTest, EmbeddedConfigStatesTheDefaults) {
   EXPECT_EQ(e.free_threshold, d.free_threshold);
   EXPECT_EQ(e.disable_threshold, d.disable_threshold);
   EXPECT_EQ(e.probe_every, d.probe_every);
+  EXPECT_EQ(e.acceptance, d.acceptance);
+  EXPECT_EQ(d.acceptance, AcceptanceRule::kMatch);
   EXPECT_EQ(e.default_domain, d.default_domain);
   // The KV section, field by field (the defaults the docs state: docs/kvstore.md).
   EXPECT_EQ(e.kv.mode, d.kv.mode);
@@ -43,6 +45,7 @@ TEST(ServeConfigTest, EmbeddedConfigStatesTheDefaults) {
   EXPECT_EQ(e.kv.window_tokens, d.kv.window_tokens);
   EXPECT_EQ(e.kv.critical_threshold, d.kv.critical_threshold);
   EXPECT_EQ(e.kv.mass_sample_every, d.kv.mass_sample_every);
+  EXPECT_EQ(e.kv.demote_every, d.kv.demote_every);
   EXPECT_EQ(e.kv.evict, d.kv.evict);
   EXPECT_EQ(e.kv.rotate, d.kv.rotate);
   EXPECT_EQ(d.kv.page_tokens, KvOptions{}.page_tokens);
@@ -69,6 +72,18 @@ TEST(ServeConfigTest, DuplicateKeysAreErrorsWithTheirLine) {
   ASSERT_FALSE(top.ok());
   EXPECT_NE(top.status().message().find("dup.yaml:3: serve: duplicate key"), std::string_view::npos)
       << top.status();
+}
+
+TEST(ServeConfigTest, AcceptanceRuleIsReadWithItsLine) {
+  auto ratio = ParseServeConfig("speculation:\n  acceptance: ratio\n", "a.yaml");
+  ASSERT_TRUE(ratio.ok()) << ratio.status();
+  EXPECT_EQ(ratio->acceptance, AcceptanceRule::kRatio);
+  auto bad = ParseServeConfig("speculation:\n  draft: ngram\n  acceptance: maybe\n", "a.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("a.yaml:3: speculation.acceptance: acceptance rule must "
+                                        "be match or ratio"),
+            std::string_view::npos)
+      << bad.status();
 }
 
 TEST(ServeConfigTest, ADirectoryIsNotAConfig) {

@@ -165,7 +165,7 @@ TEST(ControlProtocolTest, HeaderErrors) {
   bad_version[4] = 1;  // an older peer
   EXPECT_EQ(DecodeHello(bad_version).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(DecodeHello(bad_version).status().message(),
-              HasSubstr("control protocol version 1; this build speaks 3"));
+              HasSubstr("control protocol version 1; this build speaks 4"));
 
   std::string bad_kind = f;
   bad_kind[6] = 99;

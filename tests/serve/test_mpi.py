@@ -1,7 +1,8 @@
 """`specnode serve` as an mpirun job on localhost (docs/serving.md, "Cluster (mpirun)"):
 rank 0 = coordinator + front end + n-gram draft, ranks 1..T = tensor-parallel target shards.
 
-  * greedy output through the TP-3 job equals the single-process node's, with speculation on;
+  * greedy and seeded sampled output through the TP-3 job equal the single-process node's,
+    with speculation on;
   * a target rank killed mid-request: the client gets an `unavailable` error naming the rank
     and the job exits non-zero, quickly;
   * config errors (wrong -np, a TP size the model cannot take, a cuda device on CPU) stop
@@ -78,7 +79,12 @@ def single_config(tmp_path, source: Path) -> Path:
     return out
 
 
-def greedy(endpoint, prompts, max_tokens):
+# Seeded sampling (issue 16): the same seed gives the same text at any TP size.
+SAMPLED = dict(temperature=0.8, top_k=40, top_p=0.9, seed=7)
+
+
+def greedy(endpoint, prompts, max_tokens, sampled=False):
+    """Each prompt greedily; with `sampled`, each prompt again with SAMPLED after them."""
     from specnode_client import SpecnodeClient
 
     results = []
@@ -86,33 +92,36 @@ def greedy(endpoint, prompts, max_tokens):
         for p in prompts:
             r = c.generate(prompt=p, max_tokens=max_tokens, temperature=0)
             results.append(r)
+        if sampled:
+            for p in prompts:
+                results.append(c.generate(prompt=p, max_tokens=max_tokens, **SAMPLED))
     return results
 
 
-def single_process_greedy(specnode, model, tmp_path, cfg, prompts, max_tokens):
-    """What one process serving `cfg` without its topology answers, greedily."""
+def single_process_greedy(specnode, model, tmp_path, cfg, prompts, max_tokens, sampled=False):
+    """What one process serving `cfg` without its topology answers, greedily (and sampled)."""
     single = Node(specnode, model, tmp_path / "single.log",
                   extra=["--config", str(single_config(tmp_path, cfg)), "--threads", "1"])
     try:
         single.wait_ready()
-        return greedy(single.endpoint, prompts, max_tokens)
+        return greedy(single.endpoint, prompts, max_tokens, sampled)
     finally:
         single.stop()
 
 
 def test_tp3_greedy_matches_single_process(specnode, real_model, tmp_path):
-    want = single_process_greedy(specnode, real_model, tmp_path, TP3, PROMPTS, 24)
+    want = single_process_greedy(specnode, real_model, tmp_path, TP3, PROMPTS, 24, sampled=True)
     node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 4, TP3)
     try:
         h = node.wait_ready(180)
         assert h["status"] == "ok"
         assert [r["rank"] for r in h["ranks"]] == [0, 1, 2, 3], h
         assert [r["role"] for r in h["ranks"]] == ["coordinator"] + ["target"] * 3
-        got = greedy(node.endpoint, PROMPTS, 24)
+        got = greedy(node.endpoint, PROMPTS, 24, sampled=True)
         log = node.log()
     finally:
         node.stop()
-    for p, w, g in zip(PROMPTS, want, got):
+    for p, w, g in zip(PROMPTS + [f"{p} (sampled)" for p in PROMPTS], want, got):
         assert g.token_ids == w.token_ids, (p, w.text, g.text)
         assert g.text == w.text
     # Speculation ran (the n-gram drafter proposes on the repetitive prompt), so the
