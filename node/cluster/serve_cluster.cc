@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -158,8 +160,29 @@ ModelFingerprint FingerprintOf(const LlamaModel& m) {
           m.config().n_layers};
 }
 
+// Ctrl-C in mpirun's terminal (SIGINT or SIGTERM to mpirun): OpenMPI sends every rank
+// SIGCONT at once, SIGTERM odls_base_sigkill_timeout (T, default 1) seconds later and SIGKILL
+// after another T. Rank 0 drains from the SIGCONT (serve_node.cc), so the drain gets 2T less
+// a margin; mpirun hands MCA parameters to the ranks' environment, so rank 0 can say at
+// start-up what T would give the whole serve.drain_timeout_s.
+void WarnIfMpirunKillsBeforeTheDrain(const ServeConfig& cfg) {
+  const char* env = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  const double t = env != nullptr ? std::atof(env) : 1.0;
+  const double window = std::max(0.1, 2 * t - 1.0);  // MpirunTeardownS (serve_node.cc)
+  if (window >= cfg.drain_timeout_s) return;
+  std::fprintf(stderr,
+               "specnode serve: warning: Ctrl-C on mpirun SIGKILLs every rank %g s later "
+               "(2 x odls_base_sigkill_timeout): requests still running after %g s then end "
+               "with a `cancelled` reply instead of finishing (serve.drain_timeout_s %g). "
+               "Start mpirun with --mca odls_base_sigkill_timeout %d for the whole drain "
+               "(docs/serving.md)\n",
+               2 * t, window, cfg.drain_timeout_s,
+               static_cast<int>(std::ceil((cfg.drain_timeout_s + 1.0) / 2)));
+}
+
 // Rank 0: connects every group's target (and remote draft), then serves.
 absl::Status RunCoordinator(const ServeConfig& cfg) {
+  WarnIfMpirunKillsBeforeTheDrain(cfg);
   ControlChannel channel;
   const Topology& t = cfg.topology;
   std::vector<RemoteTargetRunner*> remotes;  // every remote runner, owned below
@@ -273,6 +296,7 @@ absl::Status RunShard(const ServeConfig& cfg, int world_rank, const Role& role) 
   o.tp_size = static_cast<int>(ranks.size());
   o.timeout_s = cfg.topology.timeout_s;
   o.stop = &g_shard_stop;
+  o.stop_grace_s = cfg.drain_timeout_s + kStopGraceMarginS;
   CommunicatorOptions co;
   // Every collective's deadline, and the check-in's: the shards reach it together (after
   // the same header-only checks), before loading any weights.

@@ -120,7 +120,7 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
         }
         if (o.stop != nullptr && o.stop->load()) {
           if (!stop_since) stop_since = now;
-          if (now - *stop_since > std::chrono::duration<double>(kStopGraceS)) {
+          if (now - *stop_since > std::chrono::duration<double>(o.stop_grace_s)) {
             return absl::CancelledError("stopped by a signal (no Shutdown from rank 0)");
           }
         }

@@ -13,8 +13,9 @@
 // other hosts a vanished rank 0 is noticed by mpirun, which tears the job down (OpenMPI
 // kills every rank when one dies or exits non-zero).
 //
-// SIGTERM/SIGINT (*stop): the shard keeps answering plans for up to kStopGraceS so that
-// rank 0 can finish its drain and send Shutdown, then returns Cancelled.
+// SIGTERM/SIGINT (*stop; what mpirun forwards to every rank on Ctrl-C): the shard keeps
+// answering plans for up to stop_grace_s (rank 0's drain limit plus a margin) so that rank 0
+// can finish its drain and send Shutdown, then returns Cancelled.
 //
 // Runs on the thread that initialised MPI; blocks until the shard is done.
 #pragma once
@@ -47,9 +48,11 @@ struct ShardWorkerOptions {
   double timeout_s = 5.0;          // sends of replies
   double startup_timeout_s = 300;  // waiting for Hello
   const std::atomic<bool>* stop = nullptr;
+  double stop_grace_s = 40.0;  // after *stop: serve.drain_timeout_s + kStopGraceMarginS
 };
 
-inline constexpr double kStopGraceS = 10.0;
+// What a shard waits beyond rank 0's drain limit before giving up on its Shutdown.
+inline constexpr double kStopGraceMarginS = 10.0;
 
 // `comm`: the group's communicator (TP ranks 0..T-1), borrowed. *started turns true once
 // the shard loaded and answered Hello with OK (before that, errors such as a failed load

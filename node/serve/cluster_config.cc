@@ -222,7 +222,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   const YAML::Node serve = root["serve"];
   CFG_TRY(r.Section(serve, "serve",
                     {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes",
-                     "curve_secret_key", "metrics_bind"}));
+                     "curve_secret_key", "metrics_bind", "drain_timeout_s"}));
   CFG_TRY(r.String(serve, "serve", "bind", &c.bind));
   CFG_TRY(r.Int(serve, "serve", "max_active", 1, 4096, &c.max_active));
   CFG_TRY(r.Int(serve, "serve", "max_queue", 0, 1 << 20, &c.max_queue));
@@ -232,6 +232,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   int frame = static_cast<int>(c.limits.max_frame_bytes);
   CFG_TRY(r.Int(serve, "serve", "max_frame_bytes", 256, 1 << 30, &frame));
   c.limits.max_frame_bytes = static_cast<size_t>(frame);
+  CFG_TRY(r.Double(serve, "serve", "drain_timeout_s", 0, 3600, &c.drain_timeout_s));
   CFG_TRY(r.String(serve, "serve", "curve_secret_key", &c.curve_secret_key));
   CFG_TRY(r.String(serve, "serve", "metrics_bind", &c.metrics_bind));
   if (!c.metrics_bind.empty() && !ValidateMetricsAddress(c.metrics_bind).ok()) {

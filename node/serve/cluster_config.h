@@ -56,6 +56,9 @@ struct ServeConfig {
   Device device;
   std::string bind = "tcp://127.0.0.1:5555";
   int max_active = 16;
+  // serve.drain_timeout_s: after SIGINT/SIGTERM, running requests get this long to finish;
+  // whatever is left then ends with a terminal `cancelled` reply and the node exits 0.
+  double drain_timeout_s = 30.0;
   int max_queue = 256;
   ProtocolLimits limits;
   std::string curve_secret_key;

@@ -1,5 +1,8 @@
 #include "node/serve/frontend.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -294,7 +297,26 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
     DeliverEvents();
     if (stop != nullptr && stop->load() && !draining_) {
       draining_ = true;
+      drain_since_ = std::chrono::steady_clock::now();
+      drain_limit_s_ = options_.drain_timeout_s;
+      if (options_.teardown != nullptr && options_.teardown->load()) {
+        drain_limit_s_ = std::min(drain_limit_s_, options_.teardown_drain_s);
+        std::fprintf(stderr,
+                     "specnode serve: mpirun is ending the job (SIGKILL in ~%.1f s): draining "
+                     "for up to %g s\n",
+                     options_.teardown_drain_s + 1.0, drain_limit_s_);
+      }
       scheduler_->BeginDrain();
+    }
+    if (draining_ && !drain_cut_ && !scheduler_->Idle() &&
+        std::chrono::steady_clock::now() - drain_since_ >
+            std::chrono::duration<double>(drain_limit_s_)) {
+      std::fprintf(stderr, "specnode serve: drain limit (%g s) reached; cancelling the rest\n",
+                   drain_limit_s_);
+      scheduler_->Stop();  // cancels what is left; their terminal events are queued
+      DeliverEvents();
+      // As after a lost target: keep the socket a little for the replies to leave.
+      drain_cut_ = std::chrono::steady_clock::now();
     }
     if (absl::Status failure = scheduler_->Failure(); !failure.ok() && scheduler_->Idle()) {
       DeliverEvents();  // the error replies of every request
@@ -304,7 +326,8 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
       if (!failed_since_) failed_since_ = now;
       if (now - *failed_since_ >= kFailureFlush) return failure;
     }
-    if (draining_ && scheduler_->Idle()) {
+    if (draining_ && scheduler_->Idle() &&
+        (!drain_cut_ || std::chrono::steady_clock::now() - *drain_cut_ >= kFailureFlush)) {
       DeliverEvents();
       return absl::OkStatus();
     }

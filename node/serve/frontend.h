@@ -55,6 +55,13 @@ struct FrontendOptions {
   // The HTTP metrics endpoint's hand-over (metrics_http.h), or null: Run renders the
   // metrics text into it whenever a scrape waits. Borrowed; must outlive the frontend.
   MetricsExchange* metrics_exchange = nullptr;
+  // After *stop: the longest wait for running requests; then Scheduler::Stop cancels the
+  // rest (each gets its terminal reply) and Run returns OK.
+  double drain_timeout_s = 30.0;
+  // When *teardown is true at the start of the drain (mpirun is tearing the job down and
+  // will SIGKILL it), the drain is cut to min(drain_timeout_s, teardown_drain_s).
+  const std::atomic<bool>* teardown = nullptr;
+  double teardown_drain_s = 0.0;
 };
 
 class Frontend {
@@ -70,7 +77,8 @@ class Frontend {
   absl::Status Bind();
 
   // Serves until *stop turns true, then drains: new submits get shutting_down, running
-  // requests finish and get their replies; returns when the scheduler is idle. If the
+  // requests finish and get their replies; returns when the scheduler is idle, or after
+  // drain_timeout_s with the remaining requests cancelled (terminal replies sent). If the
   // scheduler loses its target (Scheduler::Failure), returns that error once every
   // request has had its error reply (code `unavailable`), plus kFailureFlush for them to
   // leave the socket.
@@ -105,6 +113,10 @@ class Frontend {
   int wake_fd_ = -1;
   std::chrono::steady_clock::time_point started_;
   bool draining_ = false;
+  std::chrono::steady_clock::time_point drain_since_;
+  double drain_limit_s_ = 0.0;
+  // When the drain limit cancelled the rest: Run returns kFailureFlush later.
+  std::optional<std::chrono::steady_clock::time_point> drain_cut_;
   // When the scheduler lost its target: Run keeps serving (health says "failed", submits
   // get `unavailable`) for kFailureFlush after the last error reply, then returns.
   std::optional<std::chrono::steady_clock::time_point> failed_since_;

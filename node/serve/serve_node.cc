@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cassert>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,23 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
+// mpirun's teardown (Ctrl-C in its terminal, SIGINT/SIGTERM to mpirun): OpenMPI sends every
+// rank SIGCONT at once, SIGTERM odls_base_sigkill_timeout (T) seconds later and SIGKILL after
+// another T. Under mpirun rank 0 takes the SIGCONT as the start of it and drains within 2T.
+std::atomic<bool> g_teardown{false};
+void OnTeardown(int) {
+  g_teardown.store(true);
+  g_stop.store(true);
+}
+
+// Seconds from mpirun's SIGCONT to its SIGKILL, less a margin (1 s) for the step in flight,
+// the last replies to leave the socket and the shards' Shutdown; 0 when not under mpirun.
+double MpirunTeardownS() {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return 0.0;
+  const char* env = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  const double t = env != nullptr ? std::atof(env) : 1.0;  // OpenMPI's default
+  return std::max(0.1, 2.0 * t - 1.0);
+}
 
 // `family`{class="f16"|"int8"|"int4"} for precision class c.
 std::string KvClassSeries(const char* family, int c) {
@@ -154,6 +172,9 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   FrontendOptions fo;
   fo.endpoint = cfg.bind;
   fo.limits = cfg.limits;
+  fo.drain_timeout_s = cfg.drain_timeout_s;
+  fo.teardown = &g_teardown;
+  fo.teardown_drain_s = MpirunTeardownS();
   fo.model_name = model_path;
   fo.curve_secret_key = cfg.curve_secret_key;
   fo.ranks = std::move(ranks);
@@ -181,6 +202,12 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  if (fo.teardown_drain_s > 0) {
+    struct sigaction tear = {};
+    tear.sa_handler = OnTeardown;
+    sigemptyset(&tear.sa_mask);
+    sigaction(SIGCONT, &tear, nullptr);
+  }
   // The target's backend when it runs here; a remote target's ranks are listed below.
   const std::string compute = target == &session->runner() ? session->kernel_name()
                                                            : session->runner().backend().Describe();

@@ -25,6 +25,7 @@ TEST(ServeConfigTest, EmbeddedConfigStatesTheDefaults) {
   EXPECT_EQ(e.bind, d.bind);
   EXPECT_EQ(e.max_active, d.max_active);
   EXPECT_EQ(e.max_queue, d.max_queue);
+  EXPECT_EQ(e.drain_timeout_s, d.drain_timeout_s);
   EXPECT_EQ(e.limits.max_tokens, d.limits.max_tokens);
   EXPECT_EQ(e.limits.max_frame_bytes, d.limits.max_frame_bytes);
   EXPECT_EQ(e.metrics_bind, d.metrics_bind);

@@ -401,3 +401,34 @@ def test_kv_pressure_preemption_finishes_every_request(specnode, real_model, tmp
     for a, t in zip(alone, together):
         assert t.token_ids == a.token_ids, (t.text, a.text)
     assert stats["requests"]["preemptions"] > 0, stats  # the pressure was real
+
+
+def test_drain_limit_cancels_what_is_left_with_a_reply(specnode, real_model, tmp_path):
+    """serve.drain_timeout_s: after SIGINT, a request still running at the limit ends with a
+    terminal `cancelled` reply (its text so far streamed), and the node exits 0."""
+    cfg = tmp_path / "drain.yaml"
+    cfg.write_text("serve:\n  drain_timeout_s: 0.5\n")
+    node = Node(specnode, real_model, tmp_path / "serve.log",
+                extra=["--config", str(cfg), "--threads", "2"])
+    try:
+        node.wait_ready(timeout_s=180)
+        with SpecnodeClient(node.endpoint, timeout_s=60) as c:
+            n, done, signalled = 0, None, None
+            for m in c.submit(prompt="Once upon a time", max_tokens=2000, temperature=0):
+                if m["type"] == "tokens":
+                    n += len(m.get("token_ids", []))
+                    if n >= 4 and signalled is None:
+                        node.proc.send_signal(signal.SIGINT)
+                        signalled = time.monotonic()
+                elif m["type"] == "done":
+                    done = m
+        elapsed = time.monotonic() - signalled
+        rc = node.proc.wait(30)
+        log = node.log()
+    finally:
+        node.stop()
+    assert rc == 0, log
+    assert done["finish_reason"] == "cancelled", done
+    assert 0 < n < 2000
+    assert elapsed < 5, elapsed
+    assert "drain limit (0.5 s) reached" in log

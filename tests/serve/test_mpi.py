@@ -41,18 +41,24 @@ def mpi_env():
     return env
 
 
-def mpirun_cmd(np_, specnode, *args):
+# What the documented launch lines add so that Ctrl-C on mpirun leaves time for the drain
+# (docs/serving.md, "Ctrl-C on mpirun").
+DRAIN_MCA = ["--mca", "odls_base_sigkill_timeout", "16"]
+
+
+def mpirun_cmd(np_, specnode, *args, mpirun_extra=()):
     return [MPIRUN, "-np", str(np_), "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
-            specnode, "serve", *args]
+            *mpirun_extra, specnode, "serve", *args]
 
 
 class MpiNode(Node):
     """`mpirun -np N specnode serve ...` in its own process group, on a free port."""
 
-    def __init__(self, specnode, model, log_path: Path, np_, config, extra=()):
+    def __init__(self, specnode, model, log_path: Path, np_, config, extra=(), mpirun_extra=()):
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.cmd = mpirun_cmd(np_, specnode, "--config", str(config), "--model", model,
-                              "--bind", self.endpoint, "--threads", "1", *extra)
+                              "--bind", self.endpoint, "--threads", "1", *extra,
+                              mpirun_extra=mpirun_extra)
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
@@ -128,6 +134,93 @@ def test_tp3_greedy_matches_single_process(specnode, real_model, tmp_path):
     # all-logits verification path went through the shards too.
     assert sum(r.stats["drafted"] for r in got) > 0, [r.stats for r in got]
     assert "target on 3 ranks" in log
+
+
+def _stream_then_ctrl_c(node, max_tokens):
+    """Streams a greedy request, sends SIGINT to mpirun itself (Ctrl-C in its terminal, not
+    rank 0) once tokens flow, submits again 0.5 s later. Returns (terminal message of the
+    stream, the late submit's error, seconds from the signal to the terminal message,
+    mpirun's exit code, log)."""
+    import threading
+
+    from specnode_client import SpecnodeClient, SpecnodeError
+
+    result, first_tokens = {}, threading.Event()
+
+    def stream():
+        try:
+            with SpecnodeClient(node.endpoint, timeout_s=180) as c:
+                n = 0
+                for m in c.submit(prompt="Once upon a time", max_tokens=max_tokens,
+                                  temperature=0):
+                    if m["type"] == "tokens":
+                        n += len(m.get("token_ids", []))
+                        first_tokens.set()
+                    elif m["type"] == "done":
+                        result["done"] = (m["finish_reason"], n)
+                        result["at"] = time.monotonic()
+        except Exception as e:  # reported by the caller's asserts
+            result["error"] = repr(e)
+            first_tokens.set()
+    t = threading.Thread(target=stream)
+    t.start()
+    assert first_tokens.wait(120), node.log()
+    signalled = time.monotonic()
+    os.kill(node.proc.pid, signal.SIGINT)  # mpirun, not its process group
+    time.sleep(0.5)
+    late = None
+    try:
+        with SpecnodeClient(node.endpoint, timeout_s=20) as c:
+            c.generate(prompt="late", max_tokens=4, temperature=0)
+    except SpecnodeError as e:
+        late = e
+    t.join(180)
+    rc = node.proc.wait(120)
+    return result, late, result.get("at", signalled) - signalled, rc, node.log()
+
+
+def test_ctrl_c_on_mpirun_drains(specnode, real_model, tmp_path):
+    """Issue 16, item 2, with the documented launch line (odls_base_sigkill_timeout 16):
+    the running stream finishes with its terminal reply, a submit after the signal gets
+    shutting_down, rank 0 drains and every rank exits 0 (mpirun itself reports 1 for an
+    interrupted job: OpenMPI's convention, docs/serving.md)."""
+    node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 4, TP3, mpirun_extra=DRAIN_MCA)
+    try:
+        node.wait_ready(180)
+        assert "odls_base_sigkill_timeout" not in node.log()  # no warning: it is set
+        result, late, _, rc, log = _stream_then_ctrl_c(node, 120)
+    finally:
+        node.stop()
+    assert result.get("done") == ("length", 120), (result, log)
+    assert late is not None and late.code == "shutting_down", (late, log)
+    assert "drained, exiting" in log, log
+    assert rc in (0, 1), log
+
+
+def test_ctrl_c_on_plain_mpirun_ends_streams_with_a_reply(specnode, real_model, tmp_path):
+    """Without the flag OpenMPI SIGKILLs the ranks 2 s after Ctrl-C: a long stream cannot
+    finish, but it ends with a terminal `cancelled` reply before that (nothing is lost
+    silently), and new submits are refused at once."""
+    node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 4, TP3)
+    try:
+        node.wait_ready(180)
+        result, late, after_s, rc, log = _stream_then_ctrl_c(node, 1000)
+    finally:
+        node.stop()
+    assert result.get("done", (None,))[0] == "cancelled", (result, log)
+    assert after_s < 2.0, (after_s, log)
+    assert late is not None and late.code == "shutting_down", (late, log)
+    assert "drained, exiting" in log, log
+
+
+def test_mpirun_without_the_kill_timeout_is_warned(specnode, tiny_model, tmp_path):
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, tp_config(tmp_path, 2))
+    try:
+        node.wait_ready(120)
+        log = node.log()
+    finally:
+        node.stop()
+    assert "--mca odls_base_sigkill_timeout 16" in log, log  # for drain_timeout_s 30
 
 
 def test_killed_target_rank_fails_requests_and_ends_the_job(specnode, real_model, tmp_path):
