@@ -20,37 +20,41 @@ std::string_view AcceptanceRuleName(AcceptanceRule rule) {
   return rule == AcceptanceRule::kMatch ? "match" : "ratio";
 }
 
-AcceptOutcome AcceptGreedy(std::span<const int32_t> drafts, std::span<const float> target_logits,
-                           int32_t vocab) {
-  const size_t k = drafts.size();
-  assert(target_logits.size() == (k + 1) * static_cast<size_t>(vocab));
-  AcceptOutcome out;
-  for (size_t i = 0; i <= k; ++i) {
-    const int32_t best = ArgMax(target_logits.subspan(i * vocab, vocab));
-    if (i == k || best != drafts[i]) {
-      out.accepted = static_cast<int>(i);
-      out.next_token = best;
-      return out;
-    }
-  }
-  return out;  // unreachable: the loop returns at i == k
-}
+namespace {
 
-AcceptOutcome AcceptMatch(std::span<const int32_t> drafts, std::span<const float> target_logits,
-                          int32_t vocab, int64_t first_position, Sampler* sampler) {
+// Accepts drafts while each equals the target's token at its row (token_at(i) for row i);
+// the outcome's next token is the target's at the first disagreement, or row k's.
+template <typename TokenAt>
+AcceptOutcome AcceptWhileEqual(std::span<const int32_t> drafts, TokenAt token_at) {
   const size_t k = drafts.size();
-  assert(target_logits.size() == (k + 1) * static_cast<size_t>(vocab));
   AcceptOutcome out;
-  for (size_t i = 0; i <= k; ++i) {
-    const int32_t t = sampler->Sample(target_logits.subspan(i * vocab, vocab),
-                                      first_position + static_cast<int64_t>(i));
+  for (size_t i = 0;; ++i) {
+    const int32_t t = token_at(i);
     if (i == k || t != drafts[i]) {
       out.accepted = static_cast<int>(i);
       out.next_token = t;
       return out;
     }
   }
-  return out;  // unreachable: the loop returns at i == k
+}
+
+}  // namespace
+
+AcceptOutcome AcceptGreedy(std::span<const int32_t> drafts, std::span<const float> target_logits,
+                           int32_t vocab) {
+  assert(target_logits.size() == (drafts.size() + 1) * static_cast<size_t>(vocab));
+  return AcceptWhileEqual(
+      drafts, [&](size_t i) { return ArgMax(target_logits.subspan(i * vocab, vocab)); });
+}
+
+AcceptOutcome AcceptMatch(std::span<const int32_t> drafts, std::span<const float> target_logits,
+                          int32_t vocab, int64_t first_position, Sampler* sampler) {
+  assert(target_logits.size() == (drafts.size() + 1) * static_cast<size_t>(vocab));
+  // Sampling stops at the first mismatch: later rows' tokens are never drawn.
+  return AcceptWhileEqual(drafts, [&](size_t i) {
+    return sampler->Sample(target_logits.subspan(i * vocab, vocab),
+                           first_position + static_cast<int64_t>(i));
+  });
 }
 
 AcceptOutcome AcceptRatio(std::span<const int32_t> drafts, std::span<const float> p,

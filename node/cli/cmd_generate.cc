@@ -56,15 +56,8 @@ constexpr char kHelp[] =
 absl::Status Run(const CliArgs& args) {
   const bool json = args.Has("json");
   const bool quiet = args.Has("quiet");
-  SamplingParams sp;
-  SPECNODE_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 0.7, 0.0, 100.0));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k", 40, 0, 1 << 30));
-  SPECNODE_ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p", 0.9, 0.0, 1.0));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 0, 0, INT64_MAX));
-  sp.temperature = static_cast<float>(temperature);
-  sp.top_k = static_cast<int>(top_k);
-  sp.top_p = static_cast<float>(top_p);
-  sp.seed = static_cast<uint64_t>(seed);
+  SPECNODE_ASSIGN_OR_RETURN(const SamplingParams sp,
+                            SamplingFromArgs(args, SamplingParams{0.7f, 40, 0.9f, 0}));
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 128, 1, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));

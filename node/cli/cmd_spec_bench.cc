@@ -112,7 +112,6 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 64, 2, 1 << 16));
   SPECNODE_ASSIGN_OR_RETURN(int64_t spec_k, args.GetInt("spec-k", 4, 1, SpecController::kMaxK));
   SPECNODE_ASSIGN_OR_RETURN(int64_t k_max, args.GetInt("k-max", 8, 1, SpecController::kMaxK));
-  SPECNODE_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 0.0, 0.0, 100.0));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
@@ -134,14 +133,7 @@ absl::Status Run(const CliArgs& args) {
     std::fprintf(stderr, "router rules: %lld of %zu prompts named with their set's domain\n",
                  static_cast<long long>(routed_right), prompts.size());
   }
-  SamplingParams sp;
-  sp.temperature = static_cast<float>(temperature);
-  SPECNODE_ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k", 0, 0, 1 << 30));
-  SPECNODE_ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p", 1.0, 0.0, 1.0));
-  SPECNODE_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 0, 0, INT64_MAX));
-  sp.top_k = static_cast<int>(top_k);
-  sp.top_p = static_cast<float>(top_p);
-  sp.seed = static_cast<uint64_t>(seed);
+  SPECNODE_ASSIGN_OR_RETURN(const SamplingParams sp, SamplingFromArgs(args, SamplingParams{}));
   SPECNODE_ASSIGN_OR_RETURN(const AcceptanceRule acceptance, AcceptanceFromArgs(args));
   for (const WorkloadPrompt& p : prompts) {
     SPECNODE_RETURN_IF_ERROR(session->ValidateRequest(p.ids, max_tokens, sp));
@@ -229,10 +221,10 @@ absl::Status Run(const CliArgs& args) {
   out["max_tokens"] = max_tokens;
   out["spec_k"] = spec_k;
   out["k_max"] = k_max;
-  out["temperature"] = temperature;
-  out["top_k"] = top_k;
-  out["top_p"] = top_p;
-  out["seed"] = seed;
+  out["temperature"] = sp.temperature;
+  out["top_k"] = sp.top_k;
+  out["top_p"] = sp.top_p;
+  out["seed"] = sp.seed;
   out["acceptance"] = std::string(AcceptanceRuleName(acceptance));
   out["threads"] = threads;
   out["kv_mode"] = std::string(KvModeName(kv.mode));

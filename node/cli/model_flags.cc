@@ -116,6 +116,22 @@ absl::StatusOr<KvOptions> KvOptionsFromArgs(const CliArgs& args) {
   return o;
 }
 
+absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args,
+                                                const SamplingParams& defaults) {
+  SamplingParams sp;
+  SPECNODE_ASSIGN_OR_RETURN(double temperature,
+                            args.GetDouble("temperature", defaults.temperature, 0.0, 100.0));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k", defaults.top_k, 0, 1 << 30));
+  SPECNODE_ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p", defaults.top_p, 0.0, 1.0));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t seed,
+                            args.GetInt("seed", static_cast<int64_t>(defaults.seed), 0, INT64_MAX));
+  sp.temperature = static_cast<float>(temperature);
+  sp.top_k = static_cast<int>(top_k);
+  sp.top_p = static_cast<float>(top_p);
+  sp.seed = static_cast<uint64_t>(seed);
+  return sp;
+}
+
 absl::StatusOr<AcceptanceRule> AcceptanceFromArgs(const CliArgs& args) {
   if (!args.Has("acceptance")) return AcceptanceRule::kMatch;
   absl::StatusOr<AcceptanceRule> rule = ParseAcceptanceRule(args.Get("acceptance"));

@@ -39,6 +39,11 @@ absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args);
 // run), "f32" on a GPU.
 std::string ActivationsName(const ComputeOptions& compute);
 
+// --temperature T --top-k K --top-p P --seed S over `defaults` (each validated where read;
+// ValidateSamplingParams runs with the request's other checks).
+absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args,
+                                                const SamplingParams& defaults);
+
 // --acceptance match|ratio (default match): how sampled drafts are accepted
 // (coordinator/acceptance.h).
 absl::StatusOr<AcceptanceRule> AcceptanceFromArgs(const CliArgs& args);
