@@ -387,6 +387,7 @@ absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool
     std::vector<KvMassRow>& rows = pass_mass_[i];
     rows.clear();
     if (observe) {
+      const size_t first_new = s.staged.size();
       const int32_t lo = std::max(config_.sink_tokens, s.demoted_upto);
       const int32_t first = (e.pos0 + every - 1) / every * every;
       for (int32_t q = first; q < e.pos0 + e.n; q += every) {
@@ -399,9 +400,11 @@ absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool
         m.sum.assign(static_cast<size_t>(nkv) * width, 0.0f);
         m.cnt.assign(static_cast<size_t>(nkv) * width, 0.0f);
       }
-      // Pointers once every row exists (emplace_back may move the rows, not their data).
-      for (Sequence::StagedMass& m : s.staged) {
-        if (m.pos >= e.pos0) rows.push_back({m.pos, m.lo, m.sum.data(), m.cnt.data()});
+      // Pointers once every row of this pass exists (emplace_back may move the rows, not
+      // their data).
+      for (size_t r = first_new; r < s.staged.size(); ++r) {
+        Sequence::StagedMass& m = s.staged[r];
+        rows.push_back({m.pos, m.lo, m.sum.data(), m.cnt.data()});
       }
     }
     KvPoolPassSeq& p = pass_[i];
@@ -468,9 +471,12 @@ void KvStore::Settle(Sequence& s) {
   // length were rolled back by Truncate and are gone). Adding row by row in that order
   // gives the same floats however the queries were grouped into passes.
   size_t kept = 0;
-  for (Sequence::StagedMass& m : s.staged) {
+  for (size_t i = 0; i < s.staged.size(); ++i) {
+    Sequence::StagedMass& m = s.staged[i];
     if (m.pos >= s.length) {
-      s.staged[kept++] = std::move(m);  // not committed yet (a pass in flight)
+      // Not committed yet (a pass in flight). No self-move: it would empty the row.
+      if (kept != i) s.staged[kept] = std::move(m);
+      ++kept;
       continue;
     }
     for (int h = 0; h < config_.n_kv_heads; ++h) {
