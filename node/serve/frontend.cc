@@ -315,8 +315,7 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
                    drain_limit_s_);
       scheduler_->Stop();  // cancels what is left; their terminal events are queued
       DeliverEvents();
-      // As after a lost target: keep the socket a little for the replies to leave.
-      drain_cut_ = std::chrono::steady_clock::now();
+      drain_cut_ = true;
     }
     if (absl::Status failure = scheduler_->Failure(); !failure.ok() && scheduler_->Idle()) {
       DeliverEvents();  // the error replies of every request
@@ -326,10 +325,14 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
       if (!failed_since_) failed_since_ = now;
       if (now - *failed_since_ >= kFailureFlush) return failure;
     }
-    if (draining_ && scheduler_->Idle() &&
-        (!drain_cut_ || std::chrono::steady_clock::now() - *drain_cut_ >= kFailureFlush)) {
+    if (draining_ && scheduler_->Idle()) {
+      // As after a lost target: keep serving a little so that ZeroMQ's I/O thread writes the
+      // last replies out before the socket closes (on a loaded machine closing at once lost
+      // a `done` that had just been queued).
       DeliverEvents();
-      return absl::OkStatus();
+      const auto now = std::chrono::steady_clock::now();
+      if (!idle_since_) idle_since_ = now;
+      if (now - *idle_since_ >= kFailureFlush) return absl::OkStatus();
     }
   }
 }

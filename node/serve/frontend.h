@@ -77,8 +77,9 @@ class Frontend {
   absl::Status Bind();
 
   // Serves until *stop turns true, then drains: new submits get shutting_down, running
-  // requests finish and get their replies; returns when the scheduler is idle, or after
-  // drain_timeout_s with the remaining requests cancelled (terminal replies sent). If the
+  // requests finish and get their replies; returns kFailureFlush after the scheduler is
+  // idle (the last replies written out), the remaining requests cancelled with terminal
+  // replies if drain_timeout_s passed first. If the
   // scheduler loses its target (Scheduler::Failure), returns that error once every
   // request has had its error reply (code `unavailable`), plus kFailureFlush for them to
   // leave the socket.
@@ -115,8 +116,9 @@ class Frontend {
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_since_;
   double drain_limit_s_ = 0.0;
-  // When the drain limit cancelled the rest: Run returns kFailureFlush later.
-  std::optional<std::chrono::steady_clock::time_point> drain_cut_;
+  bool drain_cut_ = false;  // the drain limit cancelled the rest
+  // Drained and idle since: Run returns kFailureFlush later, the replies written out.
+  std::optional<std::chrono::steady_clock::time_point> idle_since_;
   // When the scheduler lost its target: Run keeps serving (health says "failed", submits
   // get `unavailable`) for kFailureFlush after the last error reply, then returns.
   std::optional<std::chrono::steady_clock::time_point> failed_since_;
