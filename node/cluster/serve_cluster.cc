@@ -166,9 +166,8 @@ ModelFingerprint FingerprintOf(const LlamaModel& m) {
 // a margin; mpirun hands MCA parameters to the ranks' environment, so rank 0 can say at
 // start-up what T would give the whole serve.drain_timeout_s.
 void WarnIfMpirunKillsBeforeTheDrain(const ServeConfig& cfg) {
-  const char* env = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
-  const double t = env != nullptr ? std::atof(env) : 1.0;
-  const double window = std::max(0.1, 2 * t - 1.0);  // MpirunTeardownS (serve_node.cc)
+  const double t = MpirunSigkillTimeoutS();
+  const double window = MpirunTeardownWindowS();
   if (window >= cfg.drain_timeout_s) return;
   std::fprintf(stderr,
                "specnode serve: warning: Ctrl-C on mpirun SIGKILLs every rank %g s later "

@@ -44,15 +44,6 @@ void OnTeardown(int) {
   g_stop.store(true);
 }
 
-// Seconds from mpirun's SIGCONT to its SIGKILL, less a margin (1 s) for the step in flight,
-// the last replies to leave the socket and the shards' Shutdown; 0 when not under mpirun.
-double MpirunTeardownS() {
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return 0.0;
-  const char* env = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
-  const double t = env != nullptr ? std::atof(env) : 1.0;  // OpenMPI's default
-  return std::max(0.1, 2.0 * t - 1.0);
-}
-
 // `family`{class="f16"|"int8"|"int4"} for precision class c.
 std::string KvClassSeries(const char* family, int c) {
   return absl::StrFormat("%s{class=\"%s\"}", family, KvPrecisionName(static_cast<KvPrecision>(c)));
@@ -96,6 +87,13 @@ std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets)
 }
 
 }  // namespace
+
+double MpirunSigkillTimeoutS() {
+  const char* env = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  return env != nullptr ? std::atof(env) : 1.0;  // OpenMPI's default
+}
+
+double MpirunTeardownWindowS() { return std::max(0.1, 2.0 * MpirunSigkillTimeoutS() - 1.0); }
 
 absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                        std::vector<ServeGroup>& serve_groups, std::vector<RankInfo> ranks) {
@@ -174,7 +172,9 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   fo.limits = cfg.limits;
   fo.drain_timeout_s = cfg.drain_timeout_s;
   fo.teardown = &g_teardown;
-  fo.teardown_drain_s = MpirunTeardownS();
+  // Under mpirun only (0: no teardown handling).
+  fo.teardown_drain_s =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? MpirunTeardownWindowS() : 0.0;
   fo.model_name = model_path;
   fo.curve_secret_key = cfg.curve_secret_key;
   fo.ranks = std::move(ranks);

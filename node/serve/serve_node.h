@@ -32,4 +32,12 @@ struct ServeGroup {
 absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                        std::vector<ServeGroup>& groups, std::vector<RankInfo> ranks);
 
+// mpirun's teardown on Ctrl-C (OpenMPI 4.1): SIGCONT to every rank at once, SIGTERM
+// odls_base_sigkill_timeout (T, seconds, default 1; mpirun passes it in the ranks'
+// environment) later, SIGKILL after another T.
+double MpirunSigkillTimeoutS();
+// The drain a rank gets from that SIGCONT: 2T less a 1 s margin for the step in flight, the
+// last replies and the shards' Shutdown (at least 0.1 s).
+double MpirunTeardownWindowS();
+
 }  // namespace specnode
