@@ -28,20 +28,6 @@ void PushSample(std::vector<double>& v, double x) {
 
 }  // namespace
 
-const char* FinishKindName(FinishKind kind) {
-  switch (kind) {
-    case FinishKind::kStop:
-      return "stop";
-    case FinishKind::kLength:
-      return "length";
-    case FinishKind::kStopString:
-      return "stop_string";
-    case FinishKind::kCancelled:
-      return "cancelled";
-  }
-  return "?";
-}
-
 Scheduler::Scheduler(SpeculativeEngine* engine, const Tokenizer* tokenizer,
                      SchedulerOptions options, Sink sink)
     : engine_(engine), tok_(tokenizer), options_(std::move(options)), sink_(std::move(sink)) {
@@ -257,7 +243,17 @@ void Scheduler::Loop() {
       AdmitLocked(Clock::now());
     }
     RunStep();
+    // After the step (and after an idle heartbeat, which carries a remote target's pending
+    // frees): the gauges show what the targets hold now, not what the last step left.
+    RefreshGauges();
   }
+}
+
+void Scheduler::RefreshGauges() {
+  if (!options_.gauges) return;
+  std::map<std::string, double> gauges = options_.gauges();
+  std::lock_guard lock(mu_);
+  stats_.gauges = std::move(gauges);
 }
 
 void Scheduler::LoseTarget(const absl::Status& st) {
@@ -329,11 +325,8 @@ void Scheduler::RunStep() {
     return;
   }
   const auto now = Clock::now();
-  std::map<std::string, double> gauges;
-  if (options_.gauges) gauges = options_.gauges();
   {
     std::lock_guard lock(mu_);
-    if (options_.gauges) stats_.gauges = std::move(gauges);
     stats_.steps++;
     stats_.step_sequences += static_cast<int64_t>(seqs.size());
     stats_.last_batch = static_cast<int>(seqs.size());
@@ -389,6 +382,9 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
     r.accepted += s.accepted;
     r.passes += s.steps;
     engine_->Finish(static_cast<SeqId>(r.handle));
+    // Before the terminal reply goes out: a client that reads the metrics after it sees
+    // this request's KV released.
+    RefreshGauges();
   }
   // Release held-back text (a final partial UTF-8 sequence becomes U+FFFD).
   if (kind != FinishKind::kStopString) r.text += r.utf8.Flush();

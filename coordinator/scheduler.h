@@ -74,8 +74,10 @@ struct SchedulerOptions {
   // The largest max_tokens a request may ask for (serve.max_tokens); prompt + max_tokens
   // must also fit the target's context (request_validator.h).
   int64_t max_tokens = 4096;
-  // Called on the scheduler thread after every step (and so safe to read state the engine
-  // owns, such as KV usage); its values appear in SchedulerSnapshot::gauges. Optional.
+  // Called on the scheduler thread after every turn of its loop (a step, cancels, an idle
+  // heartbeat) and when a request's sequence is freed, before its terminal event (so it
+  // may read state the engine owns, such as KV usage, and a client that saw a request end
+  // sees its KV released); its values appear in SchedulerSnapshot::gauges. Optional.
   std::function<std::map<std::string, double>()> gauges;
 };
 
@@ -93,7 +95,21 @@ struct GenerationRequest {
 bool IsTargetLost(const absl::Status& s);
 
 enum class FinishKind { kStop, kLength, kStopString, kCancelled };
-const char* FinishKindName(FinishKind kind);  // "stop", "length", "stop_string", "cancelled"
+// "stop", "length", "stop_string", "cancelled". Inline: the protocol's replies name it
+// without linking the scheduler.
+inline const char* FinishKindName(FinishKind kind) {
+  switch (kind) {
+    case FinishKind::kStop:
+      return "stop";
+    case FinishKind::kLength:
+      return "length";
+    case FinishKind::kStopString:
+      return "stop_string";
+    case FinishKind::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
 
 struct RequestStats {
   int32_t prompt_tokens = 0;
@@ -193,6 +209,8 @@ class Scheduler {
   void LoseTarget(const absl::Status& st);
   Req* Lookup(uint64_t handle);  // under mu_ (the map may be growing)
   void Finish(Req& r, FinishKind kind);
+  // Samples options_.gauges into stats_ (scheduler thread; takes mu_ to store).
+  void RefreshGauges();
   void Fail(Req& r, absl::Status status);
   // Drops a finished request from the running list, the queue and the map (r dies).
   void Forget(uint64_t handle);

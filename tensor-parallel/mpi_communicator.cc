@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <numeric>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +16,17 @@ namespace specnode {
 namespace {
 
 constexpr int kTagModulus = 32768;  // MPI guarantees MPI_TAG_UB >= 32767
+
+// Staging buffers a failed exchange left with MPI (see Fail): kept for the life of the
+// process and reachable from here, so that they are never reused or freed while MPI may
+// still write into them, and a leak checker sees them as held, not lost. Bounded: a
+// communicator fails once (it is broken afterwards). Thread-safe.
+void AbandonBuffer(std::vector<char> buffer) {
+  static std::mutex mu;
+  static auto* buffers = new std::vector<std::vector<char>>();
+  std::lock_guard lock(mu);
+  buffers->push_back(std::move(buffer));
+}
 
 // FNV-1a of the rank list, so members can tell they were given the same group.
 int ListHash(std::span<const int> ranks) {
@@ -181,9 +194,9 @@ absl::Status MpiCommunicator::Fail(absl::Status status) {
     }
   }
   if (pending) {
-    // MPI may still deliver a late message into (or read) the staging buffer: leak it.
-    auto* leaked = new std::vector<char>(std::move(staging_));
-    (void)leaked;
+    // MPI may still deliver a late message into (or read) the staging buffer: give it up.
+    // The vector's heap block moves, so MPI's pointers into it stay valid.
+    AbandonBuffer(std::move(staging_));
     staging_.clear();
   }
   return status;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cassert>
 #include <chrono>
 
@@ -185,11 +186,18 @@ absl::Status RemoteTargetRunner::CollectReplies(uint64_t step,
       next_check = now + std::chrono::milliseconds(20);
     }
     if (now >= deadline) {
-      size_t first = 0;
-      while (got[first]) ++first;
-      return absl::DeadlineExceededError(
-          absl::StrFormat("%s did not answer within %.1f s", RankName(first),
-                          options_.timeout_s * kReplyGraceFactor));
+      // Every silent rank is named: when a host is lost, its ranks and any healthy rank
+      // stuck in a collective with them are silent together, and the first one alone
+      // could point at the wrong machine.
+      std::vector<int> silent;
+      for (size_t i = 0; i < n; ++i) {
+        if (!got[i]) silent.push_back(options_.shard_ranks[i]);
+      }
+      const std::string who =
+          silent.size() == 1 ? RankName(std::find(got.begin(), got.end(), false) - got.begin())
+                             : absl::StrCat(options_.role, " ranks ", absl::StrJoin(silent, ", "));
+      return absl::DeadlineExceededError(absl::StrFormat("%s did not answer within %.1f s", who,
+                                                         options_.timeout_s * kReplyGraceFactor));
     }
     backoff.Sleep();
   }

@@ -165,9 +165,15 @@ void Frontend::HandleFrame(const std::string& peer, std::string_view frame) {
       return;
     case ClientMessage::Type::kCancel: {
       auto it = by_peer_id_.find({peer, m.id});
-      if (it == by_peer_id_.end() || !scheduler_->Cancel(it->second)) {
+      if (it == by_peer_id_.end()) {
         SendError(peer, m.id, RequestError::kUnknownId, "no active request with this id");
+        return;
       }
+      // False when the request finished just before the cancel: its terminal reply is on
+      // its way (still ours to send), so the cancel gets no answer of its own. An
+      // unknown_id here would reach the client before that reply, looking like a second
+      // terminal reply for the id.
+      (void)scheduler_->Cancel(it->second);
       return;
     }
     case ClientMessage::Type::kStats: {

@@ -1,179 +1,24 @@
 // The speculative engine on tiny models: greedy output identical to target-only decoding
 // with every drafter, sampled output distributed as target-only sampling, stops, lengths,
-// batching, prefill chunking and bad requests.
+// batching, prefill chunking and bad requests (same-seed determinism:
+// spec_engine_determinism_test.cc).
 #include "coordinator/spec_engine.h"
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "coordinator/model_drafter.h"
-#include "coordinator/ngram_drafter.h"
 #include "gtest/gtest.h"
-#include "kvstore/kv_cache_factory.h"
-#include "model/llama/llama_model.h"
-#include "model/llama/tiny_model.h"
+#include "tests/coordinator/spec_engine_test_util.h"
 
 namespace specnode {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("specnode_spec_" + std::to_string(getpid()) + "_" + name + ".gguf"))
-      .string();
-}
-
-TinyModelOptions TargetOptions() {
-  TinyModelOptions o;
-  o.n_layers = 3;
-  o.weight_type = GgmlType::kQ8_0;
-  o.seed = 21;
-  return o;
-}
-
-class SpecEngineTest : public testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    target_path_ = new std::string(TempPath("target"));
-    ASSERT_TRUE(WriteTinyModel(TargetOptions(), *target_path_).ok());
-    for (float perturb : {0.05f, 0.3f, 1.0f}) {
-      TinyModelOptions o = TargetOptions();
-      o.perturb = perturb;
-      const std::string path = TempPath("draft" + std::to_string(static_cast<int>(perturb * 100)));
-      ASSERT_TRUE(WriteTinyModel(o, path).ok());
-      draft_paths_.push_back(path);
-    }
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove(*target_path_);
-    for (const auto& p : draft_paths_) std::filesystem::remove(p);
-    delete target_path_;
-    draft_paths_.clear();
-  }
-
-  void SetUp() override {
-    auto m = LlamaModel::Load(*target_path_);
-    ASSERT_TRUE(m.ok()) << m.status();
-    target_ = std::move(m).value();
-    pool_ = std::make_unique<ThreadPool>(2);
-  }
-
-  // A KV mode by name; "mixed-tight" is mixed with a window, boundary and sampling small
-  // enough that the tiny prompts demote tokens (both classes) many times per generation.
-  static KvOptions KvFor(const std::string& kv_mode) {
-    KvOptions kv;
-    if (kv_mode == "mixed-tight") {
-      kv.mode = KvMode::kMixed;
-      kv.window_tokens = 8;
-      kv.demote_every = 8;
-      kv.sink_tokens = 2;
-      kv.mass_sample_every = 2;
-      kv.critical_threshold = 1.5f;
-      return kv;
-    }
-    kv.mode = ParseKvMode(kv_mode).value();
-    return kv;
-  }
-
-  std::unique_ptr<LocalModelRunner> MakeRunner(const std::string& kv_mode) {
-    const KvOptions kv = KvFor(kv_mode);
-    auto cache = MakeKvCache(target_->config(), target_->weights().n_kv_heads_local, kv);
-    EXPECT_TRUE(cache.ok()) << cache.status();
-    return std::make_unique<LocalModelRunner>(target_->config(), target_->weights(), pool_.get(),
-                                              std::move(cache).value());
-  }
-
-  // Named drafters: "draft5", "draft30", "draft100" (perturbed copies), "self1", "self2",
-  // "ngram".
-  std::unique_ptr<Drafter> MakeDrafter(const std::string& name, const std::string& kv_mode) {
-    const KvOptions kv = KvFor(kv_mode);
-    if (name == "ngram") {
-      NgramDrafterOptions o;
-      o.min_n = 1;
-      return std::move(NgramDrafter::Create(o)).value();
-    }
-    if (name.rfind("self", 0) == 0) {
-      auto d = ModelDrafter::SelfDraft(*target_, std::stoi(name.substr(4)), pool_.get(), kv);
-      EXPECT_TRUE(d.ok()) << d.status();
-      return std::move(d).value();
-    }
-    const std::map<std::string, int> index = {{"draft5", 0}, {"draft30", 1}, {"draft100", 2}};
-    auto d = ModelDrafter::Load(draft_paths_[index.at(name)], *target_, pool_.get(), kv);
-    EXPECT_TRUE(d.ok()) << d.status();
-    return std::move(d).value();
-  }
-
-  // Runs requests to completion, all sequences stepping together; returns generated tokens.
-  std::vector<std::vector<int32_t>> Run(SpeculativeEngine& engine,
-                                        const std::vector<SpecRequest>& requests,
-                                        ModelRunner* runner = nullptr) {
-    std::vector<SeqId> live;
-    std::map<SeqId, std::vector<int32_t>> generated;
-    for (const SpecRequest& r : requests) {
-      EXPECT_TRUE(engine.Start(r).ok());
-      live.push_back(r.id);
-    }
-    std::vector<SeqStepResult> results;
-    for (int guard = 0; !live.empty() && guard < 10000; ++guard) {
-      absl::Status st = engine.Step(live, &results);
-      EXPECT_TRUE(st.ok()) << st;
-      if (!st.ok()) break;
-      std::vector<SeqId> next;
-      for (const SeqStepResult& r : results) {
-        auto& g = generated[r.id];
-        g.insert(g.end(), r.tokens.begin(), r.tokens.end());
-        if (runner != nullptr && !engine.Prefilling(r.id) && r.finish == FinishReason::kNone) {
-          // Decode invariant: the target caches every committed token but the last.
-          EXPECT_EQ(runner->Length(r.id), static_cast<int32_t>(engine.Tokens(r.id).size()) - 1);
-        }
-        if (r.finish == FinishReason::kNone) {
-          next.push_back(r.id);
-        } else {
-          engine.Finish(r.id);
-        }
-      }
-      live = next;
-    }
-    std::vector<std::vector<int32_t>> out;
-    for (const SpecRequest& r : requests) out.push_back(generated[r.id]);
-    return out;
-  }
-
-  static std::vector<SpecRequest> Prompts(float temperature, int max_new, uint64_t seed = 0) {
-    const std::vector<std::vector<int32_t>> prompts = {
-        {72, 101, 108, 108, 111},
-        {1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4},
-        {200, 17, 17, 300, 42, 99, 120, 121, 122, 123, 124, 125, 126, 127, 128, 129}};
-    std::vector<SpecRequest> out;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      SpecRequest r;
-      r.id = static_cast<SeqId>(i + 1);
-      r.prompt = prompts[i];
-      r.sampling.temperature = temperature;
-      r.sampling.seed = seed + i;
-      r.max_new_tokens = max_new;
-      r.ignore_stop = true;
-      out.push_back(r);
-    }
-    return out;
-  }
-
-  static std::string* target_path_;
-  static std::vector<std::string> draft_paths_;
-  std::unique_ptr<LlamaModel> target_;
-  std::unique_ptr<ThreadPool> pool_;
-};
-
-std::string* SpecEngineTest::target_path_ = nullptr;
-std::vector<std::string> SpecEngineTest::draft_paths_;
-
-std::unique_ptr<SpecController> NewController() {
-  return std::move(SpecController::Create({})).value();
-}
+using spec_engine_test::NewController;
+using spec_engine_test::SpecEngineTest;
+using spec_engine_test::TargetOptions;
+using spec_engine_test::TempPath;
 
 TEST_F(SpecEngineTest, GreedyEqualsTargetOnlyWithEveryDrafter) {
   // mixed-tight: demotion and critical-token observation run throughout (issue 16, item 11:
@@ -282,96 +127,6 @@ TEST_F(SpecEngineTest, SampledMatchesTargetOnlyDistribution) {
   }
 }
 
-// Issue 16: a seed gives the same text whatever speculation does. Under the match rule
-// (the default) sampled output with top-k / top-p equals target-only output with the same
-// seeds, for every drafter (sampled model drafts, the self-draft, deterministic n-gram), K
-// fixed at 1..4 or adaptive, each prompt alone or with batch mates, and a fresh engine and
-// cache for every run (a restarted node). The ratio rule does not promise this, and the
-// last check shows that the comparison can tell: there the text changes with the drafter.
-TEST_F(SpecEngineTest, SeededTextIsTheSameWithEveryDrafterKAndBatch) {
-  auto requests = Prompts(0.8f, 40, 7);
-  for (SpecRequest& r : requests) {
-    r.sampling.top_k = 40;
-    r.sampling.top_p = 0.9f;
-  }
-  auto base_runner = MakeRunner("full");
-  SpeculativeEngine base(base_runner.get(), {}, {});
-  const auto expected = Run(base, requests);
-  for (const std::string name : {"draft5", "draft30", "draft100", "self1", "self2", "ngram"}) {
-    for (int k : {0, 1, 2, 3, 4}) {  // 0: adaptive
-      auto runner = MakeRunner("full");
-      auto drafter = MakeDrafter(name, "full");
-      auto controller = NewController();
-      SpecEngineOptions options;
-      options.adaptive = k == 0;
-      options.fixed_k = k;
-      options.pool = pool_.get();
-      SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, options);
-      EXPECT_EQ(Run(engine, requests, runner.get()), expected) << name << " K " << k;
-      if (k == 3) {
-        // Alone, without batch mates, on the same (warm) engine.
-        for (size_t i = 0; i < requests.size(); ++i) {
-          EXPECT_EQ(Run(engine, {requests[i]}), std::vector<std::vector<int32_t>>{expected[i]})
-              << name << " alone, prompt " << i;
-        }
-      }
-    }
-  }
-  int differ = 0;
-  for (const std::string name : {"draft30", "draft100"}) {
-    auto runner = MakeRunner("full");
-    auto drafter = MakeDrafter(name, "full");
-    auto controller = NewController();
-    SpecEngineOptions options;
-    options.adaptive = false;
-    options.fixed_k = 4;
-    options.acceptance = AcceptanceRule::kRatio;
-    SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, options);
-    const auto got = Run(engine, requests, runner.get());
-    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != expected[i];
-  }
-  EXPECT_GT(differ, 0) << "the ratio rule gave target-only text everywhere: the check is blind";
-}
-
-// A preempted sequence continues with the same text: swapped out and back (Park/Resume),
-// or dropped and recomputed from prompt + output so far (what the scheduler does without
-// a host tier), at any point of the generation.
-TEST_F(SpecEngineTest, SeededTextSurvivesPreemption) {
-  SpecRequest request = Prompts(0.9f, 36, 11)[1];
-  request.sampling.top_k = 20;
-  auto base_runner = MakeRunner("mixed-tight");
-  SpeculativeEngine base(base_runner.get(), {}, {});
-  const std::vector<int32_t> expected = Run(base, {request})[0];
-  for (int cut : {1, 7, 20}) {
-    auto runner = MakeRunner("mixed-tight");
-    auto drafter = MakeDrafter("draft30", "mixed-tight");
-    auto controller = NewController();
-    SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, {});
-    ASSERT_TRUE(engine.Start(request).ok());
-    std::vector<int32_t> got;
-    std::vector<SeqStepResult> results;
-    while (static_cast<int>(got.size()) < cut) {
-      ASSERT_TRUE(engine.Step(std::vector<SeqId>{request.id}, &results).ok());
-      got.insert(got.end(), results[0].tokens.begin(), results[0].tokens.end());
-      ASSERT_EQ(results[0].finish, FinishReason::kNone);
-    }
-    // Swap out and in, one more step, then recompute: drop the sequence, start it again
-    // from its prompt + output, as the scheduler's preemption does.
-    ASSERT_TRUE(engine.Park(request.id).ok());
-    ASSERT_TRUE(engine.Resume(request.id).ok());
-    ASSERT_TRUE(engine.Step(std::vector<SeqId>{request.id}, &results).ok());
-    got.insert(got.end(), results[0].tokens.begin(), results[0].tokens.end());
-    engine.Finish(request.id);
-    SpecRequest again = request;
-    again.prompt.insert(again.prompt.end(), got.begin(), got.end());
-    again.max_new_tokens = request.max_new_tokens - static_cast<int32_t>(got.size());
-    ASSERT_GT(again.max_new_tokens, 0);
-    const auto rest = Run(engine, {again});
-    got.insert(got.end(), rest[0].begin(), rest[0].end());
-    EXPECT_EQ(got, expected) << "preempted after " << cut << " tokens";
-  }
-}
-
 TEST_F(SpecEngineTest, BatchedSequencesEqualSeparateRuns) {
   auto runner = MakeRunner("full");
   auto drafter = MakeDrafter("draft30", "full");
@@ -418,36 +173,6 @@ TEST_F(SpecEngineTest, ChunkedPrefillGivesTheSameTokens) {
       SpeculativeEngine chunked(runner.get(), {}, options);
       EXPECT_EQ(Run(chunked, Prompts(0.0f, 30)), expected) << kv_mode << " budget " << budget;
     }
-  }
-}
-
-// Issue 16, item 11: in mixed mode greedy output is the same however the sequence was
-// stepped — alone or with batch mates whose prefill chunks share the step's budget, with
-// any drafter's history — and a prompt longer than the pass boundary is prefilled in
-// pieces that each fit beside the demoted rest.
-TEST_F(SpecEngineTest, MixedKvGreedyDoesNotDependOnBatchMatesOrHistory) {
-  auto requests = Prompts(0.0f, 48);
-  // A long prompt (5x the boundary of mixed-tight) among the short ones.
-  SpecRequest long_prompt = requests[0];
-  long_prompt.id = 9;
-  long_prompt.prompt.clear();
-  for (int i = 0; i < 40; ++i) long_prompt.prompt.push_back(20 + (i * 37) % 200);
-  requests.push_back(long_prompt);
-  std::vector<std::vector<int32_t>> alone;
-  for (const SpecRequest& r : requests) {
-    auto runner = MakeRunner("mixed-tight");
-    SpeculativeEngine engine(runner.get(), {}, {});
-    alone.push_back(Run(engine, {r})[0]);
-  }
-  auto runner = MakeRunner("mixed-tight");
-  auto drafter = MakeDrafter("ngram", "mixed-tight");
-  auto controller = NewController();
-  SpecEngineOptions options;
-  options.prefill_budget = 7;
-  SpeculativeEngine engine(runner.get(), {{drafter.get(), controller.get()}}, options);
-  // Twice on the same engine: the second time the n-gram drafter has a history.
-  for (int round = 0; round < 2; ++round) {
-    EXPECT_EQ(Run(engine, requests, runner.get()), alone) << "round " << round;
   }
 }
 

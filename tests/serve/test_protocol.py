@@ -154,6 +154,58 @@ def test_cancel_mid_stream(conn):
     assert conn.recv()["code"] == "unknown_id"
 
 
+def test_cancel_racing_the_end_gets_no_reply_before_done(conn):
+    """A cancel sent as a short request finishes: the request's own `done` is its one
+    terminal reply; no unknown_id for the id may arrive before it (it read as a second
+    terminal reply). A cancel after the done still gets unknown_id."""
+    for i in range(60):
+        rid = f"race{i}"
+        conn.send(submit(rid, max_tokens=2))
+        while conn.recv()["type"] != "tokens":
+            pass
+        conn.send({"type": "cancel", "id": rid})
+        msgs = conn.until_terminal(rid)
+        assert msgs[-1]["type"] == "done", msgs
+    conn.send({"type": "health"})
+    while True:  # whatever unknown_id answers came after their done, then the health reply
+        m = conn.recv()
+        if m["type"] == "health":
+            break
+        assert m["type"] == "error" and m["code"] == "unknown_id", m
+
+
+def kv_used_bytes(conn):
+    conn.send({"type": "stats"})
+    while True:
+        m = conn.recv()
+        if m["type"] == "stats":
+            break
+    line = next(l for l in m["metrics"].splitlines() if l.startswith("specnode_kv_used_bytes "))
+    return float(line.split()[1])
+
+
+def test_idle_node_reports_no_kv_in_use(conn):
+    """The KV gauges are read after every turn of the scheduler, frees included: once
+    every request has ended (the last one cancelled mid-stream, which frees its KV outside
+    any step), specnode_kv_used_bytes is 0. It showed the last step's usage."""
+    for i in range(3):
+        conn.send(submit(f"kv{i}", max_tokens=6))
+    conn.send(submit("kv-cancel", max_tokens=400))
+    ended = set()
+    while len(ended) < 3:
+        m = conn.recv()
+        if m["type"] in ("done", "error"):
+            assert m["type"] == "done", m
+            ended.add(m["id"])
+    while True:
+        m = conn.recv()
+        if m.get("id") == "kv-cancel" and m["type"] == "tokens":
+            break
+    conn.send({"type": "cancel", "id": "kv-cancel"})
+    assert conn.until_terminal("kv-cancel")[-1]["finish_reason"] == "cancelled"
+    assert kv_used_bytes(conn) == 0
+
+
 def test_stop_strings_end_the_text(conn):
     conn.send(submit("free", max_tokens=30, stream=False))
     text = conn.until_terminal("free")[-1]["text"]
