@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cassert>
 #include <chrono>
 
@@ -189,13 +188,17 @@ absl::Status RemoteTargetRunner::CollectReplies(uint64_t step,
       // Every silent rank is named: when a host is lost, its ranks and any healthy rank
       // stuck in a collective with them are silent together, and the first one alone
       // could point at the wrong machine.
-      std::vector<int> silent;
+      std::vector<size_t> silent;
       for (size_t i = 0; i < n; ++i) {
-        if (!got[i]) silent.push_back(options_.shard_ranks[i]);
+        if (!got[i]) silent.push_back(i);
       }
       const std::string who =
-          silent.size() == 1 ? RankName(std::find(got.begin(), got.end(), false) - got.begin())
-                             : absl::StrCat(options_.role, " ranks ", absl::StrJoin(silent, ", "));
+          silent.size() == 1
+              ? RankName(silent[0])
+              : absl::StrCat(options_.role, " ranks ",
+                             absl::StrJoin(silent, ", ", [&](std::string* out, size_t i) {
+                               absl::StrAppend(out, options_.shard_ranks[i]);
+                             }));
       return absl::DeadlineExceededError(absl::StrFormat("%s did not answer within %.1f s", who,
                                                          options_.timeout_s * kReplyGraceFactor));
     }

@@ -172,7 +172,8 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   fo.limits = cfg.limits;
   fo.drain_timeout_s = cfg.drain_timeout_s;
   fo.teardown = &g_teardown;
-  // Under mpirun only (0: no teardown handling).
+  // Under OpenMPI's mpirun only (0: no teardown handling): the SIGCONT-first teardown is
+  // its own, so not InMpiJob(), which also counts PMI launchers.
   fo.teardown_drain_s =
       std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? MpirunTeardownWindowS() : 0.0;
   fo.model_name = model_path;
