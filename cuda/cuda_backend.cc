@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/cuda_attention.h"
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_embedding.h"
 #include "cuda/cuda_ops.h"
 #include "model/gguf/ggml_types.h"
 #include "model/status_macros.h"

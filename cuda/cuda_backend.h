@@ -1,7 +1,7 @@
 // CudaBackend: the Backend (model/backend.h) on one GPU — today's CUDA kernels behind the
 // ops of the one Llama graph (model/llama_forward.h): fused dequantise-matmuls
 // (cuda_matmul.h, Q/K/V and gate/up in one launch each), RMSNorm with the residual add
-// fused in, the Q/K RoPE pair, SwiGLU, embedding rows (cuda_ops.h, cuda_attention.h). Every
+// fused in, the Q/K RoPE pair, SwiGLU, embedding rows (cuda_ops.h, cuda_embedding.h). Every
 // op is batch-invariant as on the CPU, so greedy speculation equals plain decoding here
 // too; results differ from the CPU reference within the tolerances cuda/tests state
 // (activations stay f32 into the matmuls; the CPU rounds them to int16 or int8 blocks).

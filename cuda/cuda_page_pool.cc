@@ -3,164 +3,347 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/cuda_attention.h"
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_kv_kernels.h"
+#include "cuda/kv_row_codec.h"
 #include "model/status_macros.h"
 
 namespace specnode {
+namespace {
+
+// A chunk holds this many f16 pages (and proportionally more of the smaller classes): big
+// enough that a chunk's tail waste is a small fraction, small enough that the spare chunks
+// per class cost little next to the capacity.
+constexpr int64_t kFullPagesPerChunk = 16;
+
+// The attention kernel's grid has one block row per pass row.
+constexpr int64_t kMaxPassRows = 65535;
+
+// DeviceBuffer grown to a power of two, so that a growing need reallocates (and changes a
+// recorded pass's signature) only log(n) times.
+absl::Status Grow(DeviceBuffer& buf, size_t bytes) {
+  if (bytes <= buf.size()) return absl::OkStatus();
+  size_t grown = 4096;
+  while (grown < bytes) grown *= 2;
+  return buf.Reserve(grown);
+}
+
+void PushOffset(std::vector<int32_t>& v, int64_t off) {
+  v.push_back(static_cast<int32_t>(static_cast<uint32_t>(off & 0xffffffffu)));
+  v.push_back(static_cast<int32_t>(off >> 32));
+}
+
+int64_t SlotKey(KvSlot s) {
+  return (static_cast<int64_t>(s.page) << 32) | static_cast<uint32_t>(s.slot);
+}
+
+}  // namespace
+
+CudaPagePool::CudaPagePool(CudaBackend* backend, const KvPoolGeometry& g, bool rotate)
+    : backend_(backend), g_(g), rotate_(rotate) {
+  for (int c = 0; c < kNumKvPrecisions; ++c) {
+    row_bytes_[c] = KvRowBytes(static_cast<KvPrecision>(c), g.head_dim);
+    slot_stride_[c] = 2 * row_bytes_[c] * g.n_kv_heads;
+    page_bytes_[c] = slot_stride_[c] * g.page_tokens * g.n_layers;
+  }
+}
+
+CudaPagePool::~CudaPagePool() = default;
 
 absl::StatusOr<std::unique_ptr<CudaPagePool>> CudaPagePool::Create(CudaBackend* backend,
                                                                    const KvPoolGeometry& g,
                                                                    int64_t capacity_bytes,
-                                                                   int32_t max_seq_len) {
+                                                                   std::optional<bool> rotate) {
   if (g.n_layers <= 0 || g.n_kv_heads <= 0 || g.head_dim <= 0 || g.page_tokens <= 0 ||
-      max_seq_len <= 0) {
+      g.gqa_group <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cuda page pool: layers, kv heads, head_dim, page_tokens and context length must be "
-        "> 0 (got ",
-        g.n_layers, ", ", g.n_kv_heads, ", ", g.head_dim, ", ", g.page_tokens, ", ", max_seq_len,
+        "cuda page pool: layers, kv heads, head_dim, gqa group and page_tokens must be > 0 "
+        "(got ",
+        g.n_layers, ", ", g.n_kv_heads, ", ", g.head_dim, ", ", g.gqa_group, ", ", g.page_tokens,
         ")"));
   }
-  if (g.head_dim > 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("head_dim ", g.head_dim, " exceeds the GPU attention kernel's 256"));
+  if (g.head_dim > kv_codec::kMaxHeadDim || g.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda page pool: head_dim ", g.head_dim,
+                                                   " must be even and at most ",
+                                                   kv_codec::kMaxHeadDim));
   }
-  std::unique_ptr<CudaPagePool> p(new CudaPagePool(backend, g));
-  const int64_t page = static_cast<int64_t>(p->PageBytes(KvPrecision::kFull));
-  const int64_t pages = capacity_bytes / page;
-  if (pages < 1) {
+  const KvPoolCaps caps = Caps(g.head_dim, rotate);
+  std::unique_ptr<CudaPagePool> p(new CudaPagePool(backend, g, caps.rotated));
+  const int64_t full_page = p->page_bytes_[0];
+  if (capacity_bytes < full_page) {
     return absl::InvalidArgumentError(absl::StrCat("cuda page pool: capacity ", capacity_bytes,
-                                                   " bytes is below one page (", page, " bytes)"));
+                                                   " bytes is below one page (", full_page,
+                                                   " bytes)"));
   }
-  // Pool rows are addressed with int32 (row = page * page_tokens + slot).
-  const int64_t max_pages = int64_t{0x7fffffff} / g.page_tokens;
-  p->n_pages_ = static_cast<int32_t>(std::min(pages, max_pages));
+  const int64_t chunk = full_page * kFullPagesPerChunk;
+  const int64_t n_chunks = (capacity_bytes + chunk - 1) / chunk + kNumKvPrecisions;
+  p->alloc_ = std::make_unique<KvFrameAllocator>(
+      n_chunks, chunk,
+      std::array<int64_t, 3>{p->page_bytes_[0], p->page_bytes_[1], p->page_bytes_[2]});
+  // Page ids are the manager's; the most pages that can be live is the arena in the
+  // smallest class's frames.
+  p->max_pages_ = std::min<int64_t>(p->alloc_->MaxFrames(kv_codec::kInt4), int64_t{0x7fffffff});
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend->device_index()));
-  SPECNODE_ASSIGN_OR_RETURN(p->pools_,
-                            DeviceBuffer::Allocate(static_cast<size_t>(p->n_pages_) * page));
-  p->page_stride_ = std::max(1, (max_seq_len + g.page_tokens - 1) / g.page_tokens);
+  auto arena = DeviceBuffer::Allocate(static_cast<size_t>(p->alloc_->arena_bytes()));
+  if (!arena.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda page pool: cannot allocate ", p->alloc_->arena_bytes(),
+                     " bytes of KV pages on ", backend->device(), " (capacity ", capacity_bytes,
+                     " + one chunk per class): ", arena.status().message()));
+  }
+  p->arena_ = *std::move(arena);
   return p;
 }
 
-KvPoolCaps CudaPagePool::Caps() {
+KvPoolCaps CudaPagePool::Caps(int head_dim, std::optional<bool> rotate) {
   KvPoolCaps c;
-  c.classes = {true, false, false};
-  c.rotated = false;
-  c.slot_copies = false;
-  c.page_order = true;
+  c.classes = {true, true, true};
+  c.rotated = rotate.value_or(true) && IsPowerOfTwo(head_dim);
+  c.slot_copies = true;
+  c.page_order = false;
+  return c;
+}
+
+KvPoolCaps CudaPagePool::caps() const {
+  KvPoolCaps c = Caps(g_.head_dim, rotate_);
+  c.rotated = rotate_;
   return c;
 }
 
 size_t CudaPagePool::PageBytes(KvPrecision p) const {
-  return SlotBytes(p) * static_cast<size_t>(g_.page_tokens);
+  return static_cast<size_t>(page_bytes_[static_cast<int>(p)]);
 }
 
 size_t CudaPagePool::SlotBytes(KvPrecision p) const {
-  // K and V of every layer, f16 (the only class stored here).
-  return size_t{2} * g_.n_layers * kv_dim() * 2;
+  return static_cast<size_t>(slot_stride_[static_cast<int>(p)] * g_.n_layers);
 }
 
 absl::Status CudaPagePool::AllocatePage(int32_t id, KvPrecision p) {
-  if (p != KvPrecision::kFull || id < 0 || id >= n_pages_) {
+  if (id < 0 || id >= max_pages_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cuda page pool: no ", std::string(KvPrecisionName(p)), " page ", id));
+        absl::StrCat(device(), " page pool: page id ", id, " beyond ", max_pages_));
+  }
+  const int64_t off = alloc_->Allocate(static_cast<int>(p));
+  if (off < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        device(), " page pool: no room for a ", std::string(KvPrecisionName(p)), " page (arena of ",
+        alloc_->arena_bytes(), " bytes, ", alloc_->free_chunks(), " free chunks)"));
+  }
+  if (id >= static_cast<int32_t>(places_.size())) places_.resize(id + 1);
+  places_[id] = {off, static_cast<int8_t>(p)};
+  return absl::OkStatus();
+}
+
+void CudaPagePool::ReleasePage(int32_t id) {
+  // A queued demotion may read this page's frame, or, once the frame serves another page,
+  // write it: run the queue before the frame can be handed out again.
+  if (!recode_jobs_.empty()) KeepError(FlushRecodes());
+  KvPagePlace& place = places_[id];
+  assert(place.offset >= 0);
+  alloc_->Release(place.cls, place.offset);
+  place = KvPagePlace{};
+}
+
+KvPrecision CudaPagePool::PageClass(int32_t id) const {
+  return static_cast<KvPrecision>(places_[id].cls);
+}
+
+int64_t CudaPagePool::SlotBase(KvSlot s) const {
+  const KvPagePlace& place = places_[s.page];
+  return place.offset + s.slot * slot_stride_[place.cls];
+}
+
+cuda_internal::KvDeviceFormat CudaPagePool::Format() const {
+  cuda_internal::KvDeviceFormat f;
+  f.arena = arena_.as<uint8_t>();
+  f.n_kv_heads = g_.n_kv_heads;
+  f.head_dim = g_.head_dim;
+  f.gqa_group = g_.gqa_group;
+  f.page_tokens = g_.page_tokens;
+  for (int c = 0; c < kNumKvPrecisions; ++c) f.row_bytes[c] = static_cast<int>(row_bytes_[c]);
+  f.rotate = rotate_ ? 1 : 0;
+  // HadamardInPlace's scaling, computed as it computes it.
+  f.hadamard_norm = 1.0f / std::sqrt(static_cast<float>(g_.head_dim));
+  return f;
+}
+
+void CudaPagePool::KeepError(absl::Status st) {
+  if (!st.ok() && error_.ok()) error_ = std::move(st);
+}
+
+absl::Status CudaPagePool::TakeError() {
+  absl::Status st = std::move(error_);
+  error_ = absl::OkStatus();
+  return st;
+}
+
+void CudaPagePool::Recode(KvSlot from, KvSlot to) {
+  // Two jobs writing one slot in the same launch would race (the manager can reuse a
+  // released tail slot): the first must have run.
+  if (recode_targets_.contains(SlotKey(to))) KeepError(FlushRecodes());
+  const KvPagePlace& src = places_[from.page];
+  const KvPagePlace& dst = places_[to.page];
+  PushOffset(recode_jobs_, SlotBase(from));
+  recode_jobs_.push_back(src.cls);
+  PushOffset(recode_jobs_, SlotBase(to));
+  recode_jobs_.push_back(dst.cls);
+  recode_targets_.insert(SlotKey(to));
+}
+
+absl::Status CudaPagePool::FlushRecodes() {
+  if (recode_jobs_.empty()) return absl::OkStatus();
+  const int64_t n_jobs = static_cast<int64_t>(recode_jobs_.size() / 6);
+  const size_t bytes = recode_jobs_.size() * sizeof(int32_t);
+  SPECNODE_RETURN_IF_ERROR(Grow(recode_dev_, bytes));
+  // From pageable memory the runtime stages the copy before returning, so the queue can be
+  // cleared at once; stream order puts it after every earlier launch that read the table.
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recode_dev_.data(), recode_jobs_.data(), bytes,
+                                                cudaMemcpyHostToDevice, backend_->stream()));
+  SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchKvRecode(
+      Format(), g_.n_layers, recode_dev_.as<int32_t>(), n_jobs, backend_->stream()));
+  recoded_ += n_jobs;
+  ++recode_launches_;
+  recode_jobs_.clear();
+  recode_targets_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status CudaPagePool::CopySlots(std::span<const KvSlot> slots, uint8_t* host, bool to_host) {
+  if (slots.empty()) return absl::OkStatus();
+  // Pending demotions write slots a swap reads, or read slots it overwrites.
+  SPECNODE_RETURN_IF_ERROR(FlushRecodes());
+  std::vector<int32_t> jobs;
+  jobs.reserve(slots.size() * 5);
+  int64_t total = 0;
+  for (const KvSlot& s : slots) {
+    const int cls = places_[s.page].cls;
+    PushOffset(jobs, SlotBase(s));
+    jobs.push_back(cls);
+    PushOffset(jobs, total);
+    total += slot_stride_[cls] * g_.n_layers;
+  }
+  cudaStream_t stream = backend_->stream();
+  SPECNODE_RETURN_IF_ERROR(Grow(copy_jobs_, jobs.size() * sizeof(int32_t)));
+  SPECNODE_RETURN_IF_ERROR(Grow(copy_staging_, static_cast<size_t>(total)));
+  SPECNODE_RETURN_IF_ERROR(copy_host_.Reserve(static_cast<size_t>(total)));
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy_jobs_.data(), jobs.data(),
+                                                jobs.size() * sizeof(int32_t),
+                                                cudaMemcpyHostToDevice, stream));
+  const int64_t n = static_cast<int64_t>(slots.size());
+  if (to_host) {
+    SPECNODE_CUDA_RETURN_IF_ERROR(
+        cuda_internal::LaunchKvCopySlots(Format(), g_.n_layers, copy_jobs_.as<int32_t>(), n,
+                                         copy_staging_.as<uint8_t>(), true, stream));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy_host_.data(), copy_staging_.data(),
+                                                  static_cast<size_t>(total),
+                                                  cudaMemcpyDeviceToHost, stream));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    std::memcpy(host, copy_host_.data(), static_cast<size_t>(total));
+  } else {
+    std::memcpy(copy_host_.data(), host, static_cast<size_t>(total));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy_staging_.data(), copy_host_.data(),
+                                                  static_cast<size_t>(total),
+                                                  cudaMemcpyHostToDevice, stream));
+    SPECNODE_CUDA_RETURN_IF_ERROR(
+        cuda_internal::LaunchKvCopySlots(Format(), g_.n_layers, copy_jobs_.as<int32_t>(), n,
+                                         copy_staging_.as<uint8_t>(), false, stream));
+    // The pinned staging is reused by the next copy, and errors surface here.
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   }
   return absl::OkStatus();
 }
 
-void CudaPagePool::Recode(KvSlot, KvSlot) { assert(false && "CudaPagePool has no slot copies"); }
-void CudaPagePool::ReadSlot(KvSlot, uint8_t*) const { assert(false && "CudaPagePool::ReadSlot"); }
-void CudaPagePool::WriteSlot(KvSlot, const uint8_t*) { assert(false && "CudaPagePool::WriteSlot"); }
+absl::Status CudaPagePool::ReadSlots(std::span<const KvSlot> slots, uint8_t* host) {
+  return CopySlots(slots, host, /*to_host=*/true);
+}
+
+absl::Status CudaPagePool::WriteSlots(std::span<const KvSlot> slots, const uint8_t* host) {
+  return CopySlots(slots, const_cast<uint8_t*>(host), /*to_host=*/false);
+}
+
+void CudaPagePool::ReadSlot(KvSlot s, uint8_t* host) const {
+  // Logically const; the copy first runs the demotion queue (which may target this slot).
+  auto* self = const_cast<CudaPagePool*>(this);
+  self->KeepError(self->ReadSlots({&s, 1}, host));
+}
+
+void CudaPagePool::WriteSlot(KvSlot s, const uint8_t* host) {
+  KeepError(WriteSlots({&s, 1}, host));
+}
 
 absl::Status CudaPagePool::BeginPass(std::span<const KvPoolPassSeq> seqs, ThreadPool*) {
-  const int P = g_.page_tokens;
-  int64_t n = 0;
-  int max_pages = 1;
-  for (const KvPoolPassSeq& s : seqs) {
-    if (s.mass.on) {
-      return absl::FailedPreconditionError("cuda page pool: attention-mass observation");
-    }
-    n += s.n;
-    max_pages = std::max(max_pages, (s.pos0 + s.n + P - 1) / P);
+  SPECNODE_RETURN_IF_ERROR(TakeError());
+  SPECNODE_RETURN_IF_ERROR(FlushRecodes());  // demotions land before the pass reads them
+  pass_.assign(seqs.begin(), seqs.end());
+  tables_ = BuildKvPassTables(pass_, places_, slot_stride_, g_);
+  const int64_t n = tables_.n_rows();
+  if (n > kMaxPassRows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(device(), " page pool: a pass of ", n, " rows exceeds ", kMaxPassRows));
   }
-  // Only a cache longer than the context could exceed the fixed stride; then it grows (and
-  // recorded passes are recorded again, the stride being part of their signature).
-  page_stride_ = std::max(page_stride_, max_pages);
-  rows_ = n;
+  if (tables_.mass_floats > int64_t{0x7fffffff}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        device(), " page pool: the pass observes too many keys (", tables_.mass_floats, ")"));
+  }
+  if (tables_.mass_floats > 0) {
+    SPECNODE_RETURN_IF_ERROR(Grow(mass_, static_cast<size_t>(tables_.mass_floats) * sizeof(float)));
+  }
+  // Per-row tables first (their offsets depend on the rows only), the token table last.
   CudaStepTables& t = backend_->tables();
-  // Per-row tables first, the page table last: offsets depend on the rows only.
-  kv_rows_ = t.Stage(n);
-  table_row_ = t.Stage(n);
-  ctx_ = t.Stage(n);
-  page_table_ = t.Stage(static_cast<int64_t>(seqs.size()) * page_stride_);
-  int32_t* kv_rows = t.staged(kv_rows_);
-  int32_t* table_row = t.staged(table_row_);
-  int32_t* ctx = t.staged(ctx_);
-  int32_t* page_table = t.staged(page_table_);
-  int64_t row = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const KvPoolPassSeq& s = seqs[i];
-    const int32_t length = s.pos0 + s.n;
-    for (int32_t p = 0; p < length; p += P) {
-      // Page order (kv_page_pool.h): the page holding positions [p, p + P).
-      assert(s.slots[p].slot == 0);
-      page_table[i * page_stride_ + p / P] = s.slots[p].page;
-    }
-    for (int32_t j = 0; j < s.n; ++j, ++row) {
-      const int32_t pos = s.pos0 + j;
-      const KvSlot slot = s.slots[pos];
-      assert(slot.page >= 0 && slot.slot == pos % P);
-      kv_rows[row] = slot.page * P + slot.slot;
-      table_row[row] = static_cast<int32_t>(i);
-      ctx[row] = pos + 1;
-    }
-  }
+  rows_off_ = t.Stage(static_cast<int64_t>(tables_.rows.size()));
+  tok_off_ = t.Stage(std::max<int64_t>(1, static_cast<int64_t>(tables_.tok.size())));
+  std::copy(tables_.rows.begin(), tables_.rows.end(), t.staged(rows_off_));
+  std::copy(tables_.tok.begin(), tables_.tok.end(), t.staged(tok_off_));
   return absl::OkStatus();
+}
+
+absl::StatusOr<cuda_internal::KvDevicePass> CudaPagePool::PassArgs() {
+  SPECNODE_RETURN_IF_ERROR(TakeError());
+  SPECNODE_RETURN_IF_ERROR(backend_->UploadTables());  // a no-op once uploaded
+  const CudaStepTables& t = backend_->tables();
+  cuda_internal::KvDevicePass p;
+  p.tok = t.device(tok_off_);
+  p.rows = t.device(rows_off_);
+  p.mass = mass_.as<float>();
+  p.n = tables_.n_rows();
+  return p;
 }
 
 absl::Status CudaPagePool::Write(int layer, const float* k, const float* v) {
-  SPECNODE_RETURN_IF_ERROR(backend_->UploadTables());
-  const CudaStepTables& t = backend_->tables();
-  return CudaKvWrite(k, v, t.device(kv_rows_), rows_, kv_dim(), k_pool(layer), v_pool(layer),
-                     backend_->stream());
+  SPECNODE_ASSIGN_OR_RETURN(const cuda_internal::KvDevicePass p, PassArgs());
+  SPECNODE_CUDA_RETURN_IF_ERROR(
+      cuda_internal::LaunchKvEncode(Format(), p, layer, k, v, backend_->stream()));
+  return absl::OkStatus();
 }
 
 absl::Status CudaPagePool::Attend(int layer, const float* q, float scale, float* out) {
-  SPECNODE_RETURN_IF_ERROR(backend_->UploadTables());
-  const CudaStepTables& t = backend_->tables();
-  CudaAttentionArgs a;
-  a.q = q;
-  a.k_pool = k_pool(layer);
-  a.v_pool = v_pool(layer);
-  a.page_table = t.device(page_table_);
-  a.table_row = t.device(table_row_);
-  a.ctx = t.device(ctx_);
-  a.n = rows_;
-  a.n_heads = g_.n_kv_heads * g_.gqa_group;
-  a.n_kv_heads = g_.n_kv_heads;
-  a.head_dim = g_.head_dim;
-  a.page_tokens = g_.page_tokens;
-  a.max_pages = page_stride_;
-  a.scale = scale;
-  a.out = out;
-  return CudaPagedAttention(a, backend_->stream());
+  SPECNODE_ASSIGN_OR_RETURN(const cuda_internal::KvDevicePass p, PassArgs());
+  SPECNODE_CUDA_RETURN_IF_ERROR(
+      cuda_internal::LaunchKvAttention(Format(), p, layer, q, scale, out, backend_->stream()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaPagePool::EndPass() {
+  if (tables_.observed.empty()) return absl::OkStatus();
+  const size_t bytes = static_cast<size_t>(tables_.mass_floats) * sizeof(float);
+  SPECNODE_RETURN_IF_ERROR(mass_host_.Reserve(bytes));
+  cudaStream_t stream = backend_->stream();
+  SPECNODE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(mass_host_.data(), mass_.data(), bytes, cudaMemcpyDeviceToHost, stream));
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  AddKvPassMass(tables_, pass_, reinterpret_cast<const float*>(mass_host_.data()), g_);
+  tables_.observed.clear();  // added once
+  return absl::OkStatus();
 }
 
 uint64_t CudaPagePool::PassSignature() const {
-  return MixSignature(reinterpret_cast<uintptr_t>(pools_.data()),
-                      static_cast<uint64_t>(page_stride_));
-}
-
-uint16_t* CudaPagePool::k_pool(int layer) const {
-  const size_t per_pool = static_cast<size_t>(n_pages_) * g_.page_tokens * kv_dim();
-  return pools_.as<uint16_t>() + (2 * static_cast<size_t>(layer)) * per_pool;
-}
-
-uint16_t* CudaPagePool::v_pool(int layer) const {
-  const size_t per_pool = static_cast<size_t>(n_pages_) * g_.page_tokens * kv_dim();
-  return pools_.as<uint16_t>() + (2 * static_cast<size_t>(layer) + 1) * per_pool;
+  // What the recorded launches bake in besides the step tables (the backend mixes those):
+  // the arena, the mass buffer and the format's scalars (fixed per pool).
+  return MixSignature(reinterpret_cast<uintptr_t>(arena_.data()),
+                      reinterpret_cast<uintptr_t>(mass_.data()));
 }
 
 }  // namespace specnode

@@ -89,4 +89,33 @@ void DeviceBuffer::Reset() {
   bytes_ = 0;
 }
 
+PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    ptr_ = other.ptr_;
+    bytes_ = other.bytes_;
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+absl::Status PinnedHostBuffer::Reserve(size_t bytes) {
+  if (bytes <= bytes_) return absl::OkStatus();
+  size_t grown = 4096;
+  while (grown < bytes) grown *= 2;
+  Reset();
+  void* ptr = nullptr;
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMallocHost(&ptr, grown));
+  ptr_ = ptr;
+  bytes_ = grown;
+  return absl::OkStatus();
+}
+
+void PinnedHostBuffer::Reset() {
+  if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
 }  // namespace specnode

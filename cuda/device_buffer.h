@@ -59,4 +59,30 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// PinnedHostBuffer: page-locked host memory (cudaMallocHost / cudaFreeHost), move-only:
+// the host end of stream-ordered copies (cudaMemcpyAsync is asynchronous only from or to
+// pinned memory). Reserve grows it to a power of two (contents discarded).
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  ~PinnedHostBuffer() { Reset(); }
+  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
+  // ResourceExhausted / Internal when the runtime cannot pin that much.
+  absl::Status Reserve(size_t bytes);
+  void Reset();
+  uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace specnode

@@ -50,6 +50,7 @@ class CpuPagePool final : public KvPagePool {
   int64_t MaxPages() const override { return int64_t{0x7fffffff}; }
   absl::Status AllocatePage(int32_t id, KvPrecision p) override;
   void ReleasePage(int32_t id) override;
+  KvPrecision PageClass(int32_t id) const override { return pages_[id]->prec; }
   void Recode(KvSlot from, KvSlot to) override;
   void ReadSlot(KvSlot s, uint8_t* host) const override;
   void WriteSlot(KvSlot s, const uint8_t* host) override;

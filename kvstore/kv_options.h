@@ -13,8 +13,9 @@
 
 namespace specnode {
 
-// kAuto: the device's best — mixed where its page pool stores every class (the CPU), full
-// elsewhere (today's GPU pool) — resolved when the store is built (KvStore::ResolvedMode).
+// kAuto: the device's best — mixed where its page pool stores every class and copies slots
+// (the CPU's and the GPU's pools), full elsewhere — resolved when the store is built
+// (KvStore::ResolvedMode).
 // kDense: the f32 reference cache (model/dense_kv_cache.h), CPU only. The others are the
 // paged store (kv_store.h): every token in f16 (kFull), INT8 or INT4 from the start, or
 // the per-token policy (kMixed: f16 sinks and recent window, older tokens INT8 when
@@ -45,8 +46,8 @@ struct KvOptions {
   bool evict = false;  // sliding-window eviction with sinks (lossy)
   int evict_window = 1024;
   // Store K and V Hadamard-rotated (kv_precision.h). Unset: the device's default (the CPU
-  // rotates when head_dim is a power of two; a device pool that cannot rotate stores them
-  // as they are). Set to true on a device that cannot: refused.
+  // and GPU pools rotate when head_dim is a power of two; a pool that cannot rotate stores
+  // them as they are). Set to true where the pool cannot: refused.
   std::optional<bool> rotate;
 
   // InvalidArgument naming the field (as `prefix` + field name, e.g. "kv.window_tokens")

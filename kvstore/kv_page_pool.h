@@ -114,6 +114,8 @@ class KvPagePool {
   // back. ResourceExhausted when the device has no memory for it (nothing changes).
   virtual absl::Status AllocatePage(int32_t id, KvPrecision p) = 0;
   virtual void ReleasePage(int32_t id) = 0;
+  // The class page `id` (allocated) was given.
+  virtual KvPrecision PageClass(int32_t id) const = 0;
 
   // Demotion: re-encodes the rows of slot `from` (a full-precision page) into slot `to` (a
   // page of another class), every layer and kv head. Needs SupportsSlotCopies().
@@ -122,6 +124,12 @@ class KvPagePool {
   // host memory, bit-exact. Need SupportsSlotCopies().
   virtual void ReadSlot(KvSlot s, uint8_t* host) const = 0;
   virtual void WriteSlot(KvSlot s, const uint8_t* host) = 0;
+  // The same for many slots at once (a sequence's swap), their bytes back to back in
+  // `slots` order: what the manager calls, so that a device pool moves a sequence in one
+  // copy. The bytes are in (or taken from) `host` when the call returns. A device failure
+  // is an error and leaves the pages as they were. Default: ReadSlot / WriteSlot per slot.
+  virtual absl::Status ReadSlots(std::span<const KvSlot> slots, uint8_t* host);
+  virtual absl::Status WriteSlots(std::span<const KvSlot> slots, const uint8_t* host);
 
   // A pass (kv_cache.h): BeginPass with every sequence's rows in row order (the spans stay
   // valid until the next BeginPass), then per layer Write and Attend over the pass's rows.
@@ -132,6 +140,10 @@ class KvPagePool {
   // q, out: [n_rows, n_kv_heads * gqa_group, head_dim]; causal over each sequence's
   // stored positions (evicted ones skipped), observing mass where the sink says.
   virtual absl::Status Attend(int layer, const float* q, float scale, float* out) = 0;
+  // After the pass's last Attend, before the manager reads the mass rows (at the pass's
+  // first Commit, or when the pass is dropped): a device pool brings the observations to
+  // the host here. Errors are the device's (the manager reports them at its next call).
+  virtual absl::Status EndPass() { return absl::OkStatus(); }
   // KvCache::PassSignature.
   virtual uint64_t PassSignature() const { return 0; }
 };

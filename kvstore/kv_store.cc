@@ -290,6 +290,8 @@ int32_t KvStore::Length(SeqId seq) const {
 
 absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
   if (n_new < 0) return absl::InvalidArgumentError("negative reservation");
+  EndPoolPass();
+  SPECNODE_RETURN_IF_ERROR(TakePoolError());
   auto it = seqs_.find(seq);
   Sequence* s = it == seqs_.end() ? nullptr : it->second.get();
   if (s != nullptr && s->swapped) {
@@ -366,6 +368,8 @@ KvStore::Sequence& KvStore::NewSequence(SeqId seq) {
 }
 
 absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) {
+  EndPoolPass();  // a pass that ended without a Commit
+  SPECNODE_RETURN_IF_ERROR(TakePoolError());
   const int nkv = config_.n_kv_heads;
   const bool observe = config_.mode == KvMode::kMixed;
   const int32_t every = config_.mass_sample_every;
@@ -417,6 +421,7 @@ absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool
     p.mass.min_distance = min_distance;
     p.mass.rows = rows;
   }
+  pass_open_ = true;
   return pool_->BeginPass(pass_, threads);
 }
 
@@ -513,7 +518,22 @@ void KvStore::Settle(Sequence& s) {
   }
 }
 
+void KvStore::EndPoolPass() {
+  if (!pass_open_) return;
+  pass_open_ = false;
+  absl::Status st = pool_->EndPass();
+  if (!st.ok() && pool_error_.ok()) pool_error_ = std::move(st);
+}
+
+absl::Status KvStore::TakePoolError() {
+  absl::Status st = std::move(pool_error_);
+  pool_error_ = absl::OkStatus();
+  return st;
+}
+
 void KvStore::Commit(SeqId seq, int32_t new_length) {
+  // The pass's observations reach their rows before anything reads or drops them.
+  EndPoolPass();
   Sequence& s = *seqs_.at(seq);
   assert(new_length <= static_cast<int32_t>(s.loc.size()));
   // Demotion waits for Settle: the caller may still roll back part of this pass (rejected
@@ -529,6 +549,8 @@ absl::Status KvStore::Truncate(SeqId seq, int32_t n) {
         absl::StrFormat("cannot truncate a %d-token sequence to %d", length, n));
   }
   if (it == seqs_.end()) return absl::OkStatus();
+  EndPoolPass();
+  SPECNODE_RETURN_IF_ERROR(TakePoolError());
   Sequence& s = *it->second;
   if (s.swapped) return absl::FailedPreconditionError("sequence is swapped out");
   // Observations of queries at positions >= n are of rolled-back tokens: dropped.
@@ -550,6 +572,7 @@ absl::Status KvStore::Truncate(SeqId seq, int32_t n) {
 void KvStore::Free(SeqId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
+  EndPoolPass();  // its mass rows may point into this sequence
   Sequence& s = *it->second;
   for (const Loc& loc : s.loc) ReleaseLoc(s, loc);
   SetPendingBytes(s, 0);

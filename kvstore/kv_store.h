@@ -185,6 +185,11 @@ class KvStore : public KvCache {
   void Settle(Sequence& s);
   int64_t PagesNeeded(const Sequence* s, KvPrecision p, int64_t n) const;
   Sequence& NewSequence(SeqId seq);
+  // Ends the pool's pass if one is open (KvPagePool::EndPass: a device pool's observations
+  // reach the rows); a device error is kept for TakePoolError, which the next call that
+  // returns a status reports.
+  void EndPoolPass();
+  absl::Status TakePoolError();
 
   KvStoreConfig config_;
   std::unique_ptr<KvPagePool> pool_;
@@ -203,6 +208,8 @@ class KvStore : public KvCache {
   // The current pass, as handed to the pool (spans into the sequences' tables).
   std::vector<KvPoolPassSeq> pass_;
   std::vector<std::vector<KvMassRow>> pass_mass_;  // [entries][observed queries]
+  bool pass_open_ = false;  // BeginPass reached the pool; its EndPass has not run
+  absl::Status pool_error_;
   // Prefix cache: hash of token ids [0, (b + 1) * page_tokens) -> page, with LRU order.
   struct CacheEntry {
     int32_t page;

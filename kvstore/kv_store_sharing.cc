@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "kvstore/kv_store.h"
 #include "kvstore/kv_store_internal.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 
@@ -121,6 +122,8 @@ absl::Status KvStore::SwapOut(SeqId seq) {
     return absl::UnimplementedError(
         absl::StrCat("swap-out: the ", pool_->device(), " page pool cannot copy KV to the host"));
   }
+  EndPoolPass();
+  SPECNODE_RETURN_IF_ERROR(TakePoolError());
   Settle(s);  // the committed state, with the bytes its demotions were given
   // Uncommitted reservations are dropped; committed rows are copied byte for byte.
   for (int32_t p = static_cast<int32_t>(s.loc.size()) - 1; p >= s.length; --p)
@@ -137,17 +140,22 @@ absl::Status KvStore::SwapOut(SeqId seq) {
   }
   s.host_class.resize(s.loc.size());
   s.host_rows.resize(bytes);
-  size_t off = 0;
+  std::vector<Loc> stored;  // the slots with storage, in position order (one copy)
+  stored.reserve(s.loc.size());
   for (size_t p = 0; p < s.loc.size(); ++p) {
     const Loc loc = s.loc[p];
     if (loc.page < 0) {
       s.host_class[p] = kvstore_internal::kEvictedClass;
       continue;
     }
-    const KvPrecision prec = pages_[loc.page]->prec;
-    s.host_class[p] = static_cast<uint8_t>(prec);
-    pool_->ReadSlot(loc, &s.host_rows[off]);
-    off += pool_->SlotBytes(prec);
+    s.host_class[p] = static_cast<uint8_t>(pages_[loc.page]->prec);
+    stored.push_back(loc);
+  }
+  if (absl::Status st = pool_->ReadSlots(stored, s.host_rows.data()); !st.ok()) {
+    // Nothing released yet: the sequence stays where it is.
+    s.host_class.clear();
+    s.host_rows.clear();
+    return st;
   }
   for (const Loc& loc : s.loc) ReleaseLoc(s, loc);
   s.loc.clear();
@@ -186,19 +194,25 @@ absl::Status KvStore::SwapIn(SeqId seq) {
         absl::StrFormat("swap-in of sequence %d needs %d pages; the %s page pool holds %d", seq,
                         pages, pool_->device(), pool_->MaxPages()));
   }
-  size_t off = 0;
   s.loc.resize(s.host_class.size());
+  std::vector<Loc> stored;
+  stored.reserve(s.host_class.size());
   for (size_t p = 0; p < s.host_class.size(); ++p) {
     if (s.host_class[p] == kvstore_internal::kEvictedClass) {
       s.loc[p] = Loc{};
       continue;
     }
-    const KvPrecision prec = static_cast<KvPrecision>(s.host_class[p]);
-    auto loc = TakeSlot(s, prec);
+    auto loc = TakeSlot(s, static_cast<KvPrecision>(s.host_class[p]));
     assert(loc.ok());  // bytes ensured above
     s.loc[p] = *loc;
-    pool_->WriteSlot(*loc, &s.host_rows[off]);
-    off += pool_->SlotBytes(prec);
+    stored.push_back(*loc);
+  }
+  if (absl::Status st = pool_->WriteSlots(stored, s.host_rows.data()); !st.ok()) {
+    // The host copy stays authoritative: give the slots back, still swapped out.
+    for (const Loc& loc : s.loc) ReleaseLoc(s, loc);
+    s.loc.clear();
+    s.open = {-1, -1, -1};
+    return st;
   }
   host_bytes_ -= static_cast<int64_t>(s.host_rows.size());
   s.host_rows.clear();

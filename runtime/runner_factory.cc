@@ -47,9 +47,11 @@ absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool p
   if (o.kv.mode == KvMode::kDense) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv mode dense is the CPU's f32 reference cache; ", dev,
-                     " keeps KV in its page pool (kv mode auto or full)"));
+                     " keeps KV in its page pool (kv mode auto, full, int8, int4 or mixed)"));
   }
-  SPECNODE_RETURN_IF_ERROR(KvStore::CheckSupported(o.kv, CudaPagePool::Caps(), dev));
+  const int head_dim = config != nullptr ? config->head_dim : 0;
+  SPECNODE_RETURN_IF_ERROR(
+      KvStore::CheckSupported(o.kv, CudaPagePool::Caps(head_dim, o.kv.rotate), dev));
   if (config != nullptr && config->head_dim > 256) {
     return absl::InvalidArgumentError(absl::StrCat(dev, ": head_dim ", config->head_dim,
                                                    " exceeds the GPU attention kernel's 256"));
@@ -103,9 +105,8 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
                             backend->UploadWeights(Borrowed(weights)));
   const KvStoreConfig kc = KvStoreConfigFor(config, weights.n_kv_heads_local, o.kv);
   const KvPoolGeometry g{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, kc.page_tokens};
-  SPECNODE_ASSIGN_OR_RETURN(
-      std::unique_ptr<CudaPagePool> pool,
-      CudaPagePool::Create(backend.get(), g, kc.capacity_bytes, kc.max_seq_len));
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,
+                            CudaPagePool::Create(backend.get(), g, kc.capacity_bytes, kc.rotate));
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> store, KvStore::Create(kc, std::move(pool)));
   return std::make_unique<LocalModelRunner>(config, std::move(backend), std::move(device_weights),
                                             std::move(store), o.reducer);

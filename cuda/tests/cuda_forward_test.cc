@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/cuda_attention.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_embedding.h"
 #include "cuda/cuda_page_pool.h"
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
@@ -31,10 +31,10 @@
 #include "kvstore/kv_store.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_forward.h"
-#include "model/status_macros.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/sampling.h"
 #include "model/llama/tiny_model.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 namespace {
@@ -70,7 +70,8 @@ struct GpuPass {
 
   static absl::StatusOr<std::unique_ptr<GpuPass>> Create(const LlamaModel& m, int64_t kv_bytes,
                                                          int page_tokens, bool cuda_graphs,
-                                                         PartialSumReducer* reducer = nullptr) {
+                                                         PartialSumReducer* reducer = nullptr,
+                                                         KvMode mode = KvMode::kFull) {
     auto g = std::make_unique<GpuPass>();
     CudaBackendOptions bo;
     bo.cuda_graphs = cuda_graphs;
@@ -81,7 +82,10 @@ struct GpuPass {
             &m.weights(), [](const LlamaWeights*) {})));
     const LlamaConfig& c = m.config();
     KvStoreConfig kc;
-    kc.mode = KvMode::kFull;
+    kc.mode = mode;
+    kc.window_tokens = 8;  // mixed: tokens are demoted within the tests' short sequences
+    kc.sink_tokens = 2;
+    kc.demote_every = 4;
     kc.n_layers = c.n_layers;
     kc.n_kv_heads = m.weights().n_kv_heads_local;
     kc.head_dim = c.head_dim;
@@ -90,9 +94,8 @@ struct GpuPass {
     kc.page_tokens = page_tokens;
     kc.capacity_bytes = kv_bytes;
     const KvPoolGeometry geo{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, page_tokens};
-    SPECNODE_ASSIGN_OR_RETURN(
-        std::unique_ptr<CudaPagePool> pool,
-        CudaPagePool::Create(g->backend.get(), geo, kv_bytes, c.context_length));
+    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,
+                              CudaPagePool::Create(g->backend.get(), geo, kv_bytes, kc.rotate));
     SPECNODE_ASSIGN_OR_RETURN(g->store, KvStore::Create(kc, std::move(pool)));
     g->forward = std::make_unique<LlamaForward>(c, std::move(w), g->backend.get(), reducer);
     return g;
@@ -405,26 +408,59 @@ TEST(CudaTensorParallelTest, ShardsMatchTheWholeModel) {
 }
 
 // Argument checks happen before any CUDA call: same errors with or without a GPU.
-TEST(CudaAttentionArgsTest, BadArgumentsAreInvalidArgument) {
-  CudaAttentionArgs a;
-  a.n = 1;
-  a.n_heads = 4;
-  a.n_kv_heads = 3;
-  EXPECT_EQ(CudaPagedAttention(a).code(), absl::StatusCode::kInvalidArgument);
-  a.n_kv_heads = 2;
-  a.head_dim = 300;
-  EXPECT_EQ(CudaPagedAttention(a).code(), absl::StatusCode::kInvalidArgument);
-  a.head_dim = 64;
-  a.page_tokens = 16;
-  a.max_pages = 1;
-  EXPECT_EQ(CudaPagedAttention(a).code(), absl::StatusCode::kInvalidArgument);  // null pointers
-  a.n = 0;
-  EXPECT_TRUE(CudaPagedAttention(a).ok());
-  EXPECT_EQ(CudaKvWrite(nullptr, nullptr, nullptr, 1, 0, nullptr, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+TEST(CudaEmbeddingArgsTest, BadArgumentsAreInvalidArgument) {
   const WeightView odd{GgmlType::kQ8_0, nullptr, 4, 40, 0};
   EXPECT_EQ(CudaEmbeddingRows(odd, nullptr, 1, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  const WeightView f32{GgmlType::kF32, nullptr, 4, 40, 160};
+  EXPECT_EQ(CudaEmbeddingRows(f32, nullptr, 1, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CudaEmbeddingRows(f32, nullptr, 0, nullptr).ok());
 }
+
+// The one graph on the GPU in every KV mode against the CPU pass over the CPU store in the
+// same mode (same window, demotion boundary and rotation): logits within the GPU-vs-CPU
+// tolerance (ExpectCloseRows), greedy choices equal where the CPU's top-2 gap exceeds 0.05.
+// Both encode the same rows the same way; what differs is the activations going in.
+class CudaForwardKvModeTest : public CudaTestWithParam<KvMode> {};
+
+TEST_P(CudaForwardKvModeTest, LogitsMatchTheCpuPassInTheSameMode) {
+  const KvMode mode = GetParam();
+  const std::string path =
+      TinyModel(GgmlType::kQ4_1, std::string("kv") + std::string(KvModeName(mode)));
+  auto m = LlamaModel::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const LlamaConfig& c = (*m)->config();
+  auto gpu = GpuPass::Create(**m, int64_t{64} << 20, 4, /*cuda_graphs=*/true, nullptr, mode);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  KvStoreConfig kc = (*gpu)->store->config();
+  auto cpu_store = KvStore::Create(kc);
+  ASSERT_TRUE(cpu_store.ok()) << cpu_store.status();
+  ThreadPool threads(2);
+  LlamaForward cpu(c, (*m)->weights(), &threads);
+  const int vocab = c.vocab_size;
+  const auto prompt = Tokens(8, 3);  // a multiple of demote_every (PassBoundary)
+  std::vector<float> g, h;
+  const std::vector<BatchEntry> first = {{1, prompt, true}};
+  ASSERT_TRUE((*gpu)->Forward(first, &g).ok());
+  ASSERT_TRUE(cpu.Forward(first, cpu_store->get(), &h).ok());
+  ExpectCloseRows(g, h, vocab, "prefill");
+  const auto more = Tokens(24, 50);
+  for (size_t i = 0; i < more.size(); ++i) {
+    const std::span<const int32_t> one(&more[i], 1);
+    const std::vector<BatchEntry> step = {{1, one, true}};
+    ASSERT_TRUE((*gpu)->Forward(step, &g).ok());
+    ASSERT_TRUE(cpu.Forward(step, cpu_store->get(), &h).ok());
+    ExpectCloseRows(g, h, vocab, std::string(KvModeName(mode)) + " decode " + std::to_string(i));
+  }
+  const KvUsage u = (*gpu)->store->Usage();
+  if (mode == KvMode::kMixed) {
+    EXPECT_GT(u.tokens[1] + u.tokens[2], 0) << "nothing demoted";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(KvModes, CudaForwardKvModeTest,
+                         ::testing::Values(KvMode::kFull, KvMode::kInt8, KvMode::kInt4,
+                                           KvMode::kMixed),
+                         [](const auto& info) { return std::string(KvModeName(info.param)); });
 
 TEST(CudaBackendCreateTest, NoDeviceOrBadDeviceIsAnError) {
   CudaBackendOptions o;
@@ -436,90 +472,6 @@ TEST(CudaBackendCreateTest, NoDeviceOrBadDeviceIsAnError) {
   o.device = 99;
   auto b = CudaBackend::Create(o);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
-}
-
-// The GPU page pool states what it stores; the manager refuses the rest before touching
-// the device (runs everywhere: the check needs no GPU).
-TEST(CudaPagePoolCapsTest, OnlyFullPrecisionInPageOrder) {
-  const KvPoolCaps c = CudaPagePool::Caps();
-  EXPECT_TRUE(c.classes[0]);
-  EXPECT_FALSE(c.classes[1]);
-  EXPECT_FALSE(c.classes[2]);
-  EXPECT_TRUE(c.page_order);
-  EXPECT_FALSE(c.slot_copies);
-  KvOptions o;
-  o.mode = KvMode::kMixed;
-  absl::Status s = KvStore::CheckSupported(o, c, "cuda:0");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("cuda:0"), std::string_view::npos) << s;
-  o.mode = KvMode::kAuto;
-  EXPECT_TRUE(KvStore::CheckSupported(o, c, "cuda:0").ok());
-  EXPECT_EQ(KvStore::ResolvedMode(KvMode::kAuto, c), KvMode::kFull);
-}
-
-// The pool's attention against the CPU pool's (unrotated f16 pages), through the same
-// manager and pass protocol: random K/V, a prefill pass, decode passes, a rollback and
-// more passes. Tolerance: both store f16 and accumulate in f32, in different orders.
-TEST(CudaPagePoolTest, AttentionMatchesTheCpuPool) {
-  SPECNODE_SKIP_WITHOUT_CUDA();
-  auto backend = CudaBackend::Create({});
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  KvStoreConfig kc;
-  kc.mode = KvMode::kFull;
-  kc.n_layers = 2;
-  kc.n_kv_heads = 2;
-  kc.head_dim = 64;
-  kc.gqa_group = 3;
-  kc.max_seq_len = 512;
-  kc.page_tokens = 8;
-  kc.capacity_bytes = 4 << 20;
-  kc.rotate = false;
-  const KvPoolGeometry geo{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, kc.page_tokens};
-  auto pool = CudaPagePool::Create(backend->get(), geo, kc.capacity_bytes, kc.max_seq_len);
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  auto gpu = KvStore::Create(kc, *std::move(pool));
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto cpu = KvStore::Create(kc);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  const int kv = kc.n_kv_heads * kc.head_dim, q_row = kv * kc.gqa_group;
-  auto step = [&](int n, uint32_t seed) {
-    const int32_t pos0 = (*cpu)->Length(1);
-    ASSERT_TRUE((*cpu)->Reserve(1, n).ok());
-    ASSERT_TRUE((*gpu)->Reserve(1, n).ok());
-    const std::vector<float> k = cuda_test::RandomVector(n * kv, seed);
-    const std::vector<float> v = cuda_test::RandomVector(n * kv, seed + 1);
-    const std::vector<float> q = cuda_test::RandomVector(n * q_row, seed + 2);
-    auto dk = cuda_test::Upload(k), dv = cuda_test::Upload(v), dq = cuda_test::Upload(q);
-    auto dout = DeviceBuffer::Allocate(q.size() * sizeof(float));
-    ASSERT_TRUE(dk.ok() && dv.ok() && dq.ok() && dout.ok());
-    const KvPassEntry e{1, pos0, n};
-    std::vector<float> want(q.size());
-    const std::vector<int32_t> zeros(n, 0);
-    ASSERT_TRUE((*cpu)->BeginPass({&e, 1}, nullptr).ok());
-    SPECNODE_ASSERT_OK((*backend)->BeginPass(zeros, zeros));  // the step tables' ids/positions
-    SPECNODE_ASSERT_OK((*gpu)->BeginPass({&e, 1}, nullptr));
-    for (int l = 0; l < kc.n_layers; ++l) {
-      ASSERT_TRUE((*cpu)->Write(l, k.data(), v.data()).ok());
-      ASSERT_TRUE((*cpu)->Attend(l, q.data(), 0.125f, want.data()).ok());
-      SPECNODE_ASSERT_OK((*gpu)->Write(l, dk->as<float>(), dv->as<float>()));
-      SPECNODE_ASSERT_OK((*gpu)->Attend(l, dq->as<float>(), 0.125f, dout->as<float>()));
-      auto got = cuda_test::Download<float>(*dout, q.size());
-      ASSERT_TRUE(got.ok()) << got.status();
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_NEAR((*got)[i], want[i], 2e-3 * (1 + std::fabs(want[i])))
-            << "layer " << l << " value " << i;
-      }
-    }
-    (*cpu)->Commit(1, pos0 + n);
-    (*gpu)->Commit(1, pos0 + n);
-  };
-  step(13, 1);
-  for (int i = 0; i < 6; ++i) step(1, 10 + i);
-  ASSERT_TRUE((*cpu)->Truncate(1, 11).ok());
-  ASSERT_TRUE((*gpu)->Truncate(1, 11).ok());
-  step(5, 40);
-  // Page order reuses the rolled-back page's tail; the CPU pool may open a new page.
-  EXPECT_LE((*gpu)->Usage().used_bytes, (*cpu)->Usage().used_bytes);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ std::string KvFlagsHelp() {
   // The defaults printed are KvOptions' own: one source (kvstore/kv_options.h).
   const KvOptions d;
   return absl::StrFormat(
-      "  --kv-mode MODE      KV cache: auto (default: mixed on the CPU, full on a GPU), mixed\n"
+      "  --kv-mode MODE      KV cache: auto (default: mixed, on the CPU and a GPU), mixed\n"
       "                      (f16 sinks + recent window, older tokens INT8 if critical else\n"
       "                      INT4), full (f16), int8, int4, dense (f32 reference, CPU only)\n"
       "  --kv-capacity-mb N  KV memory budget in MiB (default %d)\n"
@@ -35,7 +35,7 @@ const char kComputeFlagsHelp[] =
     "                      path) or int8 (llama.cpp's rounding; faster batched matmuls on\n"
     "                      AVX-512 VNNI); refused on a GPU (f32 activations)\n"
     "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV store on\n"
-    "                      that GPU (f16 pages: kv mode auto or full; builds with CUDA)\n";
+    "                      that GPU (every kv mode but dense; builds with CUDA)\n";
 
 absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args) {
   if (!args.Has("activations")) return std::optional<ActQuant>();

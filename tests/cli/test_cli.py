@@ -136,10 +136,7 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(specnode, tiny_model):
 
 
 @pytest.mark.parametrize("args,needles", [
-    # What no GPU page pool stores today: refused naming the device, never stored as f16.
-    (["--kv-mode", "mixed"], ("mixed needs int8 pages, which the cuda:0 page pool does not store",
-                              "without the CUDA backend")),
-    (["--kv-mode", "int4"], ("int4 needs int4 pages", "without the CUDA backend")),
+    # What no GPU does: refused naming the device.
     (["--kv-mode", "dense"], ("dense is the CPU's f32 reference cache", "without the CUDA backend")),
     (["--activations", "int8"], ("f32 activations", "without the CUDA backend")),
 ])
@@ -152,6 +149,20 @@ def test_gpu_refusals_come_before_the_model_is_read(specnode, args, needles, tmp
     assert res.returncode == 1, res.stderr
     assert any(n in res.stderr for n in needles), res.stderr
     assert "not-there.gguf" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("mode", ["mixed", "int8", "int4", "full"])
+def test_every_kv_mode_passes_the_gpu_checks_then_needs_the_device(specnode, mode, tmp_path):
+    """Every store mode is available on a GPU page pool: without a GPU (or a CUDA build) the
+    only refusal is the missing device, still before any weight is read."""
+    missing = str(tmp_path / "not-there.gguf")
+    res = run([specnode, "generate", "--model", missing, "--prompt", "hi", "--max-tokens", "1",
+               "--device", "cuda:0", "--quiet", "--kv-mode", mode])
+    if res.returncode == 0:
+        pytest.fail("generated from a model file that does not exist")
+    assert "page pool" not in res.stderr, res.stderr
+    assert ("no CUDA device" in res.stderr or "without the CUDA backend" in res.stderr
+            or "not-there.gguf" in res.stderr), res.stderr
 
 
 def test_kv_flags_override_single_fields(specnode, tiny_model):

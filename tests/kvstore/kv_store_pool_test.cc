@@ -25,8 +25,9 @@ using kvtest::Feed;
 using kvtest::Query;
 using kvtest::SmallConfig;
 
-// Full precision only, unrotated, no slot copies, page order: what today's CUDA pool
-// reports. Every pass's block tables are checked to be in page order.
+// Full precision only, unrotated, no slot copies, page order: what the first CUDA pool
+// reported (a device pool without row formats or copies). Every pass's block tables are checked to
+// be in page order.
 class PageOrderPool final : public KvPagePool {
  public:
   explicit PageOrderPool(const KvPoolGeometry& g) : inner_(g, /*rotate=*/false) {}
@@ -46,6 +47,7 @@ class PageOrderPool final : public KvPagePool {
     return inner_.AllocatePage(id, p);
   }
   void ReleasePage(int32_t id) override { inner_.ReleasePage(id); }
+  KvPrecision PageClass(int32_t id) const override { return inner_.PageClass(id); }
   void Recode(KvSlot, KvSlot) override { ADD_FAILURE() << "Recode on a pool without copies"; }
   void ReadSlot(KvSlot, uint8_t*) const override { ADD_FAILURE() << "ReadSlot"; }
   void WriteSlot(KvSlot, const uint8_t*) override { ADD_FAILURE() << "WriteSlot"; }

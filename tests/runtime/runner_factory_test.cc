@@ -129,9 +129,10 @@ TEST(RunnerFactoryTest, BadKvOptionsAreRefusedNamingTheField) {
   EXPECT_NE(s.message().find("evict_window"), std::string_view::npos) << s;
 }
 
-// What a GPU cannot do today is refused with the device's name, before any device is
-// touched (so these answer the same with or without a GPU); a build without the CUDA
-// backend refuses every cuda:N as Unimplemented.
+// What a GPU cannot do is refused with the device's name, before any device is touched
+// (so these answer the same with or without a GPU); a build without the CUDA backend
+// refuses every cuda:N as Unimplemented. Every KV mode of the store (full, int8, int4,
+// mixed, rotation, eviction) is available on a GPU's page pool, as on the CPU.
 TEST(RunnerFactoryTest, GpuRefusalsNameTheDevice) {
   RunnerOptions o;
   o.device = Device::Cuda(0);
@@ -145,33 +146,41 @@ TEST(RunnerFactoryTest, GpuRefusalsNameTheDevice) {
     const char* what;
     KvMode mode;
     std::optional<ActQuant> act;
-    std::optional<bool> rotate;
-    bool evict;
     const char* needle;
   };
   const Case cases[] = {
-      {"mixed", KvMode::kMixed, {}, {}, false, "int8 pages, which the cuda:0 page pool"},
-      {"int8", KvMode::kInt8, {}, {}, false, "int8 pages, which the cuda:0 page pool"},
-      {"int4", KvMode::kInt4, {}, {}, false, "int4 pages, which the cuda:0 page pool"},
-      {"dense", KvMode::kDense, {}, {}, false, "dense is the CPU's f32 reference cache"},
-      {"activations", KvMode::kAuto, ActQuant::kInt16, {}, false, "f32 activations"},
-      {"rotation", KvMode::kFull, {}, true, false, "stores K/V unrotated"},
-      {"eviction", KvMode::kFull, {}, {}, true, "eviction is not available on the cuda:0"},
+      {"dense", KvMode::kDense, {}, "dense is the CPU's f32 reference cache"},
+      {"activations", KvMode::kAuto, ActQuant::kInt16, "f32 activations"},
   };
   for (const Case& c : cases) {
     o.kv = KvOptions{};
     o.kv.mode = c.mode;
-    o.kv.rotate = c.rotate;
-    o.kv.evict = c.evict;
     o.activations = c.act;
     const absl::Status s = CheckRunnerOptions(o, nullptr, /*probe_device=*/false);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
     EXPECT_NE(s.message().find(c.needle), std::string_view::npos) << c.what << ": " << s;
   }
   // What it can do passes the static checks; then the device itself must be there.
-  o.kv = KvOptions{};
   o.activations.reset();
-  EXPECT_TRUE(CheckRunnerOptions(o, nullptr, /*probe_device=*/false).ok());
+  LlamaConfig config;
+  config.head_dim = 64;
+  for (KvMode mode : {KvMode::kAuto, KvMode::kFull, KvMode::kInt8, KvMode::kInt4, KvMode::kMixed}) {
+    o.kv = KvOptions{};
+    o.kv.mode = mode;
+    const absl::Status s = CheckRunnerOptions(o, &config, /*probe_device=*/false);
+    EXPECT_TRUE(s.ok()) << KvModeName(mode) << ": " << s;
+  }
+  o.kv = KvOptions{};
+  o.kv.rotate = true;
+  o.kv.evict = true;
+  o.kv.evict_window = 256;
+  EXPECT_TRUE(CheckRunnerOptions(o, &config, /*probe_device=*/false).ok());
+  // Rotation needs a power-of-two head_dim, as on the CPU.
+  LlamaConfig odd;
+  odd.head_dim = 80;
+  const absl::Status rot = CheckRunnerOptions(o, &odd, /*probe_device=*/false);
+  EXPECT_NE(rot.message().find("unrotated"), std::string_view::npos) << rot;
+  o.kv = KvOptions{};
   LlamaConfig wide;
   wide.head_dim = 512;
   const absl::Status s = CheckRunnerOptions(o, &wide, /*probe_device=*/false);
@@ -187,14 +196,22 @@ std::string NoGpuReason() {
 }
 
 // The speculative engine on a GPU target with the n-gram drafter gives exactly the greedy
-// tokens of the GPU target alone; the runner's KV memory is f16 pages only.
-TEST(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
+// tokens of the GPU target alone, in every KV mode (mixed with a small window, so tokens are
+// demoted during the run); the runner's KV memory is in the mode's classes.
+class GpuRunnerTest : public ::testing::TestWithParam<KvMode> {};
+
+TEST_P(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
   if (const std::string why = NoGpuReason(); !why.empty()) GTEST_SKIP() << why;
   auto model = LlamaModel::Load(TinyModel("gpu"));
   ASSERT_TRUE(model.ok()) << model.status();
+  const KvMode mode = GetParam();
   auto generate = [&](bool speculate) {
     RunnerOptions o;
     o.device = Device::Cuda(0);
+    o.kv.mode = mode;
+    o.kv.window_tokens = 8;
+    o.kv.sink_tokens = 2;
+    o.kv.demote_every = 4;
     auto runner = MakeRunner((*model)->config(), (*model)->weights(), o);
     EXPECT_TRUE(runner.ok()) << runner.status();
     if (!runner.ok()) return std::vector<int32_t>{};
@@ -231,8 +248,19 @@ TEST(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
     const auto mem = (*runner)->Memory();
     EXPECT_TRUE(mem.has_value());
     if (mem.has_value()) {
-      EXPECT_EQ(mem->class_bytes[1] + mem->class_bytes[2], 0);
-      EXPECT_EQ(mem->used_bytes, mem->class_bytes[0]);
+      const auto& b = mem->class_bytes;
+      EXPECT_EQ(mem->used_bytes, b[0] + b[1] + b[2]);
+      if (mode == KvMode::kFull) {
+        EXPECT_EQ(b[1] + b[2], 0);
+      } else if (mode == KvMode::kInt8) {
+        EXPECT_EQ(b[0] + b[2], 0);
+      } else if (mode == KvMode::kInt4) {
+        EXPECT_EQ(b[0] + b[1], 0);
+      }
+      if (mode == KvMode::kMixed || mode == KvMode::kAuto) {
+        EXPECT_GT(b[0], 0);
+        EXPECT_GT(b[1] + b[2], 0) << "nothing was demoted";
+      }
     }
     return out;
   };
@@ -240,6 +268,11 @@ TEST(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
   EXPECT_EQ(direct.size(), 24u);
   EXPECT_EQ(generate(true), direct);
 }
+
+INSTANTIATE_TEST_SUITE_P(KvModes, GpuRunnerTest,
+                         ::testing::Values(KvMode::kAuto, KvMode::kFull, KvMode::kInt8,
+                                           KvMode::kInt4, KvMode::kMixed),
+                         [](const auto& info) { return std::string(KvModeName(info.param)); });
 
 }  // namespace
 }  // namespace specnode

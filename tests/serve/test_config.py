@@ -48,7 +48,7 @@ BAD = [
      'bad.yaml:2: speculation.draft: draft spec "self:x": expected a positive integer'),
     ("speculation:\n  draft: ngram:0\n", "bad.yaml:2: speculation.draft"),
     # A device that cannot do what the config asks refuses before the model is opened.
-    ("model:\n  device: cuda:0\nkv:\n  mode: mixed\n", "cuda:0"),
+    ("model:\n  device: cuda:0\nkv:\n  mode: dense\n", "cuda:0"),
 ]
 
 

@@ -1,0 +1,318 @@
+// The GPU page pool's kernels (contracts in cuda_kv_kernels.h).
+//
+// Encoding, demotion and slot copies are one thread (or block) per row or slot: rows are
+// at most 256 values, and kv_codec's serial code is what the host test checks byte for byte
+// against the CPU pool. Attention is the hot loop: one block of kWarps warps per (query
+// head, row), warp w walking positions w, w + kWarps, ... with a running maximum,
+// denominator and weighted V sum (lane holds values lane + 32 i), warps combined in shared
+// memory at the end. A token's class is uniform across its warp, so decoding branches per
+// token, not per lane. Each row's block does the same work whatever else is in the pass:
+// batch-invariant, as on the CPU.
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "cuda/cuda_kv_kernels.h"
+#include "cuda/kv_row_codec.h"
+
+namespace specnode::cuda_internal {
+namespace {
+
+namespace codec = ::specnode::kv_codec;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kPerLane = codec::kMaxHeadDim / 32;
+constexpr int kRowThreads = 128;
+constexpr int64_t kMaxBlocks = 65535;
+
+__device__ __forceinline__ int64_t Offset(const int32_t* e) {
+  return static_cast<int64_t>(static_cast<uint32_t>(e[0])) | (static_cast<int64_t>(e[1]) << 32);
+}
+
+__device__ __forceinline__ int64_t LayerStride(const KvDeviceFormat& f, int cls) {
+  return static_cast<int64_t>(f.page_tokens) * 2 * f.n_kv_heads * f.row_bytes[cls];
+}
+
+// Row (layer, kv head, K or V) of the token whose layer-0 base is `base`.
+__device__ __forceinline__ uint8_t* RowAt(const KvDeviceFormat& f, int64_t base, int cls, int layer,
+                                          int kv_head, int value) {
+  return f.arena + base + layer * LayerStride(f, cls) +
+         static_cast<int64_t>(2 * kv_head + value) * f.row_bytes[cls];
+}
+
+__device__ __forceinline__ float HalfAt(const uint8_t* p) {
+  return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
+}
+
+// Value d of a row (kv_codec::DecodeAt with the hardware's f16 conversion; rows are 2-byte
+// aligned, so the f16 loads are aligned).
+__device__ __forceinline__ float Decode(int cls, const uint8_t* row, int d) {
+  if (cls == codec::kFull) return HalfAt(row + 2 * d);
+  if (cls == codec::kInt8) {
+    const float scale =
+        __uint_as_float(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(row)) |
+                        (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(row + 2)) << 16));
+    return scale * static_cast<float>(static_cast<int8_t>(row[4 + d]));
+  }
+  const uint8_t b = row[4 + d / 2];
+  const float q = static_cast<float>((d & 1) ? (b >> 4) : (b & 15));
+  return HalfAt(row + 2) + HalfAt(row) * q;
+}
+
+// The Walsh-Hadamard transform of a row held by a warp (value lane + 32 i in x[i]): the
+// CPU's butterflies (len 1, 2, 4, ...) in its order, lower element a + b, upper a - b, then
+// the 1/sqrt(n) scaling: bit-identical to HadamardInPlace.
+__device__ __forceinline__ void WarpHadamard(float (&x)[kPerLane], int n, float norm, int lane) {
+  for (int len = 1; len < n && len < 32; len <<= 1) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const float other = __shfl_xor_sync(0xffffffffu, x[i], len);
+      x[i] = (lane & len) ? other - x[i] : x[i] + other;
+    }
+  }
+  // len >= 32 pairs registers i and i + len / 32 of the same lane.
+#define SPECNODE_REGISTER_STAGE(step)                      \
+  if (n > 32 * (step)) {                                   \
+    _Pragma("unroll") for (int i = 0; i < kPerLane; ++i) { \
+      if ((i & (step)) == 0) {                             \
+        const float a = x[i], b = x[i + (step)];           \
+        x[i] = a + b;                                      \
+        x[i + (step)] = a - b;                             \
+      }                                                    \
+    }                                                      \
+  }
+  SPECNODE_REGISTER_STAGE(1)
+  SPECNODE_REGISTER_STAGE(2)
+  SPECNODE_REGISTER_STAGE(4)
+#undef SPECNODE_REGISTER_STAGE
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) x[i] *= norm;
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    KvEncodeKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ k,
+                   const float* __restrict__ v) {
+  const int64_t total = p.n * f.n_kv_heads * 2;
+  const int hd = f.head_dim;
+  float x[codec::kMaxHeadDim];
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int value = static_cast<int>(i % 2);
+    const int h = static_cast<int>((i / 2) % f.n_kv_heads);
+    const int64_t t = i / (2 * f.n_kv_heads);
+    const int32_t* r = p.rows + 5 * t;
+    const int32_t* e = p.tok + 3 * (static_cast<int64_t>(r[0]) + r[1] - 1);
+    const int cls = e[2];
+    const float* src = (value ? v : k) + (t * f.n_kv_heads + h) * hd;
+    for (int d = 0; d < hd; ++d) x[d] = src[d];
+    if (f.rotate) codec::Hadamard(x, hd);
+    codec::EncodeRow(cls, x, hd, RowAt(f, Offset(e), cls, layer, h, value));
+  }
+}
+
+// Softmax score of position j's key for one warp (every lane returns the same value).
+__device__ __forceinline__ float Score(const KvDeviceFormat& f, const uint8_t* kr, int cls,
+                                       const float (&q)[kPerLane], int lane) {
+  float dot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < f.head_dim) dot = fmaf(q[i], Decode(cls, kr, d), dot);
+  }
+  // xor butterfly: every lane ends with the same sum, in the same order on each lane.
+  for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  return dot;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    KvAttentionKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ q,
+                      float scale, float* __restrict__ out) {
+  const int h = blockIdx.x;
+  const int64_t t = blockIdx.y;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int hd = f.head_dim;
+  const int n_heads = f.n_kv_heads * f.gqa_group;
+  const int kv_head = h / f.gqa_group;
+  const int32_t* r = p.rows + 5 * t;
+  const int32_t* tok = p.tok + 3 * static_cast<int64_t>(r[0]);
+  const int length = r[1];
+  const float* qt = q + (t * n_heads + h) * hd;
+  float qr[kPerLane], acc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    qr[i] = d < hd ? qt[d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  // As the CPU: rotate the query into the rows' basis, then scale it.
+  if (f.rotate) WarpHadamard(qr, hd, f.hadamard_norm, lane);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) qr[i] *= scale;
+  float m = -INFINITY, l = 0.0f;
+  for (int j = warp; j < length; j += kWarps) {
+    const int32_t* e = tok + 3 * j;
+    const int cls = e[2];
+    if (cls < 0) continue;  // evicted
+    const uint8_t* kr = RowAt(f, Offset(e), cls, layer, kv_head, 0);
+    const uint8_t* vr = kr + f.row_bytes[cls];
+    const float s = Score(f, kr, cls, qr, lane);
+    const float m_new = fmaxf(m, s);
+    const float correction = expf(m - m_new);  // 0 on the first position (m = -inf)
+    const float w = expf(s - m_new);
+    l = l * correction + w;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd) acc[i] = fmaf(w, Decode(cls, vr, d), acc[i] * correction);
+    }
+    m = m_new;
+  }
+  __shared__ float warp_m[kWarps], warp_l[kWarps];
+  __shared__ float warp_acc[kWarps][codec::kMaxHeadDim];
+  __shared__ float out_row[codec::kMaxHeadDim];
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < hd) warp_acc[warp][d] = acc[i];
+  }
+  __syncthreads();
+  // A warp that saw no position has l == 0 and is skipped.
+  float big = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp_l[w] > 0.0f) big = fmaxf(big, warp_m[w]);
+  }
+  float denom = 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp_l[w] > 0.0f) denom += warp_l[w] * expf(warp_m[w] - big);
+  }
+  float* ot = out + (t * n_heads + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += kThreads) {
+    float o = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (warp_l[w] > 0.0f) o += warp_acc[w][d] * expf(warp_m[w] - big);
+    }
+    if (f.rotate) {
+      out_row[d] = o / denom;
+    } else {
+      ot[d] = o / denom;
+    }
+  }
+  if (f.rotate) {
+    __syncthreads();
+    if (warp == 0) {
+      float x[kPerLane];
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int d = lane + 32 * i;
+        x[i] = d < hd ? out_row[d] : 0.0f;
+      }
+      WarpHadamard(x, hd, f.hadamard_norm, lane);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < hd) ot[d] = x[i];
+      }
+    }
+  }
+  // Attention mass of an observed row: the normalised weight of each key in [lo, lo +
+  // width), times the context length, scored again (the same Score as above).
+  const int lo = r[2], width = r[3];
+  if (width <= 0) return;
+  float* mass = p.mass + r[4] + static_cast<int64_t>(h) * width;
+  for (int jj = warp; jj < width; jj += kWarps) {
+    const int32_t* e = tok + 3 * (lo + jj);
+    const int cls = e[2];
+    float w = 0.0f;
+    if (cls >= 0) {
+      const uint8_t* kr = RowAt(f, Offset(e), cls, layer, kv_head, 0);
+      w = expf(Score(f, kr, cls, qr, lane) - big) / denom * static_cast<float>(length);
+    }
+    if (lane == 0) mass[jj] = layer == 0 ? w : mass[jj] + w;
+  }
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    KvRecodeKernel(KvDeviceFormat f, int n_layers, const int32_t* __restrict__ jobs,
+                   int64_t n_jobs) {
+  const int64_t per_job = static_cast<int64_t>(n_layers) * f.n_kv_heads * 2;
+  const int64_t total = n_jobs * per_job;
+  float x[codec::kMaxHeadDim];
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t* job = jobs + 6 * (i / per_job);
+    const int64_t rest = i % per_job;
+    const int value = static_cast<int>(rest % 2);
+    const int h = static_cast<int>((rest / 2) % f.n_kv_heads);
+    const int layer = static_cast<int>(rest / (2 * f.n_kv_heads));
+    // Both rows are in the stored (rotated) basis: no rotation here, as on the CPU.
+    codec::DecodeRow(job[2], RowAt(f, Offset(job), job[2], layer, h, value), f.head_dim, x);
+    codec::EncodeRow(job[5], x, f.head_dim, RowAt(f, Offset(job + 3), job[5], layer, h, value));
+  }
+}
+
+// One block per (job, layer): that layer's SlotStride bytes, two at a time.
+__global__ void __launch_bounds__(kRowThreads)
+    KvCopySlotsKernel(KvDeviceFormat f, int n_layers, const int32_t* __restrict__ jobs,
+                      int64_t n_jobs, uint8_t* __restrict__ staging, int to_staging) {
+  for (int64_t b = blockIdx.x; b < n_jobs * n_layers; b += gridDim.x) {
+    const int32_t* job = jobs + 5 * (b / n_layers);
+    const int layer = static_cast<int>(b % n_layers);
+    const int cls = job[2];
+    const int64_t stride = 2 * static_cast<int64_t>(f.n_kv_heads) * f.row_bytes[cls];
+    uint16_t* slot = reinterpret_cast<uint16_t*>(RowAt(f, Offset(job), cls, layer, 0, 0));
+    uint16_t* host = reinterpret_cast<uint16_t*>(staging + Offset(job + 3) + layer * stride);
+    for (int64_t i = threadIdx.x; i < stride / 2; i += blockDim.x) {
+      if (to_staging) {
+        host[i] = slot[i];
+      } else {
+        slot[i] = host[i];
+      }
+    }
+  }
+}
+
+unsigned Blocks(int64_t threads, int per_block) {
+  int64_t blocks = (threads + per_block - 1) / per_block;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace
+
+cudaError_t LaunchKvEncode(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
+                           const float* k, const float* v, cudaStream_t stream) {
+  KvEncodeKernel<<<Blocks(p.n * f.n_kv_heads * 2, kRowThreads), kRowThreads, 0, stream>>>(
+      f, p, layer, k, v);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
+                              const float* q, float scale, float* out, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(f.n_kv_heads * f.gqa_group), static_cast<unsigned>(p.n));
+  KvAttentionKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvRecode(const KvDeviceFormat& f, int n_layers, const int32_t* jobs,
+                           int64_t n_jobs, cudaStream_t stream) {
+  const int64_t threads = n_jobs * n_layers * f.n_kv_heads * 2;
+  KvRecodeKernel<<<Blocks(threads, kRowThreads), kRowThreads, 0, stream>>>(f, n_layers, jobs,
+                                                                           n_jobs);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvCopySlots(const KvDeviceFormat& f, int n_layers, const int32_t* jobs,
+                              int64_t n_jobs, uint8_t* staging, bool to_staging,
+                              cudaStream_t stream) {
+  KvCopySlotsKernel<<<Blocks(n_jobs * n_layers, 1), kRowThreads, 0, stream>>>(
+      f, n_layers, jobs, n_jobs, staging, to_staging ? 1 : 0);
+  return cudaGetLastError();
+}
+
+}  // namespace specnode::cuda_internal

@@ -1,0 +1,73 @@
+#include "cuda/kv_pass_tables.h"
+
+#include <cassert>
+
+namespace specnode {
+
+KvPassTables BuildKvPassTables(std::span<const KvPoolPassSeq> seqs,
+                               std::span<const KvPagePlace> pages,
+                               const std::array<int64_t, 3>& slot_stride, const KvPoolGeometry& g) {
+  KvPassTables t;
+  const int n_heads = g.n_kv_heads * g.gqa_group;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const KvPoolPassSeq& s = seqs[i];
+    const int32_t length = s.pos0 + s.n;
+    const int32_t base = static_cast<int32_t>(t.tok.size() / 3);
+    for (int32_t j = 0; j < length; ++j) {
+      const KvSlot loc = s.slots[j];
+      if (loc.page < 0) {
+        t.tok.insert(t.tok.end(), {0, 0, -1});
+        continue;
+      }
+      const KvPagePlace& p = pages[loc.page];
+      assert(p.offset >= 0 && loc.slot >= 0 && loc.slot < g.page_tokens);
+      const int64_t off = p.offset + loc.slot * slot_stride[p.cls];
+      t.tok.insert(t.tok.end(), {static_cast<int32_t>(static_cast<uint32_t>(off & 0xffffffffu)),
+                                 static_cast<int32_t>(off >> 32), p.cls});
+    }
+    // The sink's rows, one per observed query in row order (the CPU pool's matching).
+    size_t next = 0;
+    for (int32_t r = 0; r < s.n; ++r) {
+      const int32_t pos = s.pos0 + r;
+      int32_t lo = 0, width = 0, offset = 0;
+      if (s.mass.on && next < s.mass.rows.size() && s.mass.rows[next].pos == pos) {
+        const KvMassRow& m = s.mass.rows[next++];
+        lo = m.lo;
+        width = pos + 1 - s.mass.min_distance - m.lo;
+        assert(width > 0);
+        offset = static_cast<int32_t>(t.mass_floats);
+        t.observed.push_back({static_cast<int32_t>(i), t.n_rows(), &m});
+        t.mass_floats += static_cast<int64_t>(n_heads) * width;
+      }
+      assert(s.slots[pos].page >= 0);  // a row's own slot is never evicted
+      t.rows.insert(t.rows.end(), {base, pos + 1, lo, width, offset});
+    }
+  }
+  return t;
+}
+
+void AddKvPassMass(const KvPassTables& t, std::span<const KvPoolPassSeq> seqs, const float* mass,
+                   const KvPoolGeometry& g) {
+  const int gq = g.gqa_group;
+  const float count = static_cast<float>(gq) * static_cast<float>(g.n_layers);
+  for (size_t o = 0; o < t.observed.size(); ++o) {
+    const KvPoolPassSeq& s = seqs[t.observed[o].seq];
+    const KvMassRow& m = *t.observed[o].sink;
+    const int32_t* r = t.rows.data() + t.observed[o].row * KvPassTables::kRowInts;
+    const int32_t lo = r[2], width = r[3];
+    const float* block = mass + r[4];
+    for (int kv = 0; kv < g.n_kv_heads; ++kv) {
+      float* sum = m.sum + static_cast<size_t>(kv) * width;
+      float* cnt = m.cnt + static_cast<size_t>(kv) * width;
+      for (int32_t jj = 0; jj < width; ++jj) {
+        if (s.slots[lo + jj].page < 0) continue;  // evicted: never observed
+        float w = 0.0f;
+        for (int h = 0; h < gq; ++h) w += block[static_cast<size_t>(kv * gq + h) * width + jj];
+        sum[jj] += w;
+        cnt[jj] += count;
+      }
+    }
+  }
+}
+
+}  // namespace specnode

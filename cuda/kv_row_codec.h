@@ -1,0 +1,188 @@
+// One cached K or V row in the KV store's formats (kvstore/kv_precision.h), as code that
+// compiles for the host and for the GPU: encode, decode, and the Walsh-Hadamard rotation.
+// The GPU page pool's kernels (cuda_kv_kernels.cu) call these; a host test
+// (tests/kv_row_codec_test.cc, no GPU needed) checks them byte for byte against the CPU
+// pool's KvEncodeRow / KvDecodeRow / HadamardInPlace, so a GPU-encoded page holds the bytes a
+// CPU-encoded one would for the same f32 row (the swap tier's bytes move between them).
+//
+// Why not call kv_precision.cc from the kernels: it uses the host's f16 conversion and
+// std::nearbyint; these spell the same IEEE operations (round to nearest even, f32
+// arithmetic without contraction where the CPU has none) in a form nvcc and the host
+// compiler both accept. Kept free of absl and of C++20 (nvcc compiles this project's kernels
+// as C++17).
+//
+// Rows (head_dim d even, <= 256; kvstore/kv_precision.h has the layouts): class 0 f16
+// (2d bytes), 1 int8 + f32 scale (4 + d), 2 int4 + f16 scale and min (4 + d / 2). `row`
+// needs 2-byte alignment (every row of a page has it: row sizes are even).
+//
+// Pure functions, thread-safe.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define SPECNODE_HD __host__ __device__ __forceinline__
+#else
+#define SPECNODE_HD inline
+#endif
+
+namespace specnode::kv_codec {
+
+// KvPrecision's values.
+enum : int { kFull = 0, kInt8 = 1, kInt4 = 2 };
+
+inline constexpr int kMaxHeadDim = 256;
+
+SPECNODE_HD uint32_t FloatBits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+SPECNODE_HD float BitsFloat(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// IEEE half (bits) to float, exact.
+SPECNODE_HD float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;
+  if (em >= 0x7c00u) return BitsFloat(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+  if (em >= 0x0400u) return BitsFloat(sign | ((em + 0x1c000u) << 13));  // rebias 15 -> 127
+  // Subnormal: em * 2^-24, exact in float.
+  return BitsFloat(sign | FloatBits(static_cast<float>(em) * 5.9604644775390625e-08f));
+}
+
+// Float to IEEE half bits, round to nearest even (as model/gguf's Fp32ToFp16); NaN stays a
+// (quiet) NaN.
+SPECNODE_HD uint16_t FloatToHalf(float f) {
+  const uint32_t x = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+  if (a >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 2^16 (or inf)
+  if (a >= 0x38800000u) {
+    // Normal half: drop 13 mantissa bits with round-half-even; a carry out of the mantissa
+    // bumps the exponent (and 65520.. rounds into infinity), as it should.
+    const uint32_t odd = (a >> 13) & 1u;
+    return static_cast<uint16_t>(sign | ((a - 0x38000000u + 0xfffu + odd) >> 13));
+  }
+  // Below 2^-14: a subnormal half, the value in units of 2^-24, rounded half-even.
+  const uint32_t e = a >> 23;
+  if (e < 102) return sign;  // below 2^-25 (a tie at 2^-25 itself rounds to even 0 too)
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - e;  // 14..24
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
+SPECNODE_HD float RoundEven(float v) {
+#if defined(__CUDA_ARCH__)
+  return rintf(v);
+#else
+  return std::nearbyint(v);
+#endif
+}
+
+SPECNODE_HD int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+SPECNODE_HD uint16_t LoadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+SPECNODE_HD void StoreU16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xffu);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+SPECNODE_HD float LoadF32(const uint8_t* p) {
+  return BitsFloat(static_cast<uint32_t>(LoadU16(p)) |
+                   (static_cast<uint32_t>(LoadU16(p + 2)) << 16));
+}
+SPECNODE_HD void StoreF32(uint8_t* p, float v) {
+  const uint32_t u = FloatBits(v);
+  StoreU16(p, static_cast<uint16_t>(u & 0xffffu));
+  StoreU16(p + 2, static_cast<uint16_t>(u >> 16));
+}
+
+SPECNODE_HD int RowBytes(int cls, int head_dim) {
+  return cls == kFull ? 2 * head_dim : (cls == kInt8 ? 4 + head_dim : 4 + head_dim / 2);
+}
+
+// Encodes x[head_dim] into row (KvEncodeRow's bytes).
+SPECNODE_HD void EncodeRow(int cls, const float* x, int head_dim, uint8_t* row) {
+  if (cls == kFull) {
+    for (int i = 0; i < head_dim; ++i) StoreU16(row + 2 * i, FloatToHalf(x[i]));
+    return;
+  }
+  if (cls == kInt8) {
+    float amax = 0.0f;
+    for (int i = 0; i < head_dim; ++i) {
+      const float a = fabsf(x[i]);
+      amax = amax < a ? a : amax;  // std::max's choice (signed zeros, as the CPU's)
+    }
+    const float scale = amax / 127.0f;
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    StoreF32(row, scale);
+    for (int i = 0; i < head_dim; ++i) {
+      const int q = ClampInt(static_cast<int>(RoundEven(x[i] * inv)), -127, 127);
+      row[4 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    }
+    return;
+  }
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < head_dim; ++i) {
+    lo = x[i] < lo ? x[i] : lo;  // std::min / std::max's choices (the sign of a zero min)
+    hi = hi < x[i] ? x[i] : hi;
+  }
+  // Quantise against the stored (f16-rounded) scale and min, which decoding uses.
+  const uint16_t scale_h = FloatToHalf((hi - lo) / 15.0f);
+  const uint16_t min_h = FloatToHalf(lo);
+  const float scale = HalfToFloat(scale_h);
+  const float min = HalfToFloat(min_h);
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  StoreU16(row, scale_h);
+  StoreU16(row + 2, min_h);
+  for (int i = 0; i < head_dim; i += 2) {
+    const float d0 = x[i] - min;
+    const float d1 = x[i + 1] - min;
+    const int q0 = ClampInt(static_cast<int>(RoundEven(d0 * inv)), 0, 15);
+    const int q1 = ClampInt(static_cast<int>(RoundEven(d1 * inv)), 0, 15);
+    row[4 + i / 2] = static_cast<uint8_t>(q0 | (q1 << 4));
+  }
+}
+
+// Value d of a row (KvDecodeRow's out[d]).
+SPECNODE_HD float DecodeAt(int cls, const uint8_t* row, int d) {
+  if (cls == kFull) return HalfToFloat(LoadU16(row + 2 * d));
+  if (cls == kInt8) return LoadF32(row) * static_cast<float>(static_cast<int8_t>(row[4 + d]));
+  const uint8_t b = row[4 + d / 2];
+  const float q = static_cast<float>((d & 1) ? (b >> 4) : (b & 15));
+  return HalfToFloat(LoadU16(row + 2)) + HalfToFloat(LoadU16(row)) * q;
+}
+
+SPECNODE_HD void DecodeRow(int cls, const uint8_t* row, int head_dim, float* out) {
+  for (int d = 0; d < head_dim; ++d) out[d] = DecodeAt(cls, row, d);
+}
+
+// HadamardInPlace's transform (n a power of two): the same butterflies in the same order,
+// then the same 1/sqrt(n) scaling, so the result is bit-identical.
+SPECNODE_HD void Hadamard(float* x, int n) {
+  for (int len = 1; len < n; len <<= 1) {
+    for (int i = 0; i < n; i += 2 * len) {
+      for (int j = i; j < i + len; ++j) {
+        const float a = x[j], b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+    }
+  }
+  const float norm = 1.0f / sqrtf(static_cast<float>(n));
+  for (int i = 0; i < n; ++i) x[i] *= norm;
+}
+
+}  // namespace specnode::kv_codec

@@ -1,0 +1,260 @@
+// The GPU page pool's host-compiled parts, checked without a GPU (these run everywhere):
+// - kv_row_codec.h, the row code the kernels run, byte for byte against the CPU pool's
+//   KvEncodeRow / KvDecodeRow / HadamardInPlace and model/gguf's f16 conversions;
+// - the slab allocator that places pages of three sizes in the device arena;
+// - the pass tables the kernels read and the mass reduction back into the manager's rows.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "cuda/kv_frame_allocator.h"
+#include "cuda/kv_pass_tables.h"
+#include "cuda/kv_row_codec.h"
+#include "gtest/gtest.h"
+#include "kvstore/kv_precision.h"
+#include "model/gguf/ggml_types.h"
+
+namespace specnode {
+namespace {
+
+namespace codec = kv_codec;
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST(KvRowCodec, HalfConversionsMatchTheHostOnes) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float want = Fp16ToFp32(static_cast<uint16_t>(h));
+    const float got = codec::HalfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << h;
+    } else {
+      ASSERT_EQ(codec::FloatBits(got), codec::FloatBits(want)) << h;
+    }
+  }
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -1.0f,
+                               65504.0f,
+                               65519.99f,
+                               65520.0f,
+                               65536.0f,
+                               1e30f,
+                               -1e30f,
+                               INFINITY,
+                               -INFINITY,
+                               6.103515625e-05f,  // smallest normal half
+                               5.9604644775390625e-08f,
+                               2.98023223876953125e-08f,  // 2^-24, 2^-25
+                               2.9802326e-08f,
+                               8.9406967e-08f,
+                               1e-45f};
+  std::mt19937 gen(1);
+  for (int i = 0; i < 200000; ++i) values.push_back(FromBits(static_cast<uint32_t>(gen())));
+  // Every half and the midpoints between neighbours (the ties).
+  for (uint32_t h = 0; h < 0x7c00; ++h) {
+    const float a = Fp16ToFp32(static_cast<uint16_t>(h));
+    const float b = Fp16ToFp32(static_cast<uint16_t>(h + 1));
+    values.push_back(a);
+    values.push_back(-a);
+    values.push_back(0.5f * (a + b));
+  }
+  for (float f : values) {
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(codec::HalfToFloat(codec::FloatToHalf(f))));
+      continue;
+    }
+    ASSERT_EQ(codec::FloatToHalf(f), Fp32ToFp16(f)) << f << " bits " << codec::FloatBits(f);
+  }
+}
+
+TEST(KvRowCodec, HadamardIsTheCpuTransformBitForBit) {
+  std::mt19937 gen(2);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (int n = 2; n <= 256; n *= 2) {
+    std::vector<float> a(n), b;
+    for (float& x : a) x = dist(gen);
+    b = a;
+    HadamardInPlace(a.data(), n);
+    codec::Hadamard(b.data(), n);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(codec::FloatBits(a[i]), codec::FloatBits(b[i])) << n;
+  }
+}
+
+// Rows of several shapes and value ranges: ordinary, with outliers, constant, all zero, with
+// negative zeros, tiny (subnormal halves) and large.
+std::vector<std::vector<float>> Rows(int hd, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<std::vector<float>> rows;
+  for (float scale : {1.0f, 0.01f, 1e-6f, 300.0f}) {
+    std::vector<float> r(hd);
+    for (float& x : r) x = scale * dist(gen);
+    rows.push_back(r);
+    r[hd / 2] = 40.0f * scale;  // an outlier channel
+    rows.push_back(r);
+  }
+  rows.push_back(std::vector<float>(hd, 0.0f));
+  rows.push_back(std::vector<float>(hd, -0.0f));
+  rows.push_back(std::vector<float>(hd, 1.25f));
+  std::vector<float> mixed(hd);
+  for (int i = 0; i < hd; ++i) mixed[i] = i % 3 == 0 ? -0.0f : (i % 3 == 1 ? 0.0f : -2.0f);
+  rows.push_back(mixed);
+  return rows;
+}
+
+class KvRowCodecShapes : public ::testing::TestWithParam<int> {};
+
+TEST_P(KvRowCodecShapes, EncodeIsTheCpuEncodingAndDecodeItsValues) {
+  const int hd = GetParam();
+  for (int cls = 0; cls < 3; ++cls) {
+    const KvPrecision p = static_cast<KvPrecision>(cls);
+    ASSERT_EQ(static_cast<size_t>(codec::RowBytes(cls, hd)), KvRowBytes(p, hd));
+    for (const std::vector<float>& x : Rows(hd, 10 + hd + cls)) {
+      std::vector<uint8_t> want(KvRowBytes(p, hd)), got(want.size(), 0xab);
+      KvEncodeRow(p, x.data(), hd, want.data());
+      codec::EncodeRow(cls, x.data(), hd, got.data());
+      ASSERT_EQ(got, want) << KvPrecisionName(p) << " hd " << hd;
+      std::vector<float> a(hd), b(hd);
+      KvDecodeRow(p, want.data(), hd, a.data());
+      codec::DecodeRow(cls, got.data(), hd, b.data());
+      // f16 and int8 decode exactly; int4's min + scale * q may be contracted into one
+      // fma on either side: within one rounding of the value.
+      for (int d = 0; d < hd; ++d) {
+        if (cls == 2) {
+          ASSERT_NEAR(b[d], a[d], 1e-6f * (std::fabs(a[d]) + 1e-30f) + 1e-38f) << d;
+        } else {
+          ASSERT_EQ(codec::FloatBits(b[d]), codec::FloatBits(a[d])) << d;
+        }
+        ASSERT_EQ(codec::DecodeAt(cls, got.data(), d), b[d]);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, KvRowCodecShapes, ::testing::Values(2, 6, 16, 64, 80, 128, 256));
+
+TEST(KvFrameAllocator, ClassesShareChunksAndFramesNeverOverlap) {
+  const std::array<int64_t, 3> page = {1024, 544, 288};  // f16, int8, int4 of some geometry
+  KvFrameAllocator a(/*n_chunks=*/6, /*chunk_bytes=*/4096, page);
+  EXPECT_EQ(a.arena_bytes(), 6 * 4096);
+  EXPECT_EQ(a.frames_per_chunk(0), 4);
+  EXPECT_EQ(a.frames_per_chunk(1), 7);
+  EXPECT_EQ(a.frames_per_chunk(2), 14);
+  EXPECT_EQ(a.MaxFrames(2), 6 * 14);
+  std::mt19937 rng(3);
+  std::map<int64_t, int> live;  // offset -> class
+  auto check_disjoint = [&] {
+    int64_t end = 0;
+    for (const auto& [off, c] : live) {
+      ASSERT_GE(off, end);
+      ASSERT_LE(off + page[c], a.arena_bytes());
+      // A frame lies inside one chunk.
+      ASSERT_EQ(off / 4096, (off + page[c] - 1) / 4096);
+      end = off + page[c];
+    }
+  };
+  for (int step = 0; step < 5000; ++step) {
+    const int c = static_cast<int>(rng() % 3);
+    if (rng() % 2 == 0 || live.empty()) {
+      const int64_t off = a.Allocate(c);
+      if (off < 0) {
+        // Full for this class: every chunk serves some class and none of c's has room.
+        EXPECT_EQ(a.free_chunks(), 0);
+        continue;
+      }
+      ASSERT_EQ(live.count(off), 0u);
+      live[off] = c;
+    } else {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      a.Release(it->second, it->first);
+      live.erase(it);
+    }
+    check_disjoint();
+  }
+  for (const auto& [off, c] : live) a.Release(c, off);
+  EXPECT_EQ(a.free_chunks(), 6);
+  // Everything back: the whole arena serves one class again.
+  for (int i = 0; i < 6 * 14; ++i) ASSERT_GE(a.Allocate(2), 0) << i;
+  EXPECT_LT(a.Allocate(2), 0);
+  EXPECT_LT(a.Allocate(0), 0);
+}
+
+TEST(KvPassTables, OffsetsRowsAndMassReduction) {
+  KvPoolGeometry g;
+  g.n_layers = 3;
+  g.n_kv_heads = 2;
+  g.head_dim = 8;
+  g.gqa_group = 2;
+  g.page_tokens = 4;
+  const std::array<int64_t, 3> stride = {2 * 2 * 16, 2 * 2 * 12, 2 * 2 * 8};
+  std::vector<KvPagePlace> pages = {{1000, 0}, {5000, 2}, {9000, 1}};
+  // Sequence A: 6 positions, position 1 evicted, 4 and 5 in other classes; a pass of its
+  // last 2 rows, position 5 observed. Sequence B: 2 positions, a pass of both, unobserved.
+  std::vector<KvSlot> a = {{0, 0}, {-1, 0}, {0, 1}, {0, 2}, {1, 3}, {2, 0}};
+  std::vector<KvSlot> b = {{0, 3}, {2, 1}};
+  std::vector<float> sum(2 * 4, 0.0f), cnt(2 * 4, 0.0f);
+  // Position 5, min_distance 2, lo 0: keys [0, 4) observed, width 4.
+  const KvMassRow row{5, 0, sum.data(), cnt.data()};
+  KvPoolPassSeq sa;
+  sa.seq = 7;
+  sa.pos0 = 4;
+  sa.n = 2;
+  sa.slots = a;
+  sa.mass.on = true;
+  sa.mass.min_distance = 2;
+  sa.mass.rows = {&row, 1};
+  KvPoolPassSeq sb;
+  sb.seq = 8;
+  sb.pos0 = 0;
+  sb.n = 2;
+  sb.slots = b;
+  const std::vector<KvPoolPassSeq> seqs = {sa, sb};
+  const KvPassTables t = BuildKvPassTables(seqs, pages, stride, g);
+  ASSERT_EQ(t.tok.size(), 3u * 8);
+  auto tok_off = [&](int e) {
+    return static_cast<int64_t>(static_cast<uint32_t>(t.tok[3 * e])) |
+           (static_cast<int64_t>(t.tok[3 * e + 1]) << 32);
+  };
+  EXPECT_EQ(tok_off(0), 1000);
+  EXPECT_EQ(t.tok[3 * 1 + 2], -1);  // evicted
+  EXPECT_EQ(tok_off(3), 1000 + 2 * stride[0]);
+  EXPECT_EQ(tok_off(4), 5000 + 3 * stride[2]);
+  EXPECT_EQ(t.tok[3 * 4 + 2], 2);
+  EXPECT_EQ(tok_off(5), 9000);
+  EXPECT_EQ(tok_off(6), 1000 + 3 * stride[0]);  // B's first entry
+  EXPECT_EQ(tok_off(7), 9000 + 1 * stride[1]);
+  ASSERT_EQ(t.n_rows(), 4);
+  const std::vector<int32_t> rows = {0, 5, 0, 0, 0,   // A pos 4: unobserved
+                                     0, 6, 0, 4, 0,   // A pos 5: lo 0, width 4, offset 0
+                                     6, 1, 0, 0, 0,   // B pos 0
+                                     6, 2, 0, 0, 0};  // B pos 1
+  EXPECT_EQ(t.rows, rows);
+  EXPECT_EQ(t.mass_floats, 4 * 4);  // n_heads (4) * width
+  ASSERT_EQ(t.observed.size(), 1u);
+  // Mass as the kernel leaves it: [head][key] = 10 * head + key.
+  std::vector<float> mass(t.mass_floats);
+  for (int h = 0; h < 4; ++h) {
+    for (int j = 0; j < 4; ++j) mass[h * 4 + j] = 10.0f * h + j;
+  }
+  AddKvPassMass(t, seqs, mass.data(), g);
+  for (int kv = 0; kv < 2; ++kv) {
+    for (int j = 0; j < 4; ++j) {
+      const bool evicted = j == 1;
+      const float want = evicted ? 0.0f : (10.0f * (2 * kv) + j) + (10.0f * (2 * kv + 1) + j);
+      EXPECT_EQ(sum[kv * 4 + j], want) << kv << " " << j;
+      EXPECT_EQ(cnt[kv * 4 + j], evicted ? 0.0f : 2.0f * 3) << kv << " " << j;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specnode
