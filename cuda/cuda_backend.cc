@@ -14,6 +14,11 @@
 
 namespace specnode {
 
+void CudaStepTables::Restart() {
+  host_.clear();
+  uploaded_ = false;
+}
+
 int64_t CudaStepTables::Stage(int64_t count) {
   if (uploaded_) {
     host_.clear();
@@ -161,7 +166,9 @@ absl::Status CudaBackend::BeginPass(std::span<const int32_t> ids,
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   rows_ = static_cast<int64_t>(ids.size());
   // First in the step's tables, so that their offsets depend on the rows only (a recorded
-  // pass bakes them in); the page pool's tables follow.
+  // pass bakes them in); the page pool's tables follow. A fresh start even if the previous
+  // pass failed before its upload: stale tables would shift every offset.
+  tables_.Restart();
   ids_ = tables_.Stage(rows_);
   positions_ = tables_.Stage(rows_);
   std::copy(ids.begin(), ids.end(), tables_.staged(ids_));

@@ -48,6 +48,8 @@ struct CudaBackendOptions {
 // tables. The first Stage after an Upload starts the next step's tables.
 class CudaStepTables {
  public:
+  // Starts a step's tables (drops whatever was staged and not uploaded).
+  void Restart();
   // Appends `count` zeroed values and returns their offset.
   int64_t Stage(int64_t count);
   // The host staging of offset `offset`, to fill before Upload (valid until the next Stage).

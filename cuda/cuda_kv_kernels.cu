@@ -41,19 +41,21 @@ __device__ __forceinline__ uint8_t* RowAt(const KvDeviceFormat& f, int64_t base,
          static_cast<int64_t>(2 * kv_head + value) * f.row_bytes[cls];
 }
 
+// An f16 from two bytes: an int4 row is 4 + head_dim / 2 bytes, odd when head_dim % 4 == 2,
+// so its V row (and every later row of the slot) may start at an odd address.
 __device__ __forceinline__ float HalfAt(const uint8_t* p) {
-  return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
+  return __half2float(__ushort_as_half(codec::LoadU16(p)));
 }
 
-// Value d of a row (kv_codec::DecodeAt with the hardware's f16 conversion; rows are 2-byte
-// aligned, so the f16 loads are aligned).
+// Value d of a row (kv_codec::DecodeAt with the hardware's f16 conversion). f16 rows
+// (2 head_dim bytes at even offsets) load their values as aligned 16-bit words; the int8
+// and int4 headers are read byte-wise.
 __device__ __forceinline__ float Decode(int cls, const uint8_t* row, int d) {
-  if (cls == codec::kFull) return HalfAt(row + 2 * d);
+  if (cls == codec::kFull) {
+    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(row + 2 * d)));
+  }
   if (cls == codec::kInt8) {
-    const float scale =
-        __uint_as_float(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(row)) |
-                        (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(row + 2)) << 16));
-    return scale * static_cast<float>(static_cast<int8_t>(row[4 + d]));
+    return codec::LoadF32(row) * static_cast<float>(static_cast<int8_t>(row[4 + d]));
   }
   const uint8_t b = row[4 + d / 2];
   const float q = static_cast<float>((d & 1) ? (b >> 4) : (b & 15));

@@ -79,7 +79,16 @@ absl::StatusOr<std::unique_ptr<CudaPagePool>> CudaPagePool::Create(CudaBackend* 
                                                    " bytes)"));
   }
   const int64_t chunk = full_page * kFullPagesPerChunk;
-  const int64_t n_chunks = (capacity_bytes + chunk - 1) / chunk + kNumKvPrecisions;
+  // Chunks for the manager's whole budget in any one class (a chunk's tail is waste, so the
+  // smaller classes need more chunks than capacity / chunk), plus a spare chunk per class
+  // for the partly used chunks of mixed classes.
+  int64_t n_chunks = 0;
+  for (int c = 0; c < kNumKvPrecisions; ++c) {
+    const int64_t pages = capacity_bytes / p->page_bytes_[c] + 1;
+    const int64_t frames = chunk / p->page_bytes_[c];
+    n_chunks = std::max(n_chunks, (pages + frames - 1) / frames);
+  }
+  n_chunks += kNumKvPrecisions;
   p->alloc_ = std::make_unique<KvFrameAllocator>(
       n_chunks, chunk,
       std::array<int64_t, 3>{p->page_bytes_[0], p->page_bytes_[1], p->page_bytes_[2]});
@@ -92,7 +101,7 @@ absl::StatusOr<std::unique_ptr<CudaPagePool>> CudaPagePool::Create(CudaBackend* 
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda page pool: cannot allocate ", p->alloc_->arena_bytes(),
                      " bytes of KV pages on ", backend->device(), " (capacity ", capacity_bytes,
-                     " + one chunk per class): ", arena.status().message()));
+                     " in any class + a spare chunk per class): ", arena.status().message()));
   }
   p->arena_ = *std::move(arena);
   return p;
@@ -195,19 +204,22 @@ void CudaPagePool::Recode(KvSlot from, KvSlot to) {
 
 absl::Status CudaPagePool::FlushRecodes() {
   if (recode_jobs_.empty()) return absl::OkStatus();
-  const int64_t n_jobs = static_cast<int64_t>(recode_jobs_.size() / 6);
-  const size_t bytes = recode_jobs_.size() * sizeof(int32_t);
+  // The queue is emptied whatever happens: after a failure its jobs may name frames that
+  // are released next, and the error (kept by the caller) ends the pass anyway.
+  std::vector<int32_t> jobs;
+  jobs.swap(recode_jobs_);
+  recode_targets_.clear();
+  const int64_t n_jobs = static_cast<int64_t>(jobs.size() / 6);
+  const size_t bytes = jobs.size() * sizeof(int32_t);
   SPECNODE_RETURN_IF_ERROR(Grow(recode_dev_, bytes));
-  // From pageable memory the runtime stages the copy before returning, so the queue can be
-  // cleared at once; stream order puts it after every earlier launch that read the table.
-  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recode_dev_.data(), recode_jobs_.data(), bytes,
+  // From pageable memory the runtime stages the copy before returning, so `jobs` may go;
+  // stream order puts it after every earlier launch that read the table.
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recode_dev_.data(), jobs.data(), bytes,
                                                 cudaMemcpyHostToDevice, backend_->stream()));
   SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchKvRecode(
       Format(), g_.n_layers, recode_dev_.as<int32_t>(), n_jobs, backend_->stream()));
   recoded_ += n_jobs;
   ++recode_launches_;
-  recode_jobs_.clear();
-  recode_targets_.clear();
   return absl::OkStatus();
 }
 
@@ -275,28 +287,33 @@ void CudaPagePool::WriteSlot(KvSlot s, const uint8_t* host) {
 }
 
 absl::Status CudaPagePool::BeginPass(std::span<const KvPoolPassSeq> seqs, ThreadPool*) {
+  // Nothing of a previous pass survives, whatever fails below (EndPass is then a no-op).
+  tables_ = KvPassTables{};
+  pass_.clear();
   SPECNODE_RETURN_IF_ERROR(TakeError());
   SPECNODE_RETURN_IF_ERROR(FlushRecodes());  // demotions land before the pass reads them
-  pass_.assign(seqs.begin(), seqs.end());
-  tables_ = BuildKvPassTables(pass_, places_, slot_stride_, g_);
-  const int64_t n = tables_.n_rows();
+  std::vector<KvPoolPassSeq> pass(seqs.begin(), seqs.end());
+  KvPassTables tables = BuildKvPassTables(pass, places_, slot_stride_, g_);
+  const int64_t n = tables.n_rows();
   if (n > kMaxPassRows) {
     return absl::InvalidArgumentError(
         absl::StrCat(device(), " page pool: a pass of ", n, " rows exceeds ", kMaxPassRows));
   }
-  if (tables_.mass_floats > int64_t{0x7fffffff}) {
+  if (tables.mass_floats > int64_t{0x7fffffff}) {
     return absl::InvalidArgumentError(absl::StrCat(
-        device(), " page pool: the pass observes too many keys (", tables_.mass_floats, ")"));
+        device(), " page pool: the pass observes too many keys (", tables.mass_floats, ")"));
   }
-  if (tables_.mass_floats > 0) {
-    SPECNODE_RETURN_IF_ERROR(Grow(mass_, static_cast<size_t>(tables_.mass_floats) * sizeof(float)));
+  if (tables.mass_floats > 0) {
+    SPECNODE_RETURN_IF_ERROR(Grow(mass_, static_cast<size_t>(tables.mass_floats) * sizeof(float)));
   }
   // Per-row tables first (their offsets depend on the rows only), the token table last.
   CudaStepTables& t = backend_->tables();
-  rows_off_ = t.Stage(static_cast<int64_t>(tables_.rows.size()));
-  tok_off_ = t.Stage(std::max<int64_t>(1, static_cast<int64_t>(tables_.tok.size())));
-  std::copy(tables_.rows.begin(), tables_.rows.end(), t.staged(rows_off_));
-  std::copy(tables_.tok.begin(), tables_.tok.end(), t.staged(tok_off_));
+  rows_off_ = t.Stage(static_cast<int64_t>(tables.rows.size()));
+  tok_off_ = t.Stage(std::max<int64_t>(1, static_cast<int64_t>(tables.tok.size())));
+  std::copy(tables.rows.begin(), tables.rows.end(), t.staged(rows_off_));
+  std::copy(tables.tok.begin(), tables.tok.end(), t.staged(tok_off_));
+  pass_ = std::move(pass);
+  tables_ = std::move(tables);
   return absl::OkStatus();
 }
 
@@ -327,15 +344,17 @@ absl::Status CudaPagePool::Attend(int layer, const float* q, float scale, float*
 }
 
 absl::Status CudaPagePool::EndPass() {
-  if (tables_.observed.empty()) return absl::OkStatus();
-  const size_t bytes = static_cast<size_t>(tables_.mass_floats) * sizeof(float);
+  // Taken out first: the observations are added once, or not at all if this fails.
+  KvPassTables tables;
+  std::swap(tables, tables_);
+  if (tables.observed.empty()) return absl::OkStatus();
+  const size_t bytes = static_cast<size_t>(tables.mass_floats) * sizeof(float);
   SPECNODE_RETURN_IF_ERROR(mass_host_.Reserve(bytes));
   cudaStream_t stream = backend_->stream();
   SPECNODE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(mass_host_.data(), mass_.data(), bytes, cudaMemcpyDeviceToHost, stream));
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  AddKvPassMass(tables_, pass_, reinterpret_cast<const float*>(mass_host_.data()), g_);
-  tables_.observed.clear();  // added once
+  AddKvPassMass(tables, pass_, reinterpret_cast<const float*>(mass_host_.data()), g_);
   return absl::OkStatus();
 }
 

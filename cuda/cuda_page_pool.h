@@ -5,8 +5,9 @@
 // prefix cache (the manager's, over pages addressed per token: no page order). So
 // `kv.mode: mixed | int8 | int4 | full` mean the same on `--device cuda:N` and on the CPU.
 //
-// Memory: one device arena allocated at Create (capacity_bytes plus one spare chunk per
-// class), pages of the three sizes placed in it by a slab allocator (kv_frame_allocator.h);
+// Memory: one device arena allocated at Create (room for capacity_bytes in any one class,
+// plus one spare chunk per class), pages of the three sizes placed in it by a slab
+// allocator (kv_frame_allocator.h);
 // a page's bytes are laid out as the CPU pool's (cuda_kv_kernels.h), so PageBytes,
 // SlotBytes and the byte accounting per class are the CPU pool's, and a slot's swapped
 // bytes are the same on both devices. AllocatePage can refuse (ResourceExhausted, nothing

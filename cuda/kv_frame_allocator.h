@@ -6,9 +6,11 @@
 // bookkeeping only (offsets into the arena; no device memory is touched).
 //
 // Fragmentation: a class's free frames sit in its partly used chunks, which other classes
-// cannot use, so Allocate can refuse while the arena has free bytes; the pool sizes the
-// arena with one spare chunk per class over the KV manager's byte capacity, and a refusal
-// reaches the manager as ResourceExhausted (nothing changed), like a full store.
+// cannot use, so Allocate can refuse while the arena has free bytes. The pool sizes the
+// arena for the KV manager's whole byte capacity in any one class (chunk tails included)
+// plus one spare chunk per class; a refusal beyond that reaches the manager as
+// ResourceExhausted, which gives back what the call took (nothing changed), like a full
+// store.
 //
 // Not thread-safe.
 #pragma once

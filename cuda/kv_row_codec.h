@@ -13,7 +13,7 @@
 //
 // Rows (head_dim d even, <= 256; kvstore/kv_precision.h has the layouts): class 0 f16
 // (2d bytes), 1 int8 + f32 scale (4 + d), 2 int4 + f16 scale and min (4 + d / 2). `row`
-// needs 2-byte alignment (every row of a page has it: row sizes are even).
+// needs no alignment (an int4 row is odd-sized when d % 4 == 2): loads are byte-wise.
 //
 // Pure functions, thread-safe.
 #pragma once
@@ -162,7 +162,13 @@ SPECNODE_HD float DecodeAt(int cls, const uint8_t* row, int d) {
   if (cls == kInt8) return LoadF32(row) * static_cast<float>(static_cast<int8_t>(row[4 + d]));
   const uint8_t b = row[4 + d / 2];
   const float q = static_cast<float>((d & 1) ? (b >> 4) : (b & 15));
-  return HalfToFloat(LoadU16(row + 2)) + HalfToFloat(LoadU16(row)) * q;
+  const float min = HalfToFloat(LoadU16(row + 2)), scale = HalfToFloat(LoadU16(row));
+#if defined(__CUDA_ARCH__)
+  // Two roundings, as the CPU's KvDecodeRow (nvcc would fuse this into one FMA).
+  return __fadd_rn(min, __fmul_rn(scale, q));
+#else
+  return min + scale * q;
+#endif
 }
 
 SPECNODE_HD void DecodeRow(int cls, const uint8_t* row, int head_dim, float* out) {

@@ -343,11 +343,22 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "KV store full: the %s page pool holds %d pages", pool_->device(), pool_->MaxPages()));
   }
-  if (s == nullptr) s = &NewSequence(seq);
+  const bool fresh = s == nullptr;
+  if (fresh) s = &NewSequence(seq);
   SetPendingBytes(*s, 0);  // re-counted below; the bytes were ensured including it
   for (int64_t i = 0; i < extra; ++i) {
     auto loc = TakeSlot(*s, wc);
-    assert(loc.ok());  // bytes were ensured above
+    if (!loc.ok()) {
+      // The bytes were there, but a device pool may still refuse a page (its arena
+      // fragmented between classes): give back what this call took, as if it had not run.
+      while (static_cast<int64_t>(s->loc.size()) > have) {
+        ReleaseLoc(*s, s->loc.back());
+        s->loc.pop_back();
+      }
+      SetPendingBytes(*s, old_pending);
+      if (fresh) seqs_.erase(seq);
+      return loc.status();
+    }
     s->loc.push_back(*loc);
   }
   SetPendingBytes(*s, demote_bytes);

@@ -203,7 +203,15 @@ absl::Status KvStore::SwapIn(SeqId seq) {
       continue;
     }
     auto loc = TakeSlot(s, static_cast<KvPrecision>(s.host_class[p]));
-    assert(loc.ok());  // bytes ensured above
+    if (!loc.ok()) {
+      // Bytes were ensured above, but a device pool may still refuse a page (a fragmented
+      // arena): the slots taken so far go back and the sequence stays swapped out.
+      s.loc.resize(p);
+      for (const Loc& taken : s.loc) ReleaseLoc(s, taken);
+      s.loc.clear();
+      s.open = {-1, -1, -1};
+      return loc.status();
+    }
     s.loc[p] = *loc;
     stored.push_back(*loc);
   }

@@ -32,6 +32,8 @@ class DeviceLikePool final : public KvPagePool {
   size_t SlotBytes(KvPrecision p) const override { return inner_.SlotBytes(p); }
   int64_t MaxPages() const override { return inner_.MaxPages(); }
   absl::Status AllocatePage(int32_t id, KvPrecision p) override {
+    // A device arena can refuse a page the manager's byte budget allows (fragmentation).
+    if (refuse_allocations) return absl::ResourceExhaustedError("test-device: arena fragmented");
     return inner_.AllocatePage(id, p);
   }
   void ReleasePage(int32_t id) override {
@@ -117,6 +119,7 @@ class DeviceLikePool final : public KvPagePool {
     return absl::OkStatus();
   }
 
+  bool refuse_allocations = false;
   int end_passes = 0;
   int bulk_copies = 0;
   int64_t recoded = 0;
@@ -231,6 +234,48 @@ TEST(KvStoreDeviceProtocol, DeferredMassQueuedDemotionAndBulkSwapMatchTheCpuPool
   EXPECT_GT(dev->recoded, 0);
   EXPECT_GT(dev->bulk_copies, 0);
   EXPECT_GT(dev->end_passes, 200);
+}
+
+// A page the pool refuses although the byte budget had room: Reserve (of a new and of a
+// growing sequence) and SwapIn fail with the pool's ResourceExhausted and leave the store
+// as it was; once the pool has room again, both work.
+TEST(KvStoreDeviceProtocol, APageThePoolRefusesChangesNothing) {
+  KvStoreConfig c = SmallConfig(KvMode::kFull);
+  const KvPoolGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, c.gqa_group, c.page_tokens};
+  auto pool = std::make_unique<DeviceLikePool>(g);
+  DeviceLikePool* dev = pool.get();
+  auto store = KvStore::Create(c, std::move(pool));
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<float> out;
+  ASSERT_TRUE(Step(**store, c, 1, c.page_tokens - 2, c.page_tokens - 2, 1, &out).ok());
+  const KvUsage before = (*store)->Usage();
+  dev->refuse_allocations = true;
+  // Growing past the open page (2 slots left there) needs a page: refused, nothing taken.
+  absl::Status grow = (*store)->Reserve(1, 5);
+  EXPECT_EQ(grow.code(), absl::StatusCode::kResourceExhausted) << grow;
+  absl::Status fresh = (*store)->Reserve(2, 3);
+  EXPECT_EQ(fresh.code(), absl::StatusCode::kResourceExhausted) << fresh;
+  EXPECT_EQ((*store)->Usage().used_bytes, before.used_bytes);
+  EXPECT_EQ((*store)->Usage().tokens, before.tokens);
+  EXPECT_EQ((*store)->Length(1), c.page_tokens - 2);
+  EXPECT_EQ((*store)->Length(2), 0);
+  // Swapped out, then in while the pool refuses: still swapped, host copy kept.
+  dev->refuse_allocations = false;
+  const std::vector<float> q1 = kvtest::Query(**store, c, 1, 9);
+  ASSERT_TRUE((*store)->SwapOut(1).ok());
+  const int64_t host = (*store)->Usage().host_bytes;
+  EXPECT_GT(host, 0);
+  dev->refuse_allocations = true;
+  absl::Status in = (*store)->SwapIn(1);
+  EXPECT_EQ(in.code(), absl::StatusCode::kResourceExhausted) << in;
+  EXPECT_TRUE((*store)->IsSwapped(1));
+  EXPECT_EQ((*store)->Usage().host_bytes, host);
+  EXPECT_EQ((*store)->Usage().used_bytes, 0);
+  dev->refuse_allocations = false;
+  ASSERT_TRUE((*store)->SwapIn(1).ok());
+  EXPECT_EQ(kvtest::Query(**store, c, 1, 9), q1);
+  ASSERT_TRUE(Step(**store, c, 1, 5, 5, 2, &out).ok());
+  ASSERT_TRUE(Step(**store, c, 2, 3, 3, 3, &out).ok());
 }
 
 }  // namespace
