@@ -9,7 +9,12 @@ One run measures, in interleaved rounds (specnode, llama.cpp, specnode, llama.cp
     timed (prefill is reported separately). Each llama.cpp round runs in a fresh child
     process so its worker threads cannot linger into specnode's turn.
 It reports medians and the median of the per-round ratio specnode/llama.cpp (decode,
-batch 1), writes JSON to bench/results/decode-<date>.json and prints a table.
+batch 1), writes JSON to bench/results/decode-<date>.json and prints a table. With
+bench_peak built (build/bench/bench_peak; --peak PATH, --no-peak to skip), it first measures
+this machine's limits on the same threads and states each specnode row as a fraction of
+them: decode at batch 1 against read bandwidth (weight bytes read per token x tokens/s),
+prefill and batched decode against the multiply-add peak of the activation path in use
+(int16 vpmaddwd or int8; 2 x multiply-adds per token x tokens/s).
 
 llama-cpp-python is installed by bench/setup-llama-cpp (benchmarks only, never tests).
 Run with the venv's python:  ~/.cache/specnode/venv/bin/python bench/bench_decode.py
@@ -84,6 +89,43 @@ def run_llama(args) -> dict:
 # ------------------------------------------------------------------ specnode side
 
 
+def run_peak(args) -> dict | None:
+    """bench_peak --threads T --json, or None when it is not built / not wanted."""
+    if args.no_peak or not os.access(args.peak, os.X_OK):
+        return None
+    p = subprocess.run([args.peak, "--threads", str(args.threads), "--json"], capture_output=True,
+                       text=True, timeout=args.timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{args.peak} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def peak_gops(peak: dict, activations: str) -> float | None:
+    """The all-threads multiply-add peak of the activation path (int16 or int8)."""
+    best = None
+    for loop in peak.get("loops", []):
+        if loop["name"].startswith(activations + " "):
+            best = max(best or 0.0, float(loop["gops_all"]))
+    return best
+
+
+def fractions(row: dict, meta: dict, peak: dict | None) -> dict:
+    """A specnode row's fraction of this machine's limits (None when unknown)."""
+    out = {"decode_of_bandwidth": None, "decode_of_compute": None, "prefill_of_compute": None}
+    if not peak or not meta.get("matmul_macs_per_token"):
+        return out
+    gops = peak_gops(peak, meta.get("activations", "int16"))
+    read = float(peak.get("read_gbs_all") or 0.0)
+    ops = 2.0 * meta["matmul_macs_per_token"]
+    if read > 0 and row["batch"] == 1:
+        out["decode_of_bandwidth"] = meta["matmul_bytes_per_token"] * row["decode_tokens_per_s"] / (read * 1e9)
+    if gops:
+        # decode_tokens_per_s counts every sequence's tokens of the batch
+        out["decode_of_compute"] = ops * row["decode_tokens_per_s"] / (gops * 1e9)
+        out["prefill_of_compute"] = ops * row["prefill_tokens_per_s"] / (gops * 1e9)
+    return out
+
+
 def run_specnode(args) -> list[dict]:
     cmd = [args.specnode, "bench", "--model", args.model, "--threads", str(args.threads),
            "--batch", ",".join(map(str, args.batch)), "--prompt-tokens", str(args.prompt_tokens),
@@ -96,6 +138,8 @@ def run_specnode(args) -> list[dict]:
     rows = find_rows(obj)
     if not rows:
         raise RuntimeError(f"specnode bench JSON has no list of {{batch, ...}} rows: {lines[-1][:500]}")
+    args.specnode_meta = {k: obj.get(k) for k in ("activations", "matmul_bytes_per_token",
+                                                  "matmul_macs_per_token", "kernels")}
     return [{"batch": int(r["batch"]), "prefill_tokens_per_s": float(r["prefill_tokens_per_s"]),
              "decode_tokens_per_s": float(r["decode_tokens_per_s"])} for r in rows]
 
@@ -137,13 +181,18 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-def summarise(rounds: list[dict], batches: list[int]) -> dict:
+def summarise(rounds: list[dict], batches: list[int], meta: dict | None = None,
+              peak: dict | None = None) -> dict:
     summary: dict = {"specnode": {}, "llama_cpp": {}}
     for b in batches:
         rows = [r for rd in rounds for r in rd.get("specnode") or [] if r["batch"] == b]
-        summary["specnode"][str(b)] = {
-            "prefill_tokens_per_s": median([r["prefill_tokens_per_s"] for r in rows]),
-            "decode_tokens_per_s": median([r["decode_tokens_per_s"] for r in rows])}
+        med = {"batch": b,
+               "prefill_tokens_per_s": median([r["prefill_tokens_per_s"] for r in rows]),
+               "decode_tokens_per_s": median([r["decode_tokens_per_s"] for r in rows])}
+        if med["decode_tokens_per_s"] is not None and med["prefill_tokens_per_s"] is not None:
+            med["of_limit"] = fractions(med, meta or {}, peak)
+        del med["batch"]
+        summary["specnode"][str(b)] = med
     ll = [rd["llama_cpp"] for rd in rounds if rd.get("llama_cpp")]
     summary["llama_cpp"]["1"] = {
         "prefill_tokens_per_s": median([r["prefill_tokens_per_s"] for r in ll]),
@@ -164,11 +213,20 @@ def fmt(x, spec=".1f"):
 def print_table(summary: dict, args) -> None:
     print(f"\nmodel {Path(args.model).name}, threads {args.threads}, prompt {args.prompt_tokens}, "
           f"decode {args.decode_tokens}, rounds {args.rounds} (medians)")
-    print(f"{'engine':<12}{'batch':>6}{'prefill tok/s':>16}{'decode tok/s':>15}")
+    print(f"{'engine':<12}{'batch':>6}{'prefill tok/s':>16}{'decode tok/s':>15}   of the limit")
     for b, r in summary["specnode"].items():
         if r["decode_tokens_per_s"] is None and r["prefill_tokens_per_s"] is None:
             continue
-        print(f"{'specnode':<12}{b:>6}{fmt(r['prefill_tokens_per_s']):>16}{fmt(r['decode_tokens_per_s']):>15}")
+        lim = r.get("of_limit") or {}
+        parts = []
+        if lim.get("prefill_of_compute") is not None:
+            parts.append(f"prefill {100 * lim['prefill_of_compute']:.0f}% of compute")
+        if lim.get("decode_of_bandwidth") is not None:
+            parts.append(f"decode {100 * lim['decode_of_bandwidth']:.0f}% of bandwidth")
+        elif lim.get("decode_of_compute") is not None:
+            parts.append(f"decode {100 * lim['decode_of_compute']:.0f}% of compute")
+        print(f"{'specnode':<12}{b:>6}{fmt(r['prefill_tokens_per_s']):>16}"
+              f"{fmt(r['decode_tokens_per_s']):>15}   {', '.join(parts)}")
     r = summary["llama_cpp"]["1"]
     if r["decode_tokens_per_s"] is not None:
         print(f"{'llama.cpp':<12}{1:>6}{fmt(r['prefill_tokens_per_s']):>16}{fmt(r['decode_tokens_per_s']):>15}")
@@ -187,6 +245,9 @@ def parse_args(argv):
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--peak", default=str(ROOT / "build" / "bench" / "bench_peak"),
+                    help="bench_peak binary (this machine's limits)")
+    ap.add_argument("--no-peak", action="store_true", help="do not measure the machine's limits")
     ap.add_argument("--skip-specnode", action="store_true", help="measure llama.cpp only")
     ap.add_argument("--skip-llama", action="store_true", help="measure specnode only")
     ap.add_argument("--out", help="JSON output (default bench/results/decode-<date>.json)")
@@ -214,6 +275,15 @@ def main(argv=None) -> int:
         return 2
 
     rounds, errors = [], []
+    args.specnode_meta = {}
+    peak = None
+    try:
+        peak = run_peak(args)
+    except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+        errors.append(f"bench_peak: {e}")
+        print(f"error: bench_peak: {e}", file=sys.stderr)
+    if peak:
+        print("limits: " + json.dumps(peak), file=sys.stderr)
     for i in range(args.rounds):
         rd: dict = {"round": i + 1}
         for side in ("specnode", "llama_cpp"):
@@ -227,7 +297,7 @@ def main(argv=None) -> int:
         print(f"round {i + 1}: " + json.dumps({k: v for k, v in rd.items() if k != "round"}), file=sys.stderr)
         rounds.append(rd)
 
-    summary = summarise(rounds, args.batch)
+    summary = summarise(rounds, args.batch, args.specnode_meta, peak)
     now = dt.datetime.now()
     result = {
         "date": now.isoformat(timespec="seconds"),
@@ -236,6 +306,7 @@ def main(argv=None) -> int:
         "threads": args.threads, "batches": args.batch,
         "prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,
         "rounds": rounds, "summary": summary, "errors": errors,
+        "limits": peak, "specnode": args.specnode_meta,
     }
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"decode-{now:%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -162,6 +162,21 @@ absl::Status Run(const CliArgs& args) {
     j["decode_tokens"] = decode_tokens;
     j["results"] = results;
     if (!verify.empty()) j["verify"] = verify_results;
+    // What one token costs the matmuls (every layer's matrices and the head; the embedding
+    // lookup reads one row): bytes of weights read and multiply-adds, so a report can state
+    // its fraction of the machine's bandwidth and compute limits (bench/bench_decode.py).
+    const LlamaWeights& w = s->model().weights();
+    int64_t bytes = 0, macs = 0;
+    auto add = [&](const WeightView& m) {
+      bytes += m.rows * static_cast<int64_t>(m.row_stride);
+      macs += m.rows * m.cols;
+    };
+    for (const LayerWeights& l : w.layers) {
+      for (const WeightView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*m);
+    }
+    add(w.output);
+    j["matmul_bytes_per_token"] = bytes;
+    j["matmul_macs_per_token"] = macs;
     std::printf("%s\n", j.dump().c_str());
   }
   return absl::OkStatus();
