@@ -70,7 +70,7 @@ namespace cpu_kernels {
 //                          multiple of 16) so a kernel may load whole 16-block chunks
 //
 // Int8 tables (quantize8) use the same strides with int8 values in qs8:
-//   scalar: natural order;
+//   scalar, avx2: natural order;
 //   avx512-vnni: Q4_0/Q4_1: groups of 4 blocks (128 bytes) as 2 planes of 64: byte
 //     p*64 + 4j + i (j = 4m + k; m, k, i < 4) is block b+k's value 4m + i + 16p (plane 0 pairs
 //     with the low nibbles of quant bytes 4m..4m+3, plane 1 with the high ones);

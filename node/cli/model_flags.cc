@@ -33,7 +33,7 @@ std::string KvFlagsHelp() {
 const char kComputeFlagsHelp[] =
     "  --activations MODE  CPU matmuls: int16 (default: follows a float reference's greedy\n"
     "                      path) or int8 (llama.cpp's rounding; faster batched matmuls on\n"
-    "                      AVX-512 VNNI); refused on a GPU (f32 activations)\n"
+    "                      AVX-512 VNNI, a little on AVX2); refused on a GPU (f32 activations)\n"
     "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV store on\n"
     "                      that GPU (every kv mode but dense; builds with CUDA)\n";
 
