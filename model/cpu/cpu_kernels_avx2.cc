@@ -42,68 +42,58 @@ inline int HsumEpi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// One block of 32 activations rounded to integers at step d = max|x| / kMax (the scalar
+// QuantizeTo's arithmetic: division for d and 1/d, x * (1/d) rounded to nearest even by the
+// default MXCSR): q[i] holds values 8i..8i+7 as int32; returns Σ q, *d the step.
+template <int kMax>
+inline int RoundBlock(const float* xb, __m256i (&q)[4], float* d) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+  __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+  m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float amax = _mm_cvtss_f32(m4);
+  const float db = amax / static_cast<float>(kMax);
+  const float id = db != 0.0f ? 1.0f / db : 0.0f;
+  const __m256 vid = _mm256_set1_ps(id);
+  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
+  *d = db;
+  return HsumEpi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+}
+
 void Quantize(const float* x, int64_t blocks, GgmlType /*weight_type*/, int16_t* qs, float* d,
               float* s) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < blocks; ++b) {
-    const float* xb = x + b * kBlock;
-    __m256 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
-    __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
-    m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const float db = amax / 32767.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    const __m256 vid = _mm256_set1_ps(id);
-    __m256i q[4];  // round to nearest even (default MXCSR), as the scalar nearbyint
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
-    const int sum =
-        HsumEpi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    __m256i q[4];
+    const int sum = RoundBlock<32767>(x + b * kBlock, q, &d[b]);
     // packs interleaves 128-bit lanes; the 64-bit permute restores element order.
     for (int h = 0; h < 2; ++h) {
       const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2 * h], q[2 * h + 1]), 0xD8);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * kBlock + 16 * h), p);
     }
-    d[b] = db;
-    s[b] = db * static_cast<float>(sum);
+    s[b] = d[b] * static_cast<float>(sum);
   }
 }
 
-// The int8 activations of one token: Quantize's arithmetic with 127 (as the scalar
-// QuantizeTo<int8_t, 127>), values in natural order.
+// The int8 activations of one token (as the scalar QuantizeTo<int8_t, 127>), values in
+// natural order.
 void Quantize8(const float* x, int64_t blocks, GgmlType /*weight_type*/, int8_t* qs, float* d,
                float* s) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < blocks; ++b) {
-    const float* xb = x + b * kBlock;
-    __m256 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
-    __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
-    m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const float db = amax / 127.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    const __m256 vid = _mm256_set1_ps(id);
-    __m256i q[4];  // round to nearest even (default MXCSR), as the scalar nearbyint
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
-    const int sum =
-        HsumEpi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-    // |q| <= 127: the saturating packs are exact; they interleave 128-bit lanes, which the
-    // dword permute puts back in order.
-    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);  // 0-3 8-11 | 4-7 12-15 (int16)
+    __m256i q[4];
+    const int sum = RoundBlock<127>(x + b * kBlock, q, &d[b]);
+    // |q| <= 127: the saturating packs are exact; they interleave 128-bit lanes
+    // (dwords of 4 values: 0 2 4 6 | 1 3 5 7), which the dword permute puts back in order.
+    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
     const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i p = _mm256_packs_epi16(p01, p23);  // per lane: 0-3 8-11 16-19 24-27 | ...
+    const __m256i p = _mm256_packs_epi16(p01, p23);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * kBlock),
                         _mm256_permutevar8x32_epi32(p, order));
-    d[b] = db;
-    s[b] = db * static_cast<float>(sum);
+    s[b] = d[b] * static_cast<float>(sum);
   }
 }
 
