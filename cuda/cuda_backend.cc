@@ -144,10 +144,7 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
   return std::shared_ptr<const LlamaWeights>(d, &d->view);
 }
 
-absl::Status CudaBackend::Ensure(DeviceBuffer& buf, size_t bytes) {
-  if (bytes <= buf.size()) return absl::OkStatus();
-  return buf.Reserve(std::bit_ceil(std::max<size_t>(bytes, 256)));
-}
+absl::Status CudaBackend::Ensure(DeviceBuffer& buf, size_t bytes) { return buf.Grow(bytes); }
 
 absl::StatusOr<float*> CudaBackend::Buffer(int slot, int64_t floats) {
   if (slot < 0 || slot >= kMaxSlots || floats < 0) {

@@ -22,15 +22,6 @@ constexpr int64_t kFullPagesPerChunk = 16;
 // The attention kernel's grid has one block row per pass row.
 constexpr int64_t kMaxPassRows = 65535;
 
-// DeviceBuffer grown to a power of two, so that a growing need reallocates (and changes a
-// recorded pass's signature) only log(n) times.
-absl::Status Grow(DeviceBuffer& buf, size_t bytes) {
-  if (bytes <= buf.size()) return absl::OkStatus();
-  size_t grown = 4096;
-  while (grown < bytes) grown *= 2;
-  return buf.Reserve(grown);
-}
-
 void PushOffset(std::vector<int32_t>& v, int64_t off) {
   v.push_back(static_cast<int32_t>(static_cast<uint32_t>(off & 0xffffffffu)));
   v.push_back(static_cast<int32_t>(off >> 32));
@@ -211,7 +202,7 @@ absl::Status CudaPagePool::FlushRecodes() {
   recode_targets_.clear();
   const int64_t n_jobs = static_cast<int64_t>(jobs.size() / 6);
   const size_t bytes = jobs.size() * sizeof(int32_t);
-  SPECNODE_RETURN_IF_ERROR(Grow(recode_dev_, bytes));
+  SPECNODE_RETURN_IF_ERROR(recode_dev_.Grow(bytes));
   // From pageable memory the runtime stages the copy before returning, so `jobs` may go;
   // stream order puts it after every earlier launch that read the table.
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recode_dev_.data(), jobs.data(), bytes,
@@ -238,8 +229,8 @@ absl::Status CudaPagePool::CopySlots(std::span<const KvSlot> slots, uint8_t* hos
     total += slot_stride_[cls] * g_.n_layers;
   }
   cudaStream_t stream = backend_->stream();
-  SPECNODE_RETURN_IF_ERROR(Grow(copy_jobs_, jobs.size() * sizeof(int32_t)));
-  SPECNODE_RETURN_IF_ERROR(Grow(copy_staging_, static_cast<size_t>(total)));
+  SPECNODE_RETURN_IF_ERROR(copy_jobs_.Grow(jobs.size() * sizeof(int32_t)));
+  SPECNODE_RETURN_IF_ERROR(copy_staging_.Grow(static_cast<size_t>(total)));
   SPECNODE_RETURN_IF_ERROR(copy_host_.Reserve(static_cast<size_t>(total)));
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy_jobs_.data(), jobs.data(),
                                                 jobs.size() * sizeof(int32_t),
@@ -304,7 +295,7 @@ absl::Status CudaPagePool::BeginPass(std::span<const KvPoolPassSeq> seqs, Thread
         device(), " page pool: the pass observes too many keys (", tables.mass_floats, ")"));
   }
   if (tables.mass_floats > 0) {
-    SPECNODE_RETURN_IF_ERROR(Grow(mass_, static_cast<size_t>(tables.mass_floats) * sizeof(float)));
+    SPECNODE_RETURN_IF_ERROR(mass_.Grow(static_cast<size_t>(tables.mass_floats) * sizeof(float)));
   }
   // Per-row tables first (their offsets depend on the rows only), the token table last.
   CudaStepTables& t = backend_->tables();

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <bit>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +83,11 @@ absl::Status DeviceBuffer::Reserve(size_t bytes) {
   if (!grown.ok()) return grown.status();
   *this = std::move(*grown);
   return absl::OkStatus();
+}
+
+absl::Status DeviceBuffer::Grow(size_t bytes) {
+  if (bytes <= bytes_) return absl::OkStatus();
+  return Reserve(std::bit_ceil(std::max<size_t>(bytes, 256)));
 }
 
 void DeviceBuffer::Reset() {

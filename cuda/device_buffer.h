@@ -43,6 +43,9 @@ class DeviceBuffer {
 
   // Makes size() >= bytes, reallocating (contents discarded) only when it must grow.
   absl::Status Reserve(size_t bytes);
+  // Reserve to the next power of two (at least 256 bytes), so that a growing need
+  // reallocates (and changes any recorded graph's pointers) only log(n) times.
+  absl::Status Grow(size_t bytes);
   // Frees now (cudaFree errors at this point are ignored: there is no one to report them to,
   // and they can only mean the context is already broken).
   void Reset();
