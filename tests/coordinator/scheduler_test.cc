@@ -209,6 +209,7 @@ class GatedRunner final : public ModelRunner {
   std::optional<KvRoom> Room(int64_t tokens) const override { return inner_->Room(tokens); }
   absl::Status SwapOut(SeqId seq) override { return inner_->SwapOut(seq); }
   absl::Status SwapIn(SeqId seq) override { return inner_->SwapIn(seq); }
+  const LocalModelRunner& inner() const { return *inner_; }
 
  private:
   std::unique_ptr<LocalModelRunner> inner_;
@@ -253,20 +254,28 @@ TEST_F(SchedulerTest, WaitingHigherClassPreemptsARunningLowerClass) {
   EXPECT_LT(ri.last.stats.total_ms, rb.last.stats.total_ms);
 }
 
+// The first request is held mid-decode (so it is known to be running, not queued: a
+// position asserted before the scheduler thread admitted it would race), two more wait.
 TEST_F(SchedulerTest, CancelQueuedAndRunning) {
-  auto runner = Runner(64 << 20);
-  SpeculativeEngine engine(runner.get(), {}, {});
+  GatedRunner runner(Runner(64 << 20), /*hold_at=*/2);
+  SpeculativeEngine engine(&runner, {}, {});
   Collector sink;
   SchedulerOptions so;
   so.max_active = 1;
   Scheduler sched(&engine, &model_->tokenizer(), so, std::ref(sink));
   auto running = sched.Submit(Request(0, 400));
+  ASSERT_TRUE(running.ok());
+  runner.WaitHeld();
   auto queued = sched.Submit(Request(1, 400));
-  ASSERT_TRUE(running.ok() && queued.ok());
-  EXPECT_EQ(queued->queue_position, 1);
+  auto queued2 = sched.Submit(Request(2, 400));
+  ASSERT_TRUE(queued.ok() && queued2.ok());
+  EXPECT_EQ(queued->queue_position, 0);
+  EXPECT_EQ(queued2->queue_position, 1);
+  EXPECT_TRUE(sched.Cancel(queued2->handle));
   EXPECT_TRUE(sched.Cancel(queued->handle));
   EXPECT_TRUE(sched.Cancel(running->handle));
-  for (uint64_t h : {running->handle, queued->handle}) {
+  runner.Release();
+  for (uint64_t h : {running->handle, queued->handle, queued2->handle}) {
     const auto rec = sink.Wait(h);
     EXPECT_EQ(rec.last.kind, GenerationEvent::Kind::kDone);
     EXPECT_EQ(rec.last.finish, FinishKind::kCancelled);
@@ -274,7 +283,7 @@ TEST_F(SchedulerTest, CancelQueuedAndRunning) {
   }
   EXPECT_FALSE(sched.Cancel(running->handle));
   EXPECT_FALSE(sched.Cancel(12345));
-  EXPECT_EQ(runner->cache().Length(static_cast<SeqId>(running->handle)), 0);  // KV freed
+  EXPECT_EQ(runner.inner().cache().Length(static_cast<SeqId>(running->handle)), 0);  // KV freed
 }
 
 TEST_F(SchedulerTest, StopStringsCutTheTextAndHoldBackPrefixes) {
