@@ -103,13 +103,22 @@ void BM_MatMul(benchmark::State& state, GgmlType type, MatShape shape) {
 // Activations are not chained (each matmul reads a fixed x): this times the weight stream
 // and the per-call overhead (quantising x, the thread hand-off), nothing else. n = 2..9 is
 // a speculative verification pass (K + 1 tokens), which should cost little more than n = 1.
+// Run e.g. bench_matmul --benchmark_filter='DecodeStep.*act:16' for natural vs packed.
 void BM_DecodeStep(benchmark::State& state) {
   const int64_t n = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   const ActQuant act = state.range(2) == 8 ? ActQuant::kInt8 : ActQuant::kInt16;
+  // packed:1 gives every matrix its row-interleaved copy, as the CPU backend does where
+  // the kernels use it (UsesPackedWeights); packed:0 times the natural layout.
+  const bool packed = state.range(3) == 1;
+  if (packed && !UsesPackedWeights(act)) {
+    state.SkipWithError("these kernels have no packed variant for these activations");
+    return;
+  }
   struct Mat {
     WeightView view;
     std::vector<uint8_t> bytes;
+    std::vector<uint8_t> packed;
   };
   std::vector<Mat> mats;
   std::mt19937 rng(3);
@@ -139,6 +148,10 @@ void BM_DecodeStep(benchmark::State& state) {
   size_t total = 0;
   for (Mat& m : mats) {
     m.view.data = m.bytes.data();
+    if (packed) {
+      m.packed = PackWeights(m.view);
+      m.view.packed = m.packed.data();
+    }
     total += m.bytes.size();
   }
   std::vector<float> x(n * 1536), y(n * 49152);
@@ -182,8 +195,8 @@ bool Wanted(GgmlType type, const MatShape& shape) {
 
 void RegisterAll() {
   benchmark::RegisterBenchmark("DecodeStep/SmolLM2", BM_DecodeStep)
-      ->ArgNames({"n", "threads", "act"})
-      ->ArgsProduct({{1, 2, 4, 5, 8, 9, 16}, {1, 2}, {16, 8}})
+      ->ArgNames({"n", "threads", "act", "packed"})
+      ->ArgsProduct({{1, 2, 4, 5, 8, 9, 16}, {1, 2}, {16, 8}, {0, 1}})
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
   for (GgmlType type : kTypes) {

@@ -113,33 +113,7 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
     d->buffers.push_back(std::move(buf));
     return p;
   };
-  const int64_t dm = w.token_embd.cols;
-  LlamaWeights& v = d->view;
-  v.shard = w.shard;
-  v.n_heads_local = w.n_heads_local;
-  v.n_kv_heads_local = w.n_kv_heads_local;
-  v.d_ff_local = w.d_ff_local;
-  v.activations = w.activations;
-  SPECNODE_ASSIGN_OR_RETURN(v.token_embd, matrix(w.token_embd));
-  if (w.output.data == w.token_embd.data) {
-    v.output = v.token_embd;  // tied: one device copy
-  } else {
-    SPECNODE_ASSIGN_OR_RETURN(v.output, matrix(w.output));
-  }
-  SPECNODE_ASSIGN_OR_RETURN(v.output_norm, norm(w.output_norm, dm));
-  for (const LayerWeights& lw : w.layers) {
-    LayerWeights l;
-    SPECNODE_ASSIGN_OR_RETURN(l.attn_norm, norm(lw.attn_norm, dm));
-    SPECNODE_ASSIGN_OR_RETURN(l.ffn_norm, norm(lw.ffn_norm, dm));
-    SPECNODE_ASSIGN_OR_RETURN(l.wq, matrix(lw.wq));
-    SPECNODE_ASSIGN_OR_RETURN(l.wk, matrix(lw.wk));
-    SPECNODE_ASSIGN_OR_RETURN(l.wv, matrix(lw.wv));
-    SPECNODE_ASSIGN_OR_RETURN(l.wo, matrix(lw.wo));
-    SPECNODE_ASSIGN_OR_RETURN(l.w_gate, matrix(lw.w_gate));
-    SPECNODE_ASSIGN_OR_RETURN(l.w_up, matrix(lw.w_up));
-    SPECNODE_ASSIGN_OR_RETURN(l.w_down, matrix(lw.w_down));
-    v.layers.push_back(l);
-  }
+  SPECNODE_ASSIGN_OR_RETURN(d->view, MapWeightViews(w, matrix, norm));
   // The views live as long as their buffers: one owner for both.
   return std::shared_ptr<const LlamaWeights>(d, &d->view);
 }

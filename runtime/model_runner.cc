@@ -57,7 +57,9 @@ LocalModelRunner::LocalModelRunner(const LlamaConfig& config, const LlamaWeights
                                    ThreadPool* pool, std::unique_ptr<KvCache> cache,
                                    PartialSumReducer* reducer)
     : LocalModelRunner(config, std::make_unique<CpuBackend>(pool, weights.activations),
-                       std::shared_ptr<const LlamaWeights>(&weights, [](const LlamaWeights*) {}),
+                       CpuBackend::ForKernels(std::shared_ptr<const LlamaWeights>(
+                                                  &weights, [](const LlamaWeights*) {}),
+                                              weights.activations),
                        std::move(cache), reducer) {}
 
 LocalModelRunner::~LocalModelRunner() = default;

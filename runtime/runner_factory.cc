@@ -91,9 +91,9 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
   if (o.device.is_cpu()) {
     SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                               MakeKvCache(config, weights.n_kv_heads_local, o.kv));
-    auto backend =
-        std::make_unique<CpuBackend>(o.pool, o.activations.value_or(weights.activations));
-    return std::make_unique<LocalModelRunner>(config, std::move(backend), Borrowed(weights),
+    const ActQuant act = o.activations.value_or(weights.activations);
+    return std::make_unique<LocalModelRunner>(config, std::make_unique<CpuBackend>(o.pool, act),
+                                              CpuBackend::ForKernels(Borrowed(weights), act),
                                               std::move(cache), o.reducer);
   }
 #ifdef SPECNODE_HAVE_CUDA

@@ -124,6 +124,12 @@ struct KernelTable {
   void (*quantize8)(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
                     float* s);
   void (*matmul_quant8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+  // Int16 activations against a row-interleaved copy (cpu_repack.h): args.w = the packed
+  // matrix, args.row_stride = PackedGroupBytes, row_begin a multiple of 8; reads the
+  // activations `quantize` wrote (natural order in every table that has this kernel).
+  // Bit-identical to PackedMatMulReference. Null in tables without one (the natural-layout
+  // kernel then runs).
+  void (*matmul_quant_x8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 };
 
 // Weight rows are streamed once per call; hardware prefetch alone leaves the kernels
@@ -146,6 +152,8 @@ extern const KernelTable kScalarKernels;
 extern const KernelTable kAvx2Kernels;
 extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpmaddwd
 extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpwssd
+// The avx2 table's matmul_quant_x8 (cpu_kernels_avx2_x8.cc; needs CpuFeatures::avx2).
+void MatMulQuantX8Avx2(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 // The AVX-512 tables' matmul_float (cpu_kernels_avx512_float.cc; needs CpuFeatures::avx512).
 void MatMulFloatAvx512(const FloatMatMulArgs& args, int64_t row_begin, int64_t row_end);
 

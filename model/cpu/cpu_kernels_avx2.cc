@@ -360,7 +360,7 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
-const KernelTable kAvx2Kernels = {"avx2",       &Quantize,  &MatMulQuant<false>,
-                                  &MatMulFloat, &Quantize8, &MatMulQuant<true>};
+const KernelTable kAvx2Kernels = {"avx2",     &Quantize,          &MatMulQuant<false>, &MatMulFloat,
+                                  &Quantize8, &MatMulQuant<true>, &MatMulQuantX8Avx2};
 
 }  // namespace specnode::cpu_kernels

@@ -554,9 +554,14 @@ void MatMulQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 // int8 needs vpdpbusd (vpmaddubsw would saturate Q8_0's 255 x 127 pairs): VNNI only.
 // Float weights: cpu_kernels_avx512_float.cc.
-const KernelTable kAvx512Kernels = {"avx512",           &Quantize, &MatMulQuant<false>,
-                                    &MatMulFloatAvx512, nullptr,   nullptr};
-const KernelTable kAvx512VnniKernels = {"avx512-vnni",      &Quantize,  &MatMulQuant<true>,
-                                        &MatMulFloatAvx512, &Quantize8, &MatMulQuant<true, int8_t>};
+const KernelTable kAvx512Kernels = {
+    "avx512", &Quantize, &MatMulQuant<false>, &MatMulFloatAvx512, nullptr, nullptr, nullptr};
+const KernelTable kAvx512VnniKernels = {"avx512-vnni",
+                                        &Quantize,
+                                        &MatMulQuant<true>,
+                                        &MatMulFloatAvx512,
+                                        &Quantize8,
+                                        &MatMulQuant<true, int8_t>,
+                                        nullptr};
 
 }  // namespace specnode::cpu_kernels

@@ -151,6 +151,7 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 }  // namespace
 
 const KernelTable kScalarKernels = {"scalar",     &Quantize,  &MatMulQuant<false>,
-                                    &MatMulFloat, &Quantize8, &MatMulQuant<true>};
+                                    &MatMulFloat, &Quantize8, &MatMulQuant<true>,
+                                    nullptr};
 
 }  // namespace specnode::cpu_kernels

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "model/cpu/cpu_features.h"
 #include "model/cpu/cpu_kernels.h"
+#include "model/cpu/cpu_repack.h"
 
 namespace specnode {
 namespace cpu_kernels {
@@ -190,9 +192,19 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   acts.qs_stride = qs_stride;
   acts.ds_stride = ds_stride;
   const auto matmul = int8 ? kernels.matmul_quant8 : kernels.matmul_quant;
+  // Packed copies serve the int16 path of tables with an x8 kernel. Parts start on row
+  // grains (multiples of 16), so every part begins on a packed group of 8.
+  static_assert(kRowGrain % kPackRows == 0);
+  const bool use_packed = !int8 && kernels.matmul_quant_x8 != nullptr;
   RunRows(pool, total, work, [&](int64_t b, int64_t e, int) {
     for_parts(b, e, [&](size_t i, int64_t lo, int64_t hi) {
       const WeightView& w = ws[i];
+      if (use_packed && w.packed != nullptr) {
+        const QuantMatMulArgs args{type,  w.packed, PackedGroupBytes(type, blocks), blocks, acts, n,
+                                   ys[i], w.rows};
+        kernels.matmul_quant_x8(args, lo, hi);
+        return;
+      }
       const QuantMatMulArgs args{
           type, static_cast<const uint8_t*>(w.data), w.row_stride, blocks, acts, n, ys[i], w.rows};
       matmul(args, lo, hi);
@@ -206,6 +218,22 @@ const char* ActQuantName(ActQuant requested) {
   return requested == ActQuant::kInt8 && cpu_kernels::SelectedKernels().matmul_quant8 != nullptr
              ? "int8"
              : "int16";
+}
+
+bool UsesPackedWeights(ActQuant act) {
+  static const bool disabled = [] {
+    const char* env = std::getenv("SPECNODE_REPACK");
+    return env != nullptr && std::string(env) == "0";
+  }();
+  if (disabled) return false;
+  const cpu_kernels::KernelTable& k = cpu_kernels::SelectedKernels();
+  const bool int8 = act == ActQuant::kInt8 && k.matmul_quant8 != nullptr;
+  return !int8 && k.matmul_quant_x8 != nullptr;
+}
+
+std::vector<uint8_t> PackWeights(const WeightView& w) {
+  if (!cpu_kernels::IsPackable(w.type)) return {};
+  return cpu_kernels::PackRows(w);
 }
 
 bool ParseActQuant(const std::string& name, ActQuant* out) {

@@ -39,6 +39,12 @@ struct WeightView {
   int64_t rows = 0;            // output features
   int64_t cols = 0;            // input features (multiple of 32 for quantised types)
   size_t row_stride = 0;       // bytes between consecutive rows
+  // Optional row-interleaved copy of the same rows (cpu_repack.h, PackRows), owned by
+  // whoever set it (the CPU backend's UploadWeights). MatMul uses it where the selected
+  // kernels have an x8 kernel for int16 activations, else `data`; embedding lookups always
+  // read `data`. Whether it is set is fixed for the life of the weights, so a row's result
+  // does not depend on the batch.
+  const uint8_t* packed = nullptr;
 };
 
 // Activation rounding for quantised weights.
@@ -49,6 +55,15 @@ enum class ActQuant { kInt16, kInt8 };
 const char* ActQuantName(ActQuant requested);
 // Parses "int16" / "int8"; false on anything else.
 bool ParseActQuant(const std::string& name, ActQuant* out);
+
+// True when MatMul with `act` on this CPU's kernels reads WeightView::packed (an x8 kernel for
+// the activations that actually run): only then is a packed copy worth its memory.
+// SPECNODE_REPACK=0 in the environment makes it false (the natural-layout kernels run:
+// for A/B benchmarks and diagnosis, as llama.cpp's --no-repack); read once.
+bool UsesPackedWeights(ActQuant act);
+// The row-interleaved copy of `w` that WeightView::packed may point at (cpu_repack.h), or
+// an empty vector when w's type has no packed layout (float types).
+std::vector<uint8_t> PackWeights(const WeightView& w);
 
 // Scratch for quantised activations, reused between calls to avoid allocation.
 struct MatMulScratch {

@@ -1,5 +1,7 @@
 #include "model/llama/cpu_backend.h"
 
+#include <cassert>
+
 #include "absl/strings/str_cat.h"
 #include "model/cpu/cpu_features.h"
 #include "model/cpu/cpu_ops.h"
@@ -22,9 +24,42 @@ std::string CpuBackend::Describe() const {
                       pool_ == nullptr ? 1 : pool_->n_threads(), " threads)");
 }
 
+namespace {
+
+// Weights with row-interleaved copies beside the originals (which stay alive: embedding
+// lookups, norms and any unpacked matrix still point into them).
+struct PackedWeights {
+  std::shared_ptr<const LlamaWeights> original;
+  LlamaWeights view;
+  std::vector<std::vector<uint8_t>> copies;  // moving a vector keeps its buffer
+};
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const LlamaWeights>> CpuBackend::UploadWeights(
     std::shared_ptr<const LlamaWeights> weights) {
-  return weights;
+  return ForKernels(std::move(weights), act_);
+}
+
+std::shared_ptr<const LlamaWeights> CpuBackend::ForKernels(
+    std::shared_ptr<const LlamaWeights> weights, ActQuant act) {
+  if (!UsesPackedWeights(act)) return weights;
+  auto p = std::make_shared<PackedWeights>();
+  p->original = weights;
+  auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
+    WeightView v = m;
+    std::vector<uint8_t> copy = PackWeights(m);
+    if (!copy.empty()) {
+      v.packed = copy.data();
+      p->copies.push_back(std::move(copy));
+    }
+    return v;
+  };
+  auto norm = [](const float* v, int64_t) -> absl::StatusOr<const float*> { return v; };
+  absl::StatusOr<LlamaWeights> view = MapWeightViews(*weights, matrix, norm);
+  assert(view.ok() && "the callbacks above never fail");
+  p->view = *std::move(view);
+  return std::shared_ptr<const LlamaWeights>(p, &p->view);
 }
 
 absl::StatusOr<float*> CpuBackend::Buffer(int slot, int64_t floats) {

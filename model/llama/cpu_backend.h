@@ -8,8 +8,10 @@
 // computed once per pass (per rope_dim and base) and reused by every layer.
 //
 // Matmuls round activations as `act` says (ActQuant, cpu_matmul.h). UploadWeights returns
-// the host weights unchanged. Not thread-safe (Backend contract); the pool is borrowed and
-// may be null (single thread).
+// the host weights unchanged, except that where the kernels have a row-interleaved variant
+// (UsesPackedWeights) every quantised matrix gets a packed copy (WeightView::packed; one
+// more copy of those bytes in memory, made once, ~0.1 s for SmolLM2). Not thread-safe (Backend
+// contract); the pool is borrowed and may be null (single thread).
 #pragma once
 
 #include <array>
@@ -54,6 +56,12 @@ class CpuBackend final : public Backend {
   ThreadPool* host_threads() const override { return pool_; }
 
   ActQuant activations() const { return act_; }
+
+  // UploadWeights without the Status (it cannot fail on the CPU): `weights` with packed
+  // copies where MatMul with `act` uses them (UsesPackedWeights), else `weights` itself.
+  // Every CpuBackend user passes its weights through this (or UploadWeights) once.
+  static std::shared_ptr<const LlamaWeights> ForKernels(std::shared_ptr<const LlamaWeights> weights,
+                                                        ActQuant act);
 
  private:
   ThreadPool* pool_;

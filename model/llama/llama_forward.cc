@@ -63,6 +63,7 @@ LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weight
                    nullptr, reducer) {
   owned_backend_ = std::make_unique<CpuBackend>(pool, weights.activations);
   backend_ = owned_backend_.get();
+  w_ = CpuBackend::ForKernels(std::move(w_), weights.activations);
 }
 
 LlamaForward::~LlamaForward() = default;

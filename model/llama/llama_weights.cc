@@ -157,4 +157,36 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   return w;
 }
 
+absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightMatrixMap& matrix,
+                                            const WeightNormMap& norm) {
+  const int64_t dm = w.token_embd.cols;
+  LlamaWeights v;
+  v.shard = w.shard;
+  v.n_heads_local = w.n_heads_local;
+  v.n_kv_heads_local = w.n_kv_heads_local;
+  v.d_ff_local = w.d_ff_local;
+  v.activations = w.activations;
+  SPECNODE_ASSIGN_OR_RETURN(v.token_embd, matrix(w.token_embd));
+  if (w.output.data == w.token_embd.data) {
+    v.output = v.token_embd;  // tied: one copy
+  } else {
+    SPECNODE_ASSIGN_OR_RETURN(v.output, matrix(w.output));
+  }
+  SPECNODE_ASSIGN_OR_RETURN(v.output_norm, norm(w.output_norm, dm));
+  for (const LayerWeights& lw : w.layers) {
+    LayerWeights l;
+    SPECNODE_ASSIGN_OR_RETURN(l.attn_norm, norm(lw.attn_norm, dm));
+    SPECNODE_ASSIGN_OR_RETURN(l.ffn_norm, norm(lw.ffn_norm, dm));
+    SPECNODE_ASSIGN_OR_RETURN(l.wq, matrix(lw.wq));
+    SPECNODE_ASSIGN_OR_RETURN(l.wk, matrix(lw.wk));
+    SPECNODE_ASSIGN_OR_RETURN(l.wv, matrix(lw.wv));
+    SPECNODE_ASSIGN_OR_RETURN(l.wo, matrix(lw.wo));
+    SPECNODE_ASSIGN_OR_RETURN(l.w_gate, matrix(lw.w_gate));
+    SPECNODE_ASSIGN_OR_RETURN(l.w_up, matrix(lw.w_up));
+    SPECNODE_ASSIGN_OR_RETURN(l.w_down, matrix(lw.w_down));
+    v.layers.push_back(l);
+  }
+  return v;
+}
+
 }  // namespace specnode

@@ -14,6 +14,7 @@
 // Column slices must fall on 32-value block boundaries (checked).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -64,5 +65,15 @@ struct LlamaWeights {
 // shares the target's final norm and head). Errors name the tensor and what is wrong.
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaConfig& config,
                                               ShardSpec shard = {}, int n_layers = -1);
+
+// A views-only copy of `w` (owned_* empty: it owns nothing) with every matrix replaced by
+// matrix(view) and every norm vector by norm(vector, d_model): how a backend re-points the
+// weights at its own memory or copies (Backend::UploadWeights). A tied head
+// (output.data == token_embd.data) is mapped once and shared. The first error returned by
+// a callback is returned.
+using WeightMatrixMap = std::function<absl::StatusOr<WeightView>(const WeightView&)>;
+using WeightNormMap = std::function<absl::StatusOr<const float*>(const float*, int64_t)>;
+absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightMatrixMap& matrix,
+                                            const WeightNormMap& norm);
 
 }  // namespace specnode

@@ -26,8 +26,9 @@
 #include "model/cpu/cpu_features.h"
 #include "model/cpu/cpu_kernels.h"
 #include "model/cpu/cpu_matmul.h"
-#include "model/gguf/ggml_types.h"
+#include "model/cpu/cpu_repack.h"
 #include "model/cpu/thread_pool.h"
+#include "model/gguf/ggml_types.h"
 
 namespace specnode {
 namespace {
@@ -88,6 +89,46 @@ std::vector<const KernelTable*> TablesFor(ActQuant act) {
     if (act == ActQuant::kInt16 || k->matmul_quant8 != nullptr) out.push_back(k);
   }
   return out;
+}
+
+// The scalar table with the scalar x8 kernel (PackedMatMulReference): the bit-exact
+// reference for every table's matmul_quant_x8 (the tables' int16 quantisers agree bit for
+// bit with the scalar one, natural order).
+const KernelTable kPackedReference = [] {
+  KernelTable k = cpu_kernels::kScalarKernels;
+  k.name = "scalar-x8-reference";
+  k.matmul_quant_x8 = &cpu_kernels::PackedMatMulReference;
+  return k;
+}();
+
+// A kernel table run on a view, packed (WeightView::packed set) or not.
+struct KernelRun {
+  const KernelTable* table;
+  bool packed;
+  std::string name() const { return std::string(table->name) + (packed ? " packed" : ""); }
+};
+
+// TablesFor(act) on the natural layout, then, for quantised int16, every table with an x8
+// kernel (and the scalar x8 reference) on the packed copy.
+std::vector<KernelRun> RunsFor(GgmlType type, ActQuant act) {
+  std::vector<KernelRun> runs;
+  for (const KernelTable* k : TablesFor(act)) runs.push_back({k, false});
+  if (!IsQuantised(type) || act != ActQuant::kInt16) return runs;
+  runs.push_back({&kPackedReference, true});
+  for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
+    if (k->matmul_quant_x8 != nullptr) runs.push_back({k, true});
+  }
+  return runs;
+}
+
+// `w` with its packed copy (kept in *storage) when `packed`.
+WeightView ViewFor(const WeightView& w, bool packed, std::vector<uint8_t>* storage) {
+  WeightView v = w;
+  if (packed) {
+    *storage = PackWeights(w);
+    v.packed = storage->data();
+  }
+  return v;
 }
 
 const char* ActName(ActQuant act) { return act == ActQuant::kInt8 ? "int8" : "int16"; }
@@ -170,10 +211,21 @@ TEST_P(MatMulTest, MatchesReferenceOnEveryKernel) {
 
   ThreadPool pool(2);
   MatMulScratch scratch;
-  for (const KernelTable* k : TablesFor(act)) {
-    SCOPED_TRACE(k->name);
+  std::vector<float> packed_ref;  // the scalar x8 reference's outputs
+  for (const KernelRun& run : RunsFor(type, act)) {
+    SCOPED_TRACE(run.name());
+    std::vector<uint8_t> storage;
+    const WeightView v = ViewFor(w.view, run.packed, &storage);
     std::vector<float> y(outs, NAN);
-    cpu_kernels::MatMulWith(*k, w.view, x.data(), shape.n, y.data(), &pool, &scratch, act);
+    cpu_kernels::MatMulWith(*run.table, v, x.data(), shape.n, y.data(), &pool, &scratch, act);
+    if (run.packed) {
+      if (packed_ref.empty()) {
+        packed_ref = y;
+      } else {
+        EXPECT_EQ(0, std::memcmp(y.data(), packed_ref.data(), outs * sizeof(float)))
+            << "differs from PackedMatMulReference";
+      }
+    }
     int bad = 0;
     for (int64_t i = 0; i < outs && bad < 5; ++i) {
       const double s = abs_x[i];
@@ -223,22 +275,26 @@ TEST_P(InvarianceTest, BatchAndThreadInvariant) {
   // per row (n > 8, where the avx512 kernel converts weight scales once per row block).
   for (const int64_t n : {16, 13, 9, 8, 7, 6, 5, 4, 3, 2}) {
     const std::vector<float> x = MakeActs(n, cols, 9);
-    for (const KernelTable* k : TablesFor(act)) {
-      SCOPED_TRACE(std::string(k->name) + " n=" + std::to_string(n));
+    for (const KernelRun& run : RunsFor(type, act)) {
+      SCOPED_TRACE(run.name() + " n=" + std::to_string(n));
+      const KernelTable* k = run.table;
+      std::vector<uint8_t> storage, shifted_storage;
+      const WeightView view = ViewFor(w.view, run.packed, &storage);
       std::vector<float> batch(n * rows);
-      cpu_kernels::MatMulWith(*k, w.view, x.data(), n, batch.data(), nullptr, nullptr, act);
+      cpu_kernels::MatMulWith(*k, view, x.data(), n, batch.data(), nullptr, nullptr, act);
       for (int64_t t = 0; t < n; ++t) {
         std::vector<float> one(rows);
-        cpu_kernels::MatMulWith(*k, w.view, x.data() + t * cols, 1, one.data(), nullptr, nullptr,
+        cpu_kernels::MatMulWith(*k, view, x.data() + t * cols, 1, one.data(), nullptr, nullptr,
                                 act);
         ASSERT_EQ(0, std::memcmp(one.data(), batch.data() + t * rows, rows * sizeof(float)))
             << "token " << t;
       }
-      // Dropping the first rows shifts every row's position inside the kernels' row blocks;
-      // results must not move.
+      // Dropping the first rows shifts every row's position inside the kernels' row blocks
+      // (and the packed groups of 8); results must not move.
       WeightView shifted = w.view;
       shifted.data = static_cast<const uint8_t*>(w.view.data) + 5 * w.view.row_stride;
       shifted.rows = rows - 5;
+      shifted = ViewFor(shifted, run.packed, &shifted_storage);
       std::vector<float> tail(n * (rows - 5));
       cpu_kernels::MatMulWith(*k, shifted, x.data(), n, tail.data(), nullptr, nullptr, act);
       for (int64_t t = 0; t < n; ++t) {
@@ -249,7 +305,7 @@ TEST_P(InvarianceTest, BatchAndThreadInvariant) {
       for (int threads : {2, 3}) {
         ThreadPool pool(threads);
         std::vector<float> y(n * rows);
-        cpu_kernels::MatMulWith(*k, w.view, x.data(), n, y.data(), &pool, nullptr, act);
+        cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), &pool, nullptr, act);
         ASSERT_EQ(0, std::memcmp(y.data(), batch.data(), y.size() * sizeof(float)))
             << threads << " threads";
       }
@@ -289,7 +345,10 @@ TEST(MatMulSharedTest, EqualsSeparateMatMuls) {
       ws.push_back(
           MakeWeights(c.types[i], c.rows[i], cols, cols, 0, 20 + static_cast<uint32_t>(i)));
     }
-    for (const TestWeights& w : ws) views.push_back(w.view);
+    // As the CPU backend uploads them: every quantised matrix with its packed copy too
+    // (used by tables with an x8 kernel, ignored by the others).
+    std::vector<std::vector<uint8_t>> packed(ws.size());
+    for (size_t i = 0; i < ws.size(); ++i) views.push_back(ViewFor(ws[i].view, true, &packed[i]));
     for (const int64_t n : {1, 5, 12}) {
       const std::vector<float> x = MakeActs(n, cols, 8);
       for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})

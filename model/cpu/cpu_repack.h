@@ -1,0 +1,63 @@
+// Row-interleaved ("x8") copies of quantised weight matrices, made once at load by the CPU
+// backend for kernels that compute 8 output rows per instruction (cpu_kernels.h,
+// KernelTable::matmul_quant_x8).
+//
+// Why: the natural layout puts one row's 32 values of a block in a vector, so every
+// (row, token, block) pays an integer-to-float conversion, a scale FMA and, per row and
+// token, a horizontal sum; and each row re-reads every token's activations. With 8 rows
+// interleaved, one vector lane is one row: a token's activation pair is broadcast once and
+// multiplied against 8 rows at a time, and one conversion + FMA serves 8 rows (the same
+// idea as llama.cpp's CPU "repack" layouts; this one is ours).
+//
+// Layout of a packed matrix of `rows` rows and `blocks` blocks of 32 values per row:
+// groups of kPackRows = 8 consecutive rows (the last group padded with all-zero rows),
+// group g at g * PackedGroupBytes(type, blocks); inside a group, block j at
+// j * PackedBlockBytes(type), each:
+//   d[8]   f16, row i's block scale at d[i]
+//   m[8]   f16, row i's block minimum (Q4_1 only)
+//   quants, as 16-byte chunks; byte 2i + h of chunk c (row i < 8, h < 2) is
+//     Q4_0/Q4_1 (8 chunks):  row i's quant byte 2c + h of the block (ggml order: low nibble
+//                            is value 2c + h, high nibble value 2c + h + 16), so the low
+//                            nibbles of a chunk are the value pair (2c, 2c + 1) of 8 rows
+//                            and the high nibbles the pair (2c + 16, 2c + 17);
+//     Q8_0 (16 chunks):      row i's value 2c + h: chunk c is the value pair (2c, 2c + 1).
+// Bytes equal the natural layout's (no extra memory traffic per token).
+//
+// Arithmetic of the x8 kernels (row r of group lane i, token t, int16 activations in the
+// natural order of cpu_kernels.h), per block b in order, one accumulator per (row, token):
+//   dot  = Σ_j q_w[j] qs_t[j]                  (int32, exact; Q4: unsigned nibbles)
+//   acc  = fma(float(dot), d_w * d_t, acc)      (float(dot) rounds to nearest)
+//   acc  = fma(m_w, s_t, acc)                   Q4_1
+//   acc  = fma(-8 d_w, s_t, acc)                Q4_0
+// with acc starting at +0 and y = acc. Every step is per lane, so a row's result does not
+// depend on the number of tokens, the tile a token falls in or the rows around it (batch
+// invariance, cpu_matmul.h); PackedMatMulReference computes exactly this in scalar code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/cpu/cpu_kernels.h"
+#include "model/gguf/ggml_types.h"
+
+namespace specnode::cpu_kernels {
+
+inline constexpr int kPackRows = 8;
+
+// True for the types with a packed layout (Q4_0, Q4_1, Q8_0).
+bool IsPackable(GgmlType type);
+// Bytes of one block of 8 rows / one group of 8 rows of `blocks` blocks.
+size_t PackedBlockBytes(GgmlType type);
+size_t PackedGroupBytes(GgmlType type, int64_t blocks);
+
+// The packed copy of `w` (IsPackable(w.type), cols a multiple of 32; a column slice view
+// packs its slice). Size: ceil(rows / 8) * PackedGroupBytes.
+std::vector<uint8_t> PackRows(const WeightView& w);
+
+// y[t * ldy + r] for r in [row_begin, row_end), t < n, with the arithmetic above in scalar
+// code: args.w = the packed copy, args.row_stride = PackedGroupBytes, row_begin a multiple
+// of 8. Bit-identical to every table's matmul_quant_x8 (tests).
+void PackedMatMulReference(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+
+}  // namespace specnode::cpu_kernels
