@@ -5,6 +5,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "model/gguf/ggml_types.h"
 
 namespace specnode {
@@ -142,6 +146,39 @@ bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 void HadamardInPlace(float* x, int n) {
   assert(IsPowerOfTwo(n));
+  // Every output of a stage is one a + b or a - b of the same two inputs whatever the
+  // vector width, so the SSE2 stages give the scalar butterflies' bits (checked against
+  // kv_codec::Hadamard, the scalar form, in kv_pool_host_test and kv_precision_test).
+#if defined(__SSE2__)
+  if (n >= 4) {
+    for (int i = 0; i < n; i += 4) {
+      // len 1: [x0 + x1, x0 - x1, x2 + x3, x2 - x3]
+      const __m128 v = _mm_loadu_ps(x + i);
+      const __m128 a1 = _mm_shuffle_ps(v, v, _MM_SHUFFLE(2, 2, 0, 0));
+      const __m128 b1 = _mm_shuffle_ps(v, v, _MM_SHUFFLE(3, 3, 1, 1));
+      const __m128 s1 = _mm_add_ps(a1, b1), d1 = _mm_sub_ps(a1, b1);
+      const __m128 v1 =
+          _mm_shuffle_ps(_mm_unpacklo_ps(s1, d1), _mm_unpackhi_ps(s1, d1), _MM_SHUFFLE(1, 0, 1, 0));
+      // len 2: [y0 + y2, y1 + y3, y0 - y2, y1 - y3]
+      const __m128 a2 = _mm_movelh_ps(v1, v1);
+      const __m128 b2 = _mm_movehl_ps(v1, v1);
+      const __m128 s2 = _mm_add_ps(a2, b2), d2 = _mm_sub_ps(a2, b2);
+      _mm_storeu_ps(x + i, _mm_shuffle_ps(s2, d2, _MM_SHUFFLE(3, 2, 1, 0)));
+    }
+    for (int len = 4; len < n; len <<= 1) {
+      for (int i = 0; i < n; i += 2 * len) {
+        for (int j = i; j < i + len; j += 4) {
+          const __m128 a = _mm_loadu_ps(x + j), b = _mm_loadu_ps(x + j + len);
+          _mm_storeu_ps(x + j, _mm_add_ps(a, b));
+          _mm_storeu_ps(x + j + len, _mm_sub_ps(a, b));
+        }
+      }
+    }
+    const __m128 norm = _mm_set1_ps(1.0f / std::sqrt(static_cast<float>(n)));
+    for (int i = 0; i < n; i += 4) _mm_storeu_ps(x + i, _mm_mul_ps(_mm_loadu_ps(x + i), norm));
+    return;
+  }
+#endif
   for (int len = 1; len < n; len <<= 1) {
     for (int i = 0; i < n; i += 2 * len) {
       for (int j = i; j < i + len; ++j) {
