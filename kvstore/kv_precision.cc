@@ -179,6 +179,11 @@ void HadamardInPlace(float* x, int n) {
     return;
   }
 #endif
+  HadamardInPlaceScalar(x, n);
+}
+
+void HadamardInPlaceScalar(float* x, int n) {
+  assert(IsPowerOfTwo(n));
   for (int len = 1; len < n; len <<= 1) {
     for (int i = 0; i < n; i += 2 * len) {
       for (int j = i; j < i + len; ++j) {

@@ -45,6 +45,9 @@ double KvMaxAbsError(KvPrecision p, double lo, double hi);
 // QuaRot); attention is unchanged when queries are rotated too: (Hq)·(Hk) = q·k, and
 // Σ w·Hv = H(Σ w·v).
 void HadamardInPlace(float* x, int n);
+// The same transform as plain butterflies, one value at a time: the reference the SIMD
+// stages of HadamardInPlace are bit-identical to (and its fallback).
+void HadamardInPlaceScalar(float* x, int n);
 bool IsPowerOfTwo(int n);
 
 }  // namespace specnode
