@@ -74,17 +74,36 @@ void BM_MatMul(benchmark::State& state, GgmlType type, MatShape shape) {
   const int64_t n = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   const ActQuant act = state.range(2) == 8 ? ActQuant::kInt8 : ActQuant::kInt16;
+  // packed:1 times the row-interleaved copy (cpu_repack.h), as the CPU backend uploads it.
+  const bool packed = state.range(3) == 1;
+  const bool float_type =
+      type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16;
+  if (packed && (!UsesPackedWeights(act) || float_type)) {
+    state.SkipWithError("no packed kernel for these weights and activations here");
+    return;
+  }
   const Weights w = MakeWeights(type, shape.rows, shape.cols);
+  WeightView view{type, nullptr, shape.rows, shape.cols, GgmlRowBytes(type, shape.cols)};
+  // The packed copies, back to back like w's.
+  std::vector<uint8_t> packed_bytes;
+  size_t packed_matrix_bytes = 0;
+  if (packed) {
+    view.data = w.bytes.data();
+    const std::vector<uint8_t> one = PackWeights(view);
+    packed_matrix_bytes = one.size();
+    for (int c = 0; c < w.copies; ++c)
+      packed_bytes.insert(packed_bytes.end(), one.begin(), one.end());
+  }
   std::vector<float> x(n * shape.cols), y(n * shape.rows);
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& v : x) v = normal(rng);
   auto pool = std::make_unique<ThreadPool>(threads);
   MatMulScratch scratch;
-  WeightView view{type, nullptr, shape.rows, shape.cols, GgmlRowBytes(type, shape.cols)};
   int copy = 0;
   for (auto _ : state) {
     view.data = w.bytes.data() + copy * w.matrix_bytes;
+    if (packed) view.packed = packed_bytes.data() + copy * packed_matrix_bytes;
     copy = copy + 1 == w.copies ? 0 : copy + 1;
     MatMul(view, x.data(), n, y.data(), pool.get(), &scratch, act);
     benchmark::DoNotOptimize(y.data());
@@ -94,6 +113,10 @@ void BM_MatMul(benchmark::State& state, GgmlType type, MatShape shape) {
                                               benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tok/s"] =
       benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  // Multiply-adds count 2 ops, as bench_peak counts them: compare with its loops.
+  state.counters["GOPS"] =
+      benchmark::Counter(2e-9 * static_cast<double>(shape.rows * shape.cols * n),
+                         benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(CpuKernelName() + " " + ActQuantName(act));
 }
 
@@ -206,8 +229,8 @@ void RegisterAll() {
                                std::string(GgmlTypeName(static_cast<uint32_t>(type))) + "/" +
                                shape.name;
       benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, type, shape)
-          ->ArgNames({"n", "threads", "act"})
-          ->ArgsProduct({{1, 5, 16}, {1, 2}, {16, 8}})
+          ->ArgNames({"n", "threads", "act", "packed"})
+          ->ArgsProduct({{1, 5, 16}, {1, 2}, {16, 8}, {0, 1}})
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

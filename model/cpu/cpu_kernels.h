@@ -124,12 +124,18 @@ struct KernelTable {
   void (*quantize8)(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
                     float* s);
   void (*matmul_quant8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
-  // Int16 activations against a row-interleaved copy (cpu_repack.h): args.w = the packed
-  // matrix, args.row_stride = PackedGroupBytes, row_begin a multiple of 8; reads the
-  // activations `quantize` wrote (natural order in every table that has this kernel).
-  // Bit-identical to PackedMatMulReference. Null in tables without one (the natural-layout
-  // kernel then runs).
+  // The row-interleaved ("x8") path (cpu_repack.h): activations quantised in natural order
+  // by quantize_x8 / quantize8_x8 (bit for bit the scalar table's values), multiplied against
+  // the packed copy: args.w = the packed matrix, args.row_stride = PackedGroupBytes,
+  // row_begin a multiple of 8. matmul_quant_x8 (int16) is bit-identical to
+  // PackedMatMulReference, matmul_quant8_x8 (int8) to PackedMatMulReference8. A null kernel
+  // means the table has none for that width (the natural-layout kernel then runs).
+  void (*quantize_x8)(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs, float* d,
+                      float* s);
   void (*matmul_quant_x8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+  void (*quantize8_x8)(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
+                       float* s);
+  void (*matmul_quant8_x8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 };
 
 // Weight rows are streamed once per call; hardware prefetch alone leaves the kernels
@@ -154,6 +160,22 @@ extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpm
 extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpwssd
 // The avx2 table's matmul_quant_x8 (cpu_kernels_avx2_x8.cc; needs CpuFeatures::avx2).
 void MatMulQuantX8Avx2(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+// The AVX-512 tables' x8 path (cpu_kernels_avx512_x8.cc): natural-order quantisers and the
+// kernels (16 rows per instruction; needs CpuFeatures::avx512, the Vnni ones avx512_vnni).
+void QuantizeNaturalAvx512(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs,
+                           float* d, float* s);
+void Quantize8NaturalAvx512(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs,
+                            float* d, float* s);
+void MatMulQuantX8Avx512(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+void MatMulQuantX8Avx512Vnni(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+void MatMulQuant8X8Avx512Vnni(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+
+// The size of the next token tile when `left` tokens remain and a tile holds at most
+// `max_tile`: as few tiles as possible, of near-equal sizes (9 tokens, max 8: 5 + 4).
+inline int NearEqualTile(int64_t left, int max_tile) {
+  const int64_t tiles = (left + max_tile - 1) / max_tile;
+  return static_cast<int>((left + tiles - 1) / tiles);
+}
 // The AVX-512 tables' matmul_float (cpu_kernels_avx512_float.cc; needs CpuFeatures::avx512).
 void MatMulFloatAvx512(const FloatMatMulArgs& args, int64_t row_begin, int64_t row_end);
 

@@ -263,9 +263,7 @@ void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     if (r + ahead < row_end) PrefetchBytes(row + ahead * a.row_stride, row_bytes);
     // As few tiles as possible, of near-equal sizes (5 tokens: 3 + 2).
     for (int64_t t = 0; t < a.n;) {
-      const int64_t left = a.n - t;
-      const int64_t tiles = (left + kTile - 1) / kTile;
-      const int tile = static_cast<int>((left + tiles - 1) / tiles);
+      const int tile = NearEqualTile(a.n - t, kTile);
       switch (tile) {
         case 4:
           TileQuant<kType, 4, kInt8>(a, row, r, t);
@@ -360,7 +358,16 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
-const KernelTable kAvx2Kernels = {"avx2",     &Quantize,          &MatMulQuant<false>, &MatMulFloat,
-                                  &Quantize8, &MatMulQuant<true>, &MatMulQuantX8Avx2};
+// The x8 path's activations are this table's natural-order ones.
+const KernelTable kAvx2Kernels = {.name = "avx2",
+                                  .quantize = &Quantize,
+                                  .matmul_quant = &MatMulQuant<false>,
+                                  .matmul_float = &MatMulFloat,
+                                  .quantize8 = &Quantize8,
+                                  .matmul_quant8 = &MatMulQuant<true>,
+                                  .quantize_x8 = &Quantize,
+                                  .matmul_quant_x8 = &MatMulQuantX8Avx2,
+                                  .quantize8_x8 = nullptr,
+                                  .matmul_quant8_x8 = nullptr};
 
 }  // namespace specnode::cpu_kernels

@@ -136,9 +136,7 @@ void RowsX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     const int64_t r0 = g * kPackRows;
     // As few tiles as possible, of near-equal sizes (5 tokens: 3 + 2).
     for (int64_t t = 0; t < a.n;) {
-      const int64_t left = a.n - t;
-      const int64_t tiles = (left + kTile - 1) / kTile;
-      const int tile = static_cast<int>((left + tiles - 1) / tiles);
+      const int tile = NearEqualTile(a.n - t, kTile);
       switch (tile) {
         case 4: {
           __m256 v[4];

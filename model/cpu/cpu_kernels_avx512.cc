@@ -34,6 +34,8 @@ namespace specnode::cpu_kernels {
 namespace {
 
 constexpr int kBlock = kQuantBlock;
+using avx512::QuantizeBlock;
+using avx512::QuantizeBlock8;
 // Quantised weights: up to 12 tokens per weight load. n tokens go in ceil(n / 12) tiles of
 // near-equal size (9: one tile of 9; 16: 8 + 8), each an instantiation for its exact size,
 // so a verification pass of K + 1 <= 12 tokens streams the weights once. 8 split 9 tokens
@@ -44,29 +46,6 @@ constexpr int kQuantTile = 12;
 constexpr int kChunk = 16;  // blocks whose scales are converted together
 // Loops over a tile's tokens carry `#pragma GCC unroll`: -O2 does not unroll them on its
 // own, and rolled they keep the per-token accumulators in memory.
-
-// One block's 32 values rounded to integers of at most `qmax` in magnitude (as int32, values
-// 0..15 in q[0], 16..31 in q[1]), with d = max|x| / qmax and s = d * Σ q.
-inline void QuantizeBlockTo(const float* xb, float qmax, __m512i* q, float* d, float* s) {
-  const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-  const float db = amax / qmax;
-  const float id = db != 0.0f ? 1.0f / db : 0.0f;
-  const __m512 vid = _mm512_set1_ps(id);
-  // Round to nearest even (default MXCSR), as the scalar nearbyint.
-  q[0] = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
-  q[1] = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-  *d = db;
-  *s = db * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1])));
-}
-
-// One block: 32 values rounded to int16 (natural order), its d and s.
-inline __m512i QuantizeBlock(const float* xb, float* d, float* s) {
-  __m512i q[2];
-  QuantizeBlockTo(xb, 32767.0f, q, d, s);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtsepi32_epi16(q[0])),
-                            _mm512_cvtsepi32_epi16(q[1]), 1);
-}
 
 // Word indices into a pair of natural-order blocks (a, b) (index 32 + i is b's value i)
 // producing the cpu_kernels.h activation order: Q4 plane p (for blocks k = 0, 1 of the
@@ -120,14 +99,6 @@ void Quantize(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs,
                                             _mm512_permutex2var_epi16(q[2], idx, q[3])));
     }
   }
-}
-
-// One block rounded to int8 (natural order), its d and s.
-inline __m256i QuantizeBlock8(const float* xb, float* d, float* s) {
-  __m512i q[2];
-  QuantizeBlockTo(xb, 127.0f, q, d, s);
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(q[0])),
-                                 _mm512_cvtsepi32_epi8(q[1]), 1);
 }
 
 // Dword indices into two natural-order block pairs (A = blocks 0|1, B = blocks 2|3; index
@@ -524,9 +495,7 @@ void RowsQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     // Token tiles over the block's rows (which stay in L1 between tiles): as few tiles as
     // possible, of near-equal sizes (9 tokens: 5 + 4).
     for (int64_t t0 = 0; t0 < a.n;) {
-      const int64_t left = a.n - t0;
-      const int64_t tiles = (left + kQuantTile - 1) / kQuantTile;
-      const int tile = static_cast<int>((left + tiles - 1) / tiles);
+      const int tile = NearEqualTile(a.n - t0, kQuantTile);
       for (int i = 0; i < nr; ++i) {
         const int64_t r = r0 + i;
         const uint8_t* row = a.w + r * a.row_stride;
@@ -554,14 +523,25 @@ void MatMulQuant(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 // int8 needs vpdpbusd (vpmaddubsw would saturate Q8_0's 255 x 127 pairs): VNNI only.
 // Float weights: cpu_kernels_avx512_float.cc.
-const KernelTable kAvx512Kernels = {
-    "avx512", &Quantize, &MatMulQuant<false>, &MatMulFloatAvx512, nullptr, nullptr, nullptr};
-const KernelTable kAvx512VnniKernels = {"avx512-vnni",
-                                        &Quantize,
-                                        &MatMulQuant<true>,
-                                        &MatMulFloatAvx512,
-                                        &Quantize8,
-                                        &MatMulQuant<true, int8_t>,
-                                        nullptr};
+const KernelTable kAvx512Kernels = {.name = "avx512",
+                                    .quantize = &Quantize,
+                                    .matmul_quant = &MatMulQuant<false>,
+                                    .matmul_float = &MatMulFloatAvx512,
+                                    .quantize8 = nullptr,
+                                    .matmul_quant8 = nullptr,
+                                    .quantize_x8 = &QuantizeNaturalAvx512,
+                                    .matmul_quant_x8 = &MatMulQuantX8Avx512,
+                                    .quantize8_x8 = nullptr,
+                                    .matmul_quant8_x8 = nullptr};
+const KernelTable kAvx512VnniKernels = {.name = "avx512-vnni",
+                                        .quantize = &Quantize,
+                                        .matmul_quant = &MatMulQuant<true>,
+                                        .matmul_float = &MatMulFloatAvx512,
+                                        .quantize8 = &Quantize8,
+                                        .matmul_quant8 = &MatMulQuant<true, int8_t>,
+                                        .quantize_x8 = &QuantizeNaturalAvx512,
+                                        .matmul_quant_x8 = &MatMulQuantX8Avx512Vnni,
+                                        .quantize8_x8 = &Quantize8NaturalAvx512,
+                                        .matmul_quant8_x8 = &MatMulQuant8X8Avx512Vnni};
 
 }  // namespace specnode::cpu_kernels

@@ -150,8 +150,17 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
-const KernelTable kScalarKernels = {"scalar",     &Quantize,  &MatMulQuant<false>,
-                                    &MatMulFloat, &Quantize8, &MatMulQuant<true>,
-                                    nullptr};
+// Natural-order quantisers for the x8 path, though no scalar x8 kernel is in the table
+// (PackedMatMulReference is the tests' reference).
+const KernelTable kScalarKernels = {.name = "scalar",
+                                    .quantize = &Quantize,
+                                    .matmul_quant = &MatMulQuant<false>,
+                                    .matmul_float = &MatMulFloat,
+                                    .quantize8 = &Quantize8,
+                                    .matmul_quant8 = &MatMulQuant<true>,
+                                    .quantize_x8 = &Quantize,
+                                    .matmul_quant_x8 = nullptr,
+                                    .quantize8_x8 = &Quantize8,
+                                    .matmul_quant8_x8 = nullptr};
 
 }  // namespace specnode::cpu_kernels

@@ -129,6 +129,13 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   const GgmlType type = ws[0].type;
   const int64_t blocks = cols / kQuantBlock;
   const bool int8 = act == ActQuant::kInt8 && kernels.matmul_quant8 != nullptr;
+  // The packed (x8) path serves the call if the table has a kernel for this width and every
+  // matrix has its packed copy: the activations are then quantised in its natural order.
+  const auto matmul_x8 = int8 ? kernels.matmul_quant8_x8 : kernels.matmul_quant_x8;
+  bool packed = matmul_x8 != nullptr;
+  for (const WeightView& w : ws) packed = packed && w.packed != nullptr;
+  const auto quantize16 = packed ? kernels.quantize_x8 : kernels.quantize;
+  const auto quantize8 = packed ? kernels.quantize8_x8 : kernels.quantize8;
   const int64_t value_bytes = int8 ? 1 : 2;
   // Scratch: [n, qs_stride] int16 (int8), then d and s as [n, ds_stride] f32 each, 64-byte
   // aligned.
@@ -170,11 +177,11 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
       if (int8) {
         int8_t* qt = qs8 + t * qs_stride;
         std::fill(qt + cols, qt + qs_stride, int8_t{0});
-        kernels.quantize8(x + t * cols, blocks, type, qt, dt, st);
+        quantize8(x + t * cols, blocks, type, qt, dt, st);
       } else {
         int16_t* qt = qs + t * qs_stride;
         std::fill(qt + cols, qt + qs_stride, int16_t{0});
-        kernels.quantize(x + t * cols, blocks, type, qt, dt, st);
+        quantize16(x + t * cols, blocks, type, qt, dt, st);
       }
     }
   };
@@ -192,17 +199,15 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   acts.qs_stride = qs_stride;
   acts.ds_stride = ds_stride;
   const auto matmul = int8 ? kernels.matmul_quant8 : kernels.matmul_quant;
-  // Packed copies serve the int16 path of tables with an x8 kernel. Parts start on row
-  // grains (multiples of 16), so every part begins on a packed group of 8.
+  // Parts start on row grains (multiples of 16), so every part begins on a packed group of 8.
   static_assert(kRowGrain % kPackRows == 0);
-  const bool use_packed = !int8 && kernels.matmul_quant_x8 != nullptr;
   RunRows(pool, total, work, [&](int64_t b, int64_t e, int) {
     for_parts(b, e, [&](size_t i, int64_t lo, int64_t hi) {
       const WeightView& w = ws[i];
-      if (use_packed && w.packed != nullptr) {
+      if (packed) {
         const QuantMatMulArgs args{type,  w.packed, PackedGroupBytes(type, blocks), blocks, acts, n,
                                    ys[i], w.rows};
-        kernels.matmul_quant_x8(args, lo, hi);
+        matmul_x8(args, lo, hi);
         return;
       }
       const QuantMatMulArgs args{
@@ -228,7 +233,7 @@ bool UsesPackedWeights(ActQuant act) {
   if (disabled) return false;
   const cpu_kernels::KernelTable& k = cpu_kernels::SelectedKernels();
   const bool int8 = act == ActQuant::kInt8 && k.matmul_quant8 != nullptr;
-  return !int8 && k.matmul_quant_x8 != nullptr;
+  return (int8 ? k.matmul_quant8_x8 : k.matmul_quant_x8) != nullptr;
 }
 
 std::vector<uint8_t> PackWeights(const WeightView& w) {

@@ -41,9 +41,9 @@ struct WeightView {
   size_t row_stride = 0;       // bytes between consecutive rows
   // Optional row-interleaved copy of the same rows (cpu_repack.h, PackRows), owned by
   // whoever set it (the CPU backend's UploadWeights). MatMul uses it where the selected
-  // kernels have an x8 kernel for int16 activations, else `data`; embedding lookups always
-  // read `data`. Whether it is set is fixed for the life of the weights, so a row's result
-  // does not depend on the batch.
+  // kernels have an x8 kernel for the activation width that runs and every matrix of the
+  // call has its copy, else `data`; embedding lookups always read `data`. Whether it is set
+  // is fixed for the life of the weights, so a row's result does not depend on the batch.
   const uint8_t* packed = nullptr;
 };
 

@@ -7,18 +7,7 @@
 namespace specnode::cpu_kernels {
 namespace {
 
-// Bytes of one natural-layout block and where its quants start.
-size_t NaturalBlockBytes(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ4_0:
-      return sizeof(BlockQ4_0);
-    case GgmlType::kQ4_1:
-      return sizeof(BlockQ4_1);
-    default:
-      return sizeof(BlockQ8_0);
-  }
-}
-
+// Where a natural-layout block's quants start.
 size_t QuantOffset(GgmlType type) { return type == GgmlType::kQ4_1 ? 4 : 2; }
 
 // Bytes before the quants in a packed block: d[8] (and m[8] for Q4_1).
@@ -32,7 +21,7 @@ bool IsPackable(GgmlType type) {
 
 size_t PackedBlockBytes(GgmlType type) {
   assert(IsPackable(type));
-  return kPackRows * NaturalBlockBytes(type);
+  return kPackRows * GgmlBlockBytes(type);
 }
 
 size_t PackedGroupBytes(GgmlType type, int64_t blocks) {
@@ -43,19 +32,21 @@ std::vector<uint8_t> PackRows(const WeightView& w) {
   assert(IsPackable(w.type) && w.cols % kQuantBlock == 0);
   const int64_t blocks = w.cols / kQuantBlock;
   const int64_t groups = (w.rows + kPackRows - 1) / kPackRows;
-  const size_t nb = NaturalBlockBytes(w.type);
+  const size_t nb = GgmlBlockBytes(w.type);
   const size_t pb = PackedBlockBytes(w.type);
+  const size_t group_bytes = PackedGroupBytes(w.type, blocks);
   const size_t head = PackedHeadBytes(w.type);
   const size_t qoff = QuantOffset(w.type);
   const int chunks = w.type == GgmlType::kQ8_0 ? 16 : 8;
-  std::vector<uint8_t> out(groups * PackedGroupBytes(w.type, blocks), 0);  // padding rows: 0
+  std::vector<uint8_t> out(groups * group_bytes, 0);  // padding rows: 0
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t r = 0; r < w.rows; ++r) {
-    const int64_t g = r / kPackRows;
     const int i = static_cast<int>(r % kPackRows);
+    const uint8_t* row = src + r * w.row_stride;
+    uint8_t* group = out.data() + (r / kPackRows) * group_bytes;
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* from = src + r * w.row_stride + b * nb;
-      uint8_t* to = out.data() + g * PackedGroupBytes(w.type, blocks) + b * pb;
+      const uint8_t* from = row + b * nb;
+      uint8_t* to = group + b * pb;
       std::memcpy(to + 2 * i, from, 2);                                          // d
       if (w.type == GgmlType::kQ4_1) std::memcpy(to + 16 + 2 * i, from + 2, 2);  // m
       for (int c = 0; c < chunks; ++c) {
@@ -66,8 +57,13 @@ std::vector<uint8_t> PackRows(const WeightView& w) {
   return out;
 }
 
-void PackedMatMulReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+namespace {
+
+// Both references: Act = int16_t (x.qs) or int8_t (x.qs8, Q8_0 with the +128 offset).
+template <typename Act>
+void PackedReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   assert(row_begin % kPackRows == 0);
+  constexpr bool kInt8 = sizeof(Act) == 1;
   const GgmlType type = a.type;
   const size_t pb = PackedBlockBytes(type);
   const size_t head = PackedHeadBytes(type);
@@ -75,7 +71,12 @@ void PackedMatMulReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t 
     const uint8_t* group = a.w + (r / kPackRows) * a.row_stride;
     const int i = static_cast<int>(r % kPackRows);
     for (int64_t t = 0; t < a.n; ++t) {
-      const int16_t* qs = a.x.qs + t * a.x.qs_stride;
+      const Act* qs;
+      if constexpr (kInt8) {
+        qs = a.x.qs8 + t * a.x.qs_stride;
+      } else {
+        qs = a.x.qs + t * a.x.qs_stride;
+      }
       const float* dt = a.x.d + t * a.x.ds_stride;
       const float* st = a.x.s + t * a.x.ds_stride;
       float acc = 0.0f;
@@ -85,12 +86,13 @@ void PackedMatMulReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t 
         std::memcpy(&h, blk + 2 * i, 2);
         const float dw = Fp16ToFp32(h);
         const uint8_t* q = blk + head;
-        const int16_t* xb = qs + b * kQuantBlock;
+        const Act* xb = qs + b * kQuantBlock;
         int32_t dot = 0;
         if (type == GgmlType::kQ8_0) {
+          const int offset = kInt8 ? 128 : 0;  // vpdpbusd's unsigned weight operand
           for (int c = 0; c < 16; ++c) {
             for (int k = 0; k < 2; ++k) {
-              dot += static_cast<int8_t>(q[16 * c + 2 * i + k]) * xb[2 * c + k];
+              dot += (static_cast<int8_t>(q[16 * c + 2 * i + k]) + offset) * xb[2 * c + k];
             }
           }
         } else {
@@ -107,11 +109,23 @@ void PackedMatMulReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t 
           acc = std::fma(Fp16ToFp32(h), st[b], acc);
         } else if (type == GgmlType::kQ4_0) {
           acc = std::fma(-8.0f * dw, st[b], acc);
+        } else if (kInt8) {
+          acc = std::fma(-128.0f * dw, st[b], acc);
         }
       }
       a.y[t * a.ldy + r] = acc;
     }
   }
+}
+
+}  // namespace
+
+void PackedMatMulReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  PackedReference<int16_t>(a, row_begin, row_end);
+}
+
+void PackedMatMulReference8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  PackedReference<int8_t>(a, row_begin, row_end);
 }
 
 }  // namespace specnode::cpu_kernels

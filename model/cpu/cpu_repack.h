@@ -32,6 +32,10 @@
 // with acc starting at +0 and y = acc. Every step is per lane, so a row's result does not
 // depend on the number of tokens, the tile a token falls in or the rows around it (batch
 // invariance, cpu_matmul.h); PackedMatMulReference computes exactly this in scalar code.
+// Int8 activations (PackedMatMulReference8): the same steps over int8 values, except that a
+// Q8_0 dot is Σ (q_w + 128) qs_t (the unsigned operand of vpdpbusd) and is corrected by
+//   acc  = fma(-128 d_w, s_t, acc)              Q8_0 (int8 only)
+// (llama.cpp's Q8_0 x Q8_1 arithmetic with the offset applied once per block).
 #pragma once
 
 #include <cstddef>
@@ -59,5 +63,7 @@ std::vector<uint8_t> PackRows(const WeightView& w);
 // code: args.w = the packed copy, args.row_stride = PackedGroupBytes, row_begin a multiple
 // of 8. Bit-identical to every table's matmul_quant_x8 (tests).
 void PackedMatMulReference(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+// The same over int8 activations (args.x.qs8): bit-identical to every matmul_quant8_x8.
+void PackedMatMulReference8(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 
 }  // namespace specnode::cpu_kernels

@@ -91,15 +91,21 @@ std::vector<const KernelTable*> TablesFor(ActQuant act) {
   return out;
 }
 
-// The scalar table with the scalar x8 kernel (PackedMatMulReference): the bit-exact
-// reference for every table's matmul_quant_x8 (the tables' int16 quantisers agree bit for
-// bit with the scalar one, natural order).
+// The scalar table with the scalar x8 kernels (PackedMatMulReference, ...Reference8): the
+// bit-exact reference for every table's matmul_quant_x8 / matmul_quant8_x8 (the tables'
+// x8 quantisers agree bit for bit with the scalar ones, natural order).
 const KernelTable kPackedReference = [] {
   KernelTable k = cpu_kernels::kScalarKernels;
   k.name = "scalar-x8-reference";
   k.matmul_quant_x8 = &cpu_kernels::PackedMatMulReference;
+  k.matmul_quant8_x8 = &cpu_kernels::PackedMatMulReference8;
   return k;
 }();
+
+// The table's x8 kernel for `act`, or null.
+auto X8KernelFor(const KernelTable& k, ActQuant act) {
+  return act == ActQuant::kInt8 ? k.matmul_quant8_x8 : k.matmul_quant_x8;
+}
 
 // A kernel table run on a view, packed (WeightView::packed set) or not.
 struct KernelRun {
@@ -108,16 +114,23 @@ struct KernelRun {
   std::string name() const { return std::string(table->name) + (packed ? " packed" : ""); }
 };
 
-// TablesFor(act) on the natural layout, then, for quantised int16, every table with an x8
-// kernel (and the scalar x8 reference) on the packed copy.
+// The scalar x8 reference, then every table with an x8 kernel for `act`, on the packed copy
+// (quantised types only).
+std::vector<KernelRun> PackedRunsFor(GgmlType type, ActQuant act) {
+  std::vector<KernelRun> runs;
+  if (!IsQuantised(type)) return runs;
+  runs.push_back({&kPackedReference, true});
+  for (const KernelTable* k : TablesFor(act)) {
+    if (X8KernelFor(*k, act) != nullptr) runs.push_back({k, true});
+  }
+  return runs;
+}
+
+// TablesFor(act) on the natural layout, then PackedRunsFor.
 std::vector<KernelRun> RunsFor(GgmlType type, ActQuant act) {
   std::vector<KernelRun> runs;
   for (const KernelTable* k : TablesFor(act)) runs.push_back({k, false});
-  if (!IsQuantised(type) || act != ActQuant::kInt16) return runs;
-  runs.push_back({&kPackedReference, true});
-  for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
-    if (k->matmul_quant_x8 != nullptr) runs.push_back({k, true});
-  }
+  for (const KernelRun& run : PackedRunsFor(type, act)) runs.push_back(run);
   return runs;
 }
 
@@ -435,41 +448,78 @@ TEST(MatMulSliceTest, SliceEqualsCompactCopy) {
 TEST(MatMulEdgeTest, ZerosAndExtremes) {
   const int64_t rows = 6, cols = 96, n = 2;
   for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})
-  for (const KernelTable* k : TablesFor(act)) {
-    SCOPED_TRACE(std::string(k->name) + " " + ActName(act));
-    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
-      const size_t row_bytes = GgmlRowBytes(type, cols);
-      std::vector<uint8_t> w(rows * row_bytes);
-      std::mt19937 rng(3);
-      for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(rng());
-      // Sane scales (random bytes could make inf/nan halves), extreme quants.
-      const size_t bb = GgmlBlockBytes(type);
-      for (size_t b = 0; b < w.size() / bb; ++b) {
-        uint8_t* blk = w.data() + b * bb;
-        const uint16_t d = Fp32ToFp16(0.01f * static_cast<float>(1 + b % 3));
-        std::memcpy(blk, &d, 2);
-        if (type == GgmlType::kQ4_1) {
-          const uint16_t m = Fp32ToFp16(-0.05f);
-          std::memcpy(blk + 2, &m, 2);
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1})
+      for (const KernelRun& run : RunsFor(type, act)) {
+        SCOPED_TRACE(run.name() + " " + ActName(act));
+        const KernelTable* k = run.table;
+        {
+          const size_t row_bytes = GgmlRowBytes(type, cols);
+          std::vector<uint8_t> w(rows * row_bytes);
+          std::mt19937 rng(3);
+          for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(rng());
+          // Sane scales (random bytes could make inf/nan halves), extreme quants.
+          const size_t bb = GgmlBlockBytes(type);
+          for (size_t b = 0; b < w.size() / bb; ++b) {
+            uint8_t* blk = w.data() + b * bb;
+            const uint16_t d = Fp32ToFp16(0.01f * static_cast<float>(1 + b % 3));
+            std::memcpy(blk, &d, 2);
+            if (type == GgmlType::kQ4_1) {
+              const uint16_t m = Fp32ToFp16(-0.05f);
+              std::memcpy(blk + 2, &m, 2);
+            }
+            const size_t qoff = type == GgmlType::kQ4_1 ? 4 : 2;
+            const uint8_t extreme =
+                type == GgmlType::kQ8_0 ? (b % 2 ? 0x80 : 0x7F) : (b % 2 ? 0x00 : 0xFF);
+            for (size_t j = qoff; j < qoff + 4; ++j) blk[j] = extreme;
+          }
+          std::vector<uint8_t> storage;
+          const WeightView view =
+              ViewFor(WeightView{type, w.data(), rows, cols, row_bytes}, run.packed, &storage);
+          std::vector<float> x(n * cols, 0.0f), y(n * rows, NAN), ref(n * rows);
+          cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr, act);
+          for (float v : y) EXPECT_EQ(v, 0.0f);
+          for (int64_t i = 0; i < n * cols; ++i) x[i] = (i % 3 == 0) ? -1000.0f : 1000.0f;
+          MatMulReference(view, x.data(), n, ref.data());
+          const std::vector<double> s = AbsDot(view, x, n);
+          cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr, act);
+          for (int64_t i = 0; i < n * rows; ++i) {
+            EXPECT_NEAR(y[i], ref[i], 1e-5 * s[i]) << GgmlTypeName(static_cast<uint32_t>(type));
+          }
         }
-        const size_t qoff = type == GgmlType::kQ4_1 ? 4 : 2;
-        const uint8_t extreme =
-            type == GgmlType::kQ8_0 ? (b % 2 ? 0x80 : 0x7F) : (b % 2 ? 0x00 : 0xFF);
-        for (size_t j = qoff; j < qoff + 4; ++j) blk[j] = extreme;
       }
-      const WeightView view{type, w.data(), rows, cols, row_bytes};
-      std::vector<float> x(n * cols, 0.0f), y(n * rows, NAN), ref(n * rows);
-      cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr, act);
-      for (float v : y) EXPECT_EQ(v, 0.0f);
-      for (int64_t i = 0; i < n * cols; ++i) x[i] = (i % 3 == 0) ? -1000.0f : 1000.0f;
-      MatMulReference(view, x.data(), n, ref.data());
-      const std::vector<double> s = AbsDot(view, x, n);
-      cpu_kernels::MatMulWith(*k, view, x.data(), n, y.data(), nullptr, nullptr, act);
-      for (int64_t i = 0; i < n * rows; ++i) {
-        EXPECT_NEAR(y[i], ref[i], 1e-5 * s[i]) << GgmlTypeName(static_cast<uint32_t>(type));
+}
+
+// Every x8 kernel equals the scalar x8 reference bit for bit for every token count 1..16
+// (each tile size and the two-tile splits), row counts around the packed groups of 8 and
+// the AVX-512 kernels' pairs of groups (a lone last group), and widths of 1, 3 and 5 blocks.
+TEST(PackedMatMulTest, EqualsReferenceForEveryTokenCount) {
+  for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+      const std::vector<KernelRun> runs = PackedRunsFor(type, act);
+      for (const int64_t rows : {1, 8, 9, 17, 24, 45}) {
+        for (const int64_t cols : {32, 96, 160}) {
+          const TestWeights w = MakeWeights(type, rows, cols, cols, 0, 13);
+          std::vector<uint8_t> storage;
+          const WeightView view = ViewFor(w.view, true, &storage);
+          for (int64_t n = 1; n <= 16; ++n) {
+            const std::vector<float> x = MakeActs(n, cols, 17 + static_cast<uint32_t>(n));
+            std::vector<float> want(n * rows, NAN);
+            cpu_kernels::MatMulWith(kPackedReference, view, x.data(), n, want.data(), nullptr,
+                                    nullptr, act);
+            for (const KernelRun& run : runs) {
+              SCOPED_TRACE(run.name() + " " + ActName(act) + " " +
+                           std::string(GgmlTypeName(static_cast<uint32_t>(type))) +
+                           " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                           " n=" + std::to_string(n));
+              std::vector<float> y(n * rows, NAN);
+              cpu_kernels::MatMulWith(*run.table, view, x.data(), n, y.data(), nullptr, nullptr,
+                                      act);
+              ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)));
+            }
+          }
+        }
       }
     }
-  }
 }
 
 TEST(EmbeddingRowTest, MatchesDequantizeRow) {
