@@ -138,17 +138,21 @@ struct KernelTable {
   void (*matmul_quant8_x8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 };
 
+// The helpers below are `static inline`: this header is included by files compiled for
+// different ISAs, and a shared (ODR-merged) out-of-line copy built with AVX-512 flags could
+// be what AVX2-only code calls.
+
 // Weight rows are streamed once per call; hardware prefetch alone leaves the kernels
 // waiting on DRAM between rows. Kernels prefetch the row this many bytes ahead.
 inline constexpr size_t kPrefetchDistance = 4096;
 
 // Rows a kernel should look ahead (at least 1).
-inline int64_t PrefetchRowsAhead(size_t row_bytes) {
+static inline int64_t PrefetchRowsAhead(size_t row_bytes) {
   return static_cast<int64_t>(kPrefetchDistance / (row_bytes == 0 ? 1 : row_bytes)) + 1;
 }
 
 // Prefetches `bytes` from `p` into cache (a hint; never faults).
-inline void PrefetchBytes(const uint8_t* p, size_t bytes) {
+static inline void PrefetchBytes(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
 }
 
@@ -172,7 +176,7 @@ void MatMulQuant8X8Avx512Vnni(const QuantMatMulArgs& args, int64_t row_begin, in
 
 // The size of the next token tile when `left` tokens remain and a tile holds at most
 // `max_tile`: as few tiles as possible, of near-equal sizes (9 tokens, max 8: 5 + 4).
-inline int NearEqualTile(int64_t left, int max_tile) {
+static inline int NearEqualTile(int64_t left, int max_tile) {
   const int64_t tiles = (left + max_tile - 1) / max_tile;
   return static_cast<int>((left + tiles - 1) / tiles);
 }

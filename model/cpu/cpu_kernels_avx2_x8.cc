@@ -124,13 +124,10 @@ template <GgmlType kType>
 void RowsX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   assert(row_begin % kPackRows == 0);
   const size_t group_bytes = a.row_stride;
-  const int64_t g_begin = row_begin / kPackRows;
-  const int64_t g_end = (row_end + kPackRows - 1) / kPackRows;
-  const int64_t ahead = PrefetchRowsAhead(group_bytes);
-  for (int64_t g = g_begin; g < std::min(g_begin + ahead, g_end); ++g) {
-    PrefetchBytes(a.w + g * group_bytes, group_bytes);
-  }
-  for (int64_t g = g_begin; g < g_end; ++g) {
+  const GroupSpan span = GroupsOf(row_begin, row_end);
+  const int64_t g_end = span.end;
+  const int64_t ahead = PrefetchFirstGroups(a.w, group_bytes, span);
+  for (int64_t g = span.begin; g < g_end; ++g) {
     const uint8_t* group = a.w + g * group_bytes;
     if (g + ahead < g_end) PrefetchBytes(group + ahead * group_bytes, group_bytes);
     const int64_t r0 = g * kPackRows;

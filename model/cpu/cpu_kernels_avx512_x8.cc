@@ -253,13 +253,10 @@ template <GgmlType kType, bool kVnni, bool kInt8>
 void RowsX16(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   assert(row_begin % kPackRows == 0);
   const size_t group_bytes = a.row_stride;
-  const int64_t g_begin = row_begin / kPackRows;
-  const int64_t g_end = (row_end + kPackRows - 1) / kPackRows;
-  const int64_t ahead = PrefetchRowsAhead(group_bytes);
-  for (int64_t g = g_begin; g < std::min(g_begin + ahead, g_end); ++g) {
-    PrefetchBytes(a.w + g * group_bytes, group_bytes);
-  }
-  for (int64_t g = g_begin; g < g_end; g += 2) {
+  const GroupSpan span = GroupsOf(row_begin, row_end);
+  const int64_t g_end = span.end;
+  const int64_t ahead = PrefetchFirstGroups(a.w, group_bytes, span);
+  for (int64_t g = span.begin; g < g_end; g += 2) {
     const uint8_t* ga = a.w + g * group_bytes;
     // A lone last group is paired with itself; its copy's lanes are not stored.
     const uint8_t* gb = g + 1 < g_end ? ga + group_bytes : ga;

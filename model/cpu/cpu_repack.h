@@ -59,6 +59,25 @@ size_t PackedGroupBytes(GgmlType type, int64_t blocks);
 // packs its slice). Size: ceil(rows / 8) * PackedGroupBytes.
 std::vector<uint8_t> PackRows(const WeightView& w);
 
+// The packed groups [begin, end) that hold rows [row_begin, row_end) of an x8 call
+// (row_begin a multiple of 8), as the kernels walk them.
+struct GroupSpan {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+static inline GroupSpan GroupsOf(int64_t row_begin, int64_t row_end) {
+  return {row_begin / kPackRows, (row_end + kPackRows - 1) / kPackRows};
+}
+// Prefetches the first groups of `span` (of packed matrix w, group_bytes apart) and returns
+// how many groups ahead a kernel should keep prefetching (PrefetchRowsAhead).
+static inline int64_t PrefetchFirstGroups(const uint8_t* w, size_t group_bytes, GroupSpan span) {
+  const int64_t ahead = PrefetchRowsAhead(group_bytes);
+  for (int64_t g = span.begin; g < span.end && g < span.begin + ahead; ++g) {
+    PrefetchBytes(w + g * group_bytes, group_bytes);
+  }
+  return ahead;
+}
+
 // y[t * ldy + r] for r in [row_begin, row_end), t < n, with the arithmetic above in scalar
 // code: args.w = the packed copy, args.row_stride = PackedGroupBytes, row_begin a multiple
 // of 8. Bit-identical to every table's matmul_quant_x8 (tests).
