@@ -142,8 +142,14 @@ void CpuPagePool::WriteSeq(const KvPoolPassSeq& s, int layer, const float* k, co
         kr = rk.data();
         vr = rv.data();
       }
-      KvEncodeRow(p, kr, hd, Row(slot, layer, h, false));
-      KvEncodeRow(p, vr, hd, Row(slot, layer, h, true));
+      if (p == KvPrecision::kFull) {
+        // The same bytes as KvEncodeRow, with the table's F16C encoder.
+        kernels_->encode_f16(kr, hd, Row(slot, layer, h, false));
+        kernels_->encode_f16(vr, hd, Row(slot, layer, h, true));
+      } else {
+        KvEncodeRow(p, kr, hd, Row(slot, layer, h, false));
+        KvEncodeRow(p, vr, hd, Row(slot, layer, h, true));
+      }
     }
   }
 }

@@ -107,9 +107,18 @@ struct Avx2 {
   }
 };
 
+// F16C, round to nearest even: Fp32ToFp16's rounding, inf and NaN (quiet, top payload
+// bits) exactly.
+void EncodeF16(const float* x, int n, uint8_t* row) {
+  for (int i = 0; i < n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 2 * i), h);
+  }
+}
+
 }  // namespace
 
 const KvAttentionKernels kAvx2KvKernels = {"avx2", &simd::Scores<Avx2>, &simd::ExpSum<Avx2>,
-                                           &simd::Accumulate<Avx2>};
+                                           &simd::Accumulate<Avx2>, &EncodeF16};
 
 }  // namespace specnode::kv_kernels

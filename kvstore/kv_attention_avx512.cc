@@ -121,9 +121,18 @@ struct Avx512 {
   }
 };
 
+// F16C, round to nearest even: Fp32ToFp16's rounding, inf and NaN (quiet, top payload
+// bits) exactly.
+void EncodeF16(const float* x, int n, uint8_t* row) {
+  for (int i = 0; i < n; i += 16) {
+    const __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 2 * i), h);
+  }
+}
+
 }  // namespace
 
 const KvAttentionKernels kAvx512KvKernels = {"avx512", &simd::Scores<Avx512>, &simd::ExpSum<Avx512>,
-                                             &simd::Accumulate<Avx512>};
+                                             &simd::Accumulate<Avx512>, &EncodeF16};
 
 }  // namespace specnode::kv_kernels

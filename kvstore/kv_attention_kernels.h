@@ -75,6 +75,10 @@ struct KvAttentionKernels {
   // of class p; mass (may be null) as KvMassOut says.
   void (*accumulate)(KvPrecision p, const uint8_t* const* rows, int n, const float* e, size_t ld,
                      int g, int head_dim, float* out, const KvMassOut* mass);
+  // The f16 row of x (kv_precision.h, KvPrecision::kFull): row[2i, 2i + 2) = Fp32ToFp16(x[i])
+  // for i < n, little-endian, bit for bit (round to nearest even, inf, NaN payloads; F16C
+  // in the SIMD tables), n % 16 == 0 in the SIMD tables. The write path's encoder.
+  void (*encode_f16)(const float* x, int n, uint8_t* row);
 };
 
 // Defined one per ISA file. Calling a table's functions needs the matching CPU support:

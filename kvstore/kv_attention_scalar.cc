@@ -8,6 +8,7 @@
 
 #include "kvstore/kv_attention_kernels.h"
 #include "model/cpu/cpu_features.h"
+#include "model/gguf/ggml_types.h"
 
 namespace specnode::kv_kernels {
 namespace {
@@ -169,9 +170,16 @@ void Accumulate(KvPrecision p, const uint8_t* const* rows, int n, const float* e
   }
 }
 
+void EncodeF16(const float* x, int n, uint8_t* row) {
+  for (int i = 0; i < n; ++i) {
+    const uint16_t h = Fp32ToFp16(x[i]);
+    std::memcpy(row + 2 * i, &h, 2);
+  }
+}
+
 }  // namespace
 
-const KvAttentionKernels kScalarKvKernels = {"scalar", &Scores, &ExpSum, &Accumulate};
+const KvAttentionKernels kScalarKvKernels = {"scalar", &Scores, &ExpSum, &Accumulate, &EncodeF16};
 
 const KvAttentionKernels& SelectedKvKernels(int head_dim) {
   if (head_dim % 16 != 0) return kScalarKvKernels;

@@ -2,6 +2,8 @@
 // reference, per precision class and head_dim, and the store-level guarantees that rest on
 // them: a query's output does not depend on the batch it came in or on threads.
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -9,9 +11,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "model/cpu/thread_pool.h"
 #include "kvstore/kv_attention_kernels.h"
 #include "kvstore/kv_store.h"
+#include "model/cpu/thread_pool.h"
+#include "model/gguf/ggml_types.h"
 #include "tests/kvstore/kv_store_test_util.h"
 
 namespace specnode {
@@ -183,6 +186,38 @@ TEST_P(KvExpSumTest, MatchesScalarReference) {
 
 INSTANTIATE_TEST_SUITE_P(Isa, KvExpSumTest, ::testing::ValuesIn(kv_kernels::SupportedKvKernels()),
                          [](const auto& info) { return std::string(info.param->name); });
+
+// encode_f16 equals Fp32ToFp16 bit for bit on every 4099th float bit pattern (all
+// exponents, both signs, subnormal and NaN payloads) and on the rounding boundaries.
+TEST_P(KvExpSumTest, EncodeF16EqualsScalarConversion) {
+  const KvAttentionKernels* kernels = GetParam();
+  std::vector<float> x;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 4099) {
+    const uint32_t b = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &b, 4);
+    x.push_back(f);
+  }
+  for (float f :
+       {0.0f, -0.0f, 65504.0f, 65519.996f, 65520.0f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f,
+        6.1035156e-05f, 6.1035152e-05f, 1.0009766f, 1.0004883f,
+        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::signaling_NaN(),
+        std::numeric_limits<float>::denorm_min(), 1e-40f, -3e-39f}) {
+    x.push_back(f);
+  }
+  while (x.size() % 16 != 0) x.push_back(1.5f);
+  std::vector<uint8_t> got(2 * x.size()), want(2 * x.size());
+  kv_kernels::kScalarKvKernels.encode_f16(x.data(), static_cast<int>(x.size()), want.data());
+  kernels->encode_f16(x.data(), static_cast<int>(x.size()), got.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint16_t g, w;
+    std::memcpy(&g, got.data() + 2 * i, 2);
+    std::memcpy(&w, want.data() + 2 * i, 2);
+    ASSERT_EQ(g, w) << kernels->name << " value " << x[i] << " index " << i;
+    ASSERT_EQ(w, Fp32ToFp16(x[i]));
+  }
+}
 
 // Store level: a prefill's outputs equal the same queries asked one at a time, bit for bit,
 // in every mode (so speculative verification and plain decoding agree), and Attend for
