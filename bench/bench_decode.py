@@ -4,6 +4,10 @@
 One run measures, in interleaved rounds (specnode, llama.cpp, specnode, llama.cpp, ...):
   * specnode prefill and decode tokens/s at batch 1, 4, 16, via
       specnode bench --model M --threads T --batch 1,4,16 --prompt-tokens P --decode-tokens D --json
+  * llama.cpp's batched prefill and decode at every batch size through its own
+    llama-batched-bench (--llama-tools DIR, default $SPECNODE_LLAMA_TOOLS/bin or
+    ~/.cache/specnode/llama-tools/bin, built by bench/setup-llama-cpp; skipped with a note
+    when missing): -npp P -ntg D -npl <batches>, prompts not shared, --output-format jsonl
   * llama.cpp decode tokens/s at batch 1 through llama-cpp-python (n_threads =
     n_threads_batch = T): a P-token prompt, then D greedy tokens; only the decode loop is
     timed (prefill is reported separately). Each llama.cpp round runs in a fresh child
@@ -84,6 +88,39 @@ def run_llama(args) -> dict:
     if p.returncode != 0:
         raise RuntimeError(f"llama.cpp worker failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def llama_tools_dir(args) -> Path:
+    if args.llama_tools:
+        return Path(args.llama_tools)
+    env = os.environ.get("SPECNODE_LLAMA_TOOLS")
+    base = Path(env) if env else Path.home() / ".cache" / "specnode" / "llama-tools"
+    return base / "bin"
+
+
+def run_llama_batched(args) -> list[dict] | None:
+    """llama-batched-bench at args.batch (prompts not shared), or None when not built."""
+    exe = llama_tools_dir(args) / "llama-batched-bench"
+    if not os.access(exe, os.X_OK):
+        return None
+    ctx = max(args.batch) * (args.prompt_tokens + args.decode_tokens) + 16
+    cmd = [str(exe), "-m", args.model, "-t", str(args.threads), "-tb", str(args.threads),
+           "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(args.prompt_tokens),
+           "-ntg", str(args.decode_tokens), "-npl", ",".join(map(str, args.batch)),
+           "--output-format", "jsonl"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    rows = []
+    for line in p.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            r = json.loads(line)
+            rows.append({"batch": int(r["pl"]), "prefill_tokens_per_s": float(r["speed_pp"]),
+                         "decode_tokens_per_s": float(r["speed_tg"])})
+    if not rows:
+        raise RuntimeError(f"llama-batched-bench printed no JSONL rows:\n{p.stdout[-2000:]}")
+    return rows
 
 
 # ------------------------------------------------------------------ specnode side
@@ -203,6 +240,24 @@ def summarise(rounds: list[dict], batches: list[int], meta: dict | None = None,
         if sn and rd.get("llama_cpp"):
             ratios.append(sn[0]["decode_tokens_per_s"] / rd["llama_cpp"]["decode_tokens_per_s"])
     summary["decode_ratio_specnode_over_llama_cpp_batch1"] = {"per_round": ratios, "median": median(ratios)}
+    # llama-batched-bench, per batch size: medians and per-round ratios specnode / llama.cpp.
+    summary["llama_cpp_batched"] = {}
+    for b in batches:
+        lb = [r for rd in rounds for r in rd.get("llama_batched") or [] if r["batch"] == b]
+        if not lb:
+            continue
+        decode_ratios, prefill_ratios = [], []
+        for rd in rounds:
+            sn = [r for r in rd.get("specnode") or [] if r["batch"] == b]
+            ll = [r for r in rd.get("llama_batched") or [] if r["batch"] == b]
+            if sn and ll:
+                decode_ratios.append(sn[0]["decode_tokens_per_s"] / ll[0]["decode_tokens_per_s"])
+                prefill_ratios.append(sn[0]["prefill_tokens_per_s"] / ll[0]["prefill_tokens_per_s"])
+        summary["llama_cpp_batched"][str(b)] = {
+            "prefill_tokens_per_s": median([r["prefill_tokens_per_s"] for r in lb]),
+            "decode_tokens_per_s": median([r["decode_tokens_per_s"] for r in lb]),
+            "decode_ratio": {"per_round": decode_ratios, "median": median(decode_ratios)},
+            "prefill_ratio": {"per_round": prefill_ratios, "median": median(prefill_ratios)}}
     return summary
 
 
@@ -230,6 +285,12 @@ def print_table(summary: dict, args) -> None:
     r = summary["llama_cpp"]["1"]
     if r["decode_tokens_per_s"] is not None:
         print(f"{'llama.cpp':<12}{1:>6}{fmt(r['prefill_tokens_per_s']):>16}{fmt(r['decode_tokens_per_s']):>15}")
+    for b, r in summary.get("llama_cpp_batched", {}).items():
+        print(f"{'llama.cpp*':<12}{b:>6}{fmt(r['prefill_tokens_per_s']):>16}{fmt(r['decode_tokens_per_s']):>15}"
+              f"   specnode/llama.cpp: decode {fmt(r['decode_ratio']['median'], '.2f')}x, "
+              f"prefill {fmt(r['prefill_ratio']['median'], '.2f')}x")
+    if summary.get("llama_cpp_batched"):
+        print("  (* llama-batched-bench, prompts not shared; ratios are medians of per-round ratios)")
     ratio = summary["decode_ratio_specnode_over_llama_cpp_batch1"]["median"]
     print(f"decode ratio specnode/llama.cpp at batch 1 (median of per-round ratios): {fmt(ratio, '.3f')}")
 
@@ -250,6 +311,8 @@ def parse_args(argv):
     ap.add_argument("--no-peak", action="store_true", help="do not measure the machine's limits")
     ap.add_argument("--skip-specnode", action="store_true", help="measure llama.cpp only")
     ap.add_argument("--skip-llama", action="store_true", help="measure specnode only")
+    ap.add_argument("--llama-tools", help="folder with llama-batched-bench (default "
+                    "$SPECNODE_LLAMA_TOOLS/bin or ~/.cache/specnode/llama-tools/bin)")
     ap.add_argument("--out", help="JSON output (default bench/results/decode-<date>.json)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per engine run")
     ap.add_argument("--_llama-worker", dest="llama_worker", action="store_true", help=argparse.SUPPRESS)
@@ -284,13 +347,19 @@ def main(argv=None) -> int:
         print(f"error: bench_peak: {e}", file=sys.stderr)
     if peak:
         print("limits: " + json.dumps(peak), file=sys.stderr)
+    runners = {"specnode": run_specnode, "llama_cpp": run_llama, "llama_batched": run_llama_batched}
+    if not args.skip_llama and not os.access(llama_tools_dir(args) / "llama-batched-bench", os.X_OK):
+        print(f"note: no llama-batched-bench in {llama_tools_dir(args)} (bench/setup-llama-cpp builds "
+              "it): no batched comparison", file=sys.stderr)
     for i in range(args.rounds):
         rd: dict = {"round": i + 1}
-        for side in ("specnode", "llama_cpp"):
-            if (side == "specnode" and args.skip_specnode) or (side == "llama_cpp" and args.skip_llama):
+        for side in ("specnode", "llama_cpp", "llama_batched"):
+            if (side == "specnode" and args.skip_specnode) or (side != "specnode" and args.skip_llama):
                 continue
             try:
-                rd[side] = run_specnode(args) if side == "specnode" else run_llama(args)
+                got = runners[side](args)
+                if got is not None:
+                    rd[side] = got
             except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
                 errors.append(f"round {i + 1} {side}: {e}")
                 print(f"error: round {i + 1} {side}: {e}", file=sys.stderr)
