@@ -77,7 +77,8 @@ struct KvAttentionKernels {
                      int g, int head_dim, float* out, const KvMassOut* mass);
   // The f16 row of x (kv_precision.h, KvPrecision::kFull): row[2i, 2i + 2) = Fp32ToFp16(x[i])
   // for i < n, little-endian, bit for bit (round to nearest even, inf, NaN payloads; F16C
-  // in the SIMD tables), n % 16 == 0 in the SIMD tables. The write path's encoder.
+  // in the SIMD tables), n % 16 == 0 in the SIMD tables, n even in the scalar one (it is
+  // KvEncodeRow). The write path's encoder.
   void (*encode_f16)(const float* x, int n, uint8_t* row);
 };
 

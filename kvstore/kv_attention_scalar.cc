@@ -8,7 +8,6 @@
 
 #include "kvstore/kv_attention_kernels.h"
 #include "model/cpu/cpu_features.h"
-#include "model/gguf/ggml_types.h"
 
 namespace specnode::kv_kernels {
 namespace {
@@ -170,12 +169,8 @@ void Accumulate(KvPrecision p, const uint8_t* const* rows, int n, const float* e
   }
 }
 
-void EncodeF16(const float* x, int n, uint8_t* row) {
-  for (int i = 0; i < n; ++i) {
-    const uint16_t h = Fp32ToFp16(x[i]);
-    std::memcpy(row + 2 * i, &h, 2);
-  }
-}
+// The reference encoder is kv_precision's own.
+void EncodeF16(const float* x, int n, uint8_t* row) { KvEncodeRow(KvPrecision::kFull, x, n, row); }
 
 }  // namespace
 

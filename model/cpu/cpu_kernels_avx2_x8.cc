@@ -36,10 +36,8 @@ template <GgmlType kType, int T>
 void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
   constexpr bool kQ41 = kType == GgmlType::kQ4_1;
-  constexpr size_t kBlockBytes = kQ8    ? 8 * sizeof(BlockQ8_0)
-                                 : kQ41 ? 8 * sizeof(BlockQ4_1)
-                                        : 8 * sizeof(BlockQ4_0);
-  constexpr size_t kHead = kQ41 ? 32 : 16;
+  constexpr size_t kBlockBytes = PackedBlockBytes(kType);
+  constexpr size_t kHead = PackedHeadBytes(kType);
   const int16_t* xq[T];
   const float* xd[T];
   const float* xs[T];

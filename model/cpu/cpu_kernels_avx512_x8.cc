@@ -2,7 +2,8 @@
 // flags, run only when CpuFeatures::avx512, the VNNI ones only with avx512_vnni): one zmm
 // lane per output row, 16 rows per instruction = two packed groups of 8 side by side (the
 // packed layout is the AVX2 kernel's; a second group costs one 128/256-bit insert per chunk
-// and no other work). Activations in natural order (QuantizeNatural / Quantize8Natural).
+// and no other work). Activations in natural order (QuantizeNaturalAvx512 /
+// Quantize8NaturalAvx512).
 //
 // Int16 activations (matmul_quant_x8): chunk c of both groups (2 x 16 bytes) is widened to
 // 32 int16 once per tile (vpmovzxbw; Q4: its low and high nibbles are the value pairs
@@ -91,13 +92,6 @@ inline __m512i DotPairs(__m512i acc, __m512i w, __m512i x) {
   }
 }
 
-template <GgmlType kType>
-constexpr size_t PackedBlock() {
-  return kType == GgmlType::kQ8_0   ? 8 * sizeof(BlockQ8_0)
-         : kType == GgmlType::kQ4_1 ? 8 * sizeof(BlockQ4_1)
-                                    : 8 * sizeof(BlockQ4_0);
-}
-
 // The per-block scale step shared by both activation widths: for each token,
 // acc = fma(float(dot), d_w d_t, acc), then the Q4_1 / Q4_0 / int8-Q8_0 offset term.
 template <GgmlType kType, bool kInt8, int T>
@@ -134,8 +128,8 @@ template <GgmlType kType, bool kVnni, bool kInt8, int T>
 void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int64_t t0,
             __m512 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
-  constexpr size_t kBlockBytes = PackedBlock<kType>();
-  constexpr size_t kHead = kType == GgmlType::kQ4_1 ? 32 : 16;
+  constexpr size_t kBlockBytes = PackedBlockBytes(kType);
+  constexpr size_t kHead = PackedHeadBytes(kType);
   const uint8_t* xq[T];
   const float* xd[T];
   const float* xs[T];

@@ -10,18 +10,10 @@ namespace {
 // Where a natural-layout block's quants start.
 size_t QuantOffset(GgmlType type) { return type == GgmlType::kQ4_1 ? 4 : 2; }
 
-// Bytes before the quants in a packed block: d[8] (and m[8] for Q4_1).
-size_t PackedHeadBytes(GgmlType type) { return type == GgmlType::kQ4_1 ? 32 : 16; }
-
 }  // namespace
 
 bool IsPackable(GgmlType type) {
   return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
-}
-
-size_t PackedBlockBytes(GgmlType type) {
-  assert(IsPackable(type));
-  return kPackRows * GgmlBlockBytes(type);
 }
 
 size_t PackedGroupBytes(GgmlType type, int64_t blocks) {

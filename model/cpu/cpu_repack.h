@@ -51,8 +51,16 @@ inline constexpr int kPackRows = 8;
 
 // True for the types with a packed layout (Q4_0, Q4_1, Q8_0).
 bool IsPackable(GgmlType type);
-// Bytes of one block of 8 rows / one group of 8 rows of `blocks` blocks.
-size_t PackedBlockBytes(GgmlType type);
+// Bytes before the quants in a packed block: d[8] (and m[8] for Q4_1). Constant
+// expressions, so the kernels' templates use them too (static: see cpu_kernels.h).
+static constexpr size_t PackedHeadBytes(GgmlType type) { return type == GgmlType::kQ4_1 ? 32 : 16; }
+// Bytes of one block of 8 rows (of a packable type).
+static constexpr size_t PackedBlockBytes(GgmlType type) {
+  return kPackRows * (type == GgmlType::kQ8_0   ? sizeof(BlockQ8_0)
+                      : type == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
+                                                : sizeof(BlockQ4_0));
+}
+// Bytes of one group of 8 rows of `blocks` blocks.
 size_t PackedGroupBytes(GgmlType type, int64_t blocks);
 
 // The packed copy of `w` (IsPackable(w.type), cols a multiple of 32; a column slice view

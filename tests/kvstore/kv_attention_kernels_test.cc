@@ -189,7 +189,9 @@ INSTANTIATE_TEST_SUITE_P(Isa, KvExpSumTest, ::testing::ValuesIn(kv_kernels::Supp
 
 // encode_f16 equals Fp32ToFp16 bit for bit on every 4099th float bit pattern (all
 // exponents, both signs, subnormal and NaN payloads) and on the rounding boundaries.
-TEST_P(KvExpSumTest, EncodeF16EqualsScalarConversion) {
+class KvEncodeF16Test : public ::testing::TestWithParam<const KvAttentionKernels*> {};
+
+TEST_P(KvEncodeF16Test, EqualsScalarConversion) {
   const KvAttentionKernels* kernels = GetParam();
   std::vector<float> x;
   for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 4099) {
@@ -218,6 +220,10 @@ TEST_P(KvExpSumTest, EncodeF16EqualsScalarConversion) {
     ASSERT_EQ(w, Fp32ToFp16(x[i]));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Isa, KvEncodeF16Test,
+                         ::testing::ValuesIn(kv_kernels::SupportedKvKernels()),
+                         [](const auto& info) { return std::string(info.param->name); });
 
 // Store level: a prefill's outputs equal the same queries asked one at a time, bit for bit,
 // in every mode (so speculative verification and plain decoding agree), and Attend for
