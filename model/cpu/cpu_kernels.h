@@ -162,8 +162,10 @@ extern const KernelTable kScalarKernels;
 extern const KernelTable kAvx2Kernels;
 extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpmaddwd
 extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpwssd
-// The avx2 table's matmul_quant_x8 (cpu_kernels_avx2_x8.cc; needs CpuFeatures::avx2).
+// The avx2 table's matmul_quant_x8 and matmul_quant8_x8 (cpu_kernels_avx2_x8.cc; need
+// CpuFeatures::avx2).
 void MatMulQuantX8Avx2(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+void MatMulQuant8X8Avx2(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 // The AVX-512 tables' x8 path (cpu_kernels_avx512_x8.cc): natural-order quantisers and the
 // kernels (16 rows per instruction; needs CpuFeatures::avx512, the Vnni ones avx512_vnni).
 void QuantizeNaturalAvx512(const float* x, int64_t blocks, GgmlType weight_type, int16_t* qs,

@@ -367,7 +367,7 @@ const KernelTable kAvx2Kernels = {.name = "avx2",
                                   .matmul_quant8 = &MatMulQuant<true>,
                                   .quantize_x8 = &Quantize,
                                   .matmul_quant_x8 = &MatMulQuantX8Avx2,
-                                  .quantize8_x8 = nullptr,
-                                  .matmul_quant8_x8 = nullptr};
+                                  .quantize8_x8 = &Quantize8,
+                                  .matmul_quant8_x8 = &MatMulQuant8X8Avx2};
 
 }  // namespace specnode::cpu_kernels

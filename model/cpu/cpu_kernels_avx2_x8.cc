@@ -9,8 +9,21 @@
 // low and high nibbles are two pairs of values), a Q8_0 chunk by one vpmovsxbw. No gather,
 // no horizontal sum: the accumulators are the 8 rows' results.
 //
-// Arithmetic (and so the bits of every result) is PackedMatMulReference's; FMAs are
-// spelled out, so -ffp-contract has nothing to fuse.
+// Int8 activations (MatMulQuant8X8Avx2): vpmaddubsw multiplies 32 u8 x s8 pairs, so each
+// row's lane needs 4 consecutive quant bytes; chunks c and c + 1 hold 2 per row, and one
+// word unpack (lo/hi) + insert per chunk pair and tile joins them: dword i = row i's quant
+// bytes 2c .. 2c + 3. Q4: the low / high nibbles are then values 2c .. 2c + 3 / + 16, times
+// the token's 4 activations broadcast as one dword; the pair sums (|·| <= 2 * 15 * 128)
+// are added in int16 over the whole block (8 terms per word: |Σ| <= 30720, no wrap) and
+// widened once per block by vpmaddwd with ones, so a block costs 8 vpmaddubsw + 8 vpaddw
+// per token against the int16 kernel's 16 vpmaddwd + 16 vpaddd. Q8_0 has no such headroom
+// (|q| <= 128): the signs move onto the activations (vpsignb, as the natural avx2 int8
+// kernel does), |q| is the unsigned operand, each pair sum is widened at once, and
+// Σ (q + 128) qs = Σ q qs + 128 Σ qs in int32 reproduces PackedMatMulReference8's dot
+// exactly (activations |qs| <= 127, as the quantiser makes them).
+//
+// Arithmetic (and so the bits of every result) is PackedMatMulReference's (int8:
+// PackedMatMulReference8's); FMAs are spelled out, so -ffp-contract has nothing to fuse.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -24,7 +37,8 @@ namespace specnode::cpu_kernels {
 namespace {
 
 constexpr int kBlock = kQuantBlock;
-constexpr int kTile = 4;  // tokens per pass over a group's weights
+constexpr int kTile = 4;   // tokens per pass over a group's weights (int16)
+constexpr int kTile8 = 4;  // the same for int8 activations
 
 // The 32-bit word at p (two int16 activations) in all 8 lanes, as one load.
 inline __m256i BroadcastPair(const int16_t* p) {
@@ -101,6 +115,111 @@ void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (
   for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
+// The 4 int8 activations at p (values j .. j + 3) in all 8 dword lanes, as one load.
+inline __m256i BroadcastQuad(const int8_t* p) {
+  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
+}
+
+// Chunks c and c + 1 of a block's quants as 8 dword lanes: lane i = row i's quant bytes
+// 2c .. 2c + 3 (chunk c holds bytes 2c, 2c + 1 of row i at 2i, chunk c + 1 the next two).
+inline __m256i JoinChunkPair(const uint8_t* chunk) {
+  const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk));
+  const __m128i c1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 16));
+  return _mm256_set_m128i(_mm_unpackhi_epi16(c0, c1), _mm_unpacklo_epi16(c0, c1));
+}
+
+// Σ of the 32 int8 values at p, in all 8 dword lanes (exact).
+inline __m256i BlockSum(const int8_t* p) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
+  v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0x4E));
+  v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0xB1));
+  return _mm256_add_epi32(v, _mm256_permute2x128_si256(v, v, 1));
+}
+
+// TileX8 over int8 activations (a.x.qs8, natural order).
+template <GgmlType kType, int T>
+void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (&out)[T]) {
+  constexpr bool kQ8 = kType == GgmlType::kQ8_0;
+  constexpr bool kQ41 = kType == GgmlType::kQ4_1;
+  constexpr size_t kBlockBytes = PackedBlockBytes(kType);
+  constexpr size_t kHead = PackedHeadBytes(kType);
+  const int8_t* xq[T];
+  const float* xd[T];
+  const float* xs[T];
+  __m256 acc[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    xq[t] = a.x.qs8 + (t0 + t) * a.x.qs_stride;
+    xd[t] = a.x.d + (t0 + t) * a.x.ds_stride;
+    xs[t] = a.x.s + (t0 + t) * a.x.ds_stride;
+    acc[t] = _mm256_setzero_ps();
+  }
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const uint8_t* blk = group + b * kBlockBytes;
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (kQ41) {
+      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
+    } else if constexpr (kQ8) {
+      mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
+    } else {
+      mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+    }
+    const uint8_t* q = blk + kHead;
+    __m256i dot[T];
+    if constexpr (kQ8) {
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) dot[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int c = 0; c < 16; c += 2) {
+        const __m256i w = JoinChunkPair(q + 16 * c);
+        const __m256i uw = _mm256_sign_epi8(w, w);  // |q| as unsigned bytes (128 for -128)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const __m256i x = BroadcastQuad(xq[t] + b * kBlock + 2 * c);
+          const __m256i p = _mm256_maddubs_epi16(uw, _mm256_sign_epi8(x, w));
+          dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p, ones));
+        }
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const __m256i sum = BlockSum(xq[t] + b * kBlock);
+        dot[t] = _mm256_add_epi32(dot[t], _mm256_slli_epi32(sum, 7));  // + 128 Σ qs
+      }
+    } else {
+      __m256i part[T];  // int16 pair sums, two words per row
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) part[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int c = 0; c < 8; c += 2) {
+        const __m256i w = JoinChunkPair(q + 16 * c);
+        const __m256i lo = _mm256_and_si256(w, nibble);                        // 2c .. 2c + 3
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibble);  // + 16
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const int8_t* xb = xq[t] + b * kBlock + 2 * c;
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, BroadcastQuad(xb)),
+                                             _mm256_maddubs_epi16(hi, BroadcastQuad(xb + 16)));
+          part[t] = _mm256_add_epi16(part[t], p);
+        }
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) dot[t] = _mm256_madd_epi16(part[t], ones);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd[t] + b));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale, acc[t]);
+      acc[t] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(xs[t] + b), acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
 // Writes the rows [r0, r0 + 8) ∩ [.., row_end) of tokens [t0, t0 + T).
 template <int T>
 inline void StoreX8(const QuantMatMulArgs& a, const __m256 (&v)[T], int64_t r0, int64_t row_end,
@@ -118,8 +237,22 @@ inline void StoreX8(const QuantMatMulArgs& a, const __m256 (&v)[T], int64_t r0, 
   }
 }
 
-template <GgmlType kType>
+// One tile of T tokens against one group: TileX8 (int16) or Tile8X8 (int8).
+template <GgmlType kType, bool kInt8, int T>
+inline void RunTile(const QuantMatMulArgs& a, const uint8_t* group, int64_t r0, int64_t row_end,
+                    int64_t t) {
+  __m256 v[T];
+  if constexpr (kInt8) {
+    Tile8X8<kType, T>(a, group, t, v);
+  } else {
+    TileX8<kType, T>(a, group, t, v);
+  }
+  StoreX8<T>(a, v, r0, row_end, t);
+}
+
+template <GgmlType kType, bool kInt8>
 void RowsX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  static_assert(kTile == 4 && kTile8 == 4, "the switch below covers tiles of 1..4");
   assert(row_begin % kPackRows == 0);
   const size_t group_bytes = a.row_stride;
   const GroupSpan span = GroupsOf(row_begin, row_end);
@@ -131,49 +264,46 @@ void RowsX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     const int64_t r0 = g * kPackRows;
     // As few tiles as possible, of near-equal sizes (5 tokens: 3 + 2).
     for (int64_t t = 0; t < a.n;) {
-      const int tile = NearEqualTile(a.n - t, kTile);
+      const int tile = NearEqualTile(a.n - t, kInt8 ? kTile8 : kTile);
       switch (tile) {
-        case 4: {
-          __m256 v[4];
-          TileX8<kType, 4>(a, group, t, v);
-          StoreX8<4>(a, v, r0, row_end, t);
+        case 4:
+          RunTile<kType, kInt8, 4>(a, group, r0, row_end, t);
           break;
-        }
-        case 3: {
-          __m256 v[3];
-          TileX8<kType, 3>(a, group, t, v);
-          StoreX8<3>(a, v, r0, row_end, t);
+        case 3:
+          RunTile<kType, kInt8, 3>(a, group, r0, row_end, t);
           break;
-        }
-        case 2: {
-          __m256 v[2];
-          TileX8<kType, 2>(a, group, t, v);
-          StoreX8<2>(a, v, r0, row_end, t);
+        case 2:
+          RunTile<kType, kInt8, 2>(a, group, r0, row_end, t);
           break;
-        }
-        default: {
-          __m256 v[1];
-          TileX8<kType, 1>(a, group, t, v);
-          StoreX8<1>(a, v, r0, row_end, t);
+        default:
+          RunTile<kType, kInt8, 1>(a, group, r0, row_end, t);
           break;
-        }
       }
       t += tile;
     }
   }
 }
 
+template <bool kInt8>
+void MatMulX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  switch (a.type) {
+    case GgmlType::kQ4_0:
+      return RowsX8<GgmlType::kQ4_0, kInt8>(a, row_begin, row_end);
+    case GgmlType::kQ4_1:
+      return RowsX8<GgmlType::kQ4_1, kInt8>(a, row_begin, row_end);
+    default:
+      return RowsX8<GgmlType::kQ8_0, kInt8>(a, row_begin, row_end);
+  }
+}
+
 }  // namespace
 
 void MatMulQuantX8Avx2(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  switch (a.type) {
-    case GgmlType::kQ4_0:
-      return RowsX8<GgmlType::kQ4_0>(a, row_begin, row_end);
-    case GgmlType::kQ4_1:
-      return RowsX8<GgmlType::kQ4_1>(a, row_begin, row_end);
-    default:
-      return RowsX8<GgmlType::kQ8_0>(a, row_begin, row_end);
-  }
+  MatMulX8<false>(a, row_begin, row_end);
+}
+
+void MatMulQuant8X8Avx2(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  MatMulX8<true>(a, row_begin, row_end);
 }
 
 }  // namespace specnode::cpu_kernels

@@ -319,7 +319,13 @@ int Main(int argc, char** argv) {
   }
   if (!write_dir.empty()) {
     json out = {{"kernels", kernels}, {"cases", *cases}};
-    std::ofstream(file) << out.dump(1) << "\n";
+    std::ofstream f(file);
+    f << out.dump(1) << "\n";
+    f.close();
+    if (!f) {  // a missing directory, a full disk: say so rather than claim the write
+      std::fprintf(stderr, "golden_capture: cannot write %s\n", file.c_str());
+      return 1;
+    }
     std::fprintf(stderr, "golden_capture: wrote %zu cases to %s\n", cases->size(), file.c_str());
     return 0;
   }
