@@ -1,4 +1,4 @@
-// Internal to the CPU backend: the per-instruction-set kernels behind MatMul.
+// Internal to the CPU backend: the per-instruction-set kernels behind MatMul (and SwiGlu).
 //
 // Each of cpu_kernels_{scalar,avx2,avx512}.cc is compiled for its own ISA and exports one
 // or two KernelTables. Only cpu_matmul.cc (and tests) call them, and only after
@@ -136,7 +136,33 @@ struct KernelTable {
   void (*quantize8_x8)(const float* x, int64_t blocks, GgmlType weight_type, int8_t* qs, float* d,
                        float* s);
   void (*matmul_quant8_x8)(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+  // out[i] = silu(gate[i]) * up[i] for n values (SwiGlu, cpu_ops.h), bit-identical in every
+  // table: the SwiGluExp arithmetic below, lane by lane (out may alias gate or up).
+  void (*swiglu)(const float* gate, const float* up, int64_t n, float* out);
 };
+
+// SwiGLU's exponential, one arithmetic for every table so that scalar and SIMD results
+// (and so the goldens of a level) do not depend on the vector width: for x = -gate,
+//   x  = min(max(x, kLo), kHi)           (ordered as maxps(kLo, x): a NaN stays NaN)
+//   kf = fma(x, log2(e), 1.5 * 2^23)     (round-to-nearest k in the low mantissa bits)
+//   k  = kf - 1.5 * 2^23                 (exact)
+//   r  = fma(k, -ln2_lo, fma(k, -ln2_hi, x))   (Cody-Waite, |r| <= ln2 / 2)
+//   p  = Horner over kP with fma;  e = fma(p, r * r, r) + 1    (Cephes expf's polynomial)
+//   2^k from the bits of kf: (bits(kf) + 127) << 23  (k in [-126, 127] after the clamp)
+//   out = gate / fma(e, 2^k, 1) * up
+// Every fma is explicit, so contraction cannot make one file differ from another. Within
+// 2 ulp of expf over the clamp range (tests); gate > 87 gives silu = gate (exp(-87) is
+// below the last bit), gate < -88 a tiny negative instead of -0.
+namespace swiglu_exp {
+inline constexpr float kLo = -87.0f;
+inline constexpr float kHi = 88.0f;
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+inline constexpr float kLn2Hi = 0.693359375f;
+inline constexpr float kLn2Lo = -2.12194440e-4f;
+inline constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace swiglu_exp
 
 // The helpers below are `static inline`: this header is included by files compiled for
 // different ISAs, and a shared (ODR-merged) out-of-line copy built with AVX-512 flags could
@@ -162,6 +188,10 @@ extern const KernelTable kScalarKernels;
 extern const KernelTable kAvx2Kernels;
 extern const KernelTable kAvx512Kernels;      // AVX-512BW, dot products via vpmaddwd
 extern const KernelTable kAvx512VnniKernels;  // AVX-512 VNNI vpdpwssd
+// The scalar table's swiglu: the reference for every table's (needs nothing).
+void SwiGluScalar(const float* gate, const float* up, int64_t n, float* out);
+// The AVX2 and AVX-512 tables' swiglu (cpu_kernels_avx2.cc; needs CpuFeatures::avx2).
+void SwiGluAvx2(const float* gate, const float* up, int64_t n, float* out);
 // The avx2 table's matmul_quant_x8 and matmul_quant8_x8 (cpu_kernels_avx2_x8.cc; need
 // CpuFeatures::avx2).
 void MatMulQuantX8Avx2(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);

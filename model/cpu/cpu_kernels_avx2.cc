@@ -358,6 +358,30 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
+void SwiGluAvx2(const float* gate, const float* up, int64_t n, float* out) {
+  namespace c = swiglu_exp;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    __m256 x = _mm256_xor_ps(g, _mm256_set1_ps(-0.0f));  // -g: the sign flip of the scalar -g
+    x = _mm256_max_ps(_mm256_set1_ps(c::kLo), x);
+    x = _mm256_min_ps(_mm256_set1_ps(c::kHi), x);
+    const __m256 kf = _mm256_fmadd_ps(x, _mm256_set1_ps(c::kLog2e), _mm256_set1_ps(c::kMagic));
+    const __m256 k = _mm256_sub_ps(kf, _mm256_set1_ps(c::kMagic));
+    const __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-c::kLn2Lo),
+                                     _mm256_fmadd_ps(k, _mm256_set1_ps(-c::kLn2Hi), x));
+    __m256 p = _mm256_set1_ps(c::kP[0]);
+    for (int j = 1; j < 6; ++j) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c::kP[j]));
+    const __m256 e =
+        _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256 scale = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(kf), _mm256_set1_epi32(127)), 23));
+    const __m256 den = _mm256_fmadd_ps(e, scale, _mm256_set1_ps(1.0f));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, den), _mm256_loadu_ps(up + i)));
+  }
+  SwiGluScalar(gate + i, up + i, n - i, out + i);
+}
+
 // The x8 path's activations are this table's natural-order ones.
 const KernelTable kAvx2Kernels = {.name = "avx2",
                                   .quantize = &Quantize,
@@ -368,6 +392,7 @@ const KernelTable kAvx2Kernels = {.name = "avx2",
                                   .quantize_x8 = &Quantize,
                                   .matmul_quant_x8 = &MatMulQuantX8Avx2,
                                   .quantize8_x8 = &Quantize8,
-                                  .matmul_quant8_x8 = &MatMulQuant8X8Avx2};
+                                  .matmul_quant8_x8 = &MatMulQuant8X8Avx2,
+                                  .swiglu = &SwiGluAvx2};
 
 }  // namespace specnode::cpu_kernels

@@ -150,6 +150,28 @@ void MatMulFloat(const FloatMatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
+void SwiGluScalar(const float* gate, const float* up, int64_t n, float* out) {
+  namespace c = swiglu_exp;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    float x = -g;
+    x = c::kLo > x ? c::kLo : x;  // maxps(kLo, x) / minps(kHi, x): NaN passes through
+    x = c::kHi < x ? c::kHi : x;
+    const float kf = std::fma(x, c::kLog2e, c::kMagic);
+    const float k = kf - c::kMagic;
+    const float r = std::fma(k, -c::kLn2Lo, std::fma(k, -c::kLn2Hi, x));
+    float p = c::kP[0];
+    for (int j = 1; j < 6; ++j) p = std::fma(p, r, c::kP[j]);
+    const float e = std::fma(p, r * r, r) + 1.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &kf, 4);
+    bits = (bits + 127u) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    out[i] = g / std::fma(e, scale, 1.0f) * up[i];
+  }
+}
+
 // Natural-order quantisers for the x8 path, though no scalar x8 kernel is in the table
 // (PackedMatMulReference is the tests' reference).
 const KernelTable kScalarKernels = {.name = "scalar",
@@ -161,6 +183,7 @@ const KernelTable kScalarKernels = {.name = "scalar",
                                     .quantize_x8 = &Quantize,
                                     .matmul_quant_x8 = nullptr,
                                     .quantize8_x8 = &Quantize8,
-                                    .matmul_quant8_x8 = nullptr};
+                                    .matmul_quant8_x8 = nullptr,
+                                    .swiglu = &SwiGluScalar};
 
 }  // namespace specnode::cpu_kernels

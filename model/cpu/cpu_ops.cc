@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "model/cpu/cpu_kernels.h"
+
 namespace specnode {
 
 void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* y) {
@@ -53,10 +55,7 @@ void RopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int he
 }
 
 void SwiGlu(const float* gate, const float* up, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  cpu_kernels::SelectedKernels().swiglu(gate, up, n, out);
 }
 
 void AddInPlace(float* y, const float* x, int64_t n) {
