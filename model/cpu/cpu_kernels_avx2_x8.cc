@@ -45,34 +45,66 @@ inline __m256i BroadcastPair(const int16_t* p) {
   return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
 }
 
+// Token pointers and the 8-row accumulators of one tile of T tokens (both widths).
+template <typename Act, int T>
+struct TileTokens {
+  const Act* xq[T];
+  const float* xd[T];
+  const float* xs[T];
+  __m256 acc[T];
+
+  TileTokens(const Act* qs, const QuantActs& x, int64_t t0) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      xq[t] = qs + (t0 + t) * x.qs_stride;
+      xd[t] = x.d + (t0 + t) * x.ds_stride;
+      xs[t] = x.s + (t0 + t) * x.ds_stride;
+      acc[t] = _mm256_setzero_ps();
+    }
+  }
+
+  // Block b's scale step (cpu_repack.h): acc = fma(float(dot), d_w * d_t, acc), then, when
+  // the type has a minimum term, acc = fma(mw, s_t, acc).
+  template <bool kMin>
+  void AddBlock(const __m256i (&dot)[T], __m256 dw, __m256 mw, int64_t b) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd[t] + b));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale, acc[t]);
+      if constexpr (kMin) acc[t] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(xs[t] + b), acc[t]);
+    }
+  }
+};
+
+// A packed block's 8 row scales d_w, and the multiplier of s_t in its minimum term: m_w
+// (Q4_1), -8 d_w (Q4_0), -128 d_w (Q8_0 with int8 activations), none (Q8_0, int16).
+template <GgmlType kType, bool kInt8>
+inline void BlockScales(const uint8_t* blk, __m256* dw, __m256* mw) {
+  *dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+  if constexpr (kType == GgmlType::kQ4_1) {
+    *mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
+  } else if constexpr (kType == GgmlType::kQ4_0) {
+    *mw = _mm256_mul_ps(*dw, _mm256_set1_ps(-8.0f));
+  } else if constexpr (kInt8) {
+    *mw = _mm256_mul_ps(*dw, _mm256_set1_ps(-128.0f));
+  } else {
+    *mw = _mm256_setzero_ps();
+  }
+}
+
 // Group `group` (8 rows) against tokens [t0, t0 + T): out[t] = the 8 rows' results.
 template <GgmlType kType, int T>
 void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
-  constexpr bool kQ41 = kType == GgmlType::kQ4_1;
   constexpr size_t kBlockBytes = PackedBlockBytes(kType);
   constexpr size_t kHead = PackedHeadBytes(kType);
-  const int16_t* xq[T];
-  const float* xd[T];
-  const float* xs[T];
-  __m256 acc[T];
-#pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) {
-    xq[t] = a.x.qs + (t0 + t) * a.x.qs_stride;
-    xd[t] = a.x.d + (t0 + t) * a.x.ds_stride;
-    xs[t] = a.x.s + (t0 + t) * a.x.ds_stride;
-    acc[t] = _mm256_setzero_ps();
-  }
+  TileTokens<int16_t, T> tok(a.x.qs, a.x, t0);
+  const auto& xq = tok.xq;
   const __m256i nibble = _mm256_set1_epi16(0x0F);
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-    __m256 mw = _mm256_setzero_ps();
-    if constexpr (kQ41) {
-      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
-    } else if constexpr (!kQ8) {
-      mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
-    }
+    __m256 dw, mw;
+    BlockScales<kType, false>(blk, &dw, &mw);
     const uint8_t* q = blk + kHead;
     __m256i dot[T];
 #pragma GCC unroll 4
@@ -104,15 +136,10 @@ void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (
         }
       }
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) {
-      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd[t] + b));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale, acc[t]);
-      if constexpr (!kQ8) acc[t] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(xs[t] + b), acc[t]);
-    }
+    tok.template AddBlock<!kQ8>(dot, dw, mw, b);
   }
 #pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
+  for (int t = 0; t < T; ++t) out[t] = tok.acc[t];
 }
 
 // The 4 int8 activations at p (values j .. j + 3) in all 8 dword lanes, as one load.
@@ -141,33 +168,16 @@ inline __m256i BlockSum(const int8_t* p) {
 template <GgmlType kType, int T>
 void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
-  constexpr bool kQ41 = kType == GgmlType::kQ4_1;
   constexpr size_t kBlockBytes = PackedBlockBytes(kType);
   constexpr size_t kHead = PackedHeadBytes(kType);
-  const int8_t* xq[T];
-  const float* xd[T];
-  const float* xs[T];
-  __m256 acc[T];
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) {
-    xq[t] = a.x.qs8 + (t0 + t) * a.x.qs_stride;
-    xd[t] = a.x.d + (t0 + t) * a.x.ds_stride;
-    xs[t] = a.x.s + (t0 + t) * a.x.ds_stride;
-    acc[t] = _mm256_setzero_ps();
-  }
+  TileTokens<int8_t, T> tok(a.x.qs8, a.x, t0);
+  const auto& xq = tok.xq;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-    __m256 mw = _mm256_setzero_ps();
-    if constexpr (kQ41) {
-      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
-    } else if constexpr (kQ8) {
-      mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
-    } else {
-      mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
-    }
+    __m256 dw, mw;
+    BlockScales<kType, true>(blk, &dw, &mw);
     const uint8_t* q = blk + kHead;
     __m256i dot[T];
     if constexpr (kQ8) {
@@ -209,15 +219,10 @@ void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) dot[t] = _mm256_madd_epi16(part[t], ones);
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd[t] + b));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale, acc[t]);
-      acc[t] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(xs[t] + b), acc[t]);
-    }
+    tok.template AddBlock<true>(dot, dw, mw, b);
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) out[t] = acc[t];
+  for (int t = 0; t < T; ++t) out[t] = tok.acc[t];
 }
 
 // Writes the rows [r0, r0 + 8) ∩ [.., row_end) of tokens [t0, t0 + T).
