@@ -1,6 +1,7 @@
 // AVX2 kernel over row-interleaved weights (cpu_repack.h; compiled with -mavx2 -mfma
 // -mf16c, run only when CpuFeatures::avx2): one ymm lane per output row, 8 rows per
-// instruction, int16 activations in natural order (the avx2 table's Quantize).
+// instruction, int16 or int8 activations in natural order (the avx2 table's Quantize /
+// Quantize8).
 //
 // Per block and token: the activation pair (2c, 2c + 1) is broadcast (a load, no ALU op)
 // and multiplied against chunk c's 8 rows by one vpmaddwd (int16 pairs -> int32 per row);

@@ -26,8 +26,9 @@ void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, f
 void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_dim, int rope_dim);
 
 // out[i] = silu(gate[i]) * up[i] for n values; silu(g) = g / (1 + exp(-g)), with the exp of
-// cpu_kernels.h (swiglu_exp: within 2 ulp of expf; the same bits on every kernel table, so
-// SPECNODE_CPU does not change them). out may alias gate or up.
+// cpu_kernels.h (swiglu_exp: within 3e-7 relative of the exact formula for |g| <= 87; the
+// same bits on every kernel table, so SPECNODE_CPU does not change them). out may alias
+// gate or up.
 void SwiGlu(const float* gate, const float* up, int64_t n, float* out);
 
 // y[i] += x[i] for n values.
