@@ -41,9 +41,10 @@ constexpr int kBlock = kQuantBlock;
 constexpr int kTile = 4;   // tokens per pass over a group's weights (int16)
 constexpr int kTile8 = 4;  // the same for int8 activations
 
-// The 32-bit word at p (two int16 activations) in all 8 lanes, as one load.
-inline __m256i BroadcastPair(const int16_t* p) {
-  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
+// The 32-bit word at p in all 8 lanes, as one load: two int16 activations (the int16 tile's
+// pair 2c, 2c + 1) or four int8 ones (the int8 tile's values 2c .. 2c + 3).
+inline __m256i BroadcastDword(const void* p) {
+  return _mm256_castps_si256(_mm256_broadcast_ss(static_cast<const float*>(p)));
 }
 
 // Token pointers and the 8-row accumulators of one tile of T tokens (both widths).
@@ -118,7 +119,7 @@ void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (
 #pragma GCC unroll 4
         for (int t = 0; t < T; ++t) {
           const int16_t* xb = xq[t] + b * kBlock + 2 * c;
-          dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(w, BroadcastPair(xb)));
+          dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(w, BroadcastDword(xb)));
         }
       }
     } else {
@@ -131,8 +132,8 @@ void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (
 #pragma GCC unroll 4
         for (int t = 0; t < T; ++t) {
           const int16_t* xb = xq[t] + b * kBlock + 2 * c;
-          const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, BroadcastPair(xb)),
-                                             _mm256_madd_epi16(hi, BroadcastPair(xb + 16)));
+          const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, BroadcastDword(xb)),
+                                             _mm256_madd_epi16(hi, BroadcastDword(xb + 16)));
           dot[t] = _mm256_add_epi32(dot[t], p);
         }
       }
@@ -141,11 +142,6 @@ void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (
   }
 #pragma GCC unroll 4
   for (int t = 0; t < T; ++t) out[t] = tok.acc[t];
-}
-
-// The 4 int8 activations at p (values j .. j + 3) in all 8 dword lanes, as one load.
-inline __m256i BroadcastQuad(const int8_t* p) {
-  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
 }
 
 // Chunks c and c + 1 of a block's quants as 8 dword lanes: lane i = row i's quant bytes
@@ -190,7 +186,7 @@ void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 
         const __m256i uw = _mm256_sign_epi8(w, w);  // |q| as unsigned bytes (128 for -128)
 #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
-          const __m256i x = BroadcastQuad(xq[t] + b * kBlock + 2 * c);
+          const __m256i x = BroadcastDword(xq[t] + b * kBlock + 2 * c);
           const __m256i p = _mm256_maddubs_epi16(uw, _mm256_sign_epi8(x, w));
           dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p, ones));
         }
@@ -212,8 +208,8 @@ void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 
 #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
           const int8_t* xb = xq[t] + b * kBlock + 2 * c;
-          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, BroadcastQuad(xb)),
-                                             _mm256_maddubs_epi16(hi, BroadcastQuad(xb + 16)));
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, BroadcastDword(xb)),
+                                             _mm256_maddubs_epi16(hi, BroadcastDword(xb + 16)));
           part[t] = _mm256_add_epi16(part[t], p);
         }
       }
