@@ -94,9 +94,11 @@ inline void BlockScales(const uint8_t* blk, __m256* dw, __m256* mw) {
   }
 }
 
-// Group `group` (8 rows) against tokens [t0, t0 + T): out[t] = the 8 rows' results.
+// Group `group` (8 rows) against tokens [t0, t0 + T): out[t] = the 8 rows' results; `pf`:
+// the group to prefetch block by block meanwhile (PrefetchBlock; nullptr: none).
 template <GgmlType kType, int T>
-void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (&out)[T]) {
+void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const uint8_t* pf,
+            __m256 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
   constexpr size_t kBlockBytes = PackedBlockBytes(kType);
   constexpr size_t kHead = PackedHeadBytes(kType);
@@ -105,6 +107,7 @@ void TileX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (
   const __m256i nibble = _mm256_set1_epi16(0x0F);
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
+    PrefetchBlock<kBlockBytes>(pf, b);
     __m256 dw, mw;
     BlockScales<kType, false>(blk, &dw, &mw);
     const uint8_t* q = blk + kHead;
@@ -163,7 +166,8 @@ inline __m256i BlockSum(const int8_t* p) {
 
 // TileX8 over int8 activations (a.x.qs8, natural order).
 template <GgmlType kType, int T>
-void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 (&out)[T]) {
+void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const uint8_t* pf,
+             __m256 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
   constexpr size_t kBlockBytes = PackedBlockBytes(kType);
   constexpr size_t kHead = PackedHeadBytes(kType);
@@ -173,6 +177,7 @@ void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, __m256 
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
+    PrefetchBlock<kBlockBytes>(pf, b);
     __m256 dw, mw;
     BlockScales<kType, true>(blk, &dw, &mw);
     const uint8_t* q = blk + kHead;
@@ -242,12 +247,12 @@ inline void StoreX8(const QuantMatMulArgs& a, const __m256 (&v)[T], int64_t r0, 
 // One tile of T tokens against one group: TileX8 (int16) or Tile8X8 (int8).
 template <GgmlType kType, bool kInt8, int T>
 inline void RunTile(const QuantMatMulArgs& a, const uint8_t* group, int64_t r0, int64_t row_end,
-                    int64_t t) {
+                    int64_t t, const uint8_t* pf) {
   __m256 v[T];
   if constexpr (kInt8) {
-    Tile8X8<kType, T>(a, group, t, v);
+    Tile8X8<kType, T>(a, group, t, pf, v);
   } else {
-    TileX8<kType, T>(a, group, t, v);
+    TileX8<kType, T>(a, group, t, pf, v);
   }
   StoreX8<T>(a, v, r0, row_end, t);
 }
@@ -259,26 +264,27 @@ void RowsX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   const size_t group_bytes = a.row_stride;
   const GroupSpan span = GroupsOf(row_begin, row_end);
   const int64_t g_end = span.end;
-  const int64_t ahead = PrefetchFirstGroups(a.w, group_bytes, span);
+  PrefetchLeadGroups(a.w, group_bytes, span);
   for (int64_t g = span.begin; g < g_end; ++g) {
     const uint8_t* group = a.w + g * group_bytes;
-    if (g + ahead < g_end) PrefetchBytes(group + ahead * group_bytes, group_bytes);
+    const uint8_t* ahead = PrefetchTarget(a.w, group_bytes, span, g);
     const int64_t r0 = g * kPackRows;
-    // As few tiles as possible, of near-equal sizes (5 tokens: 3 + 2).
+    // As few tiles as possible, of near-equal sizes (5 tokens: 3 + 2); the first prefetches.
     for (int64_t t = 0; t < a.n;) {
       const int tile = NearEqualTile(a.n - t, kInt8 ? kTile8 : kTile);
+      const uint8_t* pf = t == 0 ? ahead : nullptr;
       switch (tile) {
         case 4:
-          RunTile<kType, kInt8, 4>(a, group, r0, row_end, t);
+          RunTile<kType, kInt8, 4>(a, group, r0, row_end, t, pf);
           break;
         case 3:
-          RunTile<kType, kInt8, 3>(a, group, r0, row_end, t);
+          RunTile<kType, kInt8, 3>(a, group, r0, row_end, t, pf);
           break;
         case 2:
-          RunTile<kType, kInt8, 2>(a, group, r0, row_end, t);
+          RunTile<kType, kInt8, 2>(a, group, r0, row_end, t, pf);
           break;
         default:
-          RunTile<kType, kInt8, 1>(a, group, r0, row_end, t);
+          RunTile<kType, kInt8, 1>(a, group, r0, row_end, t, pf);
           break;
       }
       t += tile;

@@ -125,8 +125,9 @@ inline void BlockScales(const uint8_t* ba, const uint8_t* bb, __m512* dw, __m512
 // Groups ga, gb (16 rows; gb == ga for a lone last group) against tokens [t0, t0 + T):
 // out[t] = the 16 rows' results.
 template <GgmlType kType, bool kVnni, bool kInt8, int T>
+// pa, pb: the groups to prefetch block by block meanwhile (PrefetchBlock; nullptr: none).
 void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int64_t t0,
-            __m512 (&out)[T]) {
+            const uint8_t* pa, const uint8_t* pb, __m512 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
   constexpr size_t kBlockBytes = PackedBlockBytes(kType);
   constexpr size_t kHead = PackedHeadBytes(kType);
@@ -150,6 +151,8 @@ void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int6
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* ba = ga + b * kBlockBytes;
     const uint8_t* bb = gb + b * kBlockBytes;
+    PrefetchBlock<kBlockBytes>(pa, b);
+    PrefetchBlock<kBlockBytes>(pb, b);
     __m512 dw, mw;
     BlockScales<kType, kInt8>(ba, bb, &dw, &mw);
     const uint8_t* qa = ba + kHead;
@@ -228,18 +231,19 @@ inline void Store16(const QuantMatMulArgs& a, const __m512 (&v)[T], int64_t r0, 
 
 template <GgmlType kType, bool kVnni, bool kInt8, int T>
 inline void RunTile(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int64_t r0,
-                    int64_t row_end, int64_t t0) {
+                    int64_t row_end, int64_t t0, const uint8_t* pa, const uint8_t* pb) {
   __m512 v[T];
-  Tile16<kType, kVnni, kInt8, T>(a, ga, gb, t0, v);
+  Tile16<kType, kVnni, kInt8, T>(a, ga, gb, t0, pa, pb, v);
   Store16<T>(a, v, r0, row_end, t0);
 }
 
 template <GgmlType kType, bool kVnni, bool kInt8, int... Ts>
 inline void DispatchTile(int tile, const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb,
-                         int64_t r0, int64_t row_end, int64_t t0,
-                         std::integer_sequence<int, Ts...>) {
+                         int64_t r0, int64_t row_end, int64_t t0, const uint8_t* pa,
+                         const uint8_t* pb, std::integer_sequence<int, Ts...>) {
   // tile in [1, TileFor(kInt8)]: exactly one instantiation runs.
-  ((tile == Ts + 1 ? RunTile<kType, kVnni, kInt8, Ts + 1>(a, ga, gb, r0, row_end, t0) : void()),
+  ((tile == Ts + 1 ? RunTile<kType, kVnni, kInt8, Ts + 1>(a, ga, gb, r0, row_end, t0, pa, pb)
+                   : void()),
    ...);
 }
 
@@ -249,18 +253,19 @@ void RowsX16(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   const size_t group_bytes = a.row_stride;
   const GroupSpan span = GroupsOf(row_begin, row_end);
   const int64_t g_end = span.end;
-  const int64_t ahead = PrefetchFirstGroups(a.w, group_bytes, span);
+  PrefetchLeadGroups(a.w, group_bytes, span);
   for (int64_t g = span.begin; g < g_end; g += 2) {
     const uint8_t* ga = a.w + g * group_bytes;
     // A lone last group is paired with itself; its copy's lanes are not stored.
     const uint8_t* gb = g + 1 < g_end ? ga + group_bytes : ga;
-    for (int64_t p = g + ahead; p < std::min(g + ahead + 2, g_end); ++p) {
-      PrefetchBytes(a.w + p * group_bytes, group_bytes);
-    }
+    // The pair after this one (kPrefetchGroupsAhead = 2), prefetched by the first tile.
+    const uint8_t* pa = PrefetchTarget(a.w, group_bytes, span, g);
+    const uint8_t* pb = PrefetchTarget(a.w, group_bytes, span, g + 1);
     const int64_t r0 = g * kPackRows;
     for (int64_t t = 0; t < a.n;) {
       const int tile = NearEqualTile(a.n - t, TileFor(kInt8));
-      DispatchTile<kType, kVnni, kInt8>(tile, a, ga, gb, r0, row_end, t,
+      DispatchTile<kType, kVnni, kInt8>(tile, a, ga, gb, r0, row_end, t, t == 0 ? pa : nullptr,
+                                        t == 0 ? pb : nullptr,
                                         std::make_integer_sequence<int, TileFor(kInt8)>());
       t += tile;
     }
