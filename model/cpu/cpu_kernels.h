@@ -169,7 +169,8 @@ inline constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073
 // be what AVX2-only code calls.
 
 // Weight rows are streamed once per call; hardware prefetch alone leaves the kernels
-// waiting on DRAM between rows. Kernels prefetch the row this many bytes ahead.
+// waiting on DRAM between rows. The natural-layout kernels prefetch the row this many bytes
+// ahead (the x8 kernels prefetch block by block instead: cpu_repack.h, PrefetchBlock).
 inline constexpr size_t kPrefetchDistance = 4096;
 
 // Rows a kernel should look ahead (at least 1).

@@ -123,9 +123,9 @@ inline void BlockScales(const uint8_t* ba, const uint8_t* bb, __m512* dw, __m512
 }
 
 // Groups ga, gb (16 rows; gb == ga for a lone last group) against tokens [t0, t0 + T):
-// out[t] = the 16 rows' results.
+// out[t] = the 16 rows' results; pa, pb: the groups to prefetch block by block meanwhile
+// (PrefetchBlock; nullptr: none).
 template <GgmlType kType, bool kVnni, bool kInt8, int T>
-// pa, pb: the groups to prefetch block by block meanwhile (PrefetchBlock; nullptr: none).
 void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int64_t t0,
             const uint8_t* pa, const uint8_t* pb, __m512 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
