@@ -16,9 +16,12 @@
 // Modes full, int8, int4 and mixed (sample_every 4, the default; ~9% INT8, see
 // kMixedCriticalThreshold) compare the classes;
 // mixed with sample_every 1 and the A/B mass_overhead measure the cost of observing
-// attention mass for the critical-token policy (the store samples query positions). "dense" is the f32 reference
-// cache (model/dense_kv_cache.h). The kernel family (scalar, avx2, avx512) is the one
-// GetCpuFeatures() selects; SPECNODE_CPU=scalar|avx2 caps it. Run e.g.
+// attention mass for the critical-token policy (the store samples query positions). "dense" is the
+// f32 reference cache (model/dense_kv_cache.h). KvAttention/verify/<mode>/ctx:C/rows:R times one
+// pass of R query rows (a speculative verification of R - 1 drafts, or a prefill chunk) over a
+// context of C: Reserve(R), Write and Attend of all R rows in every layer, Truncate back;
+// rows/s against the rows:1 case says what an extra row costs. The kernel family (scalar, avx2,
+// avx512) is the one GetCpuFeatures() selects; SPECNODE_CPU=scalar|avx2 caps it. Run e.g.
 //   bench_kv_attention --benchmark_filter='KvAttention/(full|int4)/ctx:4096'
 #include <benchmark/benchmark.h>
 
@@ -117,8 +120,30 @@ void RunDecode(benchmark::State& state, KvCache& cache, int ctx, double bytes_pe
   state.SetLabel(CpuKernelName());
 }
 
-void BM_KvStore(benchmark::State& state, KvMode mode, int sample_every) {
-  const int ctx = static_cast<int>(state.range(0));
+// One pass of `rows` query rows at positions ctx .. ctx + rows - 1 per iteration, rolled
+// back after it (the store samples query positions: every pass observes the same ones).
+void RunPass(benchmark::State& state, KvCache& cache, int ctx, int rows) {
+  std::mt19937 gen(7);
+  std::vector<float> k, v, q(static_cast<size_t>(rows) * kHeads * kHeadDim), out(q.size());
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& x : q) x = dist(gen);
+  RandomRows(gen, rows, &k, &v);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  for (auto _ : state) {
+    if (!cache.Reserve(kSeq, rows).ok()) std::abort();
+    Pass(cache, ctx, rows);
+    for (int l = 0; l < kLayers; ++l) (void)cache.Write(l, k.data(), v.data());
+    for (int l = 0; l < kLayers; ++l) (void)cache.Attend(l, q.data(), scale, out.data());
+    benchmark::DoNotOptimize(out.data());
+    cache.Commit(kSeq, ctx + rows);
+    if (!cache.Truncate(kSeq, ctx).ok()) std::abort();
+  }
+  state.counters["rows/s"] =
+      benchmark::Counter(rows, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(CpuKernelName());
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> FilledStore(KvMode mode, int sample_every, int ctx) {
   KvStoreConfig c;
   c.n_layers = kLayers;
   c.n_kv_heads = kKvHeads;
@@ -130,12 +155,29 @@ void BM_KvStore(benchmark::State& state, KvMode mode, int sample_every) {
   c.mass_sample_every = sample_every;
   c.critical_threshold = kMixedCriticalThreshold;
   auto store = KvStore::Create(c);
+  if (!store.ok()) return store.status();
+  std::mt19937 gen(1);
+  Fill(**store, ctx, gen);
+  return store;
+}
+
+void BM_Verify(benchmark::State& state, KvMode mode) {
+  const int ctx = static_cast<int>(state.range(0));
+  auto store = FilledStore(mode, 4, ctx);
   if (!store.ok()) {
     state.SkipWithError(std::string(store.status().message()).c_str());
     return;
   }
-  std::mt19937 gen(1);
-  Fill(**store, ctx, gen);
+  RunPass(state, **store, ctx, static_cast<int>(state.range(1)));
+}
+
+void BM_KvStore(benchmark::State& state, KvMode mode, int sample_every) {
+  const int ctx = static_cast<int>(state.range(0));
+  auto store = FilledStore(mode, sample_every, ctx);
+  if (!store.ok()) {
+    state.SkipWithError(std::string(store.status().message()).c_str());
+    return;
+  }
   const auto tokens = (*store)->SequenceTokens(kSeq);
   double bytes = 0;  // K and V rows of every layer and kv head, +1 for the new token
   for (int p = 0; p < kNumKvPrecisions; ++p) {
@@ -161,24 +203,13 @@ double ThreadSeconds() {
 // each kind and mass_overhead_% = observed / plain - 1 (sample_every N costs 1/N of it).
 void BM_MassOverhead(benchmark::State& state) {
   const int ctx = static_cast<int>(state.range(0));
-  KvStoreConfig c;
-  c.n_layers = kLayers;
-  c.n_kv_heads = kKvHeads;
-  c.head_dim = kHeadDim;
-  c.gqa_group = kGroup;
-  c.max_seq_len = 8192;
-  c.capacity_bytes = int64_t{1} << 30;
-  c.mode = KvMode::kMixed;
-  c.mass_sample_every = 2;
-  c.critical_threshold = kMixedCriticalThreshold;
-  auto store = KvStore::Create(c);
+  auto store = FilledStore(KvMode::kMixed, 2, ctx);
   if (!store.ok()) {
     state.SkipWithError(std::string(store.status().message()).c_str());
     return;
   }
   KvStore& kv = **store;
   std::mt19937 gen(1);
-  Fill(kv, ctx, gen);
   std::vector<float> k, v, q(static_cast<size_t>(kHeads) * kHeadDim), out(q.size());
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (float& x : q) x = dist(gen);
@@ -231,6 +262,13 @@ void RegisterAll() {
     common(benchmark::RegisterBenchmark(name.c_str(), BM_KvStore, mode, 4));
   }
   common(benchmark::RegisterBenchmark("KvAttention/mixed/mass_overhead", BM_MassOverhead));
+  for (KvMode mode : {KvMode::kFull, KvMode::kInt4, KvMode::kMixed}) {
+    const std::string name = "KvAttention/verify/" + std::string(KvModeName(mode));
+    benchmark::RegisterBenchmark(name.c_str(), BM_Verify, mode)
+        ->ArgNames({"ctx", "rows"})
+        ->ArgsProduct({{512, 2048, 6144}, {1, 5, 9}})
+        ->Unit(benchmark::kMillisecond);
+  }
   for (int every : {4, 1}) {
     const std::string name = "KvAttention/mixed/sample_every:" + std::to_string(every);
     common(benchmark::RegisterBenchmark(name.c_str(), BM_KvStore, KvMode::kMixed, every));

@@ -117,10 +117,23 @@ absl::Status CpuPagePool::Write(int layer, const float* k, const float* v) {
 
 absl::Status CpuPagePool::Attend(int layer, const float* q, float scale, float* out) {
   const int64_t row = static_cast<int64_t>(g_.n_kv_heads) * g_.gqa_group * g_.head_dim;
-  ForEachPassHead(
-      threads_, static_cast<int64_t>(pass_.size()), g_.n_kv_heads, [&](int64_t i, int kv_head) {
-        AttendSeq(pass_[i], layer, kv_head, q + first_[i] * row, scale, out + first_[i] * row);
-      });
+  std::vector<int32_t> rows(pass_.size());
+  for (size_t i = 0; i < pass_.size(); ++i) rows[i] = pass_[i].n;
+  ForEachPassHead(threads_, rows, g_.n_kv_heads,
+                  [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
+                    // Rows [begin, end) as a sequence of their own: the same block table,
+                    // the mass rows of those queries (each query's own sums: no sharing).
+                    KvPoolPassSeq part = pass_[i];
+                    part.pos0 += begin;
+                    part.n = end - begin;
+                    auto by_pos = [](const KvMassRow& r, int32_t pos) { return r.pos < pos; };
+                    const auto& m = pass_[i].mass.rows;
+                    const auto lo = std::lower_bound(m.begin(), m.end(), part.pos0, by_pos);
+                    const auto hi = std::lower_bound(lo, m.end(), part.pos0 + part.n, by_pos);
+                    part.mass.rows = m.subspan(lo - m.begin(), hi - lo);
+                    AttendSeq(part, layer, kv_head, q + (first_[i] + begin) * row, scale,
+                              out + (first_[i] + begin) * row);
+                  });
   return absl::OkStatus();
 }
 
@@ -156,16 +169,24 @@ void CpuPagePool::WriteSeq(const KvPoolPassSeq& s, int layer, const float* k, co
 
 namespace {
 
-// AttendSeq's working memory, per thread (different kv heads may run concurrently).
+// Query tokens of one sequence asked together (per kv head): each cached row is read once
+// per block for all of them. 16 tokens of a GQA group of 3 are 48 heads, whose scores
+// ([48, context] floats) stay in L2 for contexts of a few thousand.
+constexpr int kQueryBlock = 16;
+
+// AttendSeq's working memory, per thread (different kv heads may run concurrently). A block
+// of nq query tokens has nh = nq * g heads, head qi * g + h being token qi's query head h.
 struct AttendScratch {
   // Per class, the positions of that class in position order and their K / V rows.
   std::array<std::vector<int32_t>, kNumKvPrecisions> pos;
   std::array<std::vector<const uint8_t*>, kNumKvPrecisions> k, v;
-  std::vector<float> scores;  // [g, ld]: scores, then exp(score - max)
-  std::vector<float> q;       // [g, head_dim]: rotated, scaled query
-  std::vector<float> qsum;    // [g]
-  std::vector<float> acc;     // [g, head_dim]: Σ e * v before normalisation
-  std::vector<float> inv;     // [g]: 1 / Σ e
+  // Per class, [nh]: how many of the class's rows each head sees (its token's causal prefix).
+  std::array<std::vector<int>, kNumKvPrecisions> rows;
+  std::vector<float> scores;  // [nh, ld]: scores, then exp(score - max); class c from column off[c]
+  std::vector<float> q;       // [nh, head_dim]: rotated, scaled queries
+  std::vector<float> qsum;    // [nh]
+  std::vector<float> acc;     // [nh, head_dim]: Σ e * v before normalisation
+  std::vector<float> inv;     // [nh]: 1 / Σ e
 };
 
 AttendScratch& Scratch() {
@@ -173,12 +194,43 @@ AttendScratch& Scratch() {
   return scratch;
 }
 
+using ClassOffsets = std::array<int, kNumKvPrecisions>;
+
+// exp_sum of one head's scores laid out as the token alone lays them out — its classes back
+// to back (`own`) rather than at the block's columns (`off`), since exp_sum's order of
+// summation depends on where each score sits — then moved back to the block's columns.
+// Returns 1 / Σ e.
+float SoftmaxOfHead(const kv_kernels::KvAttentionKernels& kern, float* row, const ClassOffsets& off,
+                    const ClassOffsets& rows) {
+  ClassOffsets own{};
+  int total = 0;
+  for (int c = 0; c < kNumKvPrecisions; ++c) {
+    own[c] = total;
+    if (own[c] != off[c] && rows[c] > 0) {
+      std::memmove(row + own[c], row + off[c], sizeof(float) * rows[c]);  // leftwards
+    }
+    total += rows[c];
+  }
+  assert(total > 0);  // the query's own position is never evicted
+  const float inv = 1.0f / kern.exp_sum(row, total);
+  for (int c = kNumKvPrecisions - 1; c >= 0; --c) {  // rightwards, last class first
+    if (own[c] != off[c] && rows[c] > 0) {
+      std::memmove(row + off[c], row + own[c], sizeof(float) * rows[c]);
+    }
+  }
+  return inv;
+}
+
 }  // namespace
 
-// Each query token attends over its context class by class: the cached positions are
-// grouped by precision class (in position order within a class), the kernels score and
-// accumulate each group in its stored format, and the softmax runs over all of them (its
-// normalisation is applied once to the output).
+// Each block of query tokens attends over its context class by class: the cached positions
+// are grouped by precision class (in position order within a class), the kernels score and
+// accumulate each group in its stored format for every head of the block at once (a token
+// skips the rows after its own position), and each head's softmax runs over all of its
+// rows (its normalisation is applied once to the output). Every number a token gets is the
+// one it gets asked alone: the kernels compute a (row, head) score independently of the
+// other heads, accumulate skips rather than zero-weights the rows a token does not see, and
+// the softmax sees the token's own layout.
 void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, const float* q,
                             float scale, float* out) {
   const kv_kernels::KvAttentionKernels& kern = *kernels_;
@@ -213,31 +265,44 @@ void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, cons
     sc.k[c][i] = k_row;
     sc.v[c][i] = k_row + row_bytes_[c];  // V follows K (Row's layout)
   }
-  const size_t ld = (static_cast<size_t>(n_ctx_max) + kv_kernels::kScoresPad - 1) /
-                    kv_kernels::kScoresPad * kv_kernels::kScoresPad;
-  sc.scores.resize(static_cast<size_t>(g) * ld);
-  sc.q.resize(static_cast<size_t>(g) * hd);
-  sc.qsum.resize(g);
-  sc.acc.resize(static_cast<size_t>(g) * hd);
-  sc.inv.resize(g);
-  const kv_kernels::KvQuery query{sc.q.data(), sc.qsum.data(), g, hd};
   const int32_t min_distance = s.mass.min_distance;
-  std::array<int, kNumKvPrecisions> len{}, off{};
+  ClassOffsets len{};  // rows of each class the latest token sees
   // The sink's rows, one per observed query in row order (the manager sampled them by
   // position: a sequence observes the same queries whether it decodes one token per step,
   // verifies drafts or prefills).
   size_t next_observed = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t n_ctx = pos0 + i + 1;
-    const KvMassRow* observed = nullptr;
-    if (s.mass.on && next_observed < s.mass.rows.size() &&
-        s.mass.rows[next_observed].pos == n_ctx - 1) {
-      observed = &s.mass.rows[next_observed++];
+  for (int32_t i0 = 0; i0 < n; i0 += kQueryBlock) {
+    const int nq = std::min<int32_t>(kQueryBlock, n - i0);
+    const int nh = nq * g;
+    for (int c = 0; c < kNumKvPrecisions; ++c) sc.rows[c].resize(nh);
+    for (int qi = 0; qi < nq; ++qi) {
+      const int32_t n_ctx = pos0 + i0 + qi + 1;
+      for (int c = 0; c < kNumKvPrecisions; ++c) {
+        while (len[c] < count[c] && sc.pos[c][len[c]] < n_ctx) ++len[c];
+        std::fill_n(sc.rows[c].begin() + qi * g, g, len[c]);
+      }
     }
-    const float* qi = q + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
-    std::copy(qi, qi + static_cast<size_t>(g) * hd, sc.q.begin());
-    for (int h = 0; h < g; ++h) {
-      float* qh = sc.q.data() + h * hd;
+    // The block's columns: each class as wide as its last token sees it.
+    ClassOffsets off{};
+    int width = 0;
+    for (int c = 0; c < kNumKvPrecisions; ++c) {
+      off[c] = width;
+      width += len[c];
+    }
+    const size_t ld = (static_cast<size_t>(width) + kv_kernels::kScoresPad - 1) /
+                      kv_kernels::kScoresPad * kv_kernels::kScoresPad;
+    sc.scores.resize(static_cast<size_t>(nh) * ld);
+    sc.q.resize(static_cast<size_t>(nh) * hd);
+    sc.qsum.resize(nh);
+    sc.acc.assign(static_cast<size_t>(nh) * hd, 0.0f);
+    sc.inv.resize(nh);
+    for (int qi = 0; qi < nq; ++qi) {
+      const float* qi_src = q + (static_cast<size_t>(i0 + qi) * n_heads + kv_head * g) * hd;
+      std::copy(qi_src, qi_src + static_cast<size_t>(g) * hd,
+                sc.q.begin() + static_cast<size_t>(qi) * g * hd);
+    }
+    for (int h = 0; h < nh; ++h) {
+      float* qh = sc.q.data() + static_cast<size_t>(h) * hd;
       if (rotate_) HadamardInPlace(qh, hd);
       float sum = 0.0f;
       for (int d = 0; d < hd; ++d) {
@@ -246,42 +311,58 @@ void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, cons
       }
       sc.qsum[h] = sum;
     }
-    int total = 0;
+    const kv_kernels::KvQuery query{sc.q.data(), sc.qsum.data(), nh, hd};
     for (int c = 0; c < kNumKvPrecisions; ++c) {
-      while (len[c] < count[c] && sc.pos[c][len[c]] < n_ctx) ++len[c];
-      off[c] = total;
-      total += len[c];
       if (len[c] > 0) {
         kern.scores(static_cast<KvPrecision>(c), sc.k[c].data(), len[c], query,
                     sc.scores.data() + off[c], ld);
       }
     }
-    assert(total > 0);  // the query's own position is never evicted
-    for (int h = 0; h < g; ++h) sc.inv[h] = 1.0f / kern.exp_sum(sc.scores.data() + h * ld, total);
-    std::fill(sc.acc.begin(), sc.acc.end(), 0.0f);
+    for (int h = 0; h < nh; ++h) {
+      ClassOffsets rows{};
+      for (int c = 0; c < kNumKvPrecisions; ++c) rows[c] = sc.rows[c][h];
+      sc.inv[h] = SoftmaxOfHead(kern, sc.scores.data() + h * ld, off, rows);
+    }
     for (int c = 0; c < kNumKvPrecisions; ++c) {
       if (len[c] == 0) continue;
-      kv_kernels::KvMassOut mass;
-      if (observed != nullptr) {
-        const int32_t* p = sc.pos[c].data();
-        const int32_t width = n_ctx - min_distance - observed->lo;
-        mass.sum = observed->sum + static_cast<size_t>(kv_head) * width;
-        mass.cnt = observed->cnt + static_cast<size_t>(kv_head) * width;
-        mass.pos = p;
-        mass.first = static_cast<int>(std::lower_bound(p, p + len[c], observed->lo) - p);
-        mass.n = static_cast<int>(std::lower_bound(p, p + len[c], n_ctx - min_distance) - p);
-        mass.base = observed->lo;
-        mass.weight = static_cast<float>(n_ctx);
-        mass.inv = sc.inv.data();
-      }
       kern.accumulate(static_cast<KvPrecision>(c), sc.v[c].data(), len[c],
-                      sc.scores.data() + off[c], ld, g, hd, sc.acc.data(),
-                      observed != nullptr ? &mass : nullptr);
+                      sc.scores.data() + off[c], ld, nh, hd, sc.rows[c].data(), sc.acc.data());
     }
-    float* oi = out + (static_cast<size_t>(i) * n_heads + kv_head * g) * hd;
-    for (int h = 0; h < g; ++h) {
-      for (int d = 0; d < hd; ++d) oi[h * hd + d] = sc.acc[h * hd + d] * sc.inv[h];
-      if (rotate_) HadamardInPlace(oi + h * hd, hd);
+    for (int qi = 0; qi < nq; ++qi) {
+      const int32_t n_ctx = pos0 + i0 + qi + 1;
+      if (!s.mass.on || next_observed >= s.mass.rows.size() ||
+          s.mass.rows[next_observed].pos != n_ctx - 1) {
+        continue;
+      }
+      const KvMassRow& observed = s.mass.rows[next_observed++];
+      // sum[j - lo] += n_ctx * Σ_h e[h, j] * inv[h] over the token's heads for its keys j in
+      // [lo, n_ctx - min_distance) (mass relative to a uniform share), cnt[j - lo] += g.
+      const int32_t mass_width = n_ctx - min_distance - observed.lo;
+      float* sum = observed.sum + static_cast<size_t>(kv_head) * mass_width;
+      float* cnt = observed.cnt + static_cast<size_t>(kv_head) * mass_width;
+      const float weight = static_cast<float>(n_ctx);
+      const float* inv = sc.inv.data() + qi * g;
+      for (int c = 0; c < kNumKvPrecisions; ++c) {
+        const int32_t* p = sc.pos[c].data();
+        const int rows = sc.rows[c][qi * g];
+        const int first = static_cast<int>(std::lower_bound(p, p + rows, observed.lo) - p);
+        const int end = static_cast<int>(std::lower_bound(p, p + rows, n_ctx - min_distance) - p);
+        const float* e = sc.scores.data() + static_cast<size_t>(qi) * g * ld + off[c];
+        for (int r = first; r < end; ++r) {
+          float m = 0.0f;
+          for (int h = 0; h < g; ++h) m += e[h * ld + r] * inv[h];
+          sum[p[r] - observed.lo] += weight * m;
+          cnt[p[r] - observed.lo] += static_cast<float>(g);
+        }
+      }
+    }
+    for (int qi = 0; qi < nq; ++qi) {
+      float* oi = out + (static_cast<size_t>(i0 + qi) * n_heads + kv_head * g) * hd;
+      for (int h = 0; h < g; ++h) {
+        const int hh = qi * g + h;
+        for (int d = 0; d < hd; ++d) oi[h * hd + d] = sc.acc[hh * hd + d] * sc.inv[hh];
+        if (rotate_) HadamardInPlace(oi + h * hd, hd);
+      }
     }
   }
 }

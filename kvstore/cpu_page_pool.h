@@ -6,16 +6,20 @@
 // Rows are stored Hadamard-rotated when `rotate` and head_dim is a power of two (queries
 // are rotated alike, outputs rotated back).
 //
-// Attention (kv_attention_kernels.h): each query token attends over its context class by
-// class — the cached positions grouped by precision class (in position order within a
-// class), each group scored and accumulated in its stored format, one softmax over all of
-// them. Which positions a query sees, and so the groups, depends only on the block table
-// and its own position, so the result does not depend on the batch, the threads or the
-// other queries of the pass. A pass is split across the host threads by sequence (Write)
-// and by (sequence, kv head) (Attend).
+// Attention (kv_attention_kernels.h): a sequence's query tokens attend in blocks of up to
+// 16 (a verification's K + 1 rows, a prefill chunk's), class by class — the cached
+// positions grouped by precision class (in position order within a class), each group
+// scored and accumulated in its stored format for all of the block's heads at once, so a
+// cached row is read once per block, not once per token; each token skips the rows past
+// its own position and has one softmax over all of its rows. Which positions a token sees,
+// and so the groups, depends only on the block table and its own position, and every
+// number it gets is computed as if it were alone, so the result does not depend on the
+// batch, the block, the threads or the other queries of the pass. A pass is split across
+// the host threads by sequence (Write) and by (sequence, kv head), cut into row ranges when
+// there are few of those (Attend; ForEachPassHead).
 //
 // Thread-safety: as KvPagePool; WriteSeq / AttendSeq for different (sequence, kv head)
-// pairs may run concurrently.
+// pairs, or different rows of one, may run concurrently.
 #pragma once
 
 #include <array>
@@ -60,7 +64,8 @@ class CpuPagePool final : public KvPagePool {
 
   // One sequence of the pass: rows [pos0, pos0 + n) of it, k / v: [n, n_kv_heads, head_dim].
   void WriteSeq(const KvPoolPassSeq& s, int layer, const float* k, const float* v);
-  // One kv head of one sequence: q / out [n, n_heads, head_dim], heads of kv_head's group.
+  // One kv head of one sequence: q / out [n, n_heads, head_dim], heads of kv_head's group;
+  // s.mass.rows holds the observed rows of these n queries only.
   void AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, const float* q, float scale,
                  float* out);
 

@@ -42,25 +42,14 @@ inline constexpr int kAccumulateBlock = 64;
 // Scores buffers must have room for n rounded up to this many floats (exp_sum pads).
 inline constexpr int kScoresPad = 16;
 
-// One kv head's group of query heads for one query token, prepared by the caller.
+// Query heads prepared by the caller: one kv head's group of query heads for one query
+// token, or those groups of several query tokens one after the other (a verification or
+// prefill block asks every cached row once for all of its tokens).
 struct KvQuery {
   const float* q = nullptr;     // [g, head_dim]: rotated like the keys, times the softmax scale
   const float* qsum = nullptr;  // [g]: Σ_d q[h, d] (the int4 min term)
-  int g = 1;
+  int g = 1;                    // heads (not necessarily a GQA group)
   int head_dim = 0;
-};
-
-// Attention-mass observation fused into accumulate (the critical-token policy's input).
-// For rows r < n: sum[pos[r]] += weight * Σ_h e[h, r] * inv[h]; cnt[pos[r]] += g.
-struct KvMassOut {
-  float* sum = nullptr;          // indexed by position - base
-  float* cnt = nullptr;          // indexed by position - base
-  const int32_t* pos = nullptr;  // [n]: the position of each row of the call
-  int first = 0;                 // rows [first, n) of the call are observed
-  int n = 0;
-  int32_t base = 0;              // position of sum[0] / cnt[0]
-  float weight = 0.0f;           // the query's context length (mass relative to a uniform share)
-  const float* inv = nullptr;    // [g]: 1 / Σ e[h, ·] over the query's whole context
 };
 
 struct KvAttentionKernels {
@@ -71,10 +60,13 @@ struct KvAttentionKernels {
   // s[r] = exp(s[r] - max_r s[r]) for r < n (n >= 1), returning Σ_r s[r]. s must have room
   // for n rounded up to kScoresPad; [n, that) is overwritten. -inf scores give exactly 0.
   float (*exp_sum)(float* s, int n);
-  // out[h * head_dim + d] += Σ_r e[h * ld + r] * row_r[d] for h < g, d < head_dim, the rows
-  // of class p; mass (may be null) as KvMassOut says.
+  // out[h * head_dim + d] += Σ_{r < n_h} e[h * ld + r] * row_r[d] for h < g, d < head_dim,
+  // the rows of class p, where n_h = head_rows[h] (0 <= n_h <= n) or n when head_rows is
+  // null. A head's sum is the one a call with n = n_h for that head alone computes, bit for
+  // bit (the rows a causal query does not see are skipped, not weighted by zero), and
+  // e[h * ld + r] for r >= n_h is not read.
   void (*accumulate)(KvPrecision p, const uint8_t* const* rows, int n, const float* e, size_t ld,
-                     int g, int head_dim, float* out, const KvMassOut* mass);
+                     int g, int head_dim, const int* head_rows, float* out);
   // The f16 row of x (kv_precision.h, KvPrecision::kFull): row[2i, 2i + 2) = Fp32ToFp16(x[i])
   // for i < n, little-endian, bit for bit (round to nearest even, inf, NaN payloads; F16C
   // in the SIMD tables), n % 16 == 0 in the SIMD tables, n even in the scalar one (it is

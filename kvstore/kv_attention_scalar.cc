@@ -123,21 +123,14 @@ float ExpSum(float* s, int n) {
 
 template <KvPrecision P>
 void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t ld, int g, int hd,
-                     float* out, const KvMassOut* mass) {
+                     const int* head_rows, float* out) {
   float codes[256];
-  if (mass != nullptr) {
-    for (int r = mass->first; r < mass->n; ++r) {
-      float m = 0.0f;
-      for (int h = 0; h < g; ++h) m += e[h * ld + r] * mass->inv[h];
-      mass->sum[mass->pos[r] - mass->base] += mass->weight * m;
-      mass->cnt[mass->pos[r] - mass->base] += static_cast<float>(g);
-    }
-  }
   for (int r = 0; r < n; ++r) {
     DecodeCodes<P>(rows[r], 0, hd, codes);
     float scale, min;
     LoadScaleMin<P>(rows[r], &scale, &min);
     for (int h = 0; h < g; ++h) {
+      if (head_rows != nullptr && r >= head_rows[h]) continue;
       const float w = e[h * ld + r] * scale;
       float* oh = out + static_cast<size_t>(h) * hd;
       for (int d = 0; d < hd; ++d) oh[d] += w * codes[d];
@@ -145,8 +138,9 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
   }
   if constexpr (P == KvPrecision::kInt4) {  // Σ e * min per head, added to every value
     for (int h = 0; h < g; ++h) {
+      const int nh = head_rows != nullptr ? head_rows[h] : n;
       float bias = 0.0f;
-      for (int r = 0; r < n; ++r) {
+      for (int r = 0; r < nh; ++r) {
         float scale, min;
         LoadScaleMin<P>(rows[r], &scale, &min);
         bias += e[h * ld + r] * min;
@@ -158,14 +152,14 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
 }
 
 void Accumulate(KvPrecision p, const uint8_t* const* rows, int n, const float* e, size_t ld, int g,
-                int hd, float* out, const KvMassOut* mass) {
+                int hd, const int* head_rows, float* out) {
   switch (p) {
     case KvPrecision::kFull:
-      return AccumulateClass<KvPrecision::kFull>(rows, n, e, ld, g, hd, out, mass);
+      return AccumulateClass<KvPrecision::kFull>(rows, n, e, ld, g, hd, head_rows, out);
     case KvPrecision::kInt8:
-      return AccumulateClass<KvPrecision::kInt8>(rows, n, e, ld, g, hd, out, mass);
+      return AccumulateClass<KvPrecision::kInt8>(rows, n, e, ld, g, hd, head_rows, out);
     case KvPrecision::kInt4:
-      return AccumulateClass<KvPrecision::kInt4>(rows, n, e, ld, g, hd, out, mass);
+      return AccumulateClass<KvPrecision::kInt4>(rows, n, e, ld, g, hd, head_rows, out);
   }
 }
 

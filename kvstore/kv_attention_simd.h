@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kvstore/kv_attention_kernels.h"
 
@@ -85,14 +86,15 @@ inline void PrefetchRow(const uint8_t* row, size_t bytes) {
   if (bytes > 192) __builtin_prefetch(row + 192);
 }
 
-// Scores of NH (<= 4) heads: s[h * ld + r] for r < n. R = kReduce / NH rows at a time, so
+// Scores of NH (<= 4) heads: s[h * ld + r] for r < n; rows [n, n_ahead) follow and are
+// prefetched as the loop nears them (a chunk's successor). R = kReduce / NH rows at a time, so
 // that their R * NH dot products are reduced together by one HsumMany (a transpose-add tree
 // whose per-lane sum order is the same for every lane). A short last group repeats its last
 // row (results dropped), so every row's score comes out of the same instruction sequence
 // whatever n and its place in a group.
 template <class I, KvPrecision P, int NH>
-void ScoresHeads(const uint8_t* const* rows, int n, const float* q, const float* qsum, int hd,
-                 float* s, size_t ld) {
+void ScoresHeads(const uint8_t* const* rows, int n, int n_ahead, const float* q, const float* qsum,
+                 int hd, float* s, size_t ld) {
   using V = typename I::V;
   constexpr int L = I::kLanes;
   constexpr int K = I::kReduce;
@@ -103,7 +105,9 @@ void ScoresHeads(const uint8_t* const* rows, int n, const float* q, const float*
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
       rp[i] = rows[std::min(r0 + i, n - 1)];
-      if (r0 + i + kPrefetchRows < n) PrefetchRow<I>(rows[r0 + i + kPrefetchRows], row_bytes);
+      if (r0 + i + kPrefetchRows < n_ahead) {
+        PrefetchRow<I>(rows[r0 + i + kPrefetchRows], row_bytes);
+      }
     }
     V acc[K];
 #pragma GCC unroll 16
@@ -152,43 +156,66 @@ void ScoresHeads(const uint8_t* const* rows, int n, const float* q, const float*
   }
 }
 
+// Rows per chunk of ScoresClass: a multiple of every ScoresHeads group size R (kReduce / NH
+// for kReduce 8 or 16, NH 1..4), so chunking regroups no row, and small enough that a
+// chunk's rows stay in L1 while every group of four heads reads them.
+inline constexpr int kScoresChunk = 80;
+
 template <class I, KvPrecision P>
 void ScoresClass(const uint8_t* const* rows, int n, const KvQuery& q, float* s, size_t ld) {
   constexpr int L = I::kLanes;
   const int hd = q.head_dim;
-  alignas(64) float q_eo[4 * 256];  // int4: the query in LoadCodes2's even / odd order
-  for (int h0 = 0; h0 < q.g; h0 += 4) {
-    const float* qh = q.q + static_cast<size_t>(h0) * hd;
-    const float* qs = q.qsum + h0;
-    float* sh = s + h0 * ld;
-    if constexpr (P == KvPrecision::kInt4) {
-      for (int h = 0; h < std::min(4, q.g - h0); ++h) {
-        const float* src = qh + h * hd;
-        float* dst = q_eo + h * hd;
-        int d = 0;
-        for (; d + 2 * L <= hd; d += 2 * L) {
-          for (int i = 0; i < L; ++i) {
-            dst[d + i] = src[d + 2 * i];
-            dst[d + L + i] = src[d + 2 * i + 1];
-          }
-        }
-        for (; d < hd; ++d) dst[d] = src[d];  // a last single vector: natural order
-      }
-      qh = q_eo;
+  const float* qv = q.q;
+  // int4: the query in LoadCodes2's even / odd order, 64-byte aligned as the query's vector
+  // loads are; a block's heads outgrow the stack.
+  alignas(64) float q_stack[P == KvPrecision::kInt4 ? 4 * 256 : 1];
+  if constexpr (P == KvPrecision::kInt4) {
+    thread_local std::vector<float> q_heap;
+    float* q_eo = q_stack;
+    if (q.g > 4) {
+      q_heap.resize(static_cast<size_t>(q.g) * hd + 16);
+      q_eo = q_heap.data() + (16 - reinterpret_cast<uintptr_t>(q_heap.data()) / 4 % 16) % 16;
     }
-    switch (std::min(4, q.g - h0)) {
-      case 1:
-        ScoresHeads<I, P, 1>(rows, n, qh, qs, q.head_dim, sh, ld);
-        break;
-      case 2:
-        ScoresHeads<I, P, 2>(rows, n, qh, qs, q.head_dim, sh, ld);
-        break;
-      case 3:
-        ScoresHeads<I, P, 3>(rows, n, qh, qs, q.head_dim, sh, ld);
-        break;
-      default:
-        ScoresHeads<I, P, 4>(rows, n, qh, qs, q.head_dim, sh, ld);
-        break;
+    for (int h = 0; h < q.g; ++h) {
+      const float* src = q.q + static_cast<size_t>(h) * hd;
+      float* dst = q_eo + static_cast<size_t>(h) * hd;
+      int d = 0;
+      for (; d + 2 * L <= hd; d += 2 * L) {
+        for (int i = 0; i < L; ++i) {
+          dst[d + i] = src[d + 2 * i];
+          dst[d + L + i] = src[d + 2 * i + 1];
+        }
+      }
+      for (; d < hd; ++d) dst[d] = src[d];  // a last single vector: natural order
+    }
+    qv = q_eo;
+  }
+  // f16 rows of several groups of heads (a block of query tokens) go in chunks, each read
+  // from memory once and from L1 by the other groups; int rows do not (measured slower in
+  // chunks: bench_kv_attention verify/int4, bench/README.md).
+  const int chunk = P == KvPrecision::kFull && q.g > 4 ? kScoresChunk : n;
+  constexpr int kGroup = 4;
+  for (int r0 = 0; r0 < n; r0 += chunk) {
+    const int nc = std::min(chunk, n - r0);
+    const int ahead = n - r0;  // the first group reads the chunk from memory: prefetch on
+    for (int h0 = 0; h0 < q.g; h0 += kGroup) {
+      const float* qh = qv + static_cast<size_t>(h0) * hd;
+      const float* qs = q.qsum + h0;
+      float* sh = s + h0 * ld + r0;
+      switch (std::min(kGroup, q.g - h0)) {
+        case 1:
+          ScoresHeads<I, P, 1>(rows + r0, nc, ahead, qh, qs, hd, sh, ld);
+          break;
+        case 2:
+          ScoresHeads<I, P, 2>(rows + r0, nc, ahead, qh, qs, hd, sh, ld);
+          break;
+        case 3:
+          ScoresHeads<I, P, 3>(rows + r0, nc, ahead, qh, qs, hd, sh, ld);
+          break;
+        default:
+          ScoresHeads<I, P, 4>(rows + r0, nc, ahead, qh, qs, hd, sh, ld);
+          break;
+      }
     }
   }
 }
@@ -233,11 +260,32 @@ float ExpSum(float* s, int n) {
   return I::Hsum(I::Add(sum0, sum1));
 }
 
-// out[h * hd + d0 + v * L] += Σ_r w[h * wld + r] * codes_r, for NH heads and NV vectors
-// starting at column d0, over nb (<= kAccumulateBlock) rows.
+// Row r's codes [d0, d0 + NV * L) for AccumulateTile (of nb rows of row_bytes), as NV
+// vectors.
+template <class I, KvPrecision P, int NV>
+__attribute__((always_inline)) inline void LoadTileRow(const uint8_t* const* rows, int r, int nb,
+                                                       int d0, size_t row_bytes, typename I::V* x) {
+  constexpr int L = I::kLanes;
+  // f16 rows have no weight pre-pass (which prefetches int rows): prefetch here, once.
+  if constexpr (P == KvPrecision::kFull) {
+    if (d0 == 0 && r + kPrefetchRows < nb) PrefetchRow<I>(rows[r + kPrefetchRows], row_bytes);
+  }
+  const uint8_t* row = rows[r];
+  if constexpr (NV % 2 == 0) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v += 2) LoadCodes2<I, P>(row, d0 + v * L, &x[v], &x[v + 1]);
+  } else {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) x[v] = LoadCodes<I, P>(row, d0 + v * L);
+  }
+}
+
+// out[h * hd + d0 + v * L] += Σ_{r < nr[h]} w[h * wld + r] * codes_r, for NH heads and NV
+// vectors starting at column d0, over nb = max_h nr[h] (<= kAccumulateBlock) rows; rows
+// [0, n_all = min_h nr[h]) are every head's. A head's FMAs are those of a tile of it alone.
 template <class I, KvPrecision P, int NH, int NV>
-void AccumulateTile(const uint8_t* const* rows, int nb, const float* w, size_t wld, int d0, int hd,
-                    float* out) {
+void AccumulateTile(const uint8_t* const* rows, int nb, int n_all, const int* nr, const float* w,
+                    size_t wld, int d0, int hd, float* out) {
   using V = typename I::V;
   constexpr int L = I::kLanes;
   V acc[NH][NV];
@@ -247,22 +295,23 @@ void AccumulateTile(const uint8_t* const* rows, int nb, const float* w, size_t w
     for (int v = 0; v < NV; ++v) acc[h][v] = I::Zero();
   }
   const size_t row_bytes = KvRowBytes(P, hd);
-  for (int r = 0; r < nb; ++r) {
-    // f16 rows have no weight pre-pass (which prefetches int rows): prefetch here, once.
-    if constexpr (P == KvPrecision::kFull) {
-      if (d0 == 0 && r + kPrefetchRows < nb) PrefetchRow<I>(rows[r + kPrefetchRows], row_bytes);
-    }
-    const uint8_t* row = rows[r];
+  int r = 0;
+  for (; r < n_all; ++r) {
     V x[NV];
-    if constexpr (NV % 2 == 0) {
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v += 2) LoadCodes2<I, P>(row, d0 + v * L, &x[v], &x[v + 1]);
-    } else {
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) x[v] = LoadCodes<I, P>(row, d0 + v * L);
-    }
+    LoadTileRow<I, P, NV>(rows, r, nb, d0, row_bytes, x);
 #pragma GCC unroll 4
     for (int h = 0; h < NH; ++h) {
+      const V wv = I::Set1(w[h * wld + r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[h][v] = I::Fma(wv, x[v], acc[h][v]);
+    }
+  }
+  for (; r < nb; ++r) {  // the last rows of a causal block: only the later tokens' heads
+    V x[NV];
+    LoadTileRow<I, P, NV>(rows, r, nb, d0, row_bytes, x);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      if (r >= nr[h]) continue;
       const V wv = I::Set1(w[h * wld + r]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[h][v] = I::Fma(wv, x[v], acc[h][v]);
@@ -278,6 +327,7 @@ void AccumulateTile(const uint8_t* const* rows, int nb, const float* w, size_t w
   }
 #pragma GCC unroll 4
   for (int h = 0; h < NH; ++h) {
+    if (nr[h] == 0) continue;  // no row of this block: out untouched, as alone
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       float* o = out + h * hd + d0 + v * L;
@@ -287,39 +337,41 @@ void AccumulateTile(const uint8_t* const* rows, int nb, const float* w, size_t w
 }
 
 template <class I, KvPrecision P, int NH>
-void AccumulateHeads(const uint8_t* const* rows, int nb, const float* w, size_t wld, int hd,
-                     float* out) {
+void AccumulateHeads(const uint8_t* const* rows, int nb, int n_all, const int* nr, const float* w,
+                     size_t wld, int hd, float* out) {
   constexpr int L = I::kLanes;
   constexpr int NV = I::kAccVectors;
   int d0 = 0;
   for (; d0 + NV * L <= hd; d0 += NV * L) {
-    AccumulateTile<I, P, NH, NV>(rows, nb, w, wld, d0, hd, out);
+    AccumulateTile<I, P, NH, NV>(rows, nb, n_all, nr, w, wld, d0, hd, out);
   }
-  for (; d0 < hd; d0 += L) AccumulateTile<I, P, NH, 1>(rows, nb, w, wld, d0, hd, out);
+  for (; d0 < hd; d0 += L) AccumulateTile<I, P, NH, 1>(rows, nb, n_all, nr, w, wld, d0, hd, out);
 }
 
 template <class I, KvPrecision P>
 void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t ld, int g, int hd,
-                     float* out, const KvMassOut* mass) {
+                     const int* head_rows, float* out) {
   constexpr int kMaxHeads = I::kAccHeads;
   alignas(64) float w[kMaxHeads * kAccumulateBlock];
   const size_t row_bytes = KvRowBytes(P, hd);
   for (int b0 = 0; b0 < n; b0 += kAccumulateBlock) {
-    const int nb = std::min(kAccumulateBlock, n - b0);
+    const int nb_block = std::min(kAccumulateBlock, n - b0);
     const uint8_t* const* brows = rows + b0;
-    for (int r = 0; r < nb && r < 2 * kPrefetchRows; ++r) PrefetchRow<I>(brows[r], row_bytes);
-    if (mass != nullptr) {
-      const int nm = std::min(nb, mass->n - b0);
-      for (int r = std::max(0, mass->first - b0); r < nm; ++r) {
-        float m = 0.0f;
-        for (int h = 0; h < g; ++h) m += e[h * ld + b0 + r] * mass->inv[h];
-        const int32_t pos = mass->pos[b0 + r] - mass->base;
-        mass->sum[pos] += mass->weight * m;
-        mass->cnt[pos] += static_cast<float>(g);
-      }
+    for (int r = 0; r < nb_block && r < 2 * kPrefetchRows; ++r) {
+      PrefetchRow<I>(brows[r], row_bytes);
     }
     for (int h0 = 0; h0 < g; h0 += kMaxHeads) {
       const int nh = std::min(kMaxHeads, g - h0);
+      // Rows of this block per head, and the rows every head of the group has.
+      int nr[kMaxHeads] = {};
+      int nb = 0, n_all = nb_block;
+      for (int h = 0; h < nh; ++h) {
+        const int rows_h = head_rows != nullptr ? head_rows[h0 + h] : n;
+        nr[h] = std::clamp(rows_h - b0, 0, nb_block);
+        nb = std::max(nb, nr[h]);
+        n_all = std::min(n_all, nr[h]);
+      }
+      if (nb == 0) continue;
       // Row weights: e itself for f16 rows, e * scale (and the int4 bias Σ e * min) else.
       float bias[kMaxHeads] = {};
       const float* wp = e + h0 * ld + b0;
@@ -329,6 +381,7 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
           if (r + kPrefetchRows < nb) PrefetchRow<I>(brows[r + kPrefetchRows], row_bytes);
           const ScaleMin sm = LoadScaleMin<I, P>(brows[r]);
           for (int h = 0; h < nh; ++h) {
+            if (r >= nr[h]) continue;
             const float eh = e[(h0 + h) * ld + b0 + r];
             w[h * kAccumulateBlock + r] = eh * sm.scale;
             if constexpr (P == KvPrecision::kInt4) bias[h] += eh * sm.min;
@@ -340,20 +393,21 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
       float* oh = out + static_cast<size_t>(h0) * hd;
       switch (nh) {
         case 1:
-          AccumulateHeads<I, P, 1>(brows, nb, wp, wld, hd, oh);
+          AccumulateHeads<I, P, 1>(brows, nb, n_all, nr, wp, wld, hd, oh);
           break;
         case 2:
-          AccumulateHeads<I, P, std::min(2, kMaxHeads)>(brows, nb, wp, wld, hd, oh);
+          AccumulateHeads<I, P, std::min(2, kMaxHeads)>(brows, nb, n_all, nr, wp, wld, hd, oh);
           break;
         case 3:
-          AccumulateHeads<I, P, std::min(3, kMaxHeads)>(brows, nb, wp, wld, hd, oh);
+          AccumulateHeads<I, P, std::min(3, kMaxHeads)>(brows, nb, n_all, nr, wp, wld, hd, oh);
           break;
         default:
-          AccumulateHeads<I, P, kMaxHeads>(brows, nb, wp, wld, hd, oh);
+          AccumulateHeads<I, P, kMaxHeads>(brows, nb, n_all, nr, wp, wld, hd, oh);
           break;
       }
       if constexpr (P == KvPrecision::kInt4) {
         for (int h = 0; h < nh; ++h) {
+          if (nr[h] == 0) continue;
           const typename I::V bv = I::Set1(bias[h]);
           for (int d = 0; d < hd; d += I::kLanes) {
             float* o = oh + h * hd + d;
@@ -367,14 +421,14 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
 
 template <class I>
 void Accumulate(KvPrecision p, const uint8_t* const* rows, int n, const float* e, size_t ld, int g,
-                int hd, float* out, const KvMassOut* mass) {
+                int hd, const int* head_rows, float* out) {
   switch (p) {
     case KvPrecision::kFull:
-      return AccumulateClass<I, KvPrecision::kFull>(rows, n, e, ld, g, hd, out, mass);
+      return AccumulateClass<I, KvPrecision::kFull>(rows, n, e, ld, g, hd, head_rows, out);
     case KvPrecision::kInt8:
-      return AccumulateClass<I, KvPrecision::kInt8>(rows, n, e, ld, g, hd, out, mass);
+      return AccumulateClass<I, KvPrecision::kInt8>(rows, n, e, ld, g, hd, head_rows, out);
     case KvPrecision::kInt4:
-      return AccumulateClass<I, KvPrecision::kInt4>(rows, n, e, ld, g, hd, out, mass);
+      return AccumulateClass<I, KvPrecision::kInt4>(rows, n, e, ld, g, hd, head_rows, out);
   }
 }
 

@@ -16,13 +16,25 @@ void ForEachPassSequence(ThreadPool* threads, int64_t n_seqs,
   }
 }
 
-void ForEachPassHead(ThreadPool* threads, int64_t n_seqs, int n_kv_heads,
-                     const std::function<void(int64_t, int)>& fn) {
+void ForEachPassHead(ThreadPool* threads, std::span<const int32_t> rows, int n_kv_heads,
+                     const std::function<void(int64_t, int, int32_t, int32_t)>& fn) {
+  const int64_t n_pairs = static_cast<int64_t>(rows.size()) * n_kv_heads;
+  const int n_threads = threads != nullptr ? threads->n_threads() : 1;
+  // Parts per (sequence, kv head): 1, or enough for two jobs per thread.
+  const int64_t parts =
+      n_pairs > 0 && n_pairs < 2 * n_threads ? (2 * n_threads + n_pairs - 1) / n_pairs : 1;
   auto run = [&](int64_t begin, int64_t end, int) {
-    for (int64_t job = begin; job < end; ++job)
-      fn(job / n_kv_heads, static_cast<int>(job % n_kv_heads));
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t pair = job / parts, part = job % parts;
+      const int64_t i = pair / n_kv_heads;
+      const int32_t n = rows[i];
+      // Part `part` of `parts` near-equal shares of n rows (empty when n < parts).
+      const auto lo = static_cast<int32_t>(n * part / parts);
+      const auto hi = static_cast<int32_t>(n * (part + 1) / parts);
+      if (lo < hi) fn(i, static_cast<int>(pair % n_kv_heads), lo, hi);
+    }
   };
-  const int64_t n_jobs = n_seqs * n_kv_heads;
+  const int64_t n_jobs = n_pairs * parts;
   if (threads != nullptr) {
     threads->ParallelFor(n_jobs, 1, run);
   } else {
@@ -50,12 +62,14 @@ absl::Status CpuKvCache::Write(int layer, const float* k, const float* v) {
 
 absl::Status CpuKvCache::Attend(int layer, const float* q, float scale, float* out) {
   const int64_t row = static_cast<int64_t>(n_kv_heads_) * group_ * head_dim_;
-  ForEachPassHead(threads_, static_cast<int64_t>(entries_.size()), n_kv_heads_,
-                  [&](int64_t i, int kv_head) {
-                    const KvPassEntry& e = entries_[i];
-                    AttendSeq(e.seq, layer, e.pos0, e.n, kv_head, q + first_[i] * row, scale,
-                              out + first_[i] * row);
-                  });
+  std::vector<int32_t> rows(entries_.size());
+  for (size_t i = 0; i < entries_.size(); ++i) rows[i] = entries_[i].n;
+  ForEachPassHead(
+      threads_, rows, n_kv_heads_, [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
+        const KvPassEntry& e = entries_[i];
+        AttendSeq(e.seq, layer, e.pos0 + begin, end - begin, kv_head, q + (first_[i] + begin) * row,
+                  scale, out + (first_[i] + begin) * row);
+      });
   return absl::OkStatus();
 }
 

@@ -2,13 +2,15 @@
 // (sequence, kv head) on the CPU — the base of DenseKvCache and of kvstore/'s CPU store.
 // It turns the pass-level calls of kv_cache.h into per-sequence ones, splitting a pass
 // across the pass's host threads: Write by sequence (when the pass has several), Attend by
-// (sequence, kv head). Which thread runs what never changes a result: each call writes only
-// its own sequence's rows (Write) or its own (sequence, kv head) outputs (Attend).
+// (sequence, kv head) and, when those are few, row ranges of them. Which thread runs what
+// never changes a result: each call writes only its own sequence's rows (Write) or its own
+// (sequence, kv head, rows) outputs (Attend).
 //
 // Subclasses implement WriteSeq / AttendSeq (also callable directly, e.g. by tests and
 // benchmarks); those run concurrently for different sequences (WriteSeq) or different
-// (sequence, kv head) pairs (AttendSeq), and WriteSeq of a (seq, layer) happens-before
-// AttendSeq of that (seq, layer).
+// (sequence, kv head) pairs or row ranges of one (AttendSeq: a query's output must not
+// depend on which other queries share its call), and WriteSeq of a (seq, layer)
+// happens-before AttendSeq of that (seq, layer).
 #pragma once
 
 #include <functional>
@@ -25,8 +27,13 @@ namespace specnode {
 // attention. Shared by every CPU cache (CpuKvCache, kvstore's CpuPagePool).
 void ForEachPassSequence(ThreadPool* threads, int64_t n_seqs,
                          const std::function<void(int64_t)>& fn);
-void ForEachPassHead(ThreadPool* threads, int64_t n_seqs, int n_kv_heads,
-                     const std::function<void(int64_t, int)>& fn);
+// fn(i, kv_head, begin, end): rows [begin, end) of sequence i (rows[i] of them), one kv
+// head. A (sequence, kv head) is one job with all of its rows, except when the pass has
+// fewer such pairs than twice the threads (one sequence verifying drafts or prefilling:
+// 3 kv heads on 2 threads would run 2:1); then each pair's rows are cut into up to that
+// many contiguous parts, so the threads get even shares.
+void ForEachPassHead(ThreadPool* threads, std::span<const int32_t> rows, int n_kv_heads,
+                     const std::function<void(int64_t, int, int32_t, int32_t)>& fn);
 // The first row of each of the pass's sequences, given their row counts.
 template <typename Seq>
 std::vector<int64_t> FirstRows(std::span<const Seq> seqs) {

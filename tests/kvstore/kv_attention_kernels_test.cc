@@ -21,7 +21,6 @@ namespace specnode {
 namespace {
 
 using kv_kernels::KvAttentionKernels;
-using kv_kernels::KvMassOut;
 using kv_kernels::KvQuery;
 
 // Rows of one class stored out of order at unaligned addresses, as pages hand them out.
@@ -29,6 +28,7 @@ struct Rows {
   std::vector<uint8_t> bytes;
   std::vector<const uint8_t*> ptr;
   std::vector<std::vector<float>> decoded;  // what the rows hold, for tolerance scales
+  std::vector<float> abs_min;               // int4: |min| of each row (0 otherwise)
 };
 
 Rows MakeRows(KvPrecision p, int hd, int n, std::mt19937& gen) {
@@ -48,6 +48,9 @@ Rows MakeRows(KvPrecision p, int hd, int n, std::mt19937& gen) {
     r.ptr.push_back(row);
     r.decoded.emplace_back(hd);
     KvDecodeRow(p, row, hd, r.decoded.back().data());
+    uint16_t min_half = 0;
+    if (p == KvPrecision::kInt4) std::memcpy(&min_half, row + 2, 2);
+    r.abs_min.push_back(std::abs(Fp16ToFp32(min_half)));
   }
   return r;
 }
@@ -82,8 +85,9 @@ TEST_P(KvKernelsTest, ScoresMatchScalarReference) {
   const auto [kernels, p, hd] = GetParam();
   const KvAttentionKernels& ref = kv_kernels::kScalarKvKernels;
   std::mt19937 gen(hd * 3 + static_cast<int>(p));
-  for (int g : {1, 2, 3, 4, 5}) {
-    for (int n : {1, 5, 16, 77}) {
+  // g = 15: five tokens of a GQA group of 3 (a verification block), in chunks of rows.
+  for (int g : {1, 2, 3, 4, 5, 15}) {
+    for (int n : {1, 5, 16, 77, 201}) {
       const Rows rows = MakeRows(p, hd, n, gen);
       const Query q = MakeQuery(g, hd, gen);
       const size_t ld = n + 40;
@@ -103,46 +107,82 @@ TEST_P(KvKernelsTest, ScoresMatchScalarReference) {
   }
 }
 
-TEST_P(KvKernelsTest, AccumulateAndMassMatchScalarReference) {
+TEST_P(KvKernelsTest, AccumulateMatchesScalarReference) {
   const auto [kernels, p, hd] = GetParam();
   const KvAttentionKernels& ref = kv_kernels::kScalarKvKernels;
   std::mt19937 gen(hd * 5 + static_cast<int>(p));
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  for (int g : {1, 3, 5}) {
+  for (int g : {1, 3, 5, 12}) {
     for (int n : {1, 9, 64, 150}) {
-      const Rows rows = MakeRows(p, hd, n, gen);
-      const size_t ld = n + 16;
-      std::vector<float> e(g * ld), inv(g);
-      for (float& v : e) v = unit(gen) * unit(gen);
-      for (float& v : inv) v = unit(gen);
-      std::vector<int32_t> pos(n);
-      for (int r = 0; r < n; ++r) pos[r] = 2 * r + 1;  // positions need not be dense
-      std::vector<float> out0(g * hd);
-      for (float& v : out0) v = unit(gen);
-      std::vector<float> want = out0, got = out0;
-      std::vector<float> sum_w(2 * n + 2, 0.5f), cnt_w(2 * n + 2, 1.0f);
-      std::vector<float> sum_g = sum_w, cnt_g = cnt_w;
-      // Rows [n / 5, n / 2 + 1) observed, written at position - 1 (pos >= 1).
-      const int first = n / 5;
-      KvMassOut mw{sum_w.data(), cnt_w.data(), pos.data(), first, n / 2 + 1, 1, 37.0f, inv.data()};
-      KvMassOut mg{sum_g.data(), cnt_g.data(), pos.data(), first, n / 2 + 1, 1, 37.0f, inv.data()};
-      ref.accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, want.data(), &mw);
-      kernels->accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, got.data(), &mg);
-      for (int h = 0; h < g; ++h) {
-        for (int d = 0; d < hd; ++d) {
-          double scale = std::abs(out0[h * hd + d]);
-          for (int r = 0; r < n; ++r) scale += e[h * ld + r] * std::abs(rows.decoded[r][d]);
-          ASSERT_NEAR(got[h * hd + d], want[h * hd + d], 3e-6 * scale + 1e-7)
-              << kernels->name << " g=" << g << " n=" << n << " h=" << h << " d=" << d;
+      for (bool causal : {false, true}) {
+        const Rows rows = MakeRows(p, hd, n, gen);
+        const size_t ld = n + 16;
+        std::vector<float> e(g * ld);
+        for (float& v : e) v = unit(gen) * unit(gen);
+        // causal: heads see fewer rows, as the earlier tokens of a block (some none of a
+        // block of 64, some none at all).
+        std::vector<int> head_rows(g, n);
+        if (causal) {
+          for (int h = 0; h < g; ++h) head_rows[h] = std::max(0, n - (g - 1 - h) * 7 - (h % 2));
+        }
+        std::vector<float> out0(g * hd);
+        for (float& v : out0) v = unit(gen);
+        std::vector<float> want = out0, got = out0;
+        const int* hr = causal ? head_rows.data() : nullptr;
+        ref.accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, hr, want.data());
+        kernels->accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, hr, got.data());
+        for (int h = 0; h < g; ++h) {
+          for (int d = 0; d < hd; ++d) {
+            double scale = std::abs(out0[h * hd + d]);
+            // int4 sums Σ e * scale * code and Σ e * min apart: |scale * code| <= |value| + |min|.
+            for (int r = 0; r < head_rows[h]; ++r) {
+              scale += e[h * ld + r] * (std::abs(rows.decoded[r][d]) + 2 * rows.abs_min[r]);
+            }
+            ASSERT_NEAR(got[h * hd + d], want[h * hd + d], 3e-6 * scale + 1e-7)
+                << kernels->name << " g=" << g << " n=" << n << " h=" << h << " d=" << d;
+          }
         }
       }
-      for (int r = 0; r < n; ++r) {
-        const bool observed = r >= first && r < n / 2 + 1;
-        EXPECT_EQ(cnt_w[pos[r] - 1], observed ? 1.0f + g : 1.0f) << "reference, row " << r;
+    }
+  }
+}
+
+// What CpuPagePool's query blocks rest on: a head's scores and accumulated sums come out
+// the same, bit for bit, whether it is asked alone (with only the rows it sees) or with
+// other heads that see more rows, and weights past a head's rows are never read (NaN here).
+TEST_P(KvKernelsTest, HeadsOfABlockEqualHeadsAlone) {
+  const auto [kernels, p, hd] = GetParam();
+  std::mt19937 gen(hd * 11 + static_cast<int>(p));
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int n : {3, 70, 133}) {
+    const int g = 15;
+    const Rows rows = MakeRows(p, hd, n, gen);
+    const Query q = MakeQuery(g, hd, gen);
+    const size_t ld = n + 16;
+    std::vector<float> block(g * ld);
+    kernels->scores(p, rows.ptr.data(), n, q.view, block.data(), ld);
+    std::vector<int> head_rows(g);
+    for (int h = 0; h < g; ++h) head_rows[h] = std::max(1, n - (g - 1 - h) / 3);
+    std::vector<float> e(g * ld, std::numeric_limits<float>::quiet_NaN());
+    for (int h = 0; h < g; ++h) {
+      for (int r = 0; r < head_rows[h]; ++r) e[h * ld + r] = unit(gen);
+    }
+    std::vector<float> acc_block(g * hd, 0.0f);
+    kernels->accumulate(p, rows.ptr.data(), n, e.data(), ld, g, hd, head_rows.data(),
+                        acc_block.data());
+    for (int h = 0; h < g; ++h) {
+      const KvQuery one{q.q.data() + h * hd, q.qsum.data() + h, 1, hd};
+      std::vector<float> alone(ld);
+      kernels->scores(p, rows.ptr.data(), head_rows[h], one, alone.data(), ld);
+      for (int r = 0; r < head_rows[h]; ++r) {
+        ASSERT_EQ(block[h * ld + r], alone[r]) << kernels->name << " n=" << n << " h=" << h;
       }
-      for (size_t i = 0; i < sum_w.size(); ++i) {
-        ASSERT_NEAR(sum_g[i], sum_w[i], 1e-5 * std::abs(sum_w[i])) << "mass sum at " << i;
-        ASSERT_EQ(cnt_g[i], cnt_w[i]) << "mass count at " << i;
+      std::vector<float> acc_alone(hd, 0.0f);
+      kernels->accumulate(p, rows.ptr.data(), head_rows[h], e.data() + h * ld, ld, 1, hd, nullptr,
+                          acc_alone.data());
+      for (int d = 0; d < hd; ++d) {
+        ASSERT_EQ(acc_block[h * hd + d], acc_alone[d])
+            << kernels->name << " n=" << n << " h=" << h << " d=" << d;
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "model/cpu/thread_pool.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_forward.h"
 #include "model/llama/llama_model.h"
@@ -90,7 +91,7 @@ TEST(KvStore, MixedKeepsSinksAndWindowFullAndDemotesTheRest) {
 // that stay between multiples of demote_every (PassBoundary), as verification and chunked
 // prefill make them; and with drafts rolled back (extra rows written, attended, then
 // truncated away — their attention must not count). Every pass's attention outputs and the
-// final classes must be bit-identical.
+// final classes must be bit-identical, also when the passes run on threads.
 TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
   KvStoreConfig c = SmallConfig(KvMode::kMixed);
   c.demote_every = 8;
@@ -123,7 +124,7 @@ TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
   const int kTotal = 90;
   // Runs the stream in passes; `plan` gives each pass's committed rows and rejected extra
   // rows. Returns every committed row's attention output (position order) + the classes.
-  auto run = [&](const std::vector<std::pair<int, int>>& plan) {
+  auto run = [&](const std::vector<std::pair<int, int>>& plan, ThreadPool* threads) {
     auto store = Make(c);
     std::vector<float> outs(static_cast<size_t>(kTotal) * c.n_layers * qrow);
     int pos = 0;
@@ -132,7 +133,7 @@ TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
       EXPECT_EQ(pos / 8, (pos + rows - 1) / 8) << "the plan straddles a boundary";
       EXPECT_TRUE(store->Reserve(1, rows).ok());
       const KvPassEntry e{1, pos, rows};
-      EXPECT_TRUE(store->BeginPass({&e, 1}, nullptr).ok());
+      EXPECT_TRUE(store->BeginPass({&e, 1}, threads).ok());
       for (int l = 0; l < c.n_layers; ++l) {
         std::vector<float> k(rows * row), v(rows * row), q(rows * qrow), out(rows * qrow);
         for (int r = 0; r < rows; ++r) {
@@ -150,7 +151,9 @@ TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
         }
       }
       store->Commit(1, pos + rows);
-      if (extra > 0) EXPECT_TRUE(store->Truncate(1, pos + n).ok());
+      if (extra > 0) {
+        EXPECT_TRUE(store->Truncate(1, pos + n).ok());
+      }
       pos += n;
     }
     EXPECT_EQ(pos, kTotal);
@@ -158,7 +161,7 @@ TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
     return std::make_pair(outs, store->SequenceTokens(1));
   };
   std::vector<std::pair<int, int>> one_by_one(kTotal, {1, 0});
-  const auto want = run(one_by_one);
+  const auto want = run(one_by_one, nullptr);
   EXPECT_GT(want.second[1], 0) << "no critical token: the test would not see a wrong mass";
   EXPECT_GT(want.second[2], 0);
   std::mt19937 gen(5);
@@ -171,7 +174,9 @@ TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
       plan.push_back({std::min(n, kTotal - pos), trial % 2 == 0 ? 0 : rows - n});
       pos += plan.back().first;
     }
-    const auto got = run(plan);
+    // Trials 3..5 on threads: a pass's rows are then split between them (ForEachPassHead).
+    ThreadPool pool(3);
+    const auto got = run(plan, trial >= 3 ? &pool : nullptr);
     EXPECT_EQ(got.second, want.second) << "trial " << trial;
     for (size_t i = 0; i < want.first.size(); ++i) {
       ASSERT_EQ(got.first[i], want.first[i])
