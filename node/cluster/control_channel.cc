@@ -9,6 +9,7 @@
 #include <chrono>
 #include <climits>
 #include <fstream>
+#include <memory>
 
 #include "absl/strings/str_format.h"
 #include "tensor-parallel/mpi_check.h"
@@ -73,24 +74,52 @@ absl::Status ControlChannel::Send(int dest, const std::string& frame, double tim
       timeout_s, what, check);
 }
 
-absl::StatusOr<bool> ControlChannel::TryRecv(int source, std::string* frame) {
+absl::StatusOr<bool> ControlChannel::TryRecv(int source, std::string* frame, const Check& check) {
   int flag = 0;
+  MPI_Message msg = MPI_MESSAGE_NULL;
   MPI_Status st;
-  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Iprobe(source, kControlTag, MPI_COMM_WORLD, &flag, &st));
+  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Improbe(source, kControlTag, MPI_COMM_WORLD, &flag, &msg, &st));
   if (!flag) return false;
   int count = 0;
   SPECNODE_MPI_RETURN_IF_ERROR(MPI_Get_count(&st, MPI_BYTE, &count));
-  frame->resize(static_cast<size_t>(count));
-  // The message is already here (probed), so this receive completes without waiting.
-  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Recv(frame->data(), count, MPI_BYTE, st.MPI_SOURCE, kControlTag,
-                                        MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-  return true;
+  // Only the envelope has arrived for a large frame: OpenMPI's shared-memory transport then
+  // copies the payload out of the sender's memory (process_vm_readv), which fails — and
+  // leaves the receive pending forever — when the sender died in between (seen: "Read -1,
+  // expected 196753, errno = 3" when a target rank was killed mid-reply). So the receive is
+  // polled, with `check`, never waited for in MPI_Recv. Its buffer is owned here until the
+  // receive completes: a receive given up on keeps it (leaked on purpose; MPI may still
+  // write into it, and the channel to that peer is broken anyway).
+  auto buf = std::make_unique<std::string>(static_cast<size_t>(count), '\0');
+  MPI_Request req = MPI_REQUEST_NULL;
+  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Imrecv(buf->data(), count, MPI_BYTE, &msg, &req));
+  const auto start = Clock::now();
+  auto next_check = start + kCheckEvery;
+  PollBackoff backoff;
+  while (true) {
+    int done = 0;
+    const absl::Status tested = SPECNODE_MPI_STATUS(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (tested.ok() && done) {
+      *frame = std::move(*buf);
+      return true;
+    }
+    const auto now = Clock::now();
+    if (!tested.ok() || (check && now >= next_check)) {
+      absl::Status s = check ? check() : absl::OkStatus();
+      if (!s.ok() || !tested.ok()) {
+        (void)buf.release();  // see above
+        return !s.ok() ? s : tested;
+      }
+      next_check = now + kCheckEvery;
+    }
+    backoff.Sleep();
+  }
 }
 
 absl::StatusOr<std::string> ControlChannel::Recv(int source, double timeout_s,
                                                  const std::string& what, const Check& check) {
   std::string frame;
-  absl::Status s = PollUntil([&]() { return TryRecv(source, &frame); }, timeout_s, what, check);
+  absl::Status s =
+      PollUntil([&]() { return TryRecv(source, &frame, check); }, timeout_s, what, check);
   if (!s.ok()) return s;
   return frame;
 }

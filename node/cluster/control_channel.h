@@ -2,7 +2,9 @@
 // (node/control_protocol.h) between rank 0 and the target shards, over MPI_COMM_WORLD with
 // one reserved tag. Only built with MPI (SPECNODE_HAVE_MPI).
 //
-// Every wait is non-busy and bounded: Send polls MPI_Test and Recv polls MPI_Iprobe, with a
+// Every wait is non-busy and bounded: Send polls MPI_Test and Recv polls MPI_Improbe (then
+// the matched frame's MPI_Imrecv, with MPI_Test: its payload comes from a sender that may
+// die before it is copied), with a
 // sleeping backoff of 20 µs doubling to 1 ms, so an idle rank costs a few percent of one
 // core and a message is noticed within ~1 ms. While waiting, `check` (optional) is called
 // about every 20 ms: a non-OK return ends the wait with that status (used for "is the peer
@@ -43,8 +45,12 @@ class ControlChannel {
   absl::StatusOr<std::string> Recv(int source, double timeout_s, const std::string& what,
                                    const Check& check = nullptr);
 
-  // Non-blocking: a frame from `source` if one has arrived (nullopt-like: false).
-  absl::StatusOr<bool> TryRecv(int source, std::string* frame);
+  // Non-blocking: a frame from `source` if one has arrived (nullopt-like: false). A frame
+  // whose envelope has arrived is then received in full, which takes microseconds unless
+  // the sender died before its payload was copied: that receive never completes, so it is
+  // polled with `check` (as the waits above, about every 20 ms) and a failed check ends it
+  // with that status. Without a check such a receive waits forever.
+  absl::StatusOr<bool> TryRecv(int source, std::string* frame, const Check& check = nullptr);
 };
 
 // The host name of this machine ("" if unknown).

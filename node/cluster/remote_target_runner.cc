@@ -157,7 +157,8 @@ absl::Status RemoteTargetRunner::CollectReplies(uint64_t step,
     bool progress = false;
     for (size_t i = 0; i < n; ++i) {
       if (got[i]) continue;
-      SPECNODE_ASSIGN_OR_RETURN(bool arrived, channel_->TryRecv(options_.shard_ranks[i], &frame));
+      SPECNODE_ASSIGN_OR_RETURN(bool arrived, channel_->TryRecv(options_.shard_ranks[i], &frame,
+                                                                [&] { return CheckAlive({i}); }));
       if (!arrived) continue;
       absl::StatusOr<StepReplyMessage> reply = DecodeStepReply(frame);
       if (!reply.ok()) {

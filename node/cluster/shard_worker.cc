@@ -108,16 +108,17 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
   PollBackoff backoff;
   auto next_check = Clock::now() + std::chrono::seconds(1);
   std::optional<Clock::time_point> stop_since;
+  auto coordinator_alive = [&]() -> absl::Status {
+    if (PeerAlive(coordinator_pid, coordinator_host)) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrFormat("rank 0 (pid %d) is gone", coordinator_pid));
+  };
   while (true) {
-    SPECNODE_ASSIGN_OR_RETURN(bool arrived, channel->TryRecv(0, &frame));
+    SPECNODE_ASSIGN_OR_RETURN(bool arrived, channel->TryRecv(0, &frame, coordinator_alive));
     if (!arrived) {
       const auto now = Clock::now();
       if (now >= next_check) {
         next_check = now + std::chrono::seconds(1);
-        if (!PeerAlive(coordinator_pid, coordinator_host)) {
-          return absl::UnavailableError(
-              absl::StrFormat("rank 0 (pid %d) is gone", coordinator_pid));
-        }
+        SPECNODE_RETURN_IF_ERROR(coordinator_alive());
         if (o.stop != nullptr && o.stop->load()) {
           if (!stop_since) stop_since = now;
           if (now - *stop_since > std::chrono::duration<double>(o.stop_grace_s)) {
