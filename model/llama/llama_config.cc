@@ -42,17 +42,33 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
                               GetPositiveInt(file, p + "attention.head_count_kv", 1024));
   }
   SPECNODE_ASSIGN_OR_RETURN(c.d_ff, GetPositiveInt(file, p + "feed_forward_length", 1 << 20));
-  SPECNODE_ASSIGN_OR_RETURN(c.context_length,
-                            GetPositiveInt(file, p + "context_length", 1 << 24));
-  if (c.d_model % c.n_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "embedding_length %d is not a multiple of head_count %d", c.d_model, c.n_heads));
-  }
+  SPECNODE_ASSIGN_OR_RETURN(c.context_length, GetPositiveInt(file, p + "context_length", 1 << 24));
   if (c.n_heads % c.n_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "head_count %d is not a multiple of head_count_kv %d", c.n_heads, c.n_kv_heads));
   }
-  c.head_dim = c.d_model / c.n_heads;
+  // The head width: attention.key_length when the file states it (Qwen3, Gemma: heads
+  // wider or narrower than embedding_length / head_count), else that quotient.
+  if (file.Find(p + "attention.key_length") != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(c.head_dim, GetPositiveInt(file, p + "attention.key_length", 1024));
+    if (file.Find(p + "attention.value_length") != nullptr) {
+      SPECNODE_ASSIGN_OR_RETURN(int value_length,
+                                GetPositiveInt(file, p + "attention.value_length", 1024));
+      if (value_length != c.head_dim) {
+        return absl::UnimplementedError(absl::StrFormat(
+            "%sattention.value_length %d differs from key_length %d (not supported)", p,
+            value_length, c.head_dim));
+      }
+    }
+  } else {
+    if (c.d_model % c.n_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "embedding_length %d is not a multiple of head_count %d (and %sattention.key_length "
+          "is not set)",
+          c.d_model, c.n_heads, p));
+    }
+    c.head_dim = c.d_model / c.n_heads;
+  }
   c.rope_dim = c.head_dim;
   if (file.Find(p + "rope.dimension_count") != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(c.rope_dim, GetPositiveInt(file, p + "rope.dimension_count", 1 << 16));
@@ -93,9 +109,11 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
 }
 
 std::string LlamaConfig::Summary() const {
-  return absl::StrFormat("%s %dL d%d h%d/%d ff%d vocab%d ctx%d%s", architecture, n_layers, d_model,
-                         n_heads, n_kv_heads, d_ff, vocab_size, context_length,
-                         tied_embeddings ? " tied" : "");
+  const std::string heads = head_dim * n_heads == d_model
+                                ? absl::StrFormat("h%d/%d", n_heads, n_kv_heads)
+                                : absl::StrFormat("h%d/%dx%d", n_heads, n_kv_heads, head_dim);
+  return absl::StrFormat("%s %dL d%d %s ff%d vocab%d ctx%d%s", architecture, n_layers, d_model,
+                         heads, d_ff, vocab_size, context_length, tied_embeddings ? " tied" : "");
 }
 
 }  // namespace specnode

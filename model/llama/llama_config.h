@@ -18,7 +18,7 @@ struct LlamaConfig {
   int d_model = 0;           // embedding_length
   int n_heads = 0;
   int n_kv_heads = 0;        // GQA: n_heads is a multiple of n_kv_heads
-  int head_dim = 0;          // d_model / n_heads
+  int head_dim = 0;          // attention.key_length, else d_model / n_heads
   int rope_dim = 0;          // rotated dims per head (<= head_dim, even)
   int d_ff = 0;              // feed_forward_length
   int vocab_size = 0;
@@ -31,13 +31,14 @@ struct LlamaConfig {
   int kv_dim() const { return n_kv_heads * head_dim; }
   int gqa_group() const { return n_heads / n_kv_heads; }
 
-  // Reads "<arch>.*" keys. Unimplemented for architectures other than llama (naming it);
-  // InvalidArgument naming the key for missing or inconsistent values (e.g. heads not
-  // dividing d_model, kv heads not dividing heads, odd rope dims, vocab mismatch between
-  // the metadata and token_embd).
+  // Reads "<arch>.*" keys. Unimplemented for architectures other than llama (naming it)
+  // and for value_length != key_length; InvalidArgument naming the key for missing or
+  // inconsistent values (e.g. heads not dividing d_model without key_length, kv heads not
+  // dividing heads, odd rope dims, vocab mismatch between the metadata and token_embd).
   static absl::StatusOr<LlamaConfig> FromGguf(const GgufFile& file);
 
-  // One line for logs: "llama 30L d576 h9/3 ff1536 vocab49152 ctx8192".
+  // One line for logs: "llama 30L d576 h9/3 ff1536 vocab49152 ctx8192" (heads x head_dim
+  // when that is not d_model: "h16/8x128").
   std::string Summary() const;
 };
 

@@ -249,17 +249,25 @@ uint32_t FileType(GgmlType t) {
   return 0;
 }
 
+int HeadDim(const TinyModelOptions& o) {
+  return o.head_dim != 0 ? o.head_dim : o.d_model / o.n_heads;
+}
+
 absl::Status Validate(const TinyModelOptions& o) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   if (o.n_layers < 1 || o.n_layers > 256) return bad("n_layers ", o.n_layers, " not in [1, 256]");
   if (o.d_model < 32 || o.d_model > 16384 || o.d_model % 32 != 0) {
     return bad("d_model ", o.d_model, " is not a multiple of 32 in [32, 16384]");
   }
-  if (o.n_heads < 1 || o.d_model % o.n_heads != 0) {
+  if (o.n_heads < 1 || o.n_heads > 1024) return bad("n_heads ", o.n_heads, " not in [1, 1024]");
+  if (o.head_dim == 0 && o.d_model % o.n_heads != 0) {
     return bad("n_heads ", o.n_heads, " does not divide d_model ", o.d_model);
   }
-  if ((o.d_model / o.n_heads) % 2 != 0) {
-    return bad("head_dim ", o.d_model / o.n_heads, " (d_model / n_heads) is odd; RoPE needs pairs");
+  if (o.head_dim < 0 || o.head_dim > 1024) return bad("head_dim ", o.head_dim, " not in [0, 1024]");
+  const int head_dim = HeadDim(o);
+  if (head_dim % 2 != 0) return bad("head_dim ", head_dim, " is odd; RoPE needs pairs");
+  if (int64_t{o.n_heads} * head_dim % 32 != 0) {
+    return bad("n_heads x head_dim ", int64_t{o.n_heads} * head_dim, " is not a multiple of 32");
   }
   if (o.n_kv_heads < 1 || o.n_heads % o.n_kv_heads != 0) {
     return bad("n_kv_heads ", o.n_kv_heads, " does not divide n_heads ", o.n_heads);
@@ -285,9 +293,10 @@ absl::Status Validate(const TinyModelOptions& o) {
   if (!std::isfinite(o.perturb) || o.perturb < 0.0f || o.perturb > 100.0f) {
     return bad("perturb ", o.perturb, " not in [0, 100]");
   }
-  const int64_t d = o.d_model, kv = d / o.n_heads * o.n_kv_heads, ff = o.d_ff;
+  const int64_t d = o.d_model, q = int64_t{o.n_heads} * head_dim,
+                kv = int64_t{o.n_kv_heads} * head_dim, ff = o.d_ff;
   const int64_t vocab = 256 + o.n_merges + 3;
-  const int64_t per_layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * ff;
+  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ff;
   const int64_t total = vocab * d * (o.tied_embeddings ? 1 : 2) + d + o.n_layers * per_layer;
   if (total > kMaxParameters) {
     return bad("model too large: ", total, " parameters (limit ", kMaxParameters, ")");
@@ -338,7 +347,7 @@ class TensorMaker {
 absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& path) {
   const TinyModelOptions& o = options;
   SPECNODE_RETURN_IF_ERROR(Validate(o));
-  const int head_dim = o.d_model / o.n_heads;
+  const int head_dim = HeadDim(o);
   const int64_t d = o.d_model, q_dim = int64_t{o.n_heads} * head_dim,
                 kv_dim = int64_t{o.n_kv_heads} * head_dim, ff = o.d_ff;
   const Vocab vocab = BuildVocab(o.n_merges);
@@ -360,6 +369,10 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
   w.AddUint32("general.file_type", FileType(o.weight_type));
   w.AddUint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
   w.AddUint32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
+  if (head_dim * o.n_heads != o.d_model) {
+    w.AddUint32("llama.attention.key_length", static_cast<uint32_t>(head_dim));
+    w.AddUint32("llama.attention.value_length", static_cast<uint32_t>(head_dim));
+  }
   w.AddBool("tokenizer.ggml.add_space_prefix", false);
   w.AddBool("tokenizer.ggml.add_bos_token", false);
   w.AddString("tokenizer.ggml.model", "gpt2");

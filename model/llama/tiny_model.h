@@ -21,9 +21,13 @@ namespace specnode {
 
 struct TinyModelOptions {
   int n_layers = 2;
-  int d_model = 64;       // multiple of 32 and of n_heads
+  int d_model = 64;  // multiple of 32 (and of n_heads unless head_dim is set)
   int n_heads = 4;
   int n_kv_heads = 2;     // divides n_heads
+  // Width of a head; 0: d_model / n_heads. Another width (Qwen3 and Gemma files have them)
+  // is written as llama.attention.key_length / value_length; n_heads * head_dim must be a
+  // multiple of 32.
+  int head_dim = 0;
   int d_ff = 128;         // multiple of 32
   int n_merges = 64;      // vocabulary = 256 + n_merges + 3 control tokens
   int context_length = 512;

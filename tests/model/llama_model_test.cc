@@ -63,6 +63,15 @@ class ModelLoadTest : public ::testing::Test {
     path_ = TempPath("base");
     ASSERT_TRUE(WriteTinyModel(TinyModelOptions{}, path_).ok());
   }
+  // Every file TempPath named for this process (the base model and its rewrites).
+  void TearDown() override {
+    const std::string prefix = "specnode_model_" + std::to_string(getpid()) + "_";
+    std::error_code ec;
+    for (const auto& e :
+         std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), ec)) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
+    }
+  }
   std::string path_;
 };
 
@@ -90,6 +99,29 @@ TEST_F(ModelLoadTest, MissingFileIsNotFoundNamingThePath) {
   auto m = LlamaModel::Load("/nonexistent/model.gguf");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("/nonexistent/model.gguf"), std::string::npos);
+}
+
+// attention.key_length sets the head width (Qwen3 / Gemma files: heads x head_dim need not
+// be d_model); the model loads with it (tests/oracle/test_tiny_models.py runs such files
+// against the NumPy oracle).
+TEST_F(ModelLoadTest, KeyLengthSetsTheHeadWidth) {
+  TinyModelOptions o;
+  o.d_model = 64;
+  o.n_heads = 4;
+  o.head_dim = 32;  // 4 x 32 = 128 != 64
+  const std::string path = TempPath("wide");
+  ASSERT_TRUE(WriteTinyModel(o, path).ok());
+  auto m = LlamaModel::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const LlamaConfig& c = (*m)->config();
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.q_dim(), 128);
+  EXPECT_EQ(c.rope_dim, 32);
+  EXPECT_NE(c.Summary().find("h4/2x32"), std::string::npos) << c.Summary();
+  // Without a head width, the writer refuses heads that do not divide d_model.
+  o.head_dim = 0;
+  o.n_heads = 3;
+  EXPECT_FALSE(WriteTinyModel(o, TempPath("odd")).ok());
 }
 
 TEST_F(ModelLoadTest, UnknownArchitectureIsNamed) {

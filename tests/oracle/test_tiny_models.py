@@ -23,6 +23,13 @@ SHAPES = {
     "mqa": (1, 128, 2, 1, 256),
     "deep": (4, 64, 4, 2, 96),
 }
+# Heads whose width is not d_model / heads (attention.key_length, as Qwen3 and Gemma files
+# state it): (layers, d_model, heads, kv_heads, ff, head_dim) — wider (4 x 32 = 128 > 64)
+# and narrower (4 x 16 = 64 < 96) than the quotient.
+HEAD_DIM_SHAPES = {
+    "wide": (2, 64, 4, 2, 128, 32),
+    "narrow": (2, 96, 4, 2, 128, 16),
+}
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
 
 # Tolerances relative to std(oracle logits): (max |engine - oracle|, RMS, near-tie margin).
@@ -118,6 +125,19 @@ def test_logits_match_oracle(specnode, tiny_model, tmp_path, shape, wtype):
     want = oracle.logits(tokens)
     got = specnode.logits(path, tokens, tmp_path / "logits.bin")
     compare_logits(got, want, tolerance(wtype), f"{shape}/{wtype}")
+
+
+@pytest.mark.parametrize("wtype", ["f32", "q8_0", "q4_1"])
+@pytest.mark.parametrize("shape", list(HEAD_DIM_SHAPES))
+def test_head_dim_from_key_length_matches_oracle(specnode, tiny_model, tmp_path, shape, wtype):
+    layers, d_model, heads, kv_heads, ff, head_dim = HEAD_DIM_SHAPES[shape]
+    path = tiny_model(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ff=ff,
+                      type=wtype, seed=21, head_dim=head_dim)
+    oracle = NumpyLlama(path, dtype=np.float64)
+    assert (oracle.cfg.head_dim, oracle.cfg.d_model) == (head_dim, d_model), oracle.cfg
+    tokens = token_list(oracle.cfg.vocab_size, N_TOKENS, 21)
+    got = specnode.logits(path, tokens, tmp_path / "logits.bin")
+    compare_logits(got, oracle.logits(tokens), tolerance(wtype), f"{shape}/{wtype}")
 
 
 @pytest.mark.parametrize("wtype", K_TYPES)
