@@ -17,6 +17,7 @@
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
 #include "tests/kvstore/kv_store_test_util.h"
+#include "tests/support/temp_file.h"
 
 namespace specnode {
 namespace {
@@ -210,8 +211,7 @@ TEST(KvStorePool, PoolPageLimitIsResourceExhausted) {
 TEST(KvStorePool, ForwardRefusesACacheOnAnotherDevice) {
   TinyModelOptions o;
   o.n_layers = 1;
-  const std::string path =
-      ::testing::TempDir() + "/specnode_pool_device_" + std::to_string(getpid()) + ".gguf";
+  const std::string path = testing_support::TempFilePath("pool_device");
   ASSERT_TRUE(WriteTinyModel(o, path).ok());
   auto m = LlamaModel::Load(path);
   ASSERT_TRUE(m.ok()) << m.status();

@@ -13,6 +13,7 @@
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
 #include "tests/kvstore/kv_store_test_util.h"
+#include "tests/support/temp_file.h"
 
 namespace specnode {
 namespace {
@@ -343,8 +344,7 @@ TEST(KvStore, SlidingWindowEvictionIsOptIn) {
 TEST(KvStore, ForwardPassWithFullPrecisionStoreMatchesDenseCache) {
   TinyModelOptions o;
   o.n_layers = 2;
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("specnode_kvstore_fwd_" + std::to_string(getpid()) + ".gguf")).string();
+  const std::string path = testing_support::TempFilePath("kvstore_fwd");
   ASSERT_TRUE(WriteTinyModel(o, path).ok());
   auto m = LlamaModel::Load(path);
   ASSERT_TRUE(m.ok()) << m.status();

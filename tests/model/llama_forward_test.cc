@@ -22,14 +22,13 @@
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
+#include "tests/support/temp_file.h"
 
 namespace specnode {
 namespace {
 
 std::string WriteModel(const TinyModelOptions& o, const std::string& name) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("specnode_fwd_" + std::to_string(getpid()) + "_" + name + ".gguf"))
-                               .string();
+  const std::string path = testing_support::TempFilePath("fwd_" + name);
   EXPECT_TRUE(WriteTinyModel(o, path).ok());
   return path;
 }

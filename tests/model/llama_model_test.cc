@@ -8,12 +8,13 @@
 #include "gtest/gtest.h"
 #include "model/gguf/gguf_writer.h"
 #include "model/llama/tiny_model.h"
+#include "tests/support/temp_file.h"
 
 namespace specnode {
 namespace {
 
 std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("specnode_model_" + std::to_string(getpid()) + "_" + name + ".gguf")).string();
+  return testing_support::TempFilePath("model_" + name);
 }
 
 // Copies every key/tensor of `src` into a writer, letting the test edit on the way.
@@ -62,15 +63,6 @@ class ModelLoadTest : public ::testing::Test {
   void SetUp() override {
     path_ = TempPath("base");
     ASSERT_TRUE(WriteTinyModel(TinyModelOptions{}, path_).ok());
-  }
-  // Every file TempPath named for this process (the base model and its rewrites).
-  void TearDown() override {
-    const std::string prefix = "specnode_model_" + std::to_string(getpid()) + "_";
-    std::error_code ec;
-    for (const auto& e :
-         std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), ec)) {
-      if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
-    }
   }
   std::string path_;
 };

@@ -21,6 +21,7 @@
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
 #include "runtime/device.h"
+#include "tests/support/temp_file.h"
 
 namespace specnode {
 namespace {
@@ -29,9 +30,7 @@ std::string TinyModel(const std::string& tag) {
   TinyModelOptions o;
   o.n_layers = 2;
   o.weight_type = GgmlType::kQ4_1;
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("specnode_runtime_" + std::to_string(getpid()) + "_" + tag + ".gguf"))
-                               .string();
+  const std::string path = testing_support::TempFilePath("runtime_" + tag);
   EXPECT_TRUE(WriteTinyModel(o, path).ok());
   return path;
 }
