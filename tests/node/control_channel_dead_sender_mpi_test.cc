@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "node/cluster/control_channel.h"
 #include "tensor-parallel/mpi_check.h"
+#include "tests/support/mpi_test_main.h"
 
 namespace specnode {
 namespace {
@@ -78,14 +79,7 @@ int Receiver() {
 }  // namespace specnode
 
 int main(int argc, char** argv) {
-  auto env = specnode::MpiEnvironment::Init(&argc, &argv);
-  if (!env.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(env.status().message()).c_str());
-    return 1;
-  }
-  if ((*env)->world_size() != 2) {
-    std::fprintf(stderr, "run me with mpirun -np 2\n");
-    return 1;
-  }
-  return (*env)->world_rank() == 0 ? specnode::Receiver() : specnode::Sender();
+  return specnode::testing_support::RunUnderMpirun(argc, argv, 2, [](int rank, int, char**) {
+    return rank == 0 ? specnode::Receiver() : specnode::Sender();
+  });
 }

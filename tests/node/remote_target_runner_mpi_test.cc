@@ -16,6 +16,7 @@
 #include "node/cluster/control_protocol.h"
 #include "node/cluster/remote_target_runner.h"
 #include "tensor-parallel/mpi_check.h"
+#include "tests/support/mpi_test_main.h"
 
 namespace specnode {
 namespace {
@@ -265,22 +266,14 @@ TEST_F(RemoteTargetRunnerTest, MalformedReplyBreaksTheRunner) {
 }  // namespace specnode
 
 int main(int argc, char** argv) {
-  auto env = specnode::MpiEnvironment::Init(&argc, &argv);
-  if (!env.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(env.status().message()).c_str());
-    return 1;
-  }
-  if ((*env)->world_size() != 3) {
-    std::fprintf(stderr, "run me with mpirun -np 3\n");
-    return 1;
-  }
-  int rc = 0;
-  if ((*env)->world_rank() == 0) {
-    ::testing::InitGoogleTest(&argc, argv);
-    ::testing::GTEST_FLAG(shuffle) = false;
-    rc = RUN_ALL_TESTS();
-  } else {
-    specnode::FakeShard((*env)->world_rank());
-  }
-  return rc;
+  return specnode::testing_support::RunUnderMpirun(argc, argv, 3,
+                                                   [](int rank, int argc, char** argv) {
+                                                     if (rank != 0) {
+                                                       specnode::FakeShard(rank);
+                                                       return 0;
+                                                     }
+                                                     ::testing::InitGoogleTest(&argc, argv);
+                                                     ::testing::GTEST_FLAG(shuffle) = false;
+                                                     return RUN_ALL_TESTS();
+                                                   });
 }
