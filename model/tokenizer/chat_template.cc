@@ -151,6 +151,42 @@ std::string RenderZephyr(const std::vector<ChatMessage>& messages, bool add_gene
   return out;
 }
 
+// Gemma: "<start_of_turn>user\n...<end_of_turn>\n", the assistant's turns named "model",
+// contents trimmed; no BOS here (the tokenizer adds it). There is no system turn: Gemma 3's
+// template (it sets `first_user_prefix`) puts a first system message, + "\n\n", in front of
+// the first turn; Gemma 2's refuses one. After that the turns must alternate: user at even
+// places, anything but user at odd ones (the template's raise_exception), each named by its
+// role (assistant -> model).
+absl::StatusOr<std::string> RenderGemma(std::string_view tmpl,
+                                        const std::vector<ChatMessage>& messages,
+                                        bool add_generation_prompt) {
+  size_t first = 0;
+  std::string prefix;
+  if (messages.front().role == "system") {
+    if (tmpl.find("first_user_prefix") == std::string_view::npos) {
+      return absl::InvalidArgumentError(
+          "chat: this Gemma template has no system role (Gemma 3's puts it before the first "
+          "user turn; this one refuses it)");
+    }
+    prefix = messages.front().content + "\n\n";
+    first = 1;
+  }
+  std::string out;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if ((m.role == "user") != ((i - first) % 2 == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chat: the Gemma template needs turns alternating user / assistant (after an optional "
+          "first system message); message ",
+          i, " is '", m.role, "'"));
+    }
+    absl::StrAppend(&out, "<start_of_turn>", m.role == "assistant" ? "model" : m.role, "\n",
+                    i == first ? prefix : "", Trim(m.content), "<end_of_turn>\n");
+  }
+  if (add_generation_prompt) out += "<start_of_turn>model\n";
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
@@ -176,8 +212,11 @@ absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
   if (jinja_template.find("<|user|>") != std::string::npos) {
     return RenderZephyr(messages, add_generation_prompt);
   }
+  if (jinja_template.find("<start_of_turn>") != std::string::npos) {
+    return RenderGemma(jinja_template, messages, add_generation_prompt);
+  }
   return absl::UnimplementedError(
-      "chat: unrecognised chat template (supported: ChatML, Llama-3, Zephyr)");
+      "chat: unrecognised chat template (supported: ChatML, Llama-3, Zephyr, Gemma)");
 }
 
 }  // namespace specnode

@@ -1,7 +1,8 @@
 // Instruct-prompt formatting from the model's tokenizer.chat_template.
 //
 // specnode does not embed a Jinja interpreter: it recognises the template families it
-// supports (ChatML "<|im_start|>role\ncontent<|im_end|>\n", Llama-3 header ids, Zephyr)
+// supports (ChatML "<|im_start|>role\ncontent<|im_end|>\n", Llama-3 header ids, Zephyr,
+// Gemma "<start_of_turn>role\ncontent<end_of_turn>\n")
 // by their markers and reproduces them, including a default system message that the
 // template inserts when the conversation has none (SmolLM2 does). Unknown templates give
 // an Unimplemented status naming the problem rather than a silently wrong prompt.

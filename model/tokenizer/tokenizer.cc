@@ -74,7 +74,7 @@ std::string ByteLevelDecode(std::string_view text) {
 
 bool IsEogText(std::string_view text) {
   return text == "<|im_end|>" || text == "<|endoftext|>" || text == "<|eot_id|>" ||
-         text == "<|end_of_text|>" || text == "</s>";
+         text == "<|end_of_text|>" || text == "</s>" || text == "<end_of_turn>";
 }
 
 absl::Status CheckId(const char* what, int32_t id, size_t n_tokens) {

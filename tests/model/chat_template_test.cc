@@ -91,6 +91,45 @@ TEST(ChatTemplateTest, Zephyr) {
   EXPECT_EQ(Render(tmpl, {{"user", "hi"}}, true), "<|user|>\nhi<|endoftext|>\n<|assistant|>\n");
 }
 
+// Gemma 3 instruct's template (google/gemma-3-*-it) for string contents; expected strings
+// rendered with Jinja2 3.1.6 from it (bos_token "": the tokenizer adds BOS).
+const char kGemma3Template[] =
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- set first_user_prefix "
+    "= messages[0]['content'] + '\n\n' -%}\n    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n    {%- set loop_messages = "
+    "messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n    {%- if "
+    "(message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n        {{ raise_exception("
+    "\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n    {%- endif "
+    "-%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n    {{ "
+    "'<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n    {{- "
+    "message['content'] | trim }}\n    {{- '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if "
+    "add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n";
+
+TEST(ChatTemplateTest, Gemma3) {
+  EXPECT_EQ(Render(kGemma3Template, {{"user", "Hello"}}, true),
+            "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(Render(kGemma3Template,
+                   {{"system", "Be brief."},
+                    {"user", "  Hi there \n"},
+                    {"assistant", "Hello! "},
+                    {"user", "Bye"}},
+                   true),
+            "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n"
+            "Hello!<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+  // Jinja2 raises "Conversation roles must alternate ..." for two user turns in a row.
+  auto twice = ApplyChatTemplate(kGemma3Template, {{"user", "a"}, {"user", "b"}}, true);
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.status().message().find("alternating"), std::string::npos);
+  // Gemma 2's template has no first_user_prefix and refuses a system message.
+  const std::string gemma2 =
+      "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role "
+      "not supported') }}{% endif %}{{ '<start_of_turn>' + role + '\n' }}";
+  EXPECT_EQ(Render(gemma2, {{"user", "x"}}, false), "<start_of_turn>user\nx<end_of_turn>\n");
+  auto system = ApplyChatTemplate(gemma2, {{"system", "s"}, {"user", "x"}}, true);
+  EXPECT_EQ(system.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ChatTemplateTest, Errors) {
   auto empty = ApplyChatTemplate(kSmolLm2Template, {}, true);
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);

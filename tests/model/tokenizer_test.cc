@@ -130,14 +130,16 @@ TEST(TokenizerTest, SpecialTokensSplitOnlyWhenAsked) {
 }
 
 TEST(TokenizerTest, EndOfGenerationControlTokens) {
-  TokenizerSpec spec = MakeSpec({"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|im_start|>"}, {});
+  TokenizerSpec spec =
+      MakeSpec({"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|im_start|>", "<end_of_turn>"}, {});
   spec.token_types.assign(spec.tokens.size(), 1);
-  for (int i = 256; i < 260; ++i) spec.token_types[i] = 3;
+  for (int i = 256; i < 261; ++i) spec.token_types[i] = 3;
   auto tok = MustCreate(spec);
   EXPECT_TRUE(tok->IsEndOfGeneration(256));
   EXPECT_TRUE(tok->IsEndOfGeneration(257));
   EXPECT_TRUE(tok->IsEndOfGeneration(258));
   EXPECT_FALSE(tok->IsEndOfGeneration(259));
+  EXPECT_TRUE(tok->IsEndOfGeneration(260));  // Gemma's turn end
 }
 
 TEST(TokenizerTest, DropsBytesWithoutToken) {
