@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   auto tokenizer = Tokenizer::FromGguf(*m->file_);
   if (!tokenizer.ok()) return WithPath(tokenizer.status(), path);
   m->tokenizer_ = std::move(tokenizer).value();
+  if (!options.chat_template.empty()) m->tokenizer_->ReplaceChatTemplate(options.chat_template);
   if (m->tokenizer_->vocab_size() > m->config_.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": tokenizer has ",
                                                    m->tokenizer_->vocab_size(),

@@ -19,6 +19,8 @@ struct LoadOptions {
   ShardSpec shard;
   int n_layers = -1;  // < 0: all layers (see LoadLlamaWeights)
   ActQuant activations = ActQuant::kInt16;  // LlamaWeights::activations
+  // Replaces the file's tokenizer.chat_template (BuiltinChatTemplate text); empty: the file's.
+  std::string chat_template;
   // Called with the fraction of weight bytes paged in so far (0..1), from the loading
   // thread, at most ~100 times. Loading touches every weight page so that the first
   // token does not pay for page faults; a tensor-parallel shard (shard.size > 1) touches

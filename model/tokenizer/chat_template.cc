@@ -187,7 +187,41 @@ absl::StatusOr<std::string> RenderGemma(std::string_view tmpl,
   return out;
 }
 
+// The built-in templates (BuiltinChatTemplate): each family's usual Jinja text for string
+// contents; Jinja2 renders them as ApplyChatTemplate does (checked in chat_template_test.cc).
+constexpr char kBuiltinChatMl[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' "
+    "}}{% endif %}";
+constexpr char kBuiltinLlama3[] =
+    "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+constexpr char kBuiltinZephyr[] =
+    "{% for message in messages %}{% if message['role'] == 'user' %}{{ '<|user|>\n' }}{% else "
+    "%}{{ '<|' + message['role'] + '|>\n' }}{% endif %}{{ message['content'] + '<|endoftext|>\n' "
+    "}}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}";
+constexpr char kBuiltinGemma[] =
+    "{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] "
+    "+ '\n\n' -%}{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = "
+    "\"\" -%}{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages "
+    "-%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception("
+    "\"Conversation roles must alternate user/assistant/user/assistant/...\") }}{%- endif -%}{%- "
+    "if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}{%- else -%}{%- set role "
+    "= message['role'] -%}{%- endif -%}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix "
+    "if loop.first else \"\") }}{{- message['content'] | trim }}{{- '<end_of_turn>\n' }}{%- "
+    "endfor -%}{%- if add_generation_prompt -%}{{'<start_of_turn>model\n'}}{%- endif -%}";
+
 }  // namespace
+
+absl::StatusOr<std::string> BuiltinChatTemplate(std::string_view name) {
+  if (name == "chatml") return std::string(kBuiltinChatMl);
+  if (name == "llama3") return std::string(kBuiltinLlama3);
+  if (name == "zephyr") return std::string(kBuiltinZephyr);
+  if (name == "gemma") return std::string(kBuiltinGemma);
+  return absl::InvalidArgumentError(absl::StrCat("unknown chat template \"", std::string(name),
+                                                 "\" (built in: chatml, llama3, zephyr, gemma)"));
+}
 
 absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
                                               const std::vector<ChatMessage>& messages,

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,13 @@ struct ChatMessage {
   std::string role;     // "system", "user", "assistant"
   std::string content;
 };
+
+// A built-in template by family name, for a file without one or to replace the file's
+// (--chat-template NAME, model.chat_template): "chatml", "llama3", "zephyr", "gemma" (Gemma 3's
+// rules). Returns that family's template text, which ApplyChatTemplate renders as it renders
+// the family's files (a ChatML one without a default system message); InvalidArgument
+// naming the known names otherwise.
+absl::StatusOr<std::string> BuiltinChatTemplate(std::string_view name);
 
 // Renders messages and, when add_generation_prompt, the assistant turn opener.
 absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,

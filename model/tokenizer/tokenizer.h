@@ -100,6 +100,9 @@ class Tokenizer {
   // Id of an exact token text, -1 if absent.
   int32_t FindToken(std::string_view text) const;
   const TokenizerSpec& spec() const { return spec_; }
+  // Replaces spec().chat_template (a built-in one named by the user, chat_template.h); not
+  // thread-safe: before the tokenizer is shared.
+  void ReplaceChatTemplate(std::string jinja) { spec_.chat_template = std::move(jinja); }
 
  private:
   struct Scratch;  // per-Encode work buffers (tokenizer.cc)

@@ -13,26 +13,28 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "model/tokenizer/chat_template.h"
 #include "model/gguf/gguf_reader.h"
+#include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "node/cli/cli_args.h"
 #include "node/cli/commands.h"
+#include "node/cli/model_flags.h"
 
 namespace specnode {
 namespace {
 
 constexpr char kUsage[] =
     "usage: specnode tokenize [--model PATH] (--text TEXT | --decode 1,2,3) [--special]\n"
-    "         [--chat]\n"
+    "         [--chat [--chat-template NAME]]\n"
     "\n"
     "  --model PATH   GGUF file (default: $SPECNODE_MODEL or the fetch-model cache)\n"
     "  --text TEXT    encode TEXT; prints {\"ids\":[...],\"pieces\":[...]}\n"
     "  --decode IDS   decode comma-separated ids; prints {\"text\":\"...\"}\n"
     "  --special      encode: match special tokens in the text; decode: render them\n"
     "  --chat         encode TEXT as one user turn of the model's chat template\n"
-    "                 (with the assistant opener; implies --special)\n";
+    "                 (with the assistant opener; implies --special)\n"
+    "  --chat-template NAME  chatml, llama3, zephyr or gemma instead of the file's template\n";
 
 int Fail(int code, absl::string_view message) {
   std::fprintf(stderr, "specnode tokenize: %.*s\n", static_cast<int>(message.size()),
@@ -56,8 +58,8 @@ void PrintJson(const nlohmann::json& j) {
 }  // namespace
 
 int RunTokenize(int argc, char** argv) {
-  absl::StatusOr<CliArgs> args =
-      CliArgs::Parse(argc, argv, {"model", "text", "decode"}, {"special", "chat", "help"});
+  absl::StatusOr<CliArgs> args = CliArgs::Parse(
+      argc, argv, {"model", "text", "decode", "chat-template"}, {"special", "chat", "help"});
   if (!args.ok()) return Usage(args.status().message());
   if (args->Has("help")) {
     std::fputs(kUsage, stdout);
@@ -66,6 +68,10 @@ int RunTokenize(int argc, char** argv) {
   const bool encode = args->Has("text");
   if (encode == args->Has("decode")) return Usage("give exactly one of --text and --decode");
   if (!encode && args->Has("chat")) return Usage("--chat applies to --text only");
+  if (args->Has("chat-template") && !args->Has("chat"))
+    return Usage("--chat-template needs --chat");
+  absl::StatusOr<std::string> chat_template = ChatTemplateFromArgs(*args);
+  if (!chat_template.ok()) return Usage(chat_template.status().message());
   std::vector<int64_t> ids64;
   if (!encode) {
     absl::StatusOr<std::vector<int64_t>> list = args->GetIntList("decode");
@@ -79,6 +85,7 @@ int RunTokenize(int argc, char** argv) {
   if (!file.ok()) return Fail(1, file.status().message());
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromGguf(**file);
   if (!tok.ok()) return Fail(1, absl::StrCat(path, ": ", tok.status().message()));
+  if (!chat_template->empty()) (*tok)->ReplaceChatTemplate(*chat_template);
   const bool special = args->Has("special");
 
   if (!encode) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/status_macros.h"
+#include "model/tokenizer/chat_template.h"
 
 namespace specnode {
 
@@ -35,7 +36,9 @@ const char kComputeFlagsHelp[] =
     "                      path) or int8 (llama.cpp's rounding; faster batched matmuls on\n"
     "                      AVX-512 VNNI, a little on AVX2); refused on a GPU (f32 activations)\n"
     "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV store on\n"
-    "                      that GPU (every kv mode but dense; builds with CUDA)\n";
+    "                      that GPU (every kv mode but dense; builds with CUDA)\n"
+    "  --chat-template NAME  format chat prompts as chatml, llama3, zephyr or gemma instead\n"
+    "                      of the model file's template (a file without one needs this)\n";
 
 absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args) {
   if (!args.Has("activations")) return std::optional<ActQuant>();
@@ -48,6 +51,14 @@ absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args) {
   return std::optional<ActQuant>(act);
 }
 
+absl::StatusOr<std::string> ChatTemplateFromArgs(const CliArgs& args) {
+  if (!args.Has("chat-template")) return std::string();
+  absl::StatusOr<std::string> t = BuiltinChatTemplate(args.Get("chat-template"));
+  if (!t.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--chat-template: ", t.status().message()));
+  return t;
+}
+
 absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args) {
   ComputeOptions c;
   SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
@@ -57,6 +68,7 @@ absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args) {
       return absl::InvalidArgumentError(absl::StrCat("--device: ", d.status().message()));
     c.device = *d;
   }
+  SPECNODE_ASSIGN_OR_RETURN(c.chat_template, ChatTemplateFromArgs(args));
   return c;
 }
 
@@ -146,6 +158,7 @@ int RunModelCommand(const char* name, const std::string& help, int argc, char** 
   value_keys.merge(KvValueKeys());
   value_keys.insert("activations");
   value_keys.insert("device");
+  value_keys.insert("chat-template");
   flag_keys.insert("help");
   auto args = CliArgs::Parse(argc, argv, value_keys, WithKvFlags(std::move(flag_keys)));
   if (!args.ok()) {

@@ -34,6 +34,8 @@ absl::StatusOr<KvOptions> KvOptionsFromArgs(const CliArgs& args);
 extern const char kComputeFlagsHelp[];
 // Unset when --activations is absent.
 absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args);
+// --chat-template NAME -> the built-in template's text ("" without the flag).
+absl::StatusOr<std::string> ChatTemplateFromArgs(const CliArgs& args);
 absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args);
 // What the matmuls round activations to: "int16" / "int8" on the CPU (what its kernels
 // run), "f32" on a GPU.

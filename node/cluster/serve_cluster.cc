@@ -192,8 +192,9 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     ShutdownShards(&channel, NonCoordinatorRanks(t), "rank 0 failed to start");
     return st;
   };
-  absl::StatusOr<std::unique_ptr<ModelSession>> session = ModelSession::Open(
-      cfg.model, cfg.threads, false, cfg.kv, ComputeOptions{cfg.activations, Device::Cpu()});
+  absl::StatusOr<std::unique_ptr<ModelSession>> session =
+      ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
+                         ComputeOptions{cfg.activations, Device::Cpu(), cfg.chat_template});
   if (!session.ok()) return fail_start(session.status());
   const LlamaModel& m = (*session)->model();
   auto connect = [&](const std::vector<int>& ranks, const LlamaModel& model,

@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
+#include "model/tokenizer/chat_template.h"
 #include "node/serve/metrics_http.h"
 
 namespace specnode {
@@ -199,7 +200,8 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
   CFG_TRY(ParseTopology(r, root["topology"], &c.topology));
   const YAML::Node model = root["model"];
-  CFG_TRY(r.Section(model, "model", {"target", "threads", "activations", "device"}));
+  CFG_TRY(
+      r.Section(model, "model", {"target", "threads", "activations", "device", "chat_template"}));
   CFG_TRY(r.String(model, "model", "target", &c.model));
   CFG_TRY(r.Int(model, "model", "threads", 0, 1024, &c.threads));
   std::string activations;
@@ -213,6 +215,16 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     c.activations = act;
   }
   CFG_TRY(r.Device(model, "model", "device", &c.device));
+  std::string chat_template;
+  CFG_TRY(r.String(model, "model", "chat_template", &chat_template));
+  if (!chat_template.empty()) {
+    absl::StatusOr<std::string> t = BuiltinChatTemplate(chat_template);
+    if (!t.ok()) {
+      return r.Error(model["chat_template"], "model.chat_template",
+                     std::string(t.status().message()));
+    }
+    c.chat_template = *std::move(t);
+  }
   if (!c.device.is_cpu() && root["topology"].IsDefined()) {
     return r.Error(model["device"], "model.device",
                    "applies to a single-process node; with a topology, set each rank's device "

@@ -54,6 +54,9 @@ struct ServeConfig {
   // model.device: cpu | cuda:N — the target of a single-process node (with a topology,
   // each rank's device is in topology.groups).
   Device device;
+  // model.chat_template: chatml | llama3 | zephyr | gemma, as the built-in template's text
+  // (BuiltinChatTemplate) replacing the model file's; empty: the file's own.
+  std::string chat_template;
   std::string bind = "tcp://127.0.0.1:5555";
   int max_active = 16;
   // serve.drain_timeout_s: after SIGINT/SIGTERM, running requests get this long to finish;

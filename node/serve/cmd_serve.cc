@@ -95,6 +95,9 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
   if (args.Has("activations")) {
     SPECNODE_ASSIGN_OR_RETURN(c.activations, ActQuantFromArgs(args));
   }
+  if (args.Has("chat-template")) {
+    SPECNODE_ASSIGN_OR_RETURN(c.chat_template, ChatTemplateFromArgs(args));
+  }
   if (args.Has("device")) {
     SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
     c.device = compute.device;
@@ -120,9 +123,10 @@ namespace {
 absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
-                            ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
-                                               ComputeOptions{cfg.activations, cfg.device}));
+  SPECNODE_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelSession> session,
+      ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
+                         ComputeOptions{cfg.activations, cfg.device, cfg.chat_template}));
   std::vector<ServeGroup> groups(1);
   groups[0].name = "local";
   groups[0].target = &session->runner();

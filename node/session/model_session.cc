@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<ModelSession>> ModelSession::Open(const std::stri
   SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(ro));
   LoadOptions options;
   options.activations = compute.activations.value_or(ActQuant::kInt16);
+  options.chat_template = compute.chat_template;
   if (show_progress) {
     options.progress = [&path](double f) {
       std::fprintf(stderr, "\rloading %s: %3d%%", path.c_str(), static_cast<int>(f * 100));

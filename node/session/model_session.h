@@ -20,13 +20,16 @@
 
 namespace specnode {
 
-// Where and how the model computes (--activations, --device; model.activations and
-// model.device in a serve config), typed where they were read.
+// Where and how the model runs (--activations, --device, --chat-template; model.activations,
+// model.device and model.chat_template in a serve config), typed where they were read.
 struct ComputeOptions {
   // CPU matmul activation rounding (cpu_matmul.h); unset: the device's own (int16 on the
   // CPU, f32 on a GPU, which refuses a set value).
   std::optional<ActQuant> activations;
   Device device;  // the target's forward pass and KV cache
+  // A built-in chat template's text (BuiltinChatTemplate) replacing the file's; empty: the
+  // file's own.
+  std::string chat_template;
 };
 
 class ModelSession {

@@ -168,9 +168,10 @@ class EngineMeasurer final : public TuneMeasurer {
     const std::string key = tune_key.substr(tune_key.find(" kv="));  // kv mode + activations
     auto it = sessions_.find(key);
     if (it != sessions_.end()) return it->second.get();
-    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> s,
-                              ModelSession::Open(c.model, c.threads, false, c.kv,
-                                                 ComputeOptions{c.activations, c.device}));
+    SPECNODE_ASSIGN_OR_RETURN(
+        std::unique_ptr<ModelSession> s,
+        ModelSession::Open(c.model, c.threads, false, c.kv,
+                           ComputeOptions{c.activations, c.device, c.chat_template}));
     ModelSession* raw = s.get();
     sessions_[key] = std::move(s);
     return raw;

@@ -32,6 +32,28 @@ def test_unknown_command_and_option(specnode, tiny_model):
                        "unknown option --promt")
 
 
+def test_named_chat_template_replaces_the_files(specnode, tiny_model):
+    """--chat-template NAME formats chat prompts with a built-in template instead of the
+    file's (the tiny model's is ChatML); an unknown name is refused before loading."""
+    enc = run([specnode, "tokenize", "--model", tiny_model, "--text", "hi", "--chat",
+               "--chat-template", "gemma"])
+    assert enc.returncode == 0, enc.stderr
+    ids = json.loads(enc.stdout)["ids"]
+    dec = run([specnode, "tokenize", "--model", tiny_model, "--special", "--decode",
+               ",".join(map(str, ids))])
+    assert dec.returncode == 0, dec.stderr
+    assert json.loads(dec.stdout)["text"] == \
+        "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    gen = run([specnode, "generate", "--model", tiny_model, "--prompt", "hi", "--chat",
+               "--chat-template", "gemma", "--max-tokens", "2", "--json", "--quiet"])
+    assert gen.returncode == 0, gen.stderr
+    assert_clean_error(run([specnode, "generate", "--model", tiny_model, "--prompt", "hi",
+                            "--chat", "--chat-template", "alpaca"]),
+                       "--chat-template: unknown chat template \"alpaca\"")
+    assert_clean_error(run([specnode, "tokenize", "--model", tiny_model, "--text", "hi",
+                            "--chat-template", "gemma"]), "--chat-template needs --chat")
+
+
 def test_generate_on_tiny_model_is_deterministic(specnode, tiny_model):
     cmd = [specnode, "generate", "--model", tiny_model, "--prompt", "hello there",
            "--max-tokens", "12", "--temperature", "0.9", "--seed", "5", "--ignore-eos",

@@ -130,6 +130,45 @@ TEST(ChatTemplateTest, Gemma3) {
   EXPECT_EQ(system.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The built-in templates (--chat-template NAME): expected strings rendered with Jinja2 3.1.6
+// from BuiltinChatTemplate's own texts, so each text means what its family's renderer does.
+TEST(ChatTemplateTest, BuiltinTemplatesRenderAsJinjaDoes) {
+  const std::vector<ChatMessage> one = {{"user", " hi "}};
+  const std::vector<ChatMessage> turns = {
+      {"system", "S"}, {"user", "hi"}, {"assistant", "yo"}, {"user", "x"}};
+  struct Case {
+    const char* name;
+    std::string one, turns;
+  };
+  const Case cases[] = {
+      {"chatml", "<|im_start|>user\n hi <|im_end|>\n<|im_start|>assistant\n",
+       "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+       "yo<|im_end|>\n<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"},
+      {"llama3",
+       "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|"
+       "end_header_id|>\n\n",
+       "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_"
+       "header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|>"
+       "<|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|><|start_header_id|>assistant<|end_"
+       "header_id|>\n\n"},
+      {"zephyr", "<|user|>\n hi <|endoftext|>\n<|assistant|>\n",
+       "<|system|>\nS<|endoftext|>\n<|user|>\nhi<|endoftext|>\n<|assistant|>\nyo<|endoftext|>\n"
+       "<|user|>\nx<|endoftext|>\n<|assistant|>\n"},
+      {"gemma", "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+       "<start_of_turn>user\nS\n\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n<start_"
+       "of_turn>user\nx<end_of_turn>\n<start_of_turn>model\n"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<std::string> t = BuiltinChatTemplate(c.name);
+    ASSERT_TRUE(t.ok()) << c.name << ": " << t.status();
+    EXPECT_EQ(Render(*t, one, true), c.one) << c.name;
+    EXPECT_EQ(Render(*t, turns, true), c.turns) << c.name;
+  }
+  auto unknown = BuiltinChatTemplate("alpaca");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("chatml, llama3, zephyr, gemma"), std::string::npos);
+}
+
 TEST(ChatTemplateTest, Errors) {
   auto empty = ApplyChatTemplate(kSmolLm2Template, {}, true);
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);

@@ -87,6 +87,19 @@ TEST(ServeConfigTest, AcceptanceRuleIsReadWithItsLine) {
       << bad.status();
 }
 
+TEST(ServeConfigTest, ChatTemplateIsABuiltInName) {
+  auto gemma = ParseServeConfig("model:\n  chat_template: gemma\n", "t.yaml");
+  ASSERT_TRUE(gemma.ok()) << gemma.status();
+  EXPECT_NE(gemma->chat_template.find("<start_of_turn>"), std::string::npos);
+  EXPECT_TRUE(ParseServeConfig("", "t.yaml")->chat_template.empty());  // the file's own
+  auto bad = ParseServeConfig("model:\n  threads: 2\n  chat_template: alpaca\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("t.yaml:3: model.chat_template: unknown chat template "
+                                        "\"alpaca\" (built in: chatml, llama3, zephyr, gemma)"),
+            std::string_view::npos)
+      << bad.status();
+}
+
 TEST(ServeConfigTest, ADirectoryIsNotAConfig) {
   const std::string dir = ::testing::TempDir();
   auto c = LoadServeConfig(dir);
