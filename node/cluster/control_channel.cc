@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <memory>
 
 #include "absl/strings/str_format.h"
@@ -21,13 +23,19 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kCheckEvery = std::chrono::milliseconds(20);
 
-// Runs `poll` (true when done) until it is done, the deadline passes or `check` fails.
+// PollUntil's timeout for a wait that only `check` can end.
+constexpr double kNoDeadline = std::numeric_limits<double>::infinity();
+
+// Runs `poll` (true when done) until it is done, the deadline passes (none for kNoDeadline)
+// or `check` fails.
 template <typename Poll>
 absl::Status PollUntil(Poll poll, double timeout_s, const std::string& what,
                        const ControlChannel::Check& check) {
   const auto start = Clock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const bool has_deadline = std::isfinite(timeout_s);
+  const auto deadline = has_deadline ? start + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(timeout_s))
+                                     : Clock::time_point::max();
   auto next_check = start + kCheckEvery;
   PollBackoff backoff;
   while (true) {
@@ -40,7 +48,7 @@ absl::Status PollUntil(Poll poll, double timeout_s, const std::string& what,
       if (!s.ok()) return s;
       next_check = now + kCheckEvery;
     }
-    if (now >= deadline) {
+    if (has_deadline && now >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrFormat("%s did not answer within %.1f s", what, timeout_s));
     }
@@ -92,27 +100,25 @@ absl::StatusOr<bool> ControlChannel::TryRecv(int source, std::string* frame, con
   auto buf = std::make_unique<std::string>(static_cast<size_t>(count), '\0');
   MPI_Request req = MPI_REQUEST_NULL;
   SPECNODE_MPI_RETURN_IF_ERROR(MPI_Imrecv(buf->data(), count, MPI_BYTE, &msg, &req));
-  const auto start = Clock::now();
-  auto next_check = start + kCheckEvery;
-  PollBackoff backoff;
-  while (true) {
-    int done = 0;
-    const absl::Status tested = SPECNODE_MPI_STATUS(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (tested.ok() && done) {
-      *frame = std::move(*buf);
-      return true;
-    }
-    const auto now = Clock::now();
-    if (!tested.ok() || (check && now >= next_check)) {
-      absl::Status s = check ? check() : absl::OkStatus();
-      if (!s.ok() || !tested.ok()) {
-        (void)buf.release();  // see above
-        return !s.ok() ? s : tested;
-      }
-      next_check = now + kCheckEvery;
-    }
-    backoff.Sleep();
+  absl::Status received = PollUntil(
+      [&]() -> absl::StatusOr<bool> {
+        int done = 0;
+        absl::Status tested = SPECNODE_MPI_STATUS(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (tested.ok()) return done != 0;
+        // A failed receive: from a dead sender, say that rather than MPI's text.
+        if (check) {
+          absl::Status alive = check();
+          if (!alive.ok()) return alive;
+        }
+        return tested;
+      },
+      kNoDeadline, "", check);
+  if (!received.ok()) {
+    (void)buf.release();  // see above
+    return received;
   }
+  *frame = std::move(*buf);
+  return true;
 }
 
 absl::StatusOr<std::string> ControlChannel::Recv(int source, double timeout_s,
