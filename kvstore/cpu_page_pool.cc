@@ -101,6 +101,7 @@ void CpuPagePool::WriteSlot(KvSlot s, const uint8_t* host) {
 absl::Status CpuPagePool::BeginPass(std::span<const KvPoolPassSeq> seqs, ThreadPool* threads) {
   pass_.assign(seqs.begin(), seqs.end());
   first_ = FirstRows<KvPoolPassSeq>(pass_);
+  rows_ = RowCounts<KvPoolPassSeq>(pass_);
   threads_ = threads;
   return absl::OkStatus();
 }
@@ -117,9 +118,7 @@ absl::Status CpuPagePool::Write(int layer, const float* k, const float* v) {
 
 absl::Status CpuPagePool::Attend(int layer, const float* q, float scale, float* out) {
   const int64_t row = static_cast<int64_t>(g_.n_kv_heads) * g_.gqa_group * g_.head_dim;
-  std::vector<int32_t> rows(pass_.size());
-  for (size_t i = 0; i < pass_.size(); ++i) rows[i] = pass_[i].n;
-  ForEachPassHead(threads_, rows, g_.n_kv_heads,
+  ForEachPassHead(threads_, rows_, g_.n_kv_heads,
                   [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
                     // Rows [begin, end) as a sequence of their own: the same block table,
                     // the mass rows of those queries (each query's own sums: no sharing).

@@ -85,6 +85,7 @@ class CpuPagePool final : public KvPagePool {
   const kv_kernels::KvAttentionKernels* kernels_;  // static tables, chosen at construction
   std::vector<KvPoolPassSeq> pass_;
   std::vector<int64_t> first_;  // the pass's first row of each sequence
+  std::vector<int32_t> rows_;   // the pass's row count of each sequence
   ThreadPool* threads_ = nullptr;
 };
 

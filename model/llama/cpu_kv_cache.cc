@@ -45,6 +45,7 @@ void ForEachPassHead(ThreadPool* threads, std::span<const int32_t> rows, int n_k
 absl::Status CpuKvCache::BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) {
   entries_.assign(entries.begin(), entries.end());
   first_ = FirstRows<KvPassEntry>(entries_);
+  rows_ = RowCounts<KvPassEntry>(entries_);
   threads_ = threads;
   return absl::OkStatus();
 }
@@ -62,10 +63,8 @@ absl::Status CpuKvCache::Write(int layer, const float* k, const float* v) {
 
 absl::Status CpuKvCache::Attend(int layer, const float* q, float scale, float* out) {
   const int64_t row = static_cast<int64_t>(n_kv_heads_) * group_ * head_dim_;
-  std::vector<int32_t> rows(entries_.size());
-  for (size_t i = 0; i < entries_.size(); ++i) rows[i] = entries_[i].n;
   ForEachPassHead(
-      threads_, rows, n_kv_heads_, [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
+      threads_, rows_, n_kv_heads_, [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
         const KvPassEntry& e = entries_[i];
         AttendSeq(e.seq, layer, e.pos0 + begin, end - begin, kv_head, q + (first_[i] + begin) * row,
                   scale, out + (first_[i] + begin) * row);

@@ -45,6 +45,13 @@ std::vector<int64_t> FirstRows(std::span<const Seq> seqs) {
   }
   return first;
 }
+// The row count of each of the pass's sequences (ForEachPassHead's `rows`).
+template <typename Seq>
+std::vector<int32_t> RowCounts(std::span<const Seq> seqs) {
+  std::vector<int32_t> rows(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) rows[i] = seqs[i].n;
+  return rows;
+}
 
 class CpuKvCache : public KvCache {
  public:
@@ -72,6 +79,7 @@ class CpuKvCache : public KvCache {
   const int n_kv_heads_, head_dim_, group_;
   std::vector<KvPassEntry> entries_;
   std::vector<int64_t> first_;  // the first row of each entry
+  std::vector<int32_t> rows_;   // the row count of each entry
   ThreadPool* threads_ = nullptr;
 };
 
