@@ -90,6 +90,12 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
     std::shared_ptr<const LlamaWeights> weights) {
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const LlamaWeights& w = *weights;
+  // Refused at load rather than at the first pass: the ops these weights need have no
+  // kernel that has run on a device yet.
+  if (!w.layers.empty() && w.layers[0].bq != nullptr) {
+    return absl::InvalidArgumentError(
+        "the CUDA backend cannot run a model with Q/K/V biases (qwen2) yet; use --device cpu");
+  }
   auto d = std::make_shared<DeviceWeights>();
   auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
     // Compact: each row's own bytes only (a column slice's row_stride spans the whole row).
@@ -190,13 +196,23 @@ absl::Status CudaBackend::MatMulShared(std::span<const WeightView> ws, const flo
 }
 
 absl::Status CudaBackend::RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
-                                   int head_dim, int rope_dim, float base) {
+                                   int head_dim, int rope_dim, float base, RopeMode mode) {
   if (n != rows_) {
     return absl::InvalidArgumentError("CudaBackend::RopePair: n is not the pass's row count");
+  }
+  if (mode != RopeMode::kNorm) {
+    return absl::UnimplementedError(
+        absl::StrCat("the CUDA backend has no ", RopeModeName(mode),
+                     " RoPE kernel yet (it runs llama-architecture models; use --device cpu)"));
   }
   SPECNODE_RETURN_IF_ERROR(UploadTables());
   return CudaRopeNormPair(q, k, tables_.device(positions_), n, n_heads, n_kv_heads, head_dim,
                           rope_dim, base, stream_);
+}
+
+absl::Status CudaBackend::AddBias(float* y, const float* bias, int64_t n, int dim) {
+  return absl::UnimplementedError(
+      "the CUDA backend has no bias kernel yet (qwen2 models run with --device cpu)");
 }
 
 absl::Status CudaBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {

@@ -95,7 +95,10 @@ class CudaBackend final : public Backend {
   absl::Status MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
                             std::span<float* const> ys) override;
   absl::Status RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads, int head_dim,
-                        int rope_dim, float base) override;
+                        int rope_dim, float base, RopeMode mode) override;
+  // Refused (Unimplemented): no bias kernel has run on a device yet; UploadWeights refuses
+  // weights with biases first.
+  absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) override;
   absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   // Synchronises the stream, then calls the reducer (an NCCL all-reduce over device
   // buffers), which returns with the sum in place.

@@ -103,6 +103,13 @@ absl::StatusOr<ShardPlan> ShardPlan::ForFile(const GgufFile& file, const LlamaCo
   int64_t sharded = 0, replicated = 0;
   for (const GgufTensorInfo& info : file.tensors()) {
     const std::string& n = info.name;
+    // Q/K/V biases (qwen2) follow their matrices' rows; a vector's "rows" are its values.
+    const bool bias =
+        n.ends_with("attn_q.bias") || n.ends_with("attn_k.bias") || n.ends_with("attn_v.bias");
+    if (bias) {
+      sharded += static_cast<int64_t>(info.n_bytes) / t;
+      continue;
+    }
     const bool row_split = n.ends_with("attn_q.weight") || n.ends_with("attn_k.weight") ||
                            n.ends_with("attn_v.weight") || n.ends_with("ffn_gate.weight") ||
                            n.ends_with("ffn_up.weight");

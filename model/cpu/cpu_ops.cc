@@ -32,16 +32,20 @@ void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, f
   }
 }
 
-void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_dim, int rope_dim) {
+void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_dim, int rope_dim,
+               bool neox) {
+  // Pair i is dims (2i, 2i+1) or, NeoX, (i, i + rope_dim/2); same angle either way.
+  const int stride = neox ? 1 : 2;
+  const int other = neox ? rope_dim / 2 : 1;
   for (int64_t t = 0; t < n; ++t) {
     for (int i = 0; i < rope_dim / 2; ++i) {
       const float c = table[t * rope_dim + 2 * i];
       const float s = table[t * rope_dim + 2 * i + 1];
       for (int h = 0; h < n_heads; ++h) {
-        float* p = x + (t * n_heads + h) * head_dim + 2 * i;
-        const float a = p[0], b = p[1];
+        float* p = x + (t * n_heads + h) * head_dim + stride * i;
+        const float a = p[0], b = p[other];
         p[0] = a * c - b * s;
-        p[1] = a * s + b * c;
+        p[other] = a * s + b * c;
       }
     }
   }

@@ -21,9 +21,12 @@ void RopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int he
 // and heads: RopeAngles fills table [n, rope_dim] with (cos, sin) of pair i of token t at
 // table[t * rope_dim + 2i], table[t * rope_dim + 2i + 1] (angles in double, rounded to f32
 // as RopeNorm does); RopeApply rotates x [n, n_heads, head_dim] by them. Together they are
-// bit-identical to RopeNorm.
+// bit-identical to RopeNorm. With neox, RopeApply rotates dims (i, i + rope_dim/2) by pair
+// i's angle instead (GPT-NeoX / ggml "NEOX" mode: Qwen, Gemma; their Q/K rows are not
+// permuted by the converter).
 void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, float* table);
-void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_dim, int rope_dim);
+void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_dim, int rope_dim,
+               bool neox = false);
 
 // out[i] = silu(gate[i]) * up[i] for n values; silu(g) = g / (1 + exp(-g)), with the exp of
 // cpu_kernels.h (swiglu_exp: within 3e-7 relative of the exact formula for |g| <= 87; the

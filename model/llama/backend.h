@@ -105,11 +105,14 @@ class Backend {
   // each bit-identical to its own MatMul; one activation pass / launch where possible.
   virtual absl::Status MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
                                     std::span<float* const> ys) = 0;
-  // RoPE (ggml NORM mode: adjacent pairs) in place on q [n, n_heads, head_dim] and
-  // k [n, n_kv_heads, head_dim] at the pass's positions: pair (2i, 2i+1), 2i < rope_dim,
-  // turns by position * base^(-2i / rope_dim).
+  // RoPE in place on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] at the pass's
+  // positions: pair i < rope_dim/2 — dims (2i, 2i+1) in RopeMode::kNorm, (i, i + rope_dim/2)
+  // in kNeox — turns by position * base^(-2i / rope_dim); dims past rope_dim are untouched.
+  // A backend that has no kernel for `mode` refuses it (Unimplemented).
   virtual absl::Status RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
-                                int head_dim, int rope_dim, float base) = 0;
+                                int head_dim, int rope_dim, float base, RopeMode mode) = 0;
+  // y[r] += bias for each of n rows: y [n, dim], bias [dim].
+  virtual absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) = 0;
   // out[i] = silu(gate[i]) * up[i] for count values; out may alias gate or up exactly.
   virtual absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) = 0;
   // Sums data [count] over the shards through `reducer` (no-op when null), the backend

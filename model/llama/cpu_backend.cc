@@ -127,7 +127,7 @@ absl::Status CpuBackend::MatMulShared(std::span<const WeightView> ws, const floa
 }
 
 absl::Status CpuBackend::RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
-                                  int head_dim, int rope_dim, float base) {
+                                  int head_dim, int rope_dim, float base, RopeMode mode) {
   if (n != static_cast<int64_t>(positions_.size())) {
     return absl::InvalidArgumentError("CpuBackend::RopePair: n is not the pass's row count");
   }
@@ -140,9 +140,11 @@ absl::Status CpuBackend::RopePair(float* q, float* k, int64_t n, int n_heads, in
   const int rd = rope_dim;
   const int64_t q_row = static_cast<int64_t>(n_heads) * head_dim;
   const int64_t k_row = static_cast<int64_t>(n_kv_heads) * head_dim;
+  const bool neox = mode == RopeMode::kNeox;
   auto rope = [&](int64_t t0, int64_t t1, int) {
-    RopeApply(q + t0 * q_row, rope_table_.data() + t0 * rd, t1 - t0, n_heads, head_dim, rd);
-    RopeApply(k + t0 * k_row, rope_table_.data() + t0 * rd, t1 - t0, n_kv_heads, head_dim, rd);
+    RopeApply(q + t0 * q_row, rope_table_.data() + t0 * rd, t1 - t0, n_heads, head_dim, rd, neox);
+    RopeApply(k + t0 * k_row, rope_table_.data() + t0 * rd, t1 - t0, n_kv_heads, head_dim, rd,
+              neox);
   };
   // Verification passes and prefill split their tokens across the pool.
   if (pool_ != nullptr && n >= kMinParallelRopeTokens) {
@@ -150,6 +152,11 @@ absl::Status CpuBackend::RopePair(float* q, float* k, int64_t n, int n_heads, in
   } else {
     rope(0, n, 0);
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AddBias(float* y, const float* bias, int64_t n, int dim) {
+  for (int64_t r = 0; r < n; ++r) AddInPlace(y + r * dim, bias, dim);
   return absl::OkStatus();
 }
 

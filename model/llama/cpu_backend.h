@@ -47,7 +47,8 @@ class CpuBackend final : public Backend {
   absl::Status MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
                             std::span<float* const> ys) override;
   absl::Status RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads, int head_dim,
-                        int rope_dim, float base) override;
+                        int rope_dim, float base, RopeMode mode) override;
+  absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) override;
   absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   absl::Status AllReduce(PartialSumReducer* reducer, float* data, int64_t count) override;
   absl::StatusOr<float*> LogitsBuffer(int64_t floats, std::vector<float>* host) override;

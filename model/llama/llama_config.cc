@@ -27,10 +27,13 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
         absl::StrCat("not a model file: general.architecture: ", arch.status().message()));
   }
   c.architecture = *arch;
-  if (c.architecture != "llama") {
+  const ArchTraits* traits = FindArch(c.architecture);
+  if (traits == nullptr) {
     return absl::UnimplementedError(absl::StrCat("unsupported architecture '", c.architecture,
-                                                 "' (specnode runs llama-family GGUFs)"));
+                                                 "' (specnode runs ", SupportedArchitectures(),
+                                                 ")"));
   }
+  c.arch = *traits;
   if (auto name = file.GetString("general.name"); name.ok()) c.name = *name;
   const std::string p = c.architecture + ".";
   SPECNODE_ASSIGN_OR_RETURN(c.n_layers, GetPositiveInt(file, p + "block_count", 1024));
@@ -112,8 +115,13 @@ std::string LlamaConfig::Summary() const {
   const std::string heads = head_dim * n_heads == d_model
                                 ? absl::StrFormat("h%d/%d", n_heads, n_kv_heads)
                                 : absl::StrFormat("h%d/%dx%d", n_heads, n_kv_heads, head_dim);
-  return absl::StrFormat("%s %dL d%d %s ff%d vocab%d ctx%d%s", architecture, n_layers, d_model,
-                         heads, d_ff, vocab_size, context_length, tied_embeddings ? " tied" : "");
+  std::string variants;
+  if (arch.rope == RopeMode::kNeox) variants += " neox";
+  if (arch.qkv_bias) variants += " bias";
+  if (arch.qk_norm) variants += " qknorm";
+  return absl::StrFormat("%s %dL d%d %s ff%d vocab%d ctx%d%s%s", architecture, n_layers, d_model,
+                         heads, d_ff, vocab_size, context_length, tied_embeddings ? " tied" : "",
+                         variants);
 }
 
 }  // namespace specnode

@@ -1,4 +1,5 @@
-// Hyper-parameters of a Llama-architecture model, read from GGUF metadata.
+// Hyper-parameters of a Llama-family model (any row of the architecture table,
+// llama_arch.h), read from GGUF metadata.
 // Immutable value type; everything downstream reads it.
 #pragma once
 
@@ -6,13 +7,15 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "model/llama/llama_arch.h"
 
 namespace specnode {
 
 class GgufFile;
 
 struct LlamaConfig {
-  std::string architecture;  // "llama"
+  std::string architecture;  // general.architecture: a row of llama_arch.h
+  ArchTraits arch;           // that row: the graph's variants
   std::string name;          // general.name, informational
   int n_layers = 0;
   int d_model = 0;           // embedding_length
@@ -31,14 +34,14 @@ struct LlamaConfig {
   int kv_dim() const { return n_kv_heads * head_dim; }
   int gqa_group() const { return n_heads / n_kv_heads; }
 
-  // Reads "<arch>.*" keys. Unimplemented for architectures other than llama (naming it)
-  // and for value_length != key_length; InvalidArgument naming the key for missing or
-  // inconsistent values (e.g. heads not dividing d_model without key_length, kv heads not
-  // dividing heads, odd rope dims, vocab mismatch between the metadata and token_embd).
+  // Reads "<arch>.*" keys. Unimplemented for an architecture not in the table (naming it
+  // and the supported ones) and for value_length != key_length; InvalidArgument naming the key for
+  // missing or inconsistent values (e.g. heads not dividing d_model without key_length, kv heads
+  // not dividing heads, odd rope dims, vocab mismatch between the metadata and token_embd).
   static absl::StatusOr<LlamaConfig> FromGguf(const GgufFile& file);
 
   // One line for logs: "llama 30L d576 h9/3 ff1536 vocab49152 ctx8192" (heads x head_dim
-  // when that is not d_model: "h16/8x128").
+  // when that is not d_model: "h16/8x128"; the variants a row adds: "qwen2 ... neox bias").
   std::string Summary() const;
 };
 

@@ -182,8 +182,18 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
     float* const ys[] = {b.q, b.k, b.v};
     SPECNODE_RETURN_IF_ERROR(backend_->MatMulShared(ws, b.h, n, ys));
   }
+  if (lw.bq != nullptr) {  // qwen2
+    SPECNODE_RETURN_IF_ERROR(backend_->AddBias(b.q, lw.bq, n, n_heads_ * hd));
+    SPECNODE_RETURN_IF_ERROR(backend_->AddBias(b.k, lw.bk, n, n_kv_heads_ * hd));
+    SPECNODE_RETURN_IF_ERROR(backend_->AddBias(b.v, lw.bv, n, n_kv_heads_ * hd));
+  }
+  if (lw.q_norm != nullptr) {  // qwen3: each head of q and k normalised on its own
+    SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.q, lw.q_norm, n * n_heads_, hd, eps, b.q));
+    SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.k, lw.k_norm, n * n_kv_heads_, hd, eps, b.k));
+  }
   SPECNODE_RETURN_IF_ERROR(backend_->RopePair(b.q, b.k, n, n_heads_, n_kv_heads_, hd,
-                                              config_.rope_dim, config_.rope_base));
+                                              config_.rope_dim, config_.rope_base,
+                                              config_.arch.rope));
   SPECNODE_RETURN_IF_ERROR(cache->Write(l, b.k, b.v));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   SPECNODE_RETURN_IF_ERROR(cache->Attend(l, b.q, scale, b.attn));

@@ -98,19 +98,31 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   const int64_t hd = config.head_dim;
   const int64_t d = config.d_model;
 
-  // Norm vectors: f32 views, or converted copies for other storage types.
-  auto norm = [&](const std::string& name) -> absl::StatusOr<const float*> {
+  // Vectors (norms, biases): values [begin, begin + count) of a 1-D tensor of `len`
+  // values, as f32 views or converted copies for other storage types.
+  auto vec = [&](const std::string& name, int64_t len, int64_t begin,
+                 int64_t count) -> absl::StatusOr<const float*> {
     const GgufTensorInfo* info = file.FindTensor(name);
     if (info == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
-    if (info->dims.size() != 1 || info->dims[0] != d) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is not [", d, "]"));
+    if (info->dims.size() != 1 || info->dims[0] != len) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is not [", len, "]"));
     }
-    if (info->type == GgmlType::kF32) return reinterpret_cast<const float*>(file.TensorData(*info));
-    std::vector<float>& owned = w.owned_norms.emplace_back(d);
-    DequantizeRow(info->type, file.TensorData(*info), owned.data(), d);
+    const auto* data = static_cast<const uint8_t*>(file.TensorData(*info));
+    if (info->type == GgmlType::kF32) return reinterpret_cast<const float*>(data) + begin;
+    const int block = GgmlBlockSize(info->type);
+    if (begin % block != 0 || count % block != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor %s: slice [%d, %d) is not aligned to its %d-value blocks", name,
+                          begin, begin + count, block));
+    }
+    std::vector<float>& owned = w.owned_norms.emplace_back(count);
+    DequantizeRow(info->type, data + GgmlRowBytes(info->type, begin), owned.data(), count);
     return static_cast<const float*>(owned.data());
   };
-  w.owned_norms.reserve(2 * n_layers + 1);  // pointers into it must stay valid
+  auto norm = [&](const std::string& name) { return vec(name, d, 0, d); };
+  // Moving an inner vector keeps its buffer, so views stay valid as owned_norms grows.
+  w.owned_norms.reserve(7 * n_layers + 1);
+  w.head_dim = config.head_dim;
 
   // Row slices are converted after slicing (a shard converts only its rows), column slices
   // before (K-quant blocks span 256 columns, a shard's range need not).
@@ -143,6 +155,15 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
     SPECNODE_ASSIGN_OR_RETURN(WeightView wg, Matrix(file, p + "ffn_gate.weight", config.d_ff, d));
     SPECNODE_ASSIGN_OR_RETURN(WeightView wu, Matrix(file, p + "ffn_up.weight", config.d_ff, d));
     SPECNODE_ASSIGN_OR_RETURN(WeightView wd, Matrix(file, p + "ffn_down.weight", d, config.d_ff));
+    if (config.arch.qkv_bias) {
+      SPECNODE_ASSIGN_OR_RETURN(lw.bq, vec(p + "attn_q.bias", config.q_dim(), q_begin, q_count));
+      SPECNODE_ASSIGN_OR_RETURN(lw.bk, vec(p + "attn_k.bias", config.kv_dim(), kv_begin, kv_count));
+      SPECNODE_ASSIGN_OR_RETURN(lw.bv, vec(p + "attn_v.bias", config.kv_dim(), kv_begin, kv_count));
+    }
+    if (config.arch.qk_norm) {
+      SPECNODE_ASSIGN_OR_RETURN(lw.q_norm, vec(p + "attn_q_norm.weight", hd, 0, hd));
+      SPECNODE_ASSIGN_OR_RETURN(lw.k_norm, vec(p + "attn_k_norm.weight", hd, 0, hd));
+    }
     lw.wq = convert(RowSlice(wq, q_begin, q_count));
     lw.wk = convert(RowSlice(wk, kv_begin, kv_count));
     lw.wv = convert(RowSlice(wv, kv_begin, kv_count));
@@ -165,6 +186,7 @@ absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightM
   v.n_heads_local = w.n_heads_local;
   v.n_kv_heads_local = w.n_kv_heads_local;
   v.d_ff_local = w.d_ff_local;
+  v.head_dim = w.head_dim;
   v.activations = w.activations;
   SPECNODE_ASSIGN_OR_RETURN(v.token_embd, matrix(w.token_embd));
   if (w.output.data == w.token_embd.data) {
@@ -177,6 +199,17 @@ absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightM
     LayerWeights l;
     SPECNODE_ASSIGN_OR_RETURN(l.attn_norm, norm(lw.attn_norm, dm));
     SPECNODE_ASSIGN_OR_RETURN(l.ffn_norm, norm(lw.ffn_norm, dm));
+    // Optional vectors stay null when absent.
+    auto opt = [&](const float* p, int64_t len) -> absl::StatusOr<const float*> {
+      if (p == nullptr) return nullptr;
+      return norm(p, len);
+    };
+    const int64_t q_rows = lw.wq.rows, kv_rows = lw.wk.rows;
+    SPECNODE_ASSIGN_OR_RETURN(l.bq, opt(lw.bq, q_rows));
+    SPECNODE_ASSIGN_OR_RETURN(l.bk, opt(lw.bk, kv_rows));
+    SPECNODE_ASSIGN_OR_RETURN(l.bv, opt(lw.bv, kv_rows));
+    SPECNODE_ASSIGN_OR_RETURN(l.q_norm, opt(lw.q_norm, w.head_dim));
+    SPECNODE_ASSIGN_OR_RETURN(l.k_norm, opt(lw.k_norm, w.head_dim));
     SPECNODE_ASSIGN_OR_RETURN(l.wq, matrix(lw.wq));
     SPECNODE_ASSIGN_OR_RETURN(l.wk, matrix(lw.wk));
     SPECNODE_ASSIGN_OR_RETURN(l.wv, matrix(lw.wv));

@@ -10,7 +10,8 @@
 //               likewise (T must divide both head counts)
 //   gate, up    by output rows: ffn units [r*F/T, (r+1)*F/T)
 //   O, down     by input columns, the same head / unit range (partial sums are all-reduced)
-//   norms, embedding and head are replicated.
+//   Q/K/V biases like their matrices' rows; norms (incl. the per-head Q/K norms),
+//   embedding and head are replicated.
 // Column slices must fall on 32-value block boundaries (checked).
 #pragma once
 
@@ -36,6 +37,13 @@ struct LayerWeights {
   WeightView wq;                     // [q_dim / T rows, d_model cols]
   WeightView wk;                     // [kv_dim / T, d_model]
   WeightView wv;                     // [kv_dim / T, d_model]
+  // Biases added to Q, K, V (architectures with qkv_bias, else null).
+  const float* bq = nullptr;  // [q_dim / T]
+  const float* bk = nullptr;  // [kv_dim / T]
+  const float* bv = nullptr;  // [kv_dim / T]
+  // RMSNorm weights over each head of Q and K before RoPE (qk_norm, else null).
+  const float* q_norm = nullptr;     // [head_dim]
+  const float* k_norm = nullptr;     // [head_dim]
   WeightView wo;                     // [d_model, q_dim / T]
   const float* ffn_norm = nullptr;   // [d_model]
   WeightView w_gate;                 // [d_ff / T, d_model]
@@ -52,7 +60,8 @@ struct LlamaWeights {
   const float* output_norm = nullptr;  // [d_model]
   WeightView output;                   // [vocab, d_model]; token_embd when tied
   std::vector<LayerWeights> layers;
-  // Norm vectors converted to f32 when the file stores them as F16/BF16.
+  int head_dim = 0;  // width of q_norm / k_norm (MapWeightViews passes it as their length)
+  // Norm and bias vectors converted to f32 when the file stores them as F16/BF16.
   std::vector<std::vector<float>> owned_norms;
   // K-quant matrices converted to their compute type (the views above point into these).
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned_matrices;
@@ -67,10 +76,9 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
                                               ShardSpec shard = {}, int n_layers = -1);
 
 // A views-only copy of `w` (owned_* empty: it owns nothing) with every matrix replaced by
-// matrix(view) and every norm vector by norm(vector, d_model): how a backend re-points the
-// weights at its own memory or copies (Backend::UploadWeights). A tied head
-// (output.data == token_embd.data) is mapped once and shared. The first error returned by
-// a callback is returned.
+// matrix(view) and every norm or bias vector by norm(vector, its length): how a backend re-points
+// the weights at its own memory or copies (Backend::UploadWeights). A tied head (output.data ==
+// token_embd.data) is mapped once and shared. The first error returned by a callback is returned.
 using WeightMatrixMap = std::function<absl::StatusOr<WeightView>(const WeightView&)>;
 using WeightNormMap = std::function<absl::StatusOr<const float*>(const float*, int64_t)>;
 absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightMatrixMap& matrix,

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/gguf_writer.h"
+#include "model/llama/llama_arch.h"
 #include "model/status_macros.h"
 
 namespace specnode {
@@ -255,6 +256,9 @@ int HeadDim(const TinyModelOptions& o) {
 
 absl::Status Validate(const TinyModelOptions& o) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (FindArch(o.arch) == nullptr) {
+    return bad("arch '", o.arch, "' is not one of ", SupportedArchitectures());
+  }
   if (o.n_layers < 1 || o.n_layers > 256) return bad("n_layers ", o.n_layers, " not in [1, 256]");
   if (o.d_model < 32 || o.d_model > 16384 || o.d_model % 32 != 0) {
     return bad("d_model ", o.d_model, " is not a multiple of 32 in [32, 16384]");
@@ -296,7 +300,7 @@ absl::Status Validate(const TinyModelOptions& o) {
   const int64_t d = o.d_model, q = int64_t{o.n_heads} * head_dim,
                 kv = int64_t{o.n_kv_heads} * head_dim, ff = o.d_ff;
   const int64_t vocab = 256 + o.n_merges + 3;
-  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ff;
+  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ff + q + 2 * kv + 2 * head_dim;
   const int64_t total = vocab * d * (o.tied_embeddings ? 1 : 2) + d + o.n_layers * per_layer;
   if (total > kMaxParameters) {
     return bad("model too large: ", total, " parameters (limit ", kMaxParameters, ")");
@@ -354,24 +358,26 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
   const auto n_vocab = static_cast<int64_t>(vocab.tokens.size());
   const auto id_of = [&](int control) { return static_cast<uint32_t>(n_vocab - 3 + control); };
 
+  const ArchTraits& arch = *FindArch(o.arch);
+  const std::string a = o.arch + ".";
   GgufWriter w;
-  w.AddString("general.architecture", "llama");
+  w.AddString("general.architecture", o.arch);
   w.AddString("general.type", "model");
   w.AddString("general.name", "specnode-tiny");
-  w.AddUint32("llama.block_count", static_cast<uint32_t>(o.n_layers));
-  w.AddUint32("llama.context_length", static_cast<uint32_t>(o.context_length));
-  w.AddUint32("llama.embedding_length", static_cast<uint32_t>(o.d_model));
-  w.AddUint32("llama.feed_forward_length", static_cast<uint32_t>(o.d_ff));
-  w.AddUint32("llama.attention.head_count", static_cast<uint32_t>(o.n_heads));
-  w.AddUint32("llama.attention.head_count_kv", static_cast<uint32_t>(o.n_kv_heads));
-  w.AddFloat32("llama.rope.freq_base", o.rope_base);
-  w.AddFloat32("llama.attention.layer_norm_rms_epsilon", o.rms_eps);
+  w.AddUint32(a + "block_count", static_cast<uint32_t>(o.n_layers));
+  w.AddUint32(a + "context_length", static_cast<uint32_t>(o.context_length));
+  w.AddUint32(a + "embedding_length", static_cast<uint32_t>(o.d_model));
+  w.AddUint32(a + "feed_forward_length", static_cast<uint32_t>(o.d_ff));
+  w.AddUint32(a + "attention.head_count", static_cast<uint32_t>(o.n_heads));
+  w.AddUint32(a + "attention.head_count_kv", static_cast<uint32_t>(o.n_kv_heads));
+  w.AddFloat32(a + "rope.freq_base", o.rope_base);
+  w.AddFloat32(a + "attention.layer_norm_rms_epsilon", o.rms_eps);
   w.AddUint32("general.file_type", FileType(o.weight_type));
-  w.AddUint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
-  w.AddUint32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.AddUint32(a + "vocab_size", static_cast<uint32_t>(n_vocab));
+  w.AddUint32(a + "rope.dimension_count", static_cast<uint32_t>(head_dim));
   if (head_dim * o.n_heads != o.d_model) {
-    w.AddUint32("llama.attention.key_length", static_cast<uint32_t>(head_dim));
-    w.AddUint32("llama.attention.value_length", static_cast<uint32_t>(head_dim));
+    w.AddUint32(a + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w.AddUint32(a + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
   w.AddBool("tokenizer.ggml.add_space_prefix", false);
   w.AddBool("tokenizer.ggml.add_bos_token", false);
@@ -410,6 +416,19 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_q.weight", wt, {d, q_dim}, 0.0f, in_scale));
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_k.weight", wt, {d, kv_dim}, 0.0f, in_scale));
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_v.weight", wt, {d, kv_dim}, 0.0f, in_scale));
+    if (arch.qkv_bias) {
+      // Biases of the size of the projections' own spread (Qwen2's K biases are large):
+      // a graph that dropped or misplaced them would be far off.
+      SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_q.bias", GgmlType::kF32, {q_dim}, 0.0f, 0.5f));
+      SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_k.bias", GgmlType::kF32, {kv_dim}, 0.0f, 0.5f));
+      SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_v.bias", GgmlType::kF32, {kv_dim}, 0.0f, 0.5f));
+    }
+    if (arch.qk_norm) {
+      SPECNODE_RETURN_IF_ERROR(
+          m.Add(p + "attn_q_norm.weight", GgmlType::kF32, {head_dim}, 1.0f, 0.2f));
+      SPECNODE_RETURN_IF_ERROR(
+          m.Add(p + "attn_k_norm.weight", GgmlType::kF32, {head_dim}, 1.0f, 0.2f));
+    }
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_output.weight", wt, {q_dim, d}, 0.0f,
                                    depth / std::sqrt(static_cast<float>(q_dim))));
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "ffn_norm.weight", GgmlType::kF32, {d}, 1.0f, 0.05f));

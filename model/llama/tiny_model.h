@@ -1,7 +1,10 @@
-// Writes small deterministic Llama-architecture GGUF files for tests and demos.
+// Writes small deterministic Llama-family GGUF files for tests and demos.
 //
-// The file is a complete model: llama.* hyper-parameters, a byte-level BPE vocabulary
-// (256 byte tokens, `n_merges` merges of frequent English pairs, and the control tokens
+// The file is a complete model of one architecture of the table (llama_arch.h): its
+// "<arch>.*" hyper-parameters and the tensors its row requires (Q/K/V biases for qwen2,
+// per-head Q/K norms for qwen3; its RoPE mode is the graph's, nothing in the file), a byte-level
+// BPE vocabulary (256 byte tokens, `n_merges` merges of frequent English pairs, and the control
+// tokens
 // <|endoftext|>, <|im_start|>, <|im_end|>), a ChatML chat template, and weights drawn
 // from a seeded generator (same options -> byte-identical file). Weights are scaled so
 // activations stay O(1) through the layers and logits are not degenerate.
@@ -20,12 +23,13 @@
 namespace specnode {
 
 struct TinyModelOptions {
+  std::string arch = "llama";  // general.architecture: a row of llama_arch.h
   int n_layers = 2;
   int d_model = 64;  // multiple of 32 (and of n_heads unless head_dim is set)
   int n_heads = 4;
   int n_kv_heads = 2;     // divides n_heads
   // Width of a head; 0: d_model / n_heads. Another width (Qwen3 and Gemma files have them)
-  // is written as llama.attention.key_length / value_length; n_heads * head_dim must be a
+  // is written as <arch>.attention.key_length / value_length; n_heads * head_dim must be a
   // multiple of 32.
   int head_dim = 0;
   int d_ff = 128;         // multiple of 32

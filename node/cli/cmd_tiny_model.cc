@@ -16,14 +16,17 @@ namespace specnode {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: specnode tiny-model --out PATH [--layers N] [--d-model N] [--heads N]\n"
+    "usage: specnode tiny-model --out PATH [--arch llama|qwen2|qwen3] [--layers N]\n"
+    "         [--d-model N] [--heads N]\n"
     "         [--kv-heads N] [--head-dim N] [--ff N] [--merges N] [--context N]\n"
     "         [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n"
     "         [--perturb EPS] [--perturb-seed S] [--untied]\n"
     "K-quant types apply to matrices whose rows are whole 256-value blocks; narrower ones\n"
     "fall back as in llama.cpp's quantiser (q4_k to q5_0, q5_k to q5_1, q6_k to q8_0).\n"
     "--head-dim (default d_model / heads) other than that quotient is written as\n"
-    "llama.attention.key_length / value_length, as Qwen3 and Gemma files state theirs.\n";
+    "<arch>.attention.key_length / value_length, as Qwen3 and Gemma files state theirs.\n"
+    "--arch writes that architecture's keys and the tensors it adds (qwen2: Q/K/V biases,\n"
+    "qwen3: per-head Q/K norms).\n";
 
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "specnode tiny-model: %s\n", message.c_str());
@@ -81,6 +84,7 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
     o.weight_type = *t;
   }
   if (args.Has("untied")) o.tied_embeddings = false;
+  if (args.Has("arch")) o.arch = args.Get("arch");  // validated by WriteTinyModel
   return absl::OkStatus();
 }
 
@@ -89,8 +93,8 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
 int RunTinyModel(int argc, char** argv) {
   absl::StatusOr<CliArgs> args =
       CliArgs::Parse(argc, argv,
-                     {"out", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff", "merges",
-                      "context", "type", "seed", "perturb", "perturb-seed"},
+                     {"out", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff",
+                      "merges", "context", "type", "seed", "perturb", "perturb-seed"},
                      {"untied", "help"});
   if (!args.ok()) {
     Fail(2, std::string(args.status().message()));

@@ -102,6 +102,39 @@ TEST(RopeNorm, AnglesTableThenApplyIsBitIdenticalToOnePass) {
   EXPECT_EQ(x, want);
 }
 
+// NeoX mode (Qwen, Gemma): dim i pairs with dim i + rope_dim/2, turned by pair i's angle of
+// the same table; dims past rope_dim untouched. Shapes: full and partial rotary dims.
+class RopeNeoxTest : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(RopeNeoxTest, RotatesHalvesByPositionTimesFrequency) {
+  const auto [head_dim, rope_dim] = GetParam();
+  const int n_heads = 3, n = 4;
+  const float base = 1000000.0f;
+  const int32_t pos[n] = {0, 1, 77, 8191};
+  auto x = RandomVector(n * n_heads * head_dim, 12);
+  const auto orig = x;
+  std::vector<float> table(n * rope_dim);
+  RopeAngles(pos, n, rope_dim, base, table.data());
+  RopeApply(x.data(), table.data(), n, n_heads, head_dim, rope_dim, /*neox=*/true);
+  const int half = rope_dim / 2;
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < n_heads; ++h) {
+      const float* o = &orig[(t * n_heads + h) * head_dim];
+      const float* r = &x[(t * n_heads + h) * head_dim];
+      for (int i = 0; i < half; ++i) {
+        const double theta = pos[t] * std::pow(double(base), -2.0 * i / rope_dim);
+        EXPECT_NEAR(r[i], o[i] * std::cos(theta) - o[i + half] * std::sin(theta), 1e-5);
+        EXPECT_NEAR(r[i + half], o[i + half] * std::cos(theta) + o[i] * std::sin(theta), 1e-5);
+      }
+      for (int i = rope_dim; i < head_dim; ++i) EXPECT_EQ(r[i], o[i]);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, RopeNeoxTest,
+                         ::testing::Values(std::pair{8, 8}, std::pair{64, 64}, std::pair{128, 64},
+                                           std::pair{256, 256}));
+
 TEST(RopeNorm, LeavesDimsBeyondRopeDimAlone) {
   auto x = RandomVector(16, 6);
   auto orig = x;

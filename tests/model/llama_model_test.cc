@@ -17,14 +17,18 @@ std::string TempPath(const std::string& name) {
   return testing_support::TempFilePath("model_" + name);
 }
 
-// Copies every key/tensor of `src` into a writer, letting the test edit on the way.
+// Copies every key/tensor of `src` into a writer, letting the test edit on the way
+// (override_arch also renames the "llama." keys to its prefix).
 std::string Rewrite(const std::string& src, const std::string& name,
                     const std::string& drop_tensor, const std::string& override_arch) {
   auto f = GgufFile::Open(src);
   EXPECT_TRUE(f.ok());
   GgufWriter w;
-  for (const std::string& key : (*f)->keys()) {
-    const GgufValue* v = (*f)->Find(key);
+  for (const std::string& src_key : (*f)->keys()) {
+    const GgufValue* v = (*f)->Find(src_key);
+    const std::string key = !override_arch.empty() && src_key.starts_with("llama.")
+                                ? override_arch + src_key.substr(5)
+                                : src_key;
     switch (v->type) {
       case GgufValueType::kString:
         w.AddString(key, key == "general.architecture" && !override_arch.empty() ? override_arch
@@ -121,6 +125,45 @@ TEST_F(ModelLoadTest, UnknownArchitectureIsNamed) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(m.status().message().find("mamba"), std::string::npos);
+  // ... and says what is supported.
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3"), std::string::npos) << m.status();
+}
+
+// Each row of the architecture table loads with its variants (the graph's results are
+// checked against the NumPy oracle in tests/oracle/test_tiny_models.py).
+TEST_F(ModelLoadTest, ArchitectureTableRowsLoadWithTheirTensors) {
+  struct Case {
+    const char* arch;
+    RopeMode rope;
+    bool bias, qk_norm;
+    const char* summary;
+  };
+  for (const Case& c : {Case{"llama", RopeMode::kNorm, false, false, "llama 2L"},
+                        Case{"qwen2", RopeMode::kNeox, true, false, " neox bias"},
+                        Case{"qwen3", RopeMode::kNeox, false, true, " neox qknorm"}}) {
+    SCOPED_TRACE(c.arch);
+    TinyModelOptions o;
+    o.arch = c.arch;
+    const std::string path = TempPath(c.arch);
+    ASSERT_TRUE(WriteTinyModel(o, path).ok());
+    auto m = LlamaModel::Load(path);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const LlamaConfig& cfg = (*m)->config();
+    EXPECT_EQ(cfg.architecture, c.arch);
+    EXPECT_EQ(cfg.arch.rope, c.rope);
+    const LayerWeights& l = (*m)->weights().layers[1];
+    EXPECT_EQ(l.bq != nullptr && l.bk != nullptr && l.bv != nullptr, c.bias);
+    EXPECT_EQ(l.q_norm != nullptr && l.k_norm != nullptr, c.qk_norm);
+    EXPECT_NE(cfg.Summary().find(c.summary), std::string::npos) << cfg.Summary();
+  }
+}
+
+// A llama file relabelled qwen2 lacks the biases that row requires: refused naming the tensor.
+TEST_F(ModelLoadTest, ArchitectureTensorsAreRequired) {
+  auto m = LlamaModel::Load(Rewrite(path_, "arch", "", "qwen2"));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("attn_q.bias"), std::string::npos) << m.status();
 }
 
 TEST_F(ModelLoadTest, MissingTensorIsNamed) {

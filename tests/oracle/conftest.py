@@ -104,20 +104,20 @@ def smollm2_oracle(smollm2_path):
 @pytest.fixture(scope="session")
 def tiny_model(specnode, tmp_path_factory):
     """tiny_model(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1,
-    head_dim=0) -> path (head_dim 0: d_model / heads).
+    head_dim=0, arch="llama") -> path (head_dim 0: d_model / heads; arch: llama, qwen2, qwen3).
 
     Written once per argument set by `specnode tiny-model` into a session temp dir."""
     root = tmp_path_factory.mktemp("tiny-models")
     made: dict[tuple, str] = {}
 
     def make(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1,
-             head_dim=0) -> str:
-        key = (layers, d_model, heads, kv_heads, ff, type, seed, head_dim)
+             head_dim=0, arch="llama") -> str:
+        key = (layers, d_model, heads, kv_heads, ff, type, seed, head_dim, arch)
         if key not in made:
             out = root / ("tiny-" + "-".join(map(str, key)) + ".gguf")
             specnode.run("tiny-model", "--out", out, "--layers", layers, "--d-model", d_model,
                          "--heads", heads, "--kv-heads", kv_heads, "--ff", ff, "--type", type,
-                         "--seed", seed, "--head-dim", head_dim)
+                         "--seed", seed, "--head-dim", head_dim, "--arch", arch)
             if not out.is_file():
                 pytest.fail(f"specnode tiny-model did not write {out}")
             made[key] = str(out)

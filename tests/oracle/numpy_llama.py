@@ -52,6 +52,20 @@ class LlamaConfig:
     rope_base: float
     rms_eps: float
     vocab_size: int
+    arch: str = "llama"
+    rope_neox: bool = False   # rotate (i, i + n_rot/2) as HF's rotate_half, not (2i, 2i+1)
+    qkv_bias: bool = False    # Qwen2: q/k/v projections carry biases
+    qk_norm: bool = False     # Qwen3: RMSNorm over each head of q and k before RoPE
+
+
+# What each supported architecture changes, from the published model definitions (Hugging
+# Face's modeling_qwen2 / modeling_qwen3: rotate_half RoPE, `bias=True` on q/k/v_proj,
+# q_norm / k_norm over head_dim) — written here independently of the engine's table.
+ARCHS = {
+    "llama": dict(),
+    "qwen2": dict(rope_neox=True, qkv_bias=True),
+    "qwen3": dict(rope_neox=True, qk_norm=True),
+}
 
 
 def _field(reader: gguf.GGUFReader, key: str, default=None):
@@ -66,22 +80,25 @@ def _field(reader: gguf.GGUFReader, key: str, default=None):
 
 def read_config(reader: gguf.GGUFReader, vocab_size: int) -> LlamaConfig:
     arch = _field(reader, "general.architecture", "llama")
-    if arch != "llama":
-        raise ValueError(f"numpy_llama only handles llama GGUFs, got {arch!r}")
-    d_model = int(_field(reader, "llama.embedding_length"))
-    n_heads = int(_field(reader, "llama.attention.head_count"))
-    head_dim = int(_field(reader, "llama.attention.key_length", d_model // n_heads))
+    if arch not in ARCHS:
+        raise ValueError(f"numpy_llama handles {sorted(ARCHS)} GGUFs, got {arch!r}")
+    p = arch + "."
+    d_model = int(_field(reader, p + "embedding_length"))
+    n_heads = int(_field(reader, p + "attention.head_count"))
+    head_dim = int(_field(reader, p + "attention.key_length", d_model // n_heads))
     return LlamaConfig(
-        n_layers=int(_field(reader, "llama.block_count")),
+        n_layers=int(_field(reader, p + "block_count")),
         d_model=d_model,
         n_heads=n_heads,
-        n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads)),
-        d_ff=int(_field(reader, "llama.feed_forward_length")),
+        n_kv_heads=int(_field(reader, p + "attention.head_count_kv", n_heads)),
+        d_ff=int(_field(reader, p + "feed_forward_length")),
         head_dim=head_dim,
-        n_rot=int(_field(reader, "llama.rope.dimension_count", head_dim)),
-        rope_base=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        n_rot=int(_field(reader, p + "rope.dimension_count", head_dim)),
+        rope_base=float(_field(reader, p + "rope.freq_base", 10000.0)),
+        rms_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
         vocab_size=vocab_size,
+        arch=arch,
+        **ARCHS[arch],
     )
 
 
@@ -127,6 +144,22 @@ def rope_norm(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> 
     out[..., 0:n_rot:2] = x0 * cos - x1 * sin
     out[..., 1:n_rot:2] = x0 * sin + x1 * cos
     assert x0.shape[-1] == half
+    return out
+
+
+def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+    """RoPE as GPT-NeoX / HF's rotate_half on x [n_heads, T, head_dim]: dim i and dim
+    i + n_rot/2 form a pair, turned by pos * base^(-2i/n_rot); dims from n_rot on unchanged."""
+    half = n_rot // 2
+    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)       # [half]
+    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]                # [T, half]
+    cos = np.cos(ang).astype(x.dtype)
+    sin = np.sin(ang).astype(x.dtype)
+    out = x.copy()
+    x0 = x[..., :half]
+    x1 = x[..., half:n_rot]
+    out[..., :half] = x0 * cos - x1 * sin
+    out[..., half:n_rot] = x1 * cos + x0 * sin
     return out
 
 
@@ -254,6 +287,12 @@ class NumpyLlama:
                 b + "ffn_up.weight": (c.d_ff, c.d_model),
                 b + "ffn_down.weight": (c.d_model, c.d_ff),
             })
+            if c.qkv_bias:
+                want.update({b + "attn_q.bias": (q_out,), b + "attn_k.bias": (kv_out,),
+                             b + "attn_v.bias": (kv_out,)})
+            if c.qk_norm:
+                want.update({b + "attn_q_norm.weight": (c.head_dim,),
+                             b + "attn_k_norm.weight": (c.head_dim,)})
         for name, shape in want.items():
             if name not in self.w:
                 raise ValueError(f"{self.path}: tensor {name} missing")
@@ -265,7 +304,11 @@ class NumpyLlama:
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         if self.act_sim:
             x = simulate_activation_rounding(x, self.types[name])
-        return x @ self.w[name].T
+        y = x @ self.w[name].T
+        bias = name.removesuffix(".weight") + ".bias"
+        if self.cfg.qkv_bias and bias in self.w:
+            y = y + self.w[bias]
+        return y
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)
@@ -287,8 +330,12 @@ class NumpyLlama:
             q = self._linear(h, b + "attn_q.weight").reshape(T, c.n_heads, c.head_dim).transpose(1, 0, 2)
             k = self._linear(h, b + "attn_k.weight").reshape(T, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
             v = self._linear(h, b + "attn_v.weight").reshape(T, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-            q = rope_norm(q, positions, c.n_rot, c.rope_base)
-            k = rope_norm(k, positions, c.n_rot, c.rope_base)
+            if c.qk_norm:
+                q = rms_norm(q, self.w[b + "attn_q_norm.weight"], c.rms_eps)
+                k = rms_norm(k, self.w[b + "attn_k_norm.weight"], c.rms_eps)
+            rope = rope_neox if c.rope_neox else rope_norm
+            q = rope(q, positions, c.n_rot, c.rope_base)
+            k = rope(k, positions, c.n_rot, c.rope_base)
             if self.kv_round == "f16":
                 k, v = k.astype(np.float16).astype(self.dtype), v.astype(np.float16).astype(self.dtype)
             elif self.kv_round == "bf16":

@@ -140,6 +140,51 @@ def test_head_dim_from_key_length_matches_oracle(specnode, tiny_model, tmp_path,
     compare_logits(got, oracle.logits(tokens), tolerance(wtype), f"{shape}/{wtype}")
 
 
+# Architectures of the table beyond llama (model/llama/llama_arch.h), each on a GQA shape,
+# a wide-head shape (qwen3's heads are wider than d_model / heads) and a K-quant shape:
+# (layers, d_model, heads, kv_heads, ff, head_dim).
+ARCH_SHAPES = {
+    "gqa": (3, 96, 6, 2, 160, 0),
+    "wide": (2, 64, 4, 2, 128, 32),
+    "k256": (2, 256, 4, 2, 512, 0),
+}
+ARCH_CASES = [(a, s, t) for a in ["qwen2", "qwen3"] for s, t in
+              [("gqa", "f32"), ("gqa", "q8_0"), ("gqa", "q4_1"), ("wide", "f16"), ("k256", "q4_k")]]
+
+
+@pytest.mark.parametrize("arch,shape,wtype", ARCH_CASES)
+def test_architecture_logits_match_oracle(specnode, tiny_model, tmp_path, arch, shape, wtype):
+    """qwen2 (NeoX RoPE, Q/K/V biases) and qwen3 (NeoX RoPE, per-head Q/K RMSNorm) against the
+    oracle's own reading of those model definitions."""
+    layers, d_model, heads, kv_heads, ff, head_dim = ARCH_SHAPES[shape]
+    seed = 31 + list(ARCH_SHAPES).index(shape)
+    path = tiny_model(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ff=ff,
+                      type=wtype, seed=seed, head_dim=head_dim, arch=arch)
+    oracle = NumpyLlama(path, dtype=np.float64)
+    assert oracle.cfg.arch == arch, oracle.cfg
+    tokens = token_list(oracle.cfg.vocab_size, N_TOKENS, seed)
+    got = specnode.logits(path, tokens, tmp_path / "logits.bin")
+    compare_logits(got, oracle.logits(tokens), tolerance(wtype), f"{arch}/{shape}/{wtype}")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_architecture_variants_change_the_logits(specnode, tiny_model, tmp_path, arch):
+    """The oracle without the architecture's variants (llama's RoPE, no biases / no Q/K norms)
+    is far from the engine: the match above is not the plain Llama graph by accident."""
+    import dataclasses
+    path = tiny_model(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=41,
+                      arch=arch)
+    oracle = NumpyLlama(path, dtype=np.float64)
+    tokens = token_list(oracle.cfg.vocab_size, N_TOKENS, 41)
+    got = specnode.logits(path, tokens, tmp_path / "logits.bin")
+    compare_logits(got, oracle.logits(tokens), tolerance("f32"), arch)
+    for variant in ["rope_neox", "qkv_bias" if arch == "qwen2" else "qk_norm"]:
+        oracle.cfg = dataclasses.replace(oracle.cfg, **{variant: False})
+        wrong = oracle.logits(tokens)
+        assert np.abs(got - wrong).max() / wrong.std() > 100 * tolerance("f32")[0], variant
+        oracle = NumpyLlama(path, dtype=np.float64)
+
+
 @pytest.mark.parametrize("wtype", K_TYPES)
 def test_k_quant_logits_match_oracle(specnode, tiny_model, tmp_path, wtype):
     """K-quant files (as Q4_K_M / Q5_K_M / Q6_K GGUFs store their matrices): gguf-py's own

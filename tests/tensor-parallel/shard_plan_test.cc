@@ -114,30 +114,43 @@ TEST(ShardPlan, ColumnSlicesMustFallOnQuantBlocks) {
 }
 
 TEST(ShardPlan, ForFileCountsBytesPerRank) {
-  TinyModelOptions o;
-  o.d_model = 128;
-  o.n_heads = 4;
-  o.n_kv_heads = 2;
-  o.d_ff = 256;
-  o.weight_type = GgmlType::kQ4_1;
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("specnode_plan_" + std::to_string(getpid()) + ".gguf"))
-                               .string();
-  ASSERT_TRUE(WriteTinyModel(o, path).ok());
-  auto file = GgufFile::Open(path);
-  ASSERT_TRUE(file.ok()) << file.status();
-  auto config = LlamaConfig::FromGguf(**file);
-  ASSERT_TRUE(config.ok());
-  auto p1 = ShardPlan::ForFile(**file, *config, 1);
-  auto p2 = ShardPlan::ForFile(**file, *config, 2);
-  ASSERT_TRUE(p1.ok() && p2.ok());
-  int64_t total = 0;
-  for (const auto& t : (*file)->tensors()) total += t.n_bytes;
-  EXPECT_EQ(p1->rank(0).weight_bytes(), total);
-  EXPECT_EQ(p2->rank(0).sharded_bytes * 2, p1->rank(0).sharded_bytes);
-  EXPECT_EQ(p2->rank(1).replicated_bytes, p1->rank(0).replicated_bytes);
-  EXPECT_GT(p2->rank(0).sharded_bytes, 0);
-  std::filesystem::remove(path);
+  // Per architecture: qwen2's Q/K/V biases are sliced with their matrices (so its replicated
+  // bytes equal llama's), qwen3's per-head norms are replicated.
+  int64_t llama_replicated = 0;
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    TinyModelOptions o;
+    o.arch = arch;
+    o.d_model = 128;
+    o.n_heads = 4;
+    o.n_kv_heads = 2;
+    o.d_ff = 256;
+    o.weight_type = GgmlType::kQ4_1;
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("specnode_plan_" + std::to_string(getpid()) + arch + ".gguf"))
+                                 .string();
+    ASSERT_TRUE(WriteTinyModel(o, path).ok());
+    auto file = GgufFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto config = LlamaConfig::FromGguf(**file);
+    ASSERT_TRUE(config.ok());
+    auto p1 = ShardPlan::ForFile(**file, *config, 1);
+    auto p2 = ShardPlan::ForFile(**file, *config, 2);
+    ASSERT_TRUE(p1.ok() && p2.ok());
+    int64_t total = 0;
+    for (const auto& t : (*file)->tensors()) total += t.n_bytes;
+    EXPECT_EQ(p1->rank(0).weight_bytes(), total);
+    EXPECT_EQ(p2->rank(0).sharded_bytes * 2, p1->rank(0).sharded_bytes);
+    EXPECT_EQ(p2->rank(1).replicated_bytes, p1->rank(0).replicated_bytes);
+    EXPECT_GT(p2->rank(0).sharded_bytes, 0);
+    const int64_t replicated = p1->rank(0).replicated_bytes;
+    if (std::string(arch) == "llama") llama_replicated = replicated;
+    if (std::string(arch) == "qwen2") EXPECT_EQ(replicated, llama_replicated);
+    if (std::string(arch) == "qwen3") {
+      EXPECT_EQ(replicated, llama_replicated + 2 * o.n_layers * (128 / 4) * 4);  // f32 [hd] x2
+    }
+    std::filesystem::remove(path);
+  }
 }
 
 }  // namespace

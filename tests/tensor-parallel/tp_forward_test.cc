@@ -83,6 +83,7 @@ std::vector<int32_t> Greedy(LocalTpTarget& t, SeqId seq, const std::vector<int32
 struct TinyCase {
   int tp;
   GgmlType type;
+  const char* arch = "llama";  // qwen2: biases row-sliced with Q/K/V; qwen3: Q/K norms replicated
 };
 
 class TinyTp : public ::testing::TestWithParam<TinyCase> {};
@@ -90,6 +91,7 @@ class TinyTp : public ::testing::TestWithParam<TinyCase> {};
 TEST_P(TinyTp, LogitsAndGreedyTokensMatchOneProcess) {
   const TinyCase tc = GetParam();
   TinyModelOptions o;
+  o.arch = tc.arch;
   o.n_layers = 2;
   o.weight_type = tc.type;
   if (tc.tp == 4) {
@@ -99,7 +101,7 @@ TEST_P(TinyTp, LogitsAndGreedyTokensMatchOneProcess) {
   }
   const std::string path =
       (std::filesystem::temp_directory_path() /
-       ("specnode_tp_" + std::to_string(getpid()) + "_" + std::to_string(tc.tp) + "_" +
+       ("specnode_tp_" + std::to_string(getpid()) + "_" + tc.arch + std::to_string(tc.tp) + "_" +
         std::string(GgmlTypeName(static_cast<uint32_t>(tc.type))) + ".gguf"))
           .string();
   ASSERT_TRUE(WriteTinyModel(o, path).ok());
@@ -150,15 +152,16 @@ TEST_P(TinyTp, LogitsAndGreedyTokensMatchOneProcess) {
   std::filesystem::remove(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, TinyTp,
-                         ::testing::Values(TinyCase{2, GgmlType::kF32},
-                                           TinyCase{2, GgmlType::kQ4_1},
-                                           TinyCase{4, GgmlType::kF32},
-                                           TinyCase{4, GgmlType::kQ8_0}),
-                         [](const auto& info) {
-                           return "tp" + std::to_string(info.param.tp) + "_" +
-                                  std::string(GgmlTypeName(static_cast<uint32_t>(info.param.type)));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, TinyTp,
+    ::testing::Values(TinyCase{2, GgmlType::kF32}, TinyCase{2, GgmlType::kQ4_1},
+                      TinyCase{4, GgmlType::kF32}, TinyCase{4, GgmlType::kQ8_0},
+                      TinyCase{2, GgmlType::kF32, "qwen2"}, TinyCase{4, GgmlType::kQ4_1, "qwen2"},
+                      TinyCase{2, GgmlType::kQ8_0, "qwen3"}, TinyCase{4, GgmlType::kF32, "qwen3"}),
+    [](const auto& info) {
+      return std::string(info.param.arch) + "_tp" + std::to_string(info.param.tp) + "_" +
+             std::string(GgmlTypeName(static_cast<uint32_t>(info.param.type)));
+    });
 
 TEST(TinyTp, BadSizeIsRefusedBeforeLoading) {
   TinyModelOptions o;  // 4 heads / 2 kv heads

@@ -1,0 +1,41 @@
+// The architecture table: every model family specnode runs, one row each, as llama.cpp
+// describes its architectures. A row says how that family's graph differs from plain Llama
+// (llama_forward.cc reads the flags; there is one graph, not one per family) and which
+// optional tensors its files carry. A file whose general.architecture has no row is refused
+// by name (LlamaConfig::FromGguf).
+//
+// Rows, and where they come from:
+//   llama   Llama 1-3, SmolLM, Mistral 7B (whose llama.cpp conversions are written as
+//           "llama"): RoPE on adjacent pairs (the converter permutes Q/K rows for it).
+//   qwen2   Qwen2 / Qwen2.5: NeoX RoPE (halves, rows not permuted), biases on Q, K and V.
+//   qwen3   Qwen3 (dense): NeoX RoPE, no biases, an RMSNorm over each head of Q and K
+//           (attn_q_norm / attn_k_norm, [head_dim]) before RoPE.
+// Immutable data; thread-safe.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace specnode {
+
+// How RoPE pairs a head's dimensions: kNorm rotates (2i, 2i+1) (ggml's NORM mode), kNeox
+// rotates (i, i + rope_dim/2) (GPT-NeoX / ggml's NEOX mode). Pair i turns by
+// position * base^(-2i / rope_dim) in both.
+enum class RopeMode { kNorm, kNeox };
+
+struct ArchTraits {
+  std::string_view name;  // general.architecture; also the metadata key prefix
+  RopeMode rope = RopeMode::kNorm;
+  bool qkv_bias = false;  // blk.N.attn_{q,k,v}.bias [rows of the matrix]: required
+  bool qk_norm = false;   // blk.N.attn_{q,k}_norm.weight [head_dim]: required
+};
+
+// The row of `architecture`, or nullptr when the table has none.
+const ArchTraits* FindArch(std::string_view architecture);
+
+// "llama, qwen2, qwen3": for errors and --help.
+std::string SupportedArchitectures();
+
+const char* RopeModeName(RopeMode mode);  // "norm" / "neox"
+
+}  // namespace specnode
