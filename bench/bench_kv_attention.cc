@@ -83,7 +83,7 @@ void Fill(KvCache& cache, int ctx, std::mt19937& gen) {
       for (float& x : q) x = dist(gen);
       const int query = (pos0 + n - 1) / kFillQueryAlign * kFillQueryAlign;
       Pass(cache, query, 1);  // one query row, attention only
-      if (!cache.Attend(l, q.data(), scale, out.data()).ok()) std::abort();
+      if (!cache.Attend(l, q.data(), scale, 0, out.data()).ok()) std::abort();
     }
     cache.Commit(kSeq, pos0 + n);
   }
@@ -105,7 +105,7 @@ void RunDecode(benchmark::State& state, KvCache& cache, int ctx, double bytes_pe
     if (!cache.Reserve(kSeq, 1).ok()) std::abort();
     Pass(cache, pos, 1);
     for (int l = 0; l < kLayers; ++l) (void)cache.Write(l, k.data(), v.data());
-    for (int l = 0; l < kLayers; ++l) (void)cache.Attend(l, q.data(), scale, out.data());
+    for (int l = 0; l < kLayers; ++l) (void)cache.Attend(l, q.data(), scale, 0, out.data());
     benchmark::DoNotOptimize(out.data());
     cache.Commit(kSeq, pos + 1);
     if (++step == kCycle) {
@@ -133,7 +133,7 @@ void RunPass(benchmark::State& state, KvCache& cache, int ctx, int rows) {
     if (!cache.Reserve(kSeq, rows).ok()) std::abort();
     Pass(cache, ctx, rows);
     for (int l = 0; l < kLayers; ++l) (void)cache.Write(l, k.data(), v.data());
-    for (int l = 0; l < kLayers; ++l) (void)cache.Attend(l, q.data(), scale, out.data());
+    for (int l = 0; l < kLayers; ++l) (void)cache.Attend(l, q.data(), scale, 0, out.data());
     benchmark::DoNotOptimize(out.data());
     cache.Commit(kSeq, ctx + rows);
     if (!cache.Truncate(kSeq, ctx).ok()) std::abort();
@@ -229,7 +229,7 @@ void BM_MassOverhead(benchmark::State& state) {
     Pass(kv, even, 2);
     for (int l = 0; l < kLayers; ++l) (void)kv.Write(l, k.data(), v.data());
     Pass(kv, pos, 1);
-    for (int l = 0; l < kLayers; ++l) (void)kv.Attend(l, q.data(), scale, out.data());
+    for (int l = 0; l < kLayers; ++l) (void)kv.Attend(l, q.data(), scale, 0, out.data());
     benchmark::DoNotOptimize(out.data());
     kv.Commit(kSeq, even + 2);
     if (!kv.Truncate(kSeq, even).ok()) std::abort();

@@ -327,7 +327,12 @@ absl::Status CudaPagePool::Write(int layer, const float* k, const float* v) {
   return absl::OkStatus();
 }
 
-absl::Status CudaPagePool::Attend(int layer, const float* q, float scale, float* out) {
+absl::Status CudaPagePool::Attend(int layer, const float* q, float scale, int32_t window,
+                                  float* out) {
+  if (window > 0) {
+    return absl::UnimplementedError(
+        "the CUDA page pool has no sliding-window attention kernel yet (use --device cpu)");
+  }
   SPECNODE_ASSIGN_OR_RETURN(const cuda_internal::KvDevicePass p, PassArgs());
   SPECNODE_CUDA_RETURN_IF_ERROR(
       cuda_internal::LaunchKvAttention(Format(), p, layer, q, scale, out, backend_->stream()));

@@ -89,7 +89,7 @@ class CudaPagePool final : public KvPagePool {
   absl::Status WriteSlots(std::span<const KvSlot> slots, const uint8_t* host) override;
   absl::Status BeginPass(std::span<const KvPoolPassSeq> seqs, ThreadPool* threads) override;
   absl::Status Write(int layer, const float* k, const float* v) override;
-  absl::Status Attend(int layer, const float* q, float scale, float* out) override;
+  absl::Status Attend(int layer, const float* q, float scale, int32_t window, float* out) override;
   absl::Status EndPass() override;
   uint64_t PassSignature() const override;
 

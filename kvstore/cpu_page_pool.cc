@@ -116,23 +116,32 @@ absl::Status CpuPagePool::Write(int layer, const float* k, const float* v) {
   return absl::OkStatus();
 }
 
-absl::Status CpuPagePool::Attend(int layer, const float* q, float scale, float* out) {
+namespace {
+
+// Rows [begin, begin + n) of s as a sequence of their own: the same block table, the mass
+// rows of those queries (each query's own sums: no sharing).
+KvPoolPassSeq PartOf(const KvPoolPassSeq& s, int32_t begin, int32_t n) {
+  KvPoolPassSeq part = s;
+  part.pos0 += begin;
+  part.n = n;
+  auto by_pos = [](const KvMassRow& r, int32_t pos) { return r.pos < pos; };
+  const auto& m = s.mass.rows;
+  const auto lo = std::lower_bound(m.begin(), m.end(), part.pos0, by_pos);
+  const auto hi = std::lower_bound(lo, m.end(), part.pos0 + part.n, by_pos);
+  part.mass.rows = m.subspan(lo - m.begin(), hi - lo);
+  return part;
+}
+
+}  // namespace
+
+absl::Status CpuPagePool::Attend(int layer, const float* q, float scale, int32_t window,
+                                 float* out) {
   const int64_t row = static_cast<int64_t>(g_.n_kv_heads) * g_.gqa_group * g_.head_dim;
-  ForEachPassHead(threads_, rows_, g_.n_kv_heads,
-                  [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
-                    // Rows [begin, end) as a sequence of their own: the same block table,
-                    // the mass rows of those queries (each query's own sums: no sharing).
-                    KvPoolPassSeq part = pass_[i];
-                    part.pos0 += begin;
-                    part.n = end - begin;
-                    auto by_pos = [](const KvMassRow& r, int32_t pos) { return r.pos < pos; };
-                    const auto& m = pass_[i].mass.rows;
-                    const auto lo = std::lower_bound(m.begin(), m.end(), part.pos0, by_pos);
-                    const auto hi = std::lower_bound(lo, m.end(), part.pos0 + part.n, by_pos);
-                    part.mass.rows = m.subspan(lo - m.begin(), hi - lo);
-                    AttendSeq(part, layer, kv_head, q + (first_[i] + begin) * row, scale,
-                              out + (first_[i] + begin) * row);
-                  });
+  ForEachPassHead(
+      threads_, rows_, g_.n_kv_heads, [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
+        AttendSeq(PartOf(pass_[i], begin, end - begin), layer, kv_head,
+                  q + (first_[i] + begin) * row, scale, window, out + (first_[i] + begin) * row);
+      });
   return absl::OkStatus();
 }
 
@@ -231,7 +240,25 @@ float SoftmaxOfHead(const kv_kernels::KvAttentionKernels& kern, float* row, cons
 // other heads, accumulate skips rather than zero-weights the rows a token does not see, and
 // the softmax sees the token's own layout.
 void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, const float* q,
-                            float scale, float* out) {
+                            float scale, int32_t window, float* out) {
+  if (window <= 0 || s.pos0 + s.n <= window) {
+    AttendFrom(s, layer, kv_head, q, scale, 0, out);
+    return;
+  }
+  // A sliding window: the queries whose whole prefix is inside it go in blocks as usual;
+  // each later one alone, over its window only. Either way a query gets what it gets
+  // asked alone (the block path's invariant), so batching still changes no result.
+  const int64_t row = static_cast<int64_t>(g_.n_kv_heads) * g_.gqa_group * g_.head_dim;
+  const int32_t whole = std::clamp(window - s.pos0, 0, s.n);
+  if (whole > 0) AttendFrom(PartOf(s, 0, whole), layer, kv_head, q, scale, 0, out);
+  for (int32_t i = whole; i < s.n; ++i) {
+    AttendFrom(PartOf(s, i, 1), layer, kv_head, q + i * row, scale, s.pos0 + i + 1 - window,
+               out + i * row);
+  }
+}
+
+void CpuPagePool::AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, const float* q,
+                             float scale, int32_t lo, float* out) {
   const kv_kernels::KvAttentionKernels& kern = *kernels_;
   const int hd = g_.head_dim;
   const int g = g_.gqa_group;
@@ -253,7 +280,7 @@ void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, cons
     sc.k[c].resize(n_ctx_max);
     sc.v[c].resize(n_ctx_max);
   }
-  for (int32_t j = 0; j < n_ctx_max; ++j) {
+  for (int32_t j = lo; j < n_ctx_max; ++j) {
     const KvSlot loc = s.slots[j];
     if (loc.page < 0) continue;  // evicted
     const Page& pg = *pages_[loc.page];

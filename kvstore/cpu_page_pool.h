@@ -60,16 +60,22 @@ class CpuPagePool final : public KvPagePool {
   void WriteSlot(KvSlot s, const uint8_t* host) override;
   absl::Status BeginPass(std::span<const KvPoolPassSeq> seqs, ThreadPool* threads) override;
   absl::Status Write(int layer, const float* k, const float* v) override;
-  absl::Status Attend(int layer, const float* q, float scale, float* out) override;
+  absl::Status Attend(int layer, const float* q, float scale, int32_t window, float* out) override;
 
   // One sequence of the pass: rows [pos0, pos0 + n) of it, k / v: [n, n_kv_heads, head_dim].
   void WriteSeq(const KvPoolPassSeq& s, int layer, const float* k, const float* v);
   // One kv head of one sequence: q / out [n, n_heads, head_dim], heads of kv_head's group;
-  // s.mass.rows holds the observed rows of these n queries only.
+  // s.mass.rows holds the observed rows of these n queries only. window > 0: each query
+  // sees its last `window` positions only (KvCache::Attend).
   void AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, const float* q, float scale,
-                 float* out);
+                 int32_t window, float* out);
 
  private:
+  // AttendSeq over the stored positions [lo, pos0 + n) only: every query of `s` must see
+  // all of them within its own prefix (lo = 0, or one query whose window starts at lo).
+  void AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, const float* q, float scale,
+                  int32_t lo, float* out);
+
   struct Page {
     KvPrecision prec = KvPrecision::kFull;
     std::vector<uint8_t> data;

@@ -138,8 +138,10 @@ class KvPagePool {
   // slot in the slot's page class.
   virtual absl::Status Write(int layer, const float* k, const float* v) = 0;
   // q, out: [n_rows, n_kv_heads * gqa_group, head_dim]; causal over each sequence's
-  // stored positions (evicted ones skipped), observing mass where the sink says.
-  virtual absl::Status Attend(int layer, const float* q, float scale, float* out) = 0;
+  // stored positions (evicted ones skipped) — within the last `window` positions of each
+  // query when window > 0 (KvCache::Attend) — observing mass where the sink says.
+  virtual absl::Status Attend(int layer, const float* q, float scale, int32_t window,
+                              float* out) = 0;
   // After the pass's last Attend, before the manager reads the mass rows (at the pass's
   // first Commit, or when the pass is dropped): a device pool brings the observations to
   // the host here. Errors are the device's (the manager reports them at its next call).

@@ -440,8 +440,8 @@ absl::Status KvStore::Write(int layer, const float* k, const float* v) {
   return pool_->Write(layer, k, v);
 }
 
-absl::Status KvStore::Attend(int layer, const float* q, float scale, float* out) {
-  return pool_->Attend(layer, q, scale, out);
+absl::Status KvStore::Attend(int layer, const float* q, float scale, int32_t window, float* out) {
+  return pool_->Attend(layer, q, scale, window, out);
 }
 
 void KvStore::Demote(Sequence& s, int32_t pos) {

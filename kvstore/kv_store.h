@@ -113,7 +113,7 @@ class KvStore : public KvCache {
   absl::Status Reserve(SeqId seq, int32_t n_new) override;
   absl::Status BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) override;
   absl::Status Write(int layer, const float* k, const float* v) override;
-  absl::Status Attend(int layer, const float* q, float scale, float* out) override;
+  absl::Status Attend(int layer, const float* q, float scale, int32_t window, float* out) override;
   uint64_t PassSignature() const override { return pool_->PassSignature(); }
   void Commit(SeqId seq, int32_t new_length) override;
   absl::Status Truncate(SeqId seq, int32_t n) override;

@@ -119,9 +119,9 @@ struct Twin {
     EXPECT_TRUE(b.ok()) << b;
     for (int l = 0; l < kc.n_layers; ++l) {
       EXPECT_TRUE(cpu->Write(l, k.data(), v.data()).ok());
-      EXPECT_TRUE(cpu->Attend(l, q.data(), 0.125f, want.data()).ok());
+      EXPECT_TRUE(cpu->Attend(l, q.data(), 0.125f, 0, want.data()).ok());
       EXPECT_TRUE(gpu->Write(l, dk->as<float>(), dv->as<float>()).ok());
-      EXPECT_TRUE(gpu->Attend(l, dq->as<float>(), 0.125f, dout->as<float>()).ok());
+      EXPECT_TRUE(gpu->Attend(l, dq->as<float>(), 0.125f, 0, dout->as<float>()).ok());
       auto got = cuda_test::Download<float>(*dout, q.size());
       EXPECT_TRUE(got.ok()) << got.status();
       if (!got.ok()) return {};
@@ -275,13 +275,13 @@ TEST(CudaPagePoolTest, KernelsMatchTheCpuPool) {
         for (int l = 0; l < kc.n_layers; ++l) {
           if (i == 0) {
             ASSERT_TRUE(p->Write(l, k.data(), v.data()).ok());
-            ASSERT_TRUE(p->Attend(l, q.data(), 0.125f, out.data()).ok());
+            ASSERT_TRUE(p->Attend(l, q.data(), 0.125f, 0, out.data()).ok());
           } else {
             auto dk = cuda_test::Upload(k), dv = cuda_test::Upload(v), dq = cuda_test::Upload(q);
             auto dout = DeviceBuffer::Allocate(q.size() * sizeof(float));
             ASSERT_TRUE(dk.ok() && dv.ok() && dq.ok() && dout.ok());
             ASSERT_TRUE(p->Write(l, dk->as<float>(), dv->as<float>()).ok());
-            ASSERT_TRUE(p->Attend(l, dq->as<float>(), 0.125f, dout->as<float>()).ok());
+            ASSERT_TRUE(p->Attend(l, dq->as<float>(), 0.125f, 0, dout->as<float>()).ok());
             auto got = cuda_test::Download<float>(*dout, q.size());
             ASSERT_TRUE(got.ok());
             out = *got;

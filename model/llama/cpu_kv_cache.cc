@@ -61,13 +61,14 @@ absl::Status CpuKvCache::Write(int layer, const float* k, const float* v) {
   return absl::OkStatus();
 }
 
-absl::Status CpuKvCache::Attend(int layer, const float* q, float scale, float* out) {
+absl::Status CpuKvCache::Attend(int layer, const float* q, float scale, int32_t window,
+                                float* out) {
   const int64_t row = static_cast<int64_t>(n_kv_heads_) * group_ * head_dim_;
   ForEachPassHead(
       threads_, rows_, n_kv_heads_, [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
         const KvPassEntry& e = entries_[i];
         AttendSeq(e.seq, layer, e.pos0 + begin, end - begin, kv_head, q + (first_[i] + begin) * row,
-                  scale, out + (first_[i] + begin) * row);
+                  scale, window, out + (first_[i] + begin) * row);
       });
   return absl::OkStatus();
 }

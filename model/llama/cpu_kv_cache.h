@@ -62,18 +62,19 @@ class CpuKvCache : public KvCache {
   std::string device() const override { return "cpu"; }
   absl::Status BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) override;
   absl::Status Write(int layer, const float* k, const float* v) override;
-  absl::Status Attend(int layer, const float* q, float scale, float* out) override;
+  absl::Status Attend(int layer, const float* q, float scale, int32_t window, float* out) override;
 
   // Stores post-RoPE keys and values of one layer for positions [pos0, pos0 + n) of seq
   // (reserved). k, v: [n, n_kv_heads, head_dim] f32.
   virtual void WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
                         const float* v) = 0;
   // Causal attention for one kv head and its group of query heads: query token i (at
-  // position pos0 + i) attends to positions [0, pos0 + i].
+  // position pos0 + i) attends to positions [0, pos0 + i], or with window > 0 to
+  // [max(0, pos0 + i - window + 1), pos0 + i].
   //   q:   [n, n_heads, head_dim]  (only heads [kv_head * group, (kv_head + 1) * group) read)
   //   out: [n, n_heads, head_dim]  (only that head range is written)
   virtual void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
-                         float scale, float* out) = 0;
+                         float scale, int32_t window, float* out) = 0;
 
  private:
   const int n_kv_heads_, head_dim_, group_;

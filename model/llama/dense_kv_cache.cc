@@ -65,7 +65,7 @@ void DenseKvCache::WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const
 }
 
 void DenseKvCache::AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
-                             const float* q, float scale, float* out) {
+                             const float* q, float scale, int32_t window, float* out) {
   const Sequence& s = seqs_.at(seq);
   const size_t row = static_cast<size_t>(n_kv_heads_) * head_dim_;
   const int n_heads = n_kv_heads_ * group_;
@@ -74,21 +74,22 @@ void DenseKvCache::AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int 
   std::vector<float> scores(pos0 + n);
   for (int32_t i = 0; i < n; ++i) {
     const int32_t n_ctx = pos0 + i + 1;
+    const int32_t lo = window > 0 ? std::max(0, n_ctx - window) : 0;  // first position seen
     for (int g = 0; g < group_; ++g) {
       const int h = kv_head * group_ + g;
       const float* qh = q + (static_cast<size_t>(i) * n_heads + h) * head_dim_;
-      for (int32_t j = 0; j < n_ctx; ++j) {
+      for (int32_t j = lo; j < n_ctx; ++j) {
         const float* kj = kbase + j * row;
         float dot = 0.0f;
         for (int d = 0; d < head_dim_; ++d) dot += qh[d] * kj[d];
-        scores[j] = dot * scale;
+        scores[j - lo] = dot * scale;
       }
-      SoftmaxInPlace(scores.data(), n_ctx);
+      SoftmaxInPlace(scores.data(), n_ctx - lo);
       float* oh = out + (static_cast<size_t>(i) * n_heads + h) * head_dim_;
       std::fill(oh, oh + head_dim_, 0.0f);
-      for (int32_t j = 0; j < n_ctx; ++j) {
+      for (int32_t j = lo; j < n_ctx; ++j) {
         const float* vj = vbase + j * row;
-        const float w = scores[j];
+        const float w = scores[j - lo];
         for (int d = 0; d < head_dim_; ++d) oh[d] += w * vj[d];
       }
     }

@@ -23,7 +23,7 @@ class DenseKvCache : public CpuKvCache {
   void WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const float* k,
                 const float* v) override;
   void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
-                 float scale, float* out) override;
+                 float scale, int32_t window, float* out) override;
   void Commit(SeqId seq, int32_t new_length) override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
   void Free(SeqId seq) override;

@@ -8,7 +8,7 @@
 // pos0_i == Length(seq_i), does:
 //   Reserve(seq_i, n_i) for each entry          -- may fail: ResourceExhausted, nothing changed
 //   BeginPass(entries)                          -- rows numbered over the entries in order
-//   for each layer: Write(layer, k, v), then Attend(layer, q, scale, out)
+//   for each layer: Write(layer, k, v), then Attend(layer, q, scale, window, out)
 //   Commit(seq_i, pos0_i + n_i) for each entry
 // Rollback of rejected speculative tokens is Truncate(seq, n).
 //
@@ -85,11 +85,14 @@ class KvCache {
   virtual absl::Status Write(int layer, const float* k, const float* v) = 0;
 
   // Causal attention of every row of the pass: the row at position p of sequence s attends
-  // to positions [0, p] of s, each kv head with its group of query heads.
+  // to positions [0, p] of s — or, with window > 0 (a sliding-window layer: Mistral,
+  // Gemma 3's local layers), to [max(0, p - window + 1), p] — each kv head with its group
+  // of query heads. A cache without windowed attention refuses window > 0 (Unimplemented).
   //   q:   [n_rows, n_heads, head_dim]  (this shard's query heads)
   //   out: [n_rows, n_heads, head_dim]
   // scale multiplies q·k before the softmax. Every layer's Write precedes its Attend.
-  virtual absl::Status Attend(int layer, const float* q, float scale, float* out) = 0;
+  virtual absl::Status Attend(int layer, const float* q, float scale, int32_t window,
+                              float* out) = 0;
 
   // For passes a backend records and replays (Backend::Record): a value that changes
   // whenever this cache's Write / Attend for a pass of the same rows would use different

@@ -108,7 +108,16 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
     }
   }
   c.tied_embeddings = file.FindTensor("output.weight") == nullptr;
+  if (file.Find(p + "attention.sliding_window") != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(c.sliding_window,
+                              GetPositiveInt(file, p + "attention.sliding_window", 1 << 24));
+  }
   return c;
+}
+
+int32_t LlamaConfig::LayerWindow(int l) const {
+  if (sliding_window == 0) return 0;
+  return sliding_window;
 }
 
 std::string LlamaConfig::Summary() const {
@@ -119,6 +128,7 @@ std::string LlamaConfig::Summary() const {
   if (arch.rope == RopeMode::kNeox) variants += " neox";
   if (arch.qkv_bias) variants += " bias";
   if (arch.qk_norm) variants += " qknorm";
+  if (sliding_window > 0) variants += absl::StrCat(" swa", sliding_window);
   return absl::StrFormat("%s %dL d%d %s ff%d vocab%d ctx%d%s%s", architecture, n_layers, d_model,
                          heads, d_ff, vocab_size, context_length, tied_embeddings ? " tied" : "",
                          variants);

@@ -29,10 +29,16 @@ struct LlamaConfig {
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // no output.weight: the head reuses token_embd
+  // Sliding-window attention: a windowed layer's token attends to its last sliding_window
+  // positions only (<arch>.attention.sliding_window; 0: every layer attends to the whole
+  // prefix). Which layers are windowed: all, unless the row has a global-layer period.
+  int sliding_window = 0;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
   int gqa_group() const { return n_heads / n_kv_heads; }
+  // The attention window of layer l (KvCache::Attend's `window`): 0 for a global layer.
+  int32_t LayerWindow(int l) const;
 
   // Reads "<arch>.*" keys. Unimplemented for an architecture not in the table (naming it
   // and the supported ones) and for value_length != key_length; InvalidArgument naming the key for

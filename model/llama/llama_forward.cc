@@ -196,7 +196,7 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
                                               config_.arch.rope));
   SPECNODE_RETURN_IF_ERROR(cache->Write(l, b.k, b.v));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  SPECNODE_RETURN_IF_ERROR(cache->Attend(l, b.q, scale, b.attn));
+  SPECNODE_RETURN_IF_ERROR(cache->Attend(l, b.q, scale, config_.LayerWindow(l), b.attn));
   SPECNODE_RETURN_IF_ERROR(backend_->MatMul(lw.wo, b.attn, n, b.h));
   SPECNODE_RETURN_IF_ERROR(backend_->AllReduce(reducer_, b.h, n * d));
   SPECNODE_RETURN_IF_ERROR(backend_->AddRmsNorm(b.x, b.h, lw.ffn_norm, n, d, eps, b.h));

@@ -282,6 +282,9 @@ absl::Status Validate(const TinyModelOptions& o) {
   if (o.n_merges < 0 || o.n_merges > kMaxMerges) {
     return bad("n_merges ", o.n_merges, " not in [0, ", kMaxMerges, "]");
   }
+  if (o.sliding_window < 0 || o.sliding_window > (1 << 24)) {
+    return bad("sliding_window ", o.sliding_window, " not in [0, 2^24]");
+  }
   if (o.context_length < 1 || o.context_length > (1 << 24)) {
     return bad("context_length ", o.context_length, " not in [1, 2^24]");
   }
@@ -378,6 +381,9 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
   if (head_dim * o.n_heads != o.d_model) {
     w.AddUint32(a + "attention.key_length", static_cast<uint32_t>(head_dim));
     w.AddUint32(a + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  if (o.sliding_window > 0) {
+    w.AddUint32(a + "attention.sliding_window", static_cast<uint32_t>(o.sliding_window));
   }
   w.AddBool("tokenizer.ggml.add_space_prefix", false);
   w.AddBool("tokenizer.ggml.add_bos_token", false);

@@ -35,6 +35,8 @@ struct TinyModelOptions {
   int d_ff = 128;         // multiple of 32
   int n_merges = 64;      // vocabulary = 256 + n_merges + 3 control tokens
   int context_length = 512;
+  // > 0: written as <arch>.attention.sliding_window (Mistral-style windowed attention).
+  int sliding_window = 0;
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
   bool tied_embeddings = true;  // no output.weight; the head reuses token_embd

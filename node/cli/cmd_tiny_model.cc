@@ -20,13 +20,14 @@ constexpr char kUsage[] =
     "         [--d-model N] [--heads N]\n"
     "         [--kv-heads N] [--head-dim N] [--ff N] [--merges N] [--context N]\n"
     "         [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n"
-    "         [--perturb EPS] [--perturb-seed S] [--untied]\n"
+    "         [--perturb EPS] [--perturb-seed S] [--untied] [--sliding-window N]\n"
     "K-quant types apply to matrices whose rows are whole 256-value blocks; narrower ones\n"
     "fall back as in llama.cpp's quantiser (q4_k to q5_0, q5_k to q5_1, q6_k to q8_0).\n"
     "--head-dim (default d_model / heads) other than that quotient is written as\n"
     "<arch>.attention.key_length / value_length, as Qwen3 and Gemma files state theirs.\n"
     "--arch writes that architecture's keys and the tensors it adds (qwen2: Q/K/V biases,\n"
-    "qwen3: per-head Q/K norms).\n";
+    "qwen3: per-head Q/K norms). --sliding-window N writes <arch>.attention.sliding_window\n"
+    "(each token attends to its last N positions, as Mistral's windowed layers).\n";
 
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "specnode tiny-model: %s\n", message.c_str());
@@ -65,7 +66,8 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
        {std::tuple{"layers", &o.n_layers, 1}, std::tuple{"d-model", &o.d_model, 1},
         std::tuple{"heads", &o.n_heads, 1}, std::tuple{"kv-heads", &o.n_kv_heads, 1},
         std::tuple{"head-dim", &o.head_dim, 0}, std::tuple{"ff", &o.d_ff, 1},
-        std::tuple{"merges", &o.n_merges, 0}, std::tuple{"context", &o.context_length, 1}}) {
+        std::tuple{"merges", &o.n_merges, 0}, std::tuple{"context", &o.context_length, 1},
+        std::tuple{"sliding-window", &o.sliding_window, 0}}) {
     if (absl::Status s = get_int(key, *field, lo); !s.ok()) return s;
   }
   absl::StatusOr<int64_t> seed = args.GetInt("seed", static_cast<int64_t>(o.seed), 0, kSeedMax);
@@ -91,11 +93,11 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
 }  // namespace
 
 int RunTinyModel(int argc, char** argv) {
-  absl::StatusOr<CliArgs> args =
-      CliArgs::Parse(argc, argv,
-                     {"out", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff",
-                      "merges", "context", "type", "seed", "perturb", "perturb-seed"},
-                     {"untied", "help"});
+  absl::StatusOr<CliArgs> args = CliArgs::Parse(
+      argc, argv,
+      {"out", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff", "merges",
+       "context", "sliding-window", "type", "seed", "perturb", "perturb-seed"},
+      {"untied", "help"});
   if (!args.ok()) {
     Fail(2, std::string(args.status().message()));
     std::fputs(kUsage, stderr);

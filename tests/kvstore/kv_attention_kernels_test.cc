@@ -293,7 +293,7 @@ TEST_P(KvStoreDeterminism, BatchAndThreadsDoNotChangeOutputs) {
                     float* out) {
     const KvPassEntry e{1, first, count};
     ASSERT_TRUE((*store)->BeginPass({&e, 1}, threads).ok());
-    ASSERT_TRUE((*store)->Attend(layer, qs, 0.125f, out).ok());
+    ASSERT_TRUE((*store)->Attend(layer, qs, 0.125f, 0, out).ok());
   };
   for (int layer = 0; layer < c.n_layers; ++layer) {
     attend(pos0, n, nullptr, layer, q.data(), batch.data());

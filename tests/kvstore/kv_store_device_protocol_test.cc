@@ -101,8 +101,8 @@ class DeviceLikePool final : public KvPagePool {
   absl::Status Write(int layer, const float* k, const float* v) override {
     return inner_.Write(layer, k, v);
   }
-  absl::Status Attend(int layer, const float* q, float scale, float* out) override {
-    return inner_.Attend(layer, q, scale, out);
+  absl::Status Attend(int layer, const float* q, float scale, int32_t window, float* out) override {
+    return inner_.Attend(layer, q, scale, window, out);
   }
   absl::Status EndPass() override {
     EXPECT_TRUE(open_) << "EndPass without a pass";
@@ -162,7 +162,7 @@ absl::Status Step(KvCache& cache, const KvStoreConfig& c, SeqId seq, int n, int 
     // Peaked queries (a few keys get most of the mass) so that some tokens are critical.
     for (float& x : q) x = 3.0f * dist(gen);
     if (absl::Status s = cache.Write(l, k.data(), v.data()); !s.ok()) return s;
-    if (absl::Status s = cache.Attend(l, q.data(), 0.25f, o.data()); !s.ok()) return s;
+    if (absl::Status s = cache.Attend(l, q.data(), 0.25f, 0, o.data()); !s.ok()) return s;
     out->insert(out->end(), o.begin(), o.end());
   }
   cache.Commit(seq, pos0 + n);

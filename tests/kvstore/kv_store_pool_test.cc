@@ -68,8 +68,8 @@ class PageOrderPool final : public KvPagePool {
   absl::Status Write(int layer, const float* k, const float* v) override {
     return inner_.Write(layer, k, v);
   }
-  absl::Status Attend(int layer, const float* q, float scale, float* out) override {
-    return inner_.Attend(layer, q, scale, out);
+  absl::Status Attend(int layer, const float* q, float scale, int32_t window, float* out) override {
+    return inner_.Attend(layer, q, scale, window, out);
   }
 
   int64_t max_pages = int64_t{1} << 20;

@@ -56,6 +56,12 @@ TEST_P(StoreVsDense, AttentionMatchesDenseReference) {
     ASSERT_TRUE(Feed(dense, c, 1, chunk, g2).ok());
     const double diff = MaxAbsDiff(Query(*store, c, 1, chunk), Query(dense, c, 1, chunk));
     EXPECT_LT(diff, tol) << KvModeName(mode) << " after chunk " << chunk;
+    // A sliding window (Gemma 3's local layers): the last 12 positions only, in every class.
+    const std::vector<float> windowed = Query(*store, c, 1, chunk, 12);
+    EXPECT_LT(MaxAbsDiff(windowed, Query(dense, c, 1, chunk, 12)), tol) << "window 12";
+    if (store->Length(1) > 12) {
+      EXPECT_GT(MaxAbsDiff(windowed, Query(*store, c, 1, chunk)), 0.3) << "window unused";
+    }
   }
 }
 
@@ -145,7 +151,7 @@ TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
           std::copy(qr.begin(), qr.end(), q.begin() + r * qrow);
         }
         EXPECT_TRUE(store->Write(l, k.data(), v.data()).ok());
-        EXPECT_TRUE(store->Attend(l, q.data(), 0.25f, out.data()).ok());
+        EXPECT_TRUE(store->Attend(l, q.data(), 0.25f, 0, out.data()).ok());
         for (int r = 0; r < n; ++r) {
           std::copy(out.begin() + r * qrow, out.begin() + (r + 1) * qrow,
                     outs.begin() + (static_cast<size_t>(pos + r) * c.n_layers + l) * qrow);
@@ -201,7 +207,7 @@ TEST(KvStore, CriticalTokensGoToInt8) {
     const KvPassEntry e{1, pos, 1};
     ASSERT_TRUE(store->BeginPass({&e, 1}, nullptr).ok());
     ASSERT_TRUE(store->Write(0, k.data(), v.data()).ok());
-    ASSERT_TRUE(store->Attend(0, q.data(), 0.25f, out.data()).ok());
+    ASSERT_TRUE(store->Attend(0, q.data(), 0.25f, 0, out.data()).ok());
     store->Commit(1, pos + 1);
   }
   SettleNow(*store, 1);

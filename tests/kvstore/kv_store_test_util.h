@@ -65,9 +65,9 @@ inline absl::Status Feed(KvCache& cache, const KvStoreConfig& c, SeqId seq, int 
 inline void SettleNow(KvCache& cache, SeqId seq) { (void)cache.Truncate(seq, cache.Length(seq)); }
 
 // Output of one query (deterministic from q_seed) at the last committed position, for
-// every layer and kv head: [layer][kv_head][group * head_dim].
-inline std::vector<float> Query(KvCache& cache, const KvStoreConfig& c, SeqId seq,
-                                uint32_t q_seed) {
+// every layer and kv head: [layer][kv_head][group * head_dim]. window: KvCache::Attend's.
+inline std::vector<float> Query(KvCache& cache, const KvStoreConfig& c, SeqId seq, uint32_t q_seed,
+                                int32_t window = 0) {
   std::mt19937 gen(q_seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   const int n_heads = c.n_kv_heads * c.gqa_group;
@@ -78,7 +78,7 @@ inline std::vector<float> Query(KvCache& cache, const KvStoreConfig& c, SeqId se
   const KvPassEntry entry{seq, last, 1};
   if (!cache.BeginPass({&entry, 1}, nullptr).ok()) return {};
   for (int l = 0; l < c.n_layers; ++l) {
-    if (!cache.Attend(l, q.data(), 0.25f, out.data()).ok()) return {};
+    if (!cache.Attend(l, q.data(), 0.25f, window, out.data()).ok()) return {};
     for (int h = 0; h < c.n_kv_heads; ++h) {
       all.insert(all.end(), out.begin() + h * c.gqa_group * c.head_dim,
                  out.begin() + (h + 1) * c.gqa_group * c.head_dim);

@@ -57,9 +57,11 @@ class Specnode:
         except json.JSONDecodeError as e:
             pytest.fail(f"last stdout line is not JSON ({e}): {lines[-1][:500]!r}")
 
-    def logits(self, model: str, tokens, out_path: Path) -> np.ndarray:
-        """`specnode logits` -> float32 little-endian [n_tokens, vocab], raw, no header."""
-        self.run("logits", "--model", model, "--tokens", ",".join(map(str, tokens)), "--out", out_path)
+    def logits(self, model: str, tokens, out_path: Path, *extra) -> np.ndarray:
+        """`specnode logits` -> float32 little-endian [n_tokens, vocab], raw, no header.
+        extra: more arguments (--chunk N, --kv-mode M)."""
+        self.run("logits", "--model", model, "--tokens", ",".join(map(str, tokens)), "--out", out_path,
+                 *extra)
         raw = np.fromfile(out_path, dtype="<f4")
         n = len(tokens)
         if raw.size == 0 or raw.size % n:
@@ -104,20 +106,22 @@ def smollm2_oracle(smollm2_path):
 @pytest.fixture(scope="session")
 def tiny_model(specnode, tmp_path_factory):
     """tiny_model(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1,
-    head_dim=0, arch="llama") -> path (head_dim 0: d_model / heads; arch: llama, qwen2, qwen3).
+    head_dim=0, arch="llama", window=0) -> path (head_dim 0: d_model / heads; arch: llama,
+    qwen2, qwen3; window: --sliding-window).
 
     Written once per argument set by `specnode tiny-model` into a session temp dir."""
     root = tmp_path_factory.mktemp("tiny-models")
     made: dict[tuple, str] = {}
 
     def make(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1,
-             head_dim=0, arch="llama") -> str:
-        key = (layers, d_model, heads, kv_heads, ff, type, seed, head_dim, arch)
+             head_dim=0, arch="llama", window=0) -> str:
+        key = (layers, d_model, heads, kv_heads, ff, type, seed, head_dim, arch, window)
         if key not in made:
             out = root / ("tiny-" + "-".join(map(str, key)) + ".gguf")
             specnode.run("tiny-model", "--out", out, "--layers", layers, "--d-model", d_model,
                          "--heads", heads, "--kv-heads", kv_heads, "--ff", ff, "--type", type,
-                         "--seed", seed, "--head-dim", head_dim, "--arch", arch)
+                         "--seed", seed, "--head-dim", head_dim, "--arch", arch,
+                         "--sliding-window", window)
             if not out.is_file():
                 pytest.fail(f"specnode tiny-model did not write {out}")
             made[key] = str(out)

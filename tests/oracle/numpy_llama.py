@@ -56,6 +56,7 @@ class LlamaConfig:
     rope_neox: bool = False   # rotate (i, i + n_rot/2) as HF's rotate_half, not (2i, 2i+1)
     qkv_bias: bool = False    # Qwen2: q/k/v projections carry biases
     qk_norm: bool = False     # Qwen3: RMSNorm over each head of q and k before RoPE
+    sliding_window: int = 0   # > 0: a token attends to its last `sliding_window` positions
 
 
 # What each supported architecture changes, from the published model definitions (Hugging
@@ -98,6 +99,7 @@ def read_config(reader: gguf.GGUFReader, vocab_size: int) -> LlamaConfig:
         rms_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
         vocab_size=vocab_size,
         arch=arch,
+        sliding_window=int(_field(reader, p + "attention.sliding_window", 0)),
         **ARCHS[arch],
     )
 
@@ -199,10 +201,12 @@ def simulate_activation_rounding(x: np.ndarray, weight_type) -> np.ndarray:
     return x
 
 
-def causal_gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int) -> np.ndarray:
+def causal_gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int,
+                         window: int = 0) -> np.ndarray:
     """q [H, T, hd] for positions q_pos0..q_pos0+T-1; k, v [Hkv, S, hd] for positions 0..S-1.
 
-    Query head h uses kv head h // (H / Hkv). Returns [T, H*hd].
+    Query head h uses kv head h // (H / Hkv); window > 0 (HF's sliding_window mask): a query
+    at position p sees keys at positions p - window < kpos <= p only. Returns [T, H*hd].
     """
     n_heads, T, hd = q.shape
     n_kv, S, _ = k.shape
@@ -212,7 +216,10 @@ def causal_gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: in
     scores = (q @ kk.transpose(0, 2, 1)) / np.sqrt(hd)    # [H, T, S]
     qpos = q_pos0 + np.arange(T)[:, None]
     kpos = np.arange(S)[None, :]
-    scores = np.where(kpos <= qpos, scores, -np.inf)
+    visible = kpos <= qpos
+    if window > 0:
+        visible &= kpos > qpos - window
+    scores = np.where(visible, scores, -np.inf)
     scores = scores - scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
@@ -341,7 +348,7 @@ class NumpyLlama:
             elif self.kv_round == "bf16":
                 k, v = round_bf16(k), round_bf16(v)
             k_all, v_all = cache.append(i, k, v)
-            attn = causal_gqa_attention(q, k_all, v_all, pos0)
+            attn = causal_gqa_attention(q, k_all, v_all, pos0, c.sliding_window)
             x = x + self._linear(attn, b + "attn_output.weight")
             h = rms_norm(x, self.w[b + "ffn_norm.weight"], c.rms_eps)
             g = self._linear(h, b + "ffn_gate.weight")

@@ -185,6 +185,46 @@ def test_architecture_variants_change_the_logits(specnode, tiny_model, tmp_path,
         oracle = NumpyLlama(path, dtype=np.float64)
 
 
+# Sliding-window attention (Mistral's layers; Gemma 3's local ones): a window of 6 over 20
+# tokens, through every KV cache and pass shape — one pass, chunks of 3 and 7 (queries
+# whose prefix is inside the window go in blocks, later ones alone over their window), one
+# token per step.
+@pytest.mark.parametrize("kv_mode", ["dense", "full", "mixed"])
+@pytest.mark.parametrize("chunk", [0, 1, 3, 7])
+def test_sliding_window_matches_oracle(specnode, tiny_model, tmp_path, kv_mode, chunk):
+    path = tiny_model(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=51,
+                      window=6)
+    oracle = NumpyLlama(path, dtype=np.float64)
+    assert oracle.cfg.sliding_window == 6, oracle.cfg
+    tokens = token_list(oracle.cfg.vocab_size, N_TOKENS, 51)
+    extra = ["--kv-mode", kv_mode] + (["--chunk", str(chunk)] if chunk else [])
+    got = specnode.logits(path, tokens, tmp_path / "logits.bin", *extra)
+    tol = tolerance("f32") if kv_mode == "dense" else \
+        tuple(a + b for a, b in zip(TOLERANCES["f32"], KV_EXTRA["f16"]))
+    compare_logits(got, oracle.logits(tokens), tol, f"window6/{kv_mode}/chunk{chunk}")
+    # The window matters: the oracle attending to the whole prefix is far off after it.
+    full = dataclasses_replace_window(oracle)
+    assert np.abs(got[6:] - full.logits(tokens)[6:]).max() / got.std() > 100 * tolerance("f32")[0]
+
+
+def test_sliding_window_is_batch_invariant(specnode, tiny_model, tmp_path):
+    """The page pool's windowed attention gives every query the bits it gets alone: one
+    pass, chunks and single steps agree exactly (what greedy speculation relies on)."""
+    path = tiny_model(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=51,
+                      window=6)
+    tokens = token_list(NumpyLlama(path).cfg.vocab_size, N_TOKENS, 51)
+    runs = [specnode.logits(path, tokens, tmp_path / f"l{c}.bin", "--kv-mode", "full",
+                            *(["--chunk", str(c)] if c else [])) for c in (0, 1, 3, 7)]
+    for c, got in zip((1, 3, 7), runs[1:]):
+        assert np.array_equal(got, runs[0]), f"--chunk {c} differs from one pass"
+
+
+def dataclasses_replace_window(oracle: NumpyLlama) -> NumpyLlama:
+    import dataclasses
+    oracle.cfg = dataclasses.replace(oracle.cfg, sliding_window=0)
+    return oracle
+
+
 @pytest.mark.parametrize("wtype", K_TYPES)
 def test_k_quant_logits_match_oracle(specnode, tiny_model, tmp_path, wtype):
     """K-quant files (as Q4_K_M / Q5_K_M / Q6_K GGUFs store their matrices): gguf-py's own
