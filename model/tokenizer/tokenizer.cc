@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "model/gguf/gguf_reader.h"
 #include "model/status_macros.h"
+#include "model/tokenizer/tokenizer_spm.h"
 #include "model/tokenizer/unicode_data.h"
 
 namespace specnode {
@@ -20,6 +21,7 @@ using tokenizer_internal::PreTokenizer;
 namespace {
 
 constexpr int32_t kTypeNormal = 1;
+constexpr int32_t kTypeUnknown = 2;
 constexpr int32_t kTypeControl = 3;
 constexpr int32_t kTypeUserDefined = 4;
 constexpr int32_t kTypeByte = 6;
@@ -85,15 +87,24 @@ absl::Status CheckId(const char* what, int32_t id, size_t n_tokens) {
   return absl::OkStatus();
 }
 
-// Optional GGUF integer id: -1 when absent.
-absl::StatusOr<int32_t> OptionalId(const GgufFile& file, std::string_view key) {
-  if (file.Find(key) == nullptr) return -1;
+// Optional GGUF integer id: `absent` when absent.
+absl::StatusOr<int32_t> OptionalId(const GgufFile& file, std::string_view key, int32_t absent) {
+  if (file.Find(key) == nullptr) return absent;
   SPECNODE_ASSIGN_OR_RETURN(int64_t v, file.GetInt(key));
   if (v < -1 || v > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("GGUF ", std::string(key), " = ", v, " is out of range"));
   }
   return static_cast<int32_t>(v);
+}
+
+// A string array the tokenizer cannot do without: InvalidArgument naming the key if absent.
+absl::StatusOr<const std::vector<std::string>*> RequiredStrings(const GgufFile& file,
+                                                                std::string_view key) {
+  if (file.Find(key) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF ", std::string(key), " is missing"));
+  }
+  return file.GetStringArray(key);
 }
 
 }  // namespace
@@ -120,6 +131,8 @@ struct Tokenizer::Scratch {
   std::vector<Symbol> symbols;
   std::vector<Candidate> heap;
   std::string mapped;
+  tokenizer_internal::SpmScratch spm;
+  bool after_special = true;  // SPM: the next span starts the text or follows a special token
 };
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec) {
@@ -129,8 +142,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec)
 }
 
 absl::Status Tokenizer::Init() {
-  SPECNODE_ASSIGN_OR_RETURN(pre_kind_, tokenizer_internal::ParsePreTokenizer(spec_.pre));
-  ignore_merges_ = pre_kind_ == PreTokenizer::kLlama3;
+  spm_ = spec_.model == TokenizerModel::kSpm;
+  if (!spm_) {
+    SPECNODE_ASSIGN_OR_RETURN(pre_kind_, tokenizer_internal::ParsePreTokenizer(spec_.pre));
+    ignore_merges_ = pre_kind_ == PreTokenizer::kLlama3;
+  }
   const size_t n = spec_.tokens.size();
   if (n == 0) return absl::InvalidArgumentError("tokenizer: empty vocabulary");
   if (n > static_cast<size_t>(INT32_MAX)) {
@@ -154,10 +170,23 @@ absl::Status Tokenizer::Init() {
   if (spec_.add_bos && spec_.bos_id < 0) {
     return absl::InvalidArgumentError("tokenizer: add_bos is set but there is no bos id");
   }
+  if (spm_ && spec_.add_eos && spec_.eos_id < 0) {
+    return absl::InvalidArgumentError("tokenizer: add_eos is set but there is no eos id");
+  }
 
   token_to_id_.reserve(n);
   for (size_t i = 0; i < n; ++i) token_to_id_.emplace(spec_.tokens[i], static_cast<int32_t>(i));
 
+  if (spm_) {
+    SPECNODE_RETURN_IF_ERROR(InitSpm());
+  } else {
+    SPECNODE_RETURN_IF_ERROR(InitBpe());
+  }
+  InitPieces();
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::InitBpe() {
   const std::array<char32_t, 256> byte_to_char = ByteToChar();
   for (int b = 0; b < 256; ++b) {
     unicode::AppendUtf8(byte_to_char[b], &byte_char_[b]);
@@ -184,19 +213,27 @@ absl::Status Tokenizer::Init() {
     const uint64_t key = (static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(rt);
     merges_.emplace(key, std::make_pair(static_cast<int32_t>(r), merged));
   }
+  return absl::OkStatus();
+}
 
+void Tokenizer::InitPieces() {
+  const size_t n = spec_.tokens.size();
   decoded_.resize(n);
   is_eog_.assign(n, false);
   for (size_t i = 0; i < n; ++i) {
     const int32_t type = spec_.token_types.empty() ? kTypeNormal : spec_.token_types[i];
     const std::string& text = spec_.tokens[i];
-    if (type == kTypeNormal || type == kTypeByte || type == 0) {
-      decoded_[i] = ByteLevelDecode(text);
+    const int byte = spm_ && type == kTypeByte ? tokenizer_internal::ParseByteToken(text) : -1;
+    if (byte >= 0) {
+      decoded_[i] = std::string(1, static_cast<char>(byte));  // SPM <0xNN>
+    } else if (type == kTypeNormal || type == kTypeByte || type == 0) {
+      decoded_[i] = spm_ ? tokenizer_internal::SpmUnescape(text) : ByteLevelDecode(text);
     } else {
       decoded_[i] = text;  // control/unknown/unused (rendered on request), user-defined
     }
-    if ((type == kTypeControl || type == kTypeUserDefined) && !text.empty() &&
-        unicode::FindInvalidUtf8(text) == std::string_view::npos) {
+    const bool special = type == kTypeControl || type == kTypeUserDefined ||
+                         (spm_ && type == kTypeUnknown);  // llama.cpp matches <unk> too
+    if (special && !text.empty() && unicode::FindInvalidUtf8(text) == std::string_view::npos) {
       // Valid UTF-8 only, so a match never splits a character of (valid) input text.
       special_ids_.push_back(static_cast<int32_t>(i));
     }
@@ -209,22 +246,42 @@ absl::Status Tokenizer::Init() {
   for (int32_t id : special_ids_) {
     special_by_byte_[static_cast<uint8_t>(spec_.tokens[id][0])].push_back(id);
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
   SPECNODE_ASSIGN_OR_RETURN(std::string model, file.GetString("tokenizer.ggml.model"));
-  if (model != "gpt2") {
-    return absl::UnimplementedError(absl::StrCat(
-        "tokenizer model '", model, "' is not supported (only byte-level BPE, 'gpt2')"));
-  }
   TokenizerSpec spec;
+  if (model == "llama") {
+    spec.model = TokenizerModel::kSpm;
+  } else if (model != "gpt2") {
+    return absl::UnimplementedError(
+        absl::StrCat("tokenizer model '", model,
+                     "' is not supported (byte-level BPE 'gpt2' and SentencePiece 'llama' are)"));
+  }
+  const bool spm = spec.model == TokenizerModel::kSpm;
   SPECNODE_ASSIGN_OR_RETURN(const std::vector<std::string>* tokens,
-                            file.GetStringArray("tokenizer.ggml.tokens"));
+                            RequiredStrings(file, "tokenizer.ggml.tokens"));
   spec.tokens = *tokens;
-  SPECNODE_ASSIGN_OR_RETURN(const std::vector<std::string>* merges,
-                            file.GetStringArray("tokenizer.ggml.merges"));
-  spec.merges = *merges;
+  if (spm) {
+    if (file.Find("tokenizer.ggml.scores") == nullptr) {
+      return absl::InvalidArgumentError(
+          "GGUF tokenizer.ggml.scores is missing (a SentencePiece 'llama' vocabulary needs "
+          "one score per token)");
+    }
+    SPECNODE_ASSIGN_OR_RETURN(const std::vector<double>* scores,
+                              file.GetFloatArray("tokenizer.ggml.scores"));
+    spec.scores.assign(scores->begin(), scores->end());
+    // llama.cpp's SPM defaults, for files that do not say.
+    spec.bos_id = 1;
+    spec.eos_id = 2;
+    spec.unk_id = 0;
+    spec.add_bos = true;
+    spec.add_space_prefix = true;
+  } else {
+    SPECNODE_ASSIGN_OR_RETURN(const std::vector<std::string>* merges,
+                              RequiredStrings(file, "tokenizer.ggml.merges"));
+    spec.merges = *merges;
+  }
   if (file.Find("tokenizer.ggml.token_type") != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(const std::vector<int64_t>* types,
                               file.GetIntArray("tokenizer.ggml.token_type"));
@@ -237,12 +294,30 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
   if (file.Find("tokenizer.ggml.pre") != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(spec.pre, file.GetString("tokenizer.ggml.pre"));
   }
-  SPECNODE_ASSIGN_OR_RETURN(spec.bos_id, OptionalId(file, "tokenizer.ggml.bos_token_id"));
-  SPECNODE_ASSIGN_OR_RETURN(spec.eos_id, OptionalId(file, "tokenizer.ggml.eos_token_id"));
-  SPECNODE_ASSIGN_OR_RETURN(spec.unk_id, OptionalId(file, "tokenizer.ggml.unknown_token_id"));
-  SPECNODE_ASSIGN_OR_RETURN(spec.pad_id, OptionalId(file, "tokenizer.ggml.padding_token_id"));
+  SPECNODE_ASSIGN_OR_RETURN(spec.bos_id,
+                            OptionalId(file, "tokenizer.ggml.bos_token_id", spec.bos_id));
+  SPECNODE_ASSIGN_OR_RETURN(spec.eos_id,
+                            OptionalId(file, "tokenizer.ggml.eos_token_id", spec.eos_id));
+  SPECNODE_ASSIGN_OR_RETURN(spec.unk_id,
+                            OptionalId(file, "tokenizer.ggml.unknown_token_id", spec.unk_id));
+  SPECNODE_ASSIGN_OR_RETURN(spec.pad_id, OptionalId(file, "tokenizer.ggml.padding_token_id", -1));
+  if (spm) {
+    // A default id outside a (small) vocabulary means none, as llama.cpp's checks do.
+    const auto n = static_cast<int64_t>(spec.tokens.size());
+    for (int32_t* id : {&spec.bos_id, &spec.eos_id, &spec.unk_id}) {
+      if (*id >= n) *id = -1;
+    }
+    if (spec.bos_id < 0) spec.add_bos = false;
+  }
   if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(spec.add_bos, file.GetBool("tokenizer.ggml.add_bos_token"));
+  }
+  if (spm && file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(spec.add_eos, file.GetBool("tokenizer.ggml.add_eos_token"));
+  }
+  if (spm && file.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(spec.add_space_prefix,
+                              file.GetBool("tokenizer.ggml.add_space_prefix"));
   }
   if (file.Find("tokenizer.chat_template") != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(spec.chat_template, file.GetString("tokenizer.chat_template"));
@@ -308,9 +383,25 @@ void Tokenizer::EncodeWord(std::string_view word, Scratch* s, std::vector<int32_
 }
 
 void Tokenizer::EncodeSpan(std::string_view span, Scratch* s, std::vector<int32_t>* out) const {
+  if (spm_) {
+    EncodeSpmSpan(span, s, out);
+    return;
+  }
   s->words.clear();
   tokenizer_internal::PreTokenize(pre_kind_, span, &s->words);
   for (std::string_view w : s->words) EncodeWord(w, s, out);
+}
+
+void Tokenizer::EncodeSpmSpan(std::string_view span, Scratch* s, std::vector<int32_t>* out) const {
+  if (span.empty()) return;  // no fragment: the next span still follows the special token
+  tokenizer_internal::SpmEscape(span, spec_.add_space_prefix && s->after_special, &s->spm.escaped);
+  s->after_special = false;
+  const tokenizer_internal::SpmVocab vocab{&token_to_id_, spec_.scores, byte_token_};
+  tokenizer_internal::SpmEncode(vocab, s->spm.escaped, &s->spm, out);
+}
+
+int32_t Tokenizer::TokenType(int32_t id) const {
+  return spec_.token_types.empty() ? kTypeNormal : spec_.token_types[id];
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
@@ -326,8 +417,10 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
   out.reserve(text.size() / 3 + 2);
   if (spec_.add_bos) out.push_back(spec_.bos_id);
   Scratch scratch;
-  if (!parse_special || special_ids_.empty()) {
+  // SPM matches user-defined tokens even without parse_special (llama.cpp does).
+  if ((!parse_special && !spm_) || special_ids_.empty()) {
     EncodeSpan(text, &scratch, &out);
+    if (spm_ && spec_.add_eos) out.push_back(spec_.eos_id);
     return out;
   }
   size_t span_start = 0;
@@ -335,6 +428,7 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
   while (pos < text.size()) {
     int32_t found = -1;
     for (int32_t id : special_by_byte_[static_cast<uint8_t>(text[pos])]) {
+      if (!parse_special && TokenType(id) != kTypeUserDefined) continue;
       if (text.substr(pos).starts_with(spec_.tokens[id])) {
         found = id;  // candidates are longest first
         break;
@@ -346,16 +440,18 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
     }
     EncodeSpan(text.substr(span_start, pos - span_start), &scratch, &out);
     out.push_back(found);
+    scratch.after_special = true;
     pos += spec_.tokens[found].size();
     span_start = pos;
   }
   EncodeSpan(text.substr(span_start), &scratch, &out);
+  if (spm_ && spec_.add_eos) out.push_back(spec_.eos_id);
   return out;
 }
 
 std::string Tokenizer::TokenToBytes(int32_t id, bool render_special) const {
   if (id < 0 || id >= vocab_size()) return "";
-  const int32_t type = spec_.token_types.empty() ? kTypeNormal : spec_.token_types[id];
+  const int32_t type = TokenType(id);
   const bool plain =
       type == kTypeNormal || type == kTypeByte || type == kTypeUserDefined || type == 0;
   return plain || render_special ? decoded_[id] : std::string();
@@ -364,6 +460,12 @@ std::string Tokenizer::TokenToBytes(int32_t id, bool render_special) const {
 std::string Tokenizer::Decode(std::span<const int32_t> ids, bool render_special) const {
   std::string out;
   for (int32_t id : ids) out += TokenToBytes(id, render_special);
+  // llama.cpp strips the first piece's leading space, whatever the piece (a BOS renders as
+  // "" or "<bos>", so the next piece keeps its space).
+  if (spm_ && spec_.add_space_prefix && !ids.empty() &&
+      TokenToBytes(ids[0], render_special).starts_with(' ')) {
+    out.erase(0, 1);
+  }
   return out;
 }
 
@@ -380,7 +482,7 @@ std::vector<int32_t> Tokenizer::EndOfGenerationIds() const {
 }
 
 int32_t Tokenizer::FindToken(std::string_view text) const {
-  const auto it = token_to_id_.find(std::string(text));
+  const auto it = token_to_id_.find(text);
   return it == token_to_id_.end() ? -1 : it->second;
 }
 
