@@ -96,6 +96,10 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
     return absl::InvalidArgumentError(
         "the CUDA backend cannot run a model with Q/K/V biases (qwen2) yet; use --device cpu");
   }
+  if (!w.layers.empty() && w.layers[0].post_attn_norm != nullptr) {
+    return absl::InvalidArgumentError(
+        "the CUDA backend cannot run gemma3 (GeGLU, post-norms) yet; use --device cpu");
+  }
   auto d = std::make_shared<DeviceWeights>();
   auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
     // Compact: each row's own bytes only (a column slice's row_stride spans the whole row).
@@ -217,6 +221,14 @@ absl::Status CudaBackend::AddBias(float* y, const float* bias, int64_t n, int di
 
 absl::Status CudaBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
   return CudaSwiGlu(gate, up, count, out, stream_);
+}
+
+absl::Status CudaBackend::GeGlu(const float* gate, const float* up, int64_t count, float* out) {
+  return absl::UnimplementedError("the CUDA backend has no GeGLU kernel yet (use --device cpu)");
+}
+
+absl::Status CudaBackend::Scale(float* x, int64_t count, float s) {
+  return absl::UnimplementedError("the CUDA backend has no scale kernel yet (use --device cpu)");
 }
 
 absl::Status CudaBackend::AllReduce(PartialSumReducer* reducer, float* data, int64_t count) {

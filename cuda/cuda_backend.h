@@ -100,6 +100,10 @@ class CudaBackend final : public Backend {
   // weights with biases first.
   absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) override;
   absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
+  // Refused (Unimplemented) until kernels for them ran on a device (UploadWeights refuses
+  // the architectures that need them first).
+  absl::Status GeGlu(const float* gate, const float* up, int64_t count, float* out) override;
+  absl::Status Scale(float* x, int64_t count, float s) override;
   // Synchronises the stream, then calls the reducer (an NCCL all-reduce over device
   // buffers), which returns with the sum in place.
   absl::Status AllReduce(PartialSumReducer* reducer, float* data, int64_t count) override;

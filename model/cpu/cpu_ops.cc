@@ -62,6 +62,19 @@ void SwiGlu(const float* gate, const float* up, int64_t n, float* out) {
   cpu_kernels::SelectedKernels().swiglu(gate, up, n, out);
 }
 
+void GeGlu(const float* gate, const float* up, int64_t n, float* out) {
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    const double gelu = 0.5 * g * (1.0 + std::tanh(kSqrt2OverPi * (g + 0.044715 * g * g * g)));
+    out[i] = static_cast<float>(gelu * up[i]);
+  }
+}
+
+void ScaleInPlace(float* x, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 void AddInPlace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }

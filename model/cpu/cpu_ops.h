@@ -34,6 +34,14 @@ void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_di
 // gate or up.
 void SwiGlu(const float* gate, const float* up, int64_t n, float* out);
 
+// out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation, 0.5 g (1 + tanh(
+// sqrt(2/pi) (g + 0.044715 g^3))) (GeGLU: Gemma), computed in double and rounded once, so
+// every kernel table gives the same bits. out may alias gate or up.
+void GeGlu(const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] *= s for n values.
+void ScaleInPlace(float* x, int64_t n, float s);
+
 // y[i] += x[i] for n values.
 void AddInPlace(float* y, const float* x, int64_t n);
 

@@ -115,6 +115,10 @@ class Backend {
   virtual absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) = 0;
   // out[i] = silu(gate[i]) * up[i] for count values; out may alias gate or up exactly.
   virtual absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) = 0;
+  // out[i] = gelu_tanh(gate[i]) * up[i] (GeGLU, cpu_ops.h GeGlu); out may alias gate or up.
+  virtual absl::Status GeGlu(const float* gate, const float* up, int64_t count, float* out) = 0;
+  // x[i] *= s for count values (Gemma's embedding scale).
+  virtual absl::Status Scale(float* x, int64_t count, float s) = 0;
   // Sums data [count] over the shards through `reducer` (no-op when null), the backend
   // synchronised first so the reducer sees finished partial sums.
   virtual absl::Status AllReduce(PartialSumReducer* reducer, float* data, int64_t count) = 0;

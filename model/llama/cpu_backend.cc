@@ -78,7 +78,7 @@ absl::Status CpuBackend::BeginPass(std::span<const int32_t> ids,
   }
   ids_.assign(ids.begin(), ids.end());
   positions_.assign(positions.begin(), positions.end());
-  rope_dim_ = -1;  // the angles are the new positions'
+  for (RopeTable& t : rope_tables_) t.dim = -1;  // the angles are the new positions'
   return absl::OkStatus();
 }
 
@@ -131,20 +131,26 @@ absl::Status CpuBackend::RopePair(float* q, float* k, int64_t n, int n_heads, in
   if (n != static_cast<int64_t>(positions_.size())) {
     return absl::InvalidArgumentError("CpuBackend::RopePair: n is not the pass's row count");
   }
-  if (rope_dim != rope_dim_ || base != rope_base_) {
-    rope_table_.resize(static_cast<size_t>(n) * rope_dim);
-    RopeAngles(positions_.data(), n, rope_dim, base, rope_table_.data());
-    rope_dim_ = rope_dim;
-    rope_base_ = base;
+  RopeTable* table = nullptr;
+  for (RopeTable& t : rope_tables_) {
+    if (t.dim == rope_dim && t.base == base) table = &t;
   }
+  if (table == nullptr) {
+    table = &rope_tables_[rope_next_];
+    rope_next_ = 1 - rope_next_;
+    table->angles.resize(static_cast<size_t>(n) * rope_dim);
+    RopeAngles(positions_.data(), n, rope_dim, base, table->angles.data());
+    table->dim = rope_dim;
+    table->base = base;
+  }
+  const float* angles = table->angles.data();
   const int rd = rope_dim;
   const int64_t q_row = static_cast<int64_t>(n_heads) * head_dim;
   const int64_t k_row = static_cast<int64_t>(n_kv_heads) * head_dim;
   const bool neox = mode == RopeMode::kNeox;
   auto rope = [&](int64_t t0, int64_t t1, int) {
-    RopeApply(q + t0 * q_row, rope_table_.data() + t0 * rd, t1 - t0, n_heads, head_dim, rd, neox);
-    RopeApply(k + t0 * k_row, rope_table_.data() + t0 * rd, t1 - t0, n_kv_heads, head_dim, rd,
-              neox);
+    RopeApply(q + t0 * q_row, angles + t0 * rd, t1 - t0, n_heads, head_dim, rd, neox);
+    RopeApply(k + t0 * k_row, angles + t0 * rd, t1 - t0, n_kv_heads, head_dim, rd, neox);
   };
   // Verification passes and prefill split their tokens across the pool.
   if (pool_ != nullptr && n >= kMinParallelRopeTokens) {
@@ -171,6 +177,23 @@ absl::Status CpuBackend::SwiGlu(const float* gate, const float* up, int64_t coun
   } else {
     swiglu(0, count, 0);
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GeGlu(const float* gate, const float* up, int64_t count, float* out) {
+  auto geglu = [&](int64_t b, int64_t e, int) {
+    specnode::GeGlu(gate + b, up + b, e - b, out + b);
+  };
+  if (pool_ != nullptr && count >= kMinParallelElementwise) {
+    pool_->ParallelFor(count, 64, geglu);
+  } else {
+    geglu(0, count, 0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Scale(float* x, int64_t count, float s) {
+  ScaleInPlace(x, count, s);
   return absl::OkStatus();
 }
 

@@ -50,6 +50,8 @@ class CpuBackend final : public Backend {
                         int rope_dim, float base, RopeMode mode) override;
   absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) override;
   absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
+  absl::Status GeGlu(const float* gate, const float* up, int64_t count, float* out) override;
+  absl::Status Scale(float* x, int64_t count, float s) override;
   absl::Status AllReduce(PartialSumReducer* reducer, float* data, int64_t count) override;
   absl::StatusOr<float*> LogitsBuffer(int64_t floats, std::vector<float>* host) override;
   absl::Status FinishLogits(const float* logits, int64_t floats, std::vector<float>* host) override;
@@ -70,11 +72,16 @@ class CpuBackend final : public Backend {
   MatMulScratch scratch_;
   std::array<std::vector<float>, kMaxSlots> buffers_;
   std::vector<int32_t> ids_, positions_;
-  // RoPE (cos, sin) table of the pass's positions [n, rope_dim] (cpu_ops.h RopeAngles), for
-  // the (rope_dim, base) it was computed with.
-  std::vector<float> rope_table_;
-  int rope_dim_ = -1;
-  float rope_base_ = 0.0f;
+  // RoPE (cos, sin) tables of the pass's positions [n, rope_dim] (cpu_ops.h RopeAngles), for
+  // the (rope_dim, base) each was computed with: two, as Gemma 3's local and global layers
+  // alternate bases; refilled in turn when neither matches, dropped at BeginPass.
+  struct RopeTable {
+    std::vector<float> angles;
+    int dim = -1;
+    float base = 0.0f;
+  };
+  std::array<RopeTable, 2> rope_tables_;
+  int rope_next_ = 0;
 };
 
 }  // namespace specnode

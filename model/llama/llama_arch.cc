@@ -9,6 +9,14 @@ constexpr ArchTraits kArchs[] = {
     {.name = "llama", .rope = RopeMode::kNorm},
     {.name = "qwen2", .rope = RopeMode::kNeox, .qkv_bias = true},
     {.name = "qwen3", .rope = RopeMode::kNeox, .qk_norm = true},
+    {.name = "gemma3",
+     .rope = RopeMode::kNeox,
+     .qk_norm = true,
+     .ffn = FfnActivation::kGeluTanh,
+     .embed_scale = true,
+     .post_norms = true,
+     .swa_period = 6,
+     .rope_base_local = 10000.0f},
 };
 
 }  // namespace

@@ -10,6 +10,13 @@
 //   qwen2   Qwen2 / Qwen2.5: NeoX RoPE (halves, rows not permuted), biases on Q, K and V.
 //   qwen3   Qwen3 (dense): NeoX RoPE, no biases, an RMSNorm over each head of Q and K
 //           (attn_q_norm / attn_k_norm, [head_dim]) before RoPE.
+//   gemma3  Gemma 3 (text): NeoX RoPE, Q/K norms, embeddings scaled by sqrt(d_model),
+//           GeGLU (tanh GELU), each sublayer's output normalised before its residual add
+//           (post_attention_norm, post_ffw_norm), local layers (sliding window, RoPE base
+//           10000) with every 6th layer global (the file's base). Norm weights are used as
+//           stored: llama.cpp's converter already folded Gemma's (1 + w) into them.
+// Any row: <arch>.attention.sliding_window, when the file has it, windows every layer
+// except the row's global ones (Mistral-style files: all of them).
 // Immutable data; thread-safe.
 #pragma once
 
@@ -23,11 +30,24 @@ namespace specnode {
 // position * base^(-2i / rope_dim) in both.
 enum class RopeMode { kNorm, kNeox };
 
+// The gate's activation of the gated MLP: down(act(gate) * up).
+enum class FfnActivation {
+  kSilu,      // SwiGLU
+  kGeluTanh,  // GeGLU with GELU's tanh approximation
+};
+
 struct ArchTraits {
   std::string_view name;  // general.architecture; also the metadata key prefix
   RopeMode rope = RopeMode::kNorm;
   bool qkv_bias = false;  // blk.N.attn_{q,k,v}.bias [rows of the matrix]: required
   bool qk_norm = false;   // blk.N.attn_{q,k}_norm.weight [head_dim]: required
+  FfnActivation ffn = FfnActivation::kSilu;
+  bool embed_scale = false;  // token embeddings multiplied by sqrt(d_model)
+  bool post_norms = false;   // blk.N.post_attention_norm / post_ffw_norm.weight [d_model]
+  // With a sliding window: layer l is global (whole prefix) iff (l + 1) % swa_period == 0;
+  // 0: every layer is windowed.
+  int swa_period = 0;
+  float rope_base_local = 0.0f;  // RoPE base of the windowed layers; 0: the file's base
 };
 
 // The row of `architecture`, or nullptr when the table has none.

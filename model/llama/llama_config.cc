@@ -108,6 +108,15 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
     }
   }
   c.tied_embeddings = file.FindTensor("output.weight") == nullptr;
+  // RoPE variants the graph does not compute are refused, never approximated.
+  if (auto type = file.GetString(p + "rope.scaling.type"); type.ok() && *type != "none") {
+    return absl::UnimplementedError(
+        absl::StrCat(p, "rope.scaling.type '", *type, "' is not supported (only unscaled RoPE)"));
+  }
+  if (file.FindTensor("rope_freqs.weight") != nullptr) {
+    return absl::UnimplementedError(
+        "rope_freqs.weight (Llama 3.1-style RoPE frequency factors) is not supported yet");
+  }
   if (file.Find(p + "attention.sliding_window") != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(c.sliding_window,
                               GetPositiveInt(file, p + "attention.sliding_window", 1 << 24));
@@ -117,7 +126,12 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
 
 int32_t LlamaConfig::LayerWindow(int l) const {
   if (sliding_window == 0) return 0;
+  if (arch.swa_period > 0 && (l + 1) % arch.swa_period == 0) return 0;
   return sliding_window;
+}
+
+float LlamaConfig::LayerRopeBase(int l) const {
+  return LayerWindow(l) > 0 && arch.rope_base_local > 0.0f ? arch.rope_base_local : rope_base;
 }
 
 std::string LlamaConfig::Summary() const {
@@ -128,7 +142,12 @@ std::string LlamaConfig::Summary() const {
   if (arch.rope == RopeMode::kNeox) variants += " neox";
   if (arch.qkv_bias) variants += " bias";
   if (arch.qk_norm) variants += " qknorm";
-  if (sliding_window > 0) variants += absl::StrCat(" swa", sliding_window);
+  if (arch.ffn == FfnActivation::kGeluTanh) variants += " geglu";
+  if (arch.post_norms) variants += " postnorm";
+  if (sliding_window > 0) {
+    variants += absl::StrCat(" swa", sliding_window);
+    if (arch.swa_period > 0) variants += absl::StrCat("/", arch.swa_period);
+  }
   return absl::StrFormat("%s %dL d%d %s ff%d vocab%d ctx%d%s%s", architecture, n_layers, d_model,
                          heads, d_ff, vocab_size, context_length, tied_embeddings ? " tied" : "",
                          variants);

@@ -39,6 +39,8 @@ struct LlamaConfig {
   int gqa_group() const { return n_heads / n_kv_heads; }
   // The attention window of layer l (KvCache::Attend's `window`): 0 for a global layer.
   int32_t LayerWindow(int l) const;
+  // The RoPE base of layer l: the row's local base on a windowed layer that has one.
+  float LayerRopeBase(int l) const;
 
   // Reads "<arch>.*" keys. Unimplemented for an architecture not in the table (naming it
   // and the supported ones) and for value_length != key_length; InvalidArgument naming the key for

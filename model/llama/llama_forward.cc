@@ -159,6 +159,10 @@ absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vec
 
 absl::Status LlamaForward::Body(int64_t n, const Buffers& b, KvCache* cache) {
   SPECNODE_RETURN_IF_ERROR(backend_->EmbeddingRows(w_->token_embd, b.x));
+  if (config_.arch.embed_scale) {  // gemma3
+    const float s = std::sqrt(static_cast<float>(config_.d_model));
+    SPECNODE_RETURN_IF_ERROR(backend_->Scale(b.x, n * config_.d_model, s));
+  }
   if (w_->layers.empty()) return absl::OkStatus();
   // Each layer starts with h = its attention norm of x: here for the first, fused into the
   // previous layer's last residual add for the others.
@@ -192,13 +196,16 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
     SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.k, lw.k_norm, n * n_kv_heads_, hd, eps, b.k));
   }
   SPECNODE_RETURN_IF_ERROR(backend_->RopePair(b.q, b.k, n, n_heads_, n_kv_heads_, hd,
-                                              config_.rope_dim, config_.rope_base,
+                                              config_.rope_dim, config_.LayerRopeBase(l),
                                               config_.arch.rope));
   SPECNODE_RETURN_IF_ERROR(cache->Write(l, b.k, b.v));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   SPECNODE_RETURN_IF_ERROR(cache->Attend(l, b.q, scale, config_.LayerWindow(l), b.attn));
   SPECNODE_RETURN_IF_ERROR(backend_->MatMul(lw.wo, b.attn, n, b.h));
   SPECNODE_RETURN_IF_ERROR(backend_->AllReduce(reducer_, b.h, n * d));
+  if (lw.post_attn_norm != nullptr) {  // gemma3: the sum of the shards, normalised
+    SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.h, lw.post_attn_norm, n, d, eps, b.h));
+  }
   SPECNODE_RETURN_IF_ERROR(backend_->AddRmsNorm(b.x, b.h, lw.ffn_norm, n, d, eps, b.h));
 
   // Feed-forward block.
@@ -207,9 +214,16 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
     float* const ys[] = {b.gate, b.up};
     SPECNODE_RETURN_IF_ERROR(backend_->MatMulShared(ws, b.h, n, ys));
   }
-  SPECNODE_RETURN_IF_ERROR(backend_->SwiGlu(b.gate, b.up, n * d_ff_, b.gate));
+  if (config_.arch.ffn == FfnActivation::kGeluTanh) {
+    SPECNODE_RETURN_IF_ERROR(backend_->GeGlu(b.gate, b.up, n * d_ff_, b.gate));
+  } else {
+    SPECNODE_RETURN_IF_ERROR(backend_->SwiGlu(b.gate, b.up, n * d_ff_, b.gate));
+  }
   SPECNODE_RETURN_IF_ERROR(backend_->MatMul(lw.w_down, b.gate, n, b.h));
   SPECNODE_RETURN_IF_ERROR(backend_->AllReduce(reducer_, b.h, n * d));
+  if (lw.post_ffn_norm != nullptr) {
+    SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.h, lw.post_ffn_norm, n, d, eps, b.h));
+  }
   // Residual add, fused with the next layer's attention norm where there is one.
   if (l + 1 < static_cast<int>(w_->layers.size())) {
     return backend_->AddRmsNorm(b.x, b.h, w_->layers[l + 1].attn_norm, n, d, eps, b.h);

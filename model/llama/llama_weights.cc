@@ -121,7 +121,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   };
   auto norm = [&](const std::string& name) { return vec(name, d, 0, d); };
   // Moving an inner vector keeps its buffer, so views stay valid as owned_norms grows.
-  w.owned_norms.reserve(7 * n_layers + 1);
+  w.owned_norms.reserve(9 * n_layers + 1);
   w.head_dim = config.head_dim;
 
   // Row slices are converted after slicing (a shard converts only its rows), column slices
@@ -159,6 +159,10 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
       SPECNODE_ASSIGN_OR_RETURN(lw.bq, vec(p + "attn_q.bias", config.q_dim(), q_begin, q_count));
       SPECNODE_ASSIGN_OR_RETURN(lw.bk, vec(p + "attn_k.bias", config.kv_dim(), kv_begin, kv_count));
       SPECNODE_ASSIGN_OR_RETURN(lw.bv, vec(p + "attn_v.bias", config.kv_dim(), kv_begin, kv_count));
+    }
+    if (config.arch.post_norms) {
+      SPECNODE_ASSIGN_OR_RETURN(lw.post_attn_norm, norm(p + "post_attention_norm.weight"));
+      SPECNODE_ASSIGN_OR_RETURN(lw.post_ffn_norm, norm(p + "post_ffw_norm.weight"));
     }
     if (config.arch.qk_norm) {
       SPECNODE_ASSIGN_OR_RETURN(lw.q_norm, vec(p + "attn_q_norm.weight", hd, 0, hd));
@@ -210,6 +214,8 @@ absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightM
     SPECNODE_ASSIGN_OR_RETURN(l.bv, opt(lw.bv, kv_rows));
     SPECNODE_ASSIGN_OR_RETURN(l.q_norm, opt(lw.q_norm, w.head_dim));
     SPECNODE_ASSIGN_OR_RETURN(l.k_norm, opt(lw.k_norm, w.head_dim));
+    SPECNODE_ASSIGN_OR_RETURN(l.post_attn_norm, opt(lw.post_attn_norm, dm));
+    SPECNODE_ASSIGN_OR_RETURN(l.post_ffn_norm, opt(lw.post_ffn_norm, dm));
     SPECNODE_ASSIGN_OR_RETURN(l.wq, matrix(lw.wq));
     SPECNODE_ASSIGN_OR_RETURN(l.wk, matrix(lw.wk));
     SPECNODE_ASSIGN_OR_RETURN(l.wv, matrix(lw.wv));

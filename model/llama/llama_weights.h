@@ -46,6 +46,10 @@ struct LayerWeights {
   const float* k_norm = nullptr;     // [head_dim]
   WeightView wo;                     // [d_model, q_dim / T]
   const float* ffn_norm = nullptr;   // [d_model]
+  // Norms of the attention and feed-forward outputs before their residual adds
+  // (architectures with post_norms, else null).
+  const float* post_attn_norm = nullptr;  // [d_model]
+  const float* post_ffn_norm = nullptr;   // [d_model]
   WeightView w_gate;                 // [d_ff / T, d_model]
   WeightView w_up;                   // [d_ff / T, d_model]
   WeightView w_down;                 // [d_model, d_ff / T]

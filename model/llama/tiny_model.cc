@@ -303,7 +303,7 @@ absl::Status Validate(const TinyModelOptions& o) {
   const int64_t d = o.d_model, q = int64_t{o.n_heads} * head_dim,
                 kv = int64_t{o.n_kv_heads} * head_dim, ff = o.d_ff;
   const int64_t vocab = 256 + o.n_merges + 3;
-  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ff + q + 2 * kv + 2 * head_dim;
+  const int64_t per_layer = 4 * d + 2 * d * q + 2 * d * kv + 3 * d * ff + q + 2 * kv + 2 * head_dim;
   const int64_t total = vocab * d * (o.tied_embeddings ? 1 : 2) + d + o.n_layers * per_layer;
   if (total > kMaxParameters) {
     return bad("model too large: ", total, " parameters (limit ", kMaxParameters, ")");
@@ -438,6 +438,12 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_output.weight", wt, {q_dim, d}, 0.0f,
                                    depth / std::sqrt(static_cast<float>(q_dim))));
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "ffn_norm.weight", GgmlType::kF32, {d}, 1.0f, 0.05f));
+    if (arch.post_norms) {
+      // Stored as llama.cpp's converter stores Gemma's (1 + w): factors around 1.
+      SPECNODE_RETURN_IF_ERROR(
+          m.Add(p + "post_attention_norm.weight", GgmlType::kF32, {d}, 1.0f, 0.2f));
+      SPECNODE_RETURN_IF_ERROR(m.Add(p + "post_ffw_norm.weight", GgmlType::kF32, {d}, 1.0f, 0.2f));
+    }
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "ffn_gate.weight", wt, {d, ff}, 0.0f, in_scale));
     SPECNODE_RETURN_IF_ERROR(m.Add(p + "ffn_up.weight", wt, {d, ff}, 0.0f, in_scale));
     SPECNODE_RETURN_IF_ERROR(

@@ -2,9 +2,10 @@
 //
 // The file is a complete model of one architecture of the table (llama_arch.h): its
 // "<arch>.*" hyper-parameters and the tensors its row requires (Q/K/V biases for qwen2,
-// per-head Q/K norms for qwen3; its RoPE mode is the graph's, nothing in the file), a byte-level
-// BPE vocabulary (256 byte tokens, `n_merges` merges of frequent English pairs, and the control
-// tokens
+// per-head Q/K norms for qwen3 and gemma3, post-norms for gemma3; its RoPE mode, GeGLU,
+// embedding scale and local/global layer pattern are the graph's, nothing in the file), a
+// byte-level BPE vocabulary (256 byte tokens, `n_merges` merges of frequent English pairs, and the
+// control tokens
 // <|endoftext|>, <|im_start|>, <|im_end|>), a ChatML chat template, and weights drawn
 // from a seeded generator (same options -> byte-identical file). Weights are scaled so
 // activations stay O(1) through the layers and logits are not degenerate.

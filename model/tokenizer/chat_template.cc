@@ -235,7 +235,9 @@ absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
     }
   }
   if (jinja_template.empty()) {
-    return absl::UnimplementedError("chat: the model has no chat template");
+    return absl::UnimplementedError(
+        "chat: the model has no chat template (a base model); name one with --chat-template "
+        "chatml|llama3|zephyr|gemma (a serve config: model.chat_template)");
   }
   if (jinja_template.find(kImStart) != std::string::npos) {
     return RenderChatMl(jinja_template, messages, add_generation_prompt);

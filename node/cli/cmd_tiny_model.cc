@@ -16,7 +16,7 @@ namespace specnode {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: specnode tiny-model --out PATH [--arch llama|qwen2|qwen3] [--layers N]\n"
+    "usage: specnode tiny-model --out PATH [--arch llama|qwen2|qwen3|gemma3] [--layers N]\n"
     "         [--d-model N] [--heads N]\n"
     "         [--kv-heads N] [--head-dim N] [--ff N] [--merges N] [--context N]\n"
     "         [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n"
@@ -26,7 +26,8 @@ constexpr char kUsage[] =
     "--head-dim (default d_model / heads) other than that quotient is written as\n"
     "<arch>.attention.key_length / value_length, as Qwen3 and Gemma files state theirs.\n"
     "--arch writes that architecture's keys and the tensors it adds (qwen2: Q/K/V biases,\n"
-    "qwen3: per-head Q/K norms). --sliding-window N writes <arch>.attention.sliding_window\n"
+    "qwen3: per-head Q/K norms, gemma3: those and post-norms). --sliding-window N writes "
+    "<arch>.attention.sliding_window\n"
     "(each token attends to its last N positions, as Mistral's windowed layers).\n";
 
 int Fail(int code, const std::string& message) {

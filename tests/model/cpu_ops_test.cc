@@ -135,6 +135,30 @@ INSTANTIATE_TEST_SUITE_P(Dims, RopeNeoxTest,
                          ::testing::Values(std::pair{8, 8}, std::pair{64, 64}, std::pair{128, 64},
                                            std::pair{256, 256}));
 
+// GeGLU (Gemma): gelu's tanh form times up; close to the exact (erf) GELU, exact at the
+// ends, in place allowed. Shapes: a few lengths across the range of gate values.
+class GeGluTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GeGluTest, TanhGeluTimesUp) {
+  const int n = GetParam();
+  std::vector<float> gate(n), up = RandomVector(n, 21), out(n);
+  for (int i = 0; i < n; ++i) gate[i] = -12.0f + 24.0f * static_cast<float>(i) / std::max(1, n - 1);
+  GeGlu(gate.data(), up.data(), n, out.data());
+  for (int i = 0; i < n; ++i) {
+    const double g = gate[i];
+    const double tanh_form =
+        0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * up[i];
+    const double erf_form = 0.5 * g * (1 + std::erf(g / std::sqrt(2.0))) * up[i];
+    EXPECT_NEAR(out[i], tanh_form, 1e-6 * (1 + std::abs(tanh_form))) << "g=" << g;
+    EXPECT_NEAR(out[i], erf_form, 2e-3 * (1 + std::abs(up[i]))) << "g=" << g;
+  }
+  std::vector<float> in_place = gate;
+  GeGlu(in_place.data(), up.data(), n, in_place.data());
+  EXPECT_EQ(in_place, out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lengths, GeGluTest, ::testing::Values(1, 17, 2048));
+
 TEST(RopeNorm, LeavesDimsBeyondRopeDimAlone) {
   auto x = RandomVector(16, 6);
   auto orig = x;
