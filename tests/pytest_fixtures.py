@@ -37,3 +37,18 @@ def real_model():
             pytest.fail("SPECNODE_MODEL is unset but SPECNODE_REQUIRE_MODEL=1")
         pytest.skip("SPECNODE_MODEL is unset (scripts/fetch-model provides it)")
     return path
+
+
+@pytest.fixture(scope="session")
+def gemma_model():
+    """The Gemma 3 270M GGUF (scripts/fetch-model --model gemma3-270m; scripts/test sets
+    SPECNODE_GEMMA_MODEL): skipped when unset, failed when unset under
+    SPECNODE_REQUIRE_MODEL=1 or when it names a missing file."""
+    path = os.environ.get("SPECNODE_GEMMA_MODEL")
+    if not path:
+        if os.environ.get("SPECNODE_REQUIRE_MODEL") == "1":
+            pytest.fail("SPECNODE_GEMMA_MODEL is unset but SPECNODE_REQUIRE_MODEL=1")
+        pytest.skip("SPECNODE_GEMMA_MODEL is unset (scripts/fetch-model --model gemma3-270m)")
+    if not os.path.isfile(path):
+        pytest.fail(f"SPECNODE_GEMMA_MODEL={path} is not a file")
+    return path

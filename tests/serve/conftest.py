@@ -9,7 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pytest_fixtures import add_specnode_option, real_model, specnode, tiny_model  # noqa: E402,F401
+from pytest_fixtures import (add_specnode_option, gemma_model, real_model, specnode,  # noqa: E402,F401
+                             tiny_model)
 from serve_helpers import Node, free_port  # noqa: E402
 
 

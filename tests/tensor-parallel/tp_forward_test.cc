@@ -83,7 +83,8 @@ std::vector<int32_t> Greedy(LocalTpTarget& t, SeqId seq, const std::vector<int32
 struct TinyCase {
   int tp;
   GgmlType type;
-  const char* arch = "llama";  // qwen2: biases row-sliced with Q/K/V; qwen3: Q/K norms replicated
+  // qwen2: biases row-sliced with Q/K/V; qwen3: Q/K norms replicated; gemma3: post-norms too
+  const char* arch = "llama";
 };
 
 class TinyTp : public ::testing::TestWithParam<TinyCase> {};
@@ -94,6 +95,12 @@ TEST_P(TinyTp, LogitsAndGreedyTokensMatchOneProcess) {
   o.arch = tc.arch;
   o.n_layers = 2;
   o.weight_type = tc.type;
+  if (std::string(tc.arch) == "gemma3") {
+    // Layers 0-4 windowed (5 positions: the 40-token runs below leave it), layer 5 global;
+    // post-norms run on the all-reduced sums.
+    o.n_layers = 6;
+    o.sliding_window = 5;
+  }
   if (tc.tp == 4) {
     o.d_model = 256, o.n_heads = 8, o.n_kv_heads = 4, o.d_ff = 512;
   } else {
@@ -157,7 +164,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(TinyCase{2, GgmlType::kF32}, TinyCase{2, GgmlType::kQ4_1},
                       TinyCase{4, GgmlType::kF32}, TinyCase{4, GgmlType::kQ8_0},
                       TinyCase{2, GgmlType::kF32, "qwen2"}, TinyCase{4, GgmlType::kQ4_1, "qwen2"},
-                      TinyCase{2, GgmlType::kQ8_0, "qwen3"}, TinyCase{4, GgmlType::kF32, "qwen3"}),
+                      TinyCase{2, GgmlType::kQ8_0, "qwen3"}, TinyCase{4, GgmlType::kF32, "qwen3"},
+                      TinyCase{2, GgmlType::kQ8_0, "gemma3"},
+                      TinyCase{4, GgmlType::kF32, "gemma3"}),
     [](const auto& info) {
       return std::string(info.param.arch) + "_tp" + std::to_string(info.param.tp) + "_" +
              std::string(GgmlTypeName(static_cast<uint32_t>(info.param.type)));
