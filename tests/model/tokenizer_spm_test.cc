@@ -346,22 +346,24 @@ const Tokenizer* GemmaTokenizer() {
   return tok.get();
 }
 
-// Skips without $SPECNODE_GEMMA_MODEL; a path that does not exist fails under
-// SPECNODE_REQUIRE_MODEL=1, else skips.
-#define SKIP_WITHOUT_GEMMA()                                                        \
-  do {                                                                              \
-    const char* path = std::getenv("SPECNODE_GEMMA_MODEL");                         \
-    if (path == nullptr || *path == '\0') {                                         \
-      GTEST_SKIP() << "SPECNODE_GEMMA_MODEL is unset (scripts/fetch-model --model " \
-                      "gemma3-270m prints the path)";                               \
-    }                                                                               \
-    if (!std::filesystem::exists(path)) {                                           \
-      const char* req = std::getenv("SPECNODE_REQUIRE_MODEL");                      \
-      if (req != nullptr && std::string(req) == "1") {                              \
-        FAIL() << "SPECNODE_GEMMA_MODEL=" << path << " does not exist";             \
-      }                                                                             \
-      GTEST_SKIP() << "SPECNODE_GEMMA_MODEL=" << path << " does not exist";         \
-    }                                                                               \
+// Skips without $SPECNODE_GEMMA_MODEL (or with a path that does not exist); fails instead
+// under SPECNODE_REQUIRE_MODEL=1 (scripts/test sets both).
+#define SKIP_WITHOUT_GEMMA()                                                                \
+  do {                                                                                      \
+    const char* path = std::getenv("SPECNODE_GEMMA_MODEL");                                 \
+    const char* req = std::getenv("SPECNODE_REQUIRE_MODEL");                                \
+    const bool required = req != nullptr && std::string(req) == "1";                        \
+    if (path == nullptr || *path == '\0') {                                                 \
+      if (required) FAIL() << "SPECNODE_GEMMA_MODEL is unset but SPECNODE_REQUIRE_MODEL=1"; \
+      GTEST_SKIP() << "SPECNODE_GEMMA_MODEL is unset (scripts/fetch-model --model "         \
+                      "gemma3-270m prints the path)";                                       \
+    }                                                                                       \
+    if (!std::filesystem::exists(path)) {                                                   \
+      if (required) {                                                                       \
+        FAIL() << "SPECNODE_GEMMA_MODEL=" << path << " does not exist";                     \
+      }                                                                                     \
+      GTEST_SKIP() << "SPECNODE_GEMMA_MODEL=" << path << " does not exist";                 \
+    }                                                                                       \
   } while (0)
 
 TEST(GemmaTokenizerTest, MatchesLlamaCppGolden) {

@@ -3,8 +3,8 @@
 The expected ids and decodings are tests/data/gemma3-tokenizer-golden.json, written by
 tests/data/make_gemma_tokenizer_golden.py with llama.cpp (llama-cpp-python, vocab only).
 The model is $SPECNODE_GEMMA_MODEL (scripts/fetch-model --model gemma3-270m prints it):
-unset, the tests skip; set to a missing file, they fail under SPECNODE_REQUIRE_MODEL=1
-and skip otherwise. `tokenize` reads only the GGUF's tokenizer metadata, so this runs
+unset or a missing file, the tests fail under SPECNODE_REQUIRE_MODEL=1 (scripts/test sets
+both) and skip otherwise. `tokenize` reads only the GGUF's tokenizer metadata, so this runs
 whether or not the engine can load Gemma's weights.
 """
 
@@ -23,6 +23,8 @@ GOLDEN = Path(__file__).resolve().parents[1] / "data" / "gemma3-tokenizer-golden
 def gemma_path() -> str:
     path = os.environ.get("SPECNODE_GEMMA_MODEL", "")
     if not path:
+        if os.environ.get("SPECNODE_REQUIRE_MODEL", "") == "1":
+            pytest.fail("SPECNODE_GEMMA_MODEL is unset but SPECNODE_REQUIRE_MODEL=1")
         pytest.skip("SPECNODE_GEMMA_MODEL is unset "
                     "(scripts/fetch-model --model gemma3-270m prints the path)")
     if not os.path.isfile(path):
