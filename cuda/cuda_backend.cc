@@ -96,6 +96,11 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
     return absl::InvalidArgumentError(
         "the CUDA backend cannot run a model with Q/K/V biases (qwen2) yet; use --device cpu");
   }
+  if (w.rope_freqs != nullptr) {
+    return absl::InvalidArgumentError(
+        "the CUDA backend cannot run RoPE frequency factors (rope_freqs.weight) yet; use --device "
+        "cpu");
+  }
   if (!w.layers.empty() && w.layers[0].post_attn_norm != nullptr) {
     return absl::InvalidArgumentError(
         "the CUDA backend cannot run gemma3 (GeGLU, post-norms) yet; use --device cpu");
@@ -200,9 +205,14 @@ absl::Status CudaBackend::MatMulShared(std::span<const WeightView> ws, const flo
 }
 
 absl::Status CudaBackend::RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
-                                   int head_dim, int rope_dim, float base, RopeMode mode) {
+                                   int head_dim, int rope_dim, float base, RopeMode mode,
+                                   const float* freq_factors) {
   if (n != rows_) {
     return absl::InvalidArgumentError("CudaBackend::RopePair: n is not the pass's row count");
+  }
+  if (freq_factors != nullptr) {
+    return absl::UnimplementedError(
+        "the CUDA backend has no RoPE frequency factors (rope_freqs.weight) yet; use --device cpu");
   }
   if (mode != RopeMode::kNorm) {
     return absl::UnimplementedError(

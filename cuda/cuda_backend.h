@@ -95,7 +95,8 @@ class CudaBackend final : public Backend {
   absl::Status MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
                             std::span<float* const> ys) override;
   absl::Status RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads, int head_dim,
-                        int rope_dim, float base, RopeMode mode) override;
+                        int rope_dim, float base, RopeMode mode,
+                        const float* freq_factors) override;
   // Refused (Unimplemented): no bias kernel has run on a device yet; UploadWeights refuses
   // weights with biases first.
   absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) override;

@@ -19,13 +19,15 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float 
   }
 }
 
-void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, float* table) {
+void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, float* table,
+                const float* freq_factors) {
   // Angles are computed in double: at positions in the thousands a float product loses the
   // low bits that separate neighbouring positions.
   for (int64_t t = 0; t < n; ++t) {
     const double pos = positions[t];
     for (int i = 0; i < rope_dim / 2; ++i) {
-      const double theta = pos * std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
+      double theta = pos * std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
+      if (freq_factors != nullptr) theta /= freq_factors[i];
       table[t * rope_dim + 2 * i] = static_cast<float>(std::cos(theta));
       table[t * rope_dim + 2 * i + 1] = static_cast<float>(std::sin(theta));
     }

@@ -24,7 +24,10 @@ void RopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int he
 // bit-identical to RopeNorm. With neox, RopeApply rotates dims (i, i + rope_dim/2) by pair
 // i's angle instead (GPT-NeoX / ggml "NEOX" mode: Qwen, Gemma; their Q/K rows are not
 // permuted by the converter).
-void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, float* table);
+// freq_factors [rope_dim / 2] (Llama 3.1's rope_freqs.weight; null: none) divide pair i's
+// angle, as ggml's rope_ext does with its frequency factors.
+void RopeAngles(const int32_t* positions, int64_t n, int rope_dim, float base, float* table,
+                const float* freq_factors = nullptr);
 void RopeApply(float* x, const float* table, int64_t n, int n_heads, int head_dim, int rope_dim,
                bool neox = false);
 

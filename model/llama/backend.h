@@ -108,9 +108,12 @@ class Backend {
   // RoPE in place on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] at the pass's
   // positions: pair i < rope_dim/2 — dims (2i, 2i+1) in RopeMode::kNorm, (i, i + rope_dim/2)
   // in kNeox — turns by position * base^(-2i / rope_dim); dims past rope_dim are untouched.
-  // A backend that has no kernel for `mode` refuses it (Unimplemented).
+  // freq_factors [rope_dim / 2] (backend memory; null: none) divide pair i's angle (Llama
+  // 3.1's rope_freqs.weight). A backend without a kernel for `mode` or for frequency
+  // factors refuses them (Unimplemented).
   virtual absl::Status RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
-                                int head_dim, int rope_dim, float base, RopeMode mode) = 0;
+                                int head_dim, int rope_dim, float base, RopeMode mode,
+                                const float* freq_factors) = 0;
   // y[r] += bias for each of n rows: y [n, dim], bias [dim].
   virtual absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) = 0;
   // out[i] = silu(gate[i]) * up[i] for count values; out may alias gate or up exactly.

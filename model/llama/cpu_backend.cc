@@ -127,21 +127,23 @@ absl::Status CpuBackend::MatMulShared(std::span<const WeightView> ws, const floa
 }
 
 absl::Status CpuBackend::RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
-                                  int head_dim, int rope_dim, float base, RopeMode mode) {
+                                  int head_dim, int rope_dim, float base, RopeMode mode,
+                                  const float* freq_factors) {
   if (n != static_cast<int64_t>(positions_.size())) {
     return absl::InvalidArgumentError("CpuBackend::RopePair: n is not the pass's row count");
   }
   RopeTable* table = nullptr;
   for (RopeTable& t : rope_tables_) {
-    if (t.dim == rope_dim && t.base == base) table = &t;
+    if (t.dim == rope_dim && t.base == base && t.factors == freq_factors) table = &t;
   }
   if (table == nullptr) {
     table = &rope_tables_[rope_next_];
     rope_next_ = 1 - rope_next_;
     table->angles.resize(static_cast<size_t>(n) * rope_dim);
-    RopeAngles(positions_.data(), n, rope_dim, base, table->angles.data());
+    RopeAngles(positions_.data(), n, rope_dim, base, table->angles.data(), freq_factors);
     table->dim = rope_dim;
     table->base = base;
+    table->factors = freq_factors;
   }
   const float* angles = table->angles.data();
   const int rd = rope_dim;

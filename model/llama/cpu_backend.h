@@ -47,7 +47,8 @@ class CpuBackend final : public Backend {
   absl::Status MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
                             std::span<float* const> ys) override;
   absl::Status RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads, int head_dim,
-                        int rope_dim, float base, RopeMode mode) override;
+                        int rope_dim, float base, RopeMode mode,
+                        const float* freq_factors) override;
   absl::Status AddBias(float* y, const float* bias, int64_t n, int dim) override;
   absl::Status SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   absl::Status GeGlu(const float* gate, const float* up, int64_t count, float* out) override;
@@ -79,6 +80,7 @@ class CpuBackend final : public Backend {
     std::vector<float> angles;
     int dim = -1;
     float base = 0.0f;
+    const float* factors = nullptr;
   };
   std::array<RopeTable, 2> rope_tables_;
   int rope_next_ = 0;

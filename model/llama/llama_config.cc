@@ -113,10 +113,7 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
     return absl::UnimplementedError(
         absl::StrCat(p, "rope.scaling.type '", *type, "' is not supported (only unscaled RoPE)"));
   }
-  if (file.FindTensor("rope_freqs.weight") != nullptr) {
-    return absl::UnimplementedError(
-        "rope_freqs.weight (Llama 3.1-style RoPE frequency factors) is not supported yet");
-  }
+
   if (file.Find(p + "attention.sliding_window") != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(c.sliding_window,
                               GetPositiveInt(file, p + "attention.sliding_window", 1 << 24));

@@ -197,7 +197,7 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
   }
   SPECNODE_RETURN_IF_ERROR(backend_->RopePair(b.q, b.k, n, n_heads_, n_kv_heads_, hd,
                                               config_.rope_dim, config_.LayerRopeBase(l),
-                                              config_.arch.rope));
+                                              config_.arch.rope, w_->rope_freqs));
   SPECNODE_RETURN_IF_ERROR(cache->Write(l, b.k, b.v));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   SPECNODE_RETURN_IF_ERROR(cache->Attend(l, b.q, scale, config_.LayerWindow(l), b.attn));

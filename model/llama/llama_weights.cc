@@ -1,5 +1,7 @@
 #include "model/llama/llama_weights.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/gguf/ggml_converted_types.h"
@@ -130,6 +132,17 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   SPECNODE_ASSIGN_OR_RETURN(w.token_embd, Matrix(file, "token_embd.weight", config.vocab_size, d));
   w.token_embd = convert(w.token_embd);
   SPECNODE_ASSIGN_OR_RETURN(w.output_norm, norm("output_norm.weight"));
+  if (file.FindTensor("rope_freqs.weight") != nullptr) {
+    w.rope_freqs_len = config.rope_dim / 2;
+    SPECNODE_ASSIGN_OR_RETURN(w.rope_freqs,
+                              vec("rope_freqs.weight", w.rope_freqs_len, 0, w.rope_freqs_len));
+    for (int i = 0; i < w.rope_freqs_len; ++i) {
+      if (!(w.rope_freqs[i] > 0.0f) || !std::isfinite(w.rope_freqs[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rope_freqs.weight[", i, "] = ", w.rope_freqs[i], " is not positive"));
+      }
+    }
+  }
   if (config.tied_embeddings) {
     w.output = w.token_embd;
   } else {
@@ -199,6 +212,10 @@ absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightM
     SPECNODE_ASSIGN_OR_RETURN(v.output, matrix(w.output));
   }
   SPECNODE_ASSIGN_OR_RETURN(v.output_norm, norm(w.output_norm, dm));
+  v.rope_freqs_len = w.rope_freqs_len;
+  if (w.rope_freqs != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(v.rope_freqs, norm(w.rope_freqs, w.rope_freqs_len));
+  }
   for (const LayerWeights& lw : w.layers) {
     LayerWeights l;
     SPECNODE_ASSIGN_OR_RETURN(l.attn_norm, norm(lw.attn_norm, dm));

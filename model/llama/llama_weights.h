@@ -63,6 +63,10 @@ struct LlamaWeights {
   WeightView token_embd;               // [vocab rows, d_model cols]
   const float* output_norm = nullptr;  // [d_model]
   WeightView output;                   // [vocab, d_model]; token_embd when tied
+  // RoPE frequency factors (rope_freqs.weight: Llama 3.1 / 3.2 files), [rope_dim / 2]; null
+  // when the file has none.
+  const float* rope_freqs = nullptr;
+  int rope_freqs_len = 0;
   std::vector<LayerWeights> layers;
   int head_dim = 0;  // width of q_norm / k_norm (MapWeightViews passes it as their length)
   // Norm and bias vectors converted to f32 when the file stores them as F16/BF16.

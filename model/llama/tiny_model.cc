@@ -413,6 +413,14 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
   TensorMaker m(o, w);
   SPECNODE_RETURN_IF_ERROR(m.Add("token_embd.weight", wt, {d, n_vocab}, 0.0f, head_scale));
   SPECNODE_RETURN_IF_ERROR(m.Add("output_norm.weight", GgmlType::kF32, {d}, 1.0f, 0.05f));
+  if (o.rope_freqs) {
+    const int pairs = head_dim / 2;
+    std::vector<float> factors(pairs);
+    for (int i = 0; i < pairs; ++i) {
+      factors[i] = 1.0f + 7.0f * static_cast<float>(i) / static_cast<float>(std::max(1, pairs - 1));
+    }
+    SPECNODE_RETURN_IF_ERROR(w.AddTensorF32("rope_freqs.weight", GgmlType::kF32, {pairs}, factors));
+  }
   if (!o.tied_embeddings) {
     SPECNODE_RETURN_IF_ERROR(m.Add("output.weight", wt, {d, n_vocab}, 0.0f, head_scale));
   }

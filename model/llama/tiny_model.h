@@ -40,6 +40,9 @@ struct TinyModelOptions {
   int sliding_window = 0;
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
+  // Writes rope_freqs.weight (Llama 3.1-style RoPE frequency factors): pair i's angle
+  // divided by 1 + 7 i / (pairs - 1), a ramp from 1 (fast pairs) to 8 (slow ones).
+  bool rope_freqs = false;
   bool tied_embeddings = true;  // no output.weight; the head reuses token_embd
   GgmlType weight_type = GgmlType::kF32;  // matrices; norms are always F32
   uint64_t seed = 1;

@@ -21,6 +21,7 @@ constexpr char kUsage[] =
     "         [--kv-heads N] [--head-dim N] [--ff N] [--merges N] [--context N]\n"
     "         [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n"
     "         [--perturb EPS] [--perturb-seed S] [--untied] [--sliding-window N]\n"
+    "         [--rope-freqs]\n"
     "K-quant types apply to matrices whose rows are whole 256-value blocks; narrower ones\n"
     "fall back as in llama.cpp's quantiser (q4_k to q5_0, q5_k to q5_1, q6_k to q8_0).\n"
     "--head-dim (default d_model / heads) other than that quotient is written as\n"
@@ -28,7 +29,8 @@ constexpr char kUsage[] =
     "--arch writes that architecture's keys and the tensors it adds (qwen2: Q/K/V biases,\n"
     "qwen3: per-head Q/K norms, gemma3: those and post-norms). --sliding-window N writes "
     "<arch>.attention.sliding_window\n"
-    "(each token attends to its last N positions, as Mistral's windowed layers).\n";
+    "(each token attends to its last N positions, as Mistral's windowed layers).\n"
+    "--rope-freqs writes rope_freqs.weight, Llama 3.1-style RoPE frequency factors.\n";
 
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "specnode tiny-model: %s\n", message.c_str());
@@ -87,6 +89,7 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
     o.weight_type = *t;
   }
   if (args.Has("untied")) o.tied_embeddings = false;
+  if (args.Has("rope-freqs")) o.rope_freqs = true;
   if (args.Has("arch")) o.arch = args.Get("arch");  // validated by WriteTinyModel
   return absl::OkStatus();
 }
@@ -98,7 +101,7 @@ int RunTinyModel(int argc, char** argv) {
       argc, argv,
       {"out", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff", "merges",
        "context", "sliding-window", "type", "seed", "perturb", "perturb-seed"},
-      {"untied", "help"});
+      {"untied", "rope-freqs", "help"});
   if (!args.ok()) {
     Fail(2, std::string(args.status().message()));
     std::fputs(kUsage, stderr);

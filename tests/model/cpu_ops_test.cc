@@ -159,6 +159,25 @@ TEST_P(GeGluTest, TanhGeluTimesUp) {
 
 INSTANTIATE_TEST_SUITE_P(Lengths, GeGluTest, ::testing::Values(1, 17, 2048));
 
+// Llama 3.1's rope_freqs.weight: pair i's angle divided by its factor (ggml rope_ext).
+TEST(RopeAngles, FrequencyFactorsDivideEachPairsAngle) {
+  const int rope_dim = 8;
+  const float base = 500000.0f, factors[4] = {1.0f, 2.0f, 4.0f, 8.0f};
+  const int32_t pos[2] = {3, 9000};
+  std::vector<float> table(2 * rope_dim), plain(2 * rope_dim);
+  RopeAngles(pos, 2, rope_dim, base, table.data(), factors);
+  RopeAngles(pos, 2, rope_dim, base, plain.data());
+  for (int t = 0; t < 2; ++t) {
+    for (int i = 0; i < rope_dim / 2; ++i) {
+      const double theta = pos[t] * std::pow(double(base), -2.0 * i / rope_dim) / factors[i];
+      EXPECT_FLOAT_EQ(table[t * rope_dim + 2 * i], static_cast<float>(std::cos(theta)));
+      EXPECT_FLOAT_EQ(table[t * rope_dim + 2 * i + 1], static_cast<float>(std::sin(theta)));
+    }
+    // Factor 1 leaves pair 0 as it was.
+    EXPECT_EQ(table[t * rope_dim], plain[t * rope_dim]);
+  }
+}
+
 TEST(RopeNorm, LeavesDimsBeyondRopeDimAlone) {
   auto x = RandomVector(16, 6);
   auto orig = x;
