@@ -1,5 +1,7 @@
 #include "model/llama/llama_config.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/gguf/gguf_reader.h"
@@ -114,6 +116,10 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
         absl::StrCat(p, "rope.scaling.type '", *type, "' is not supported (only unscaled RoPE)"));
   }
 
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (c.architecture == "gemma3" && c.n_layers == 62) {
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.d_model / c.n_heads));
+  }
   if (file.Find(p + "attention.sliding_window") != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(c.sliding_window,
                               GetPositiveInt(file, p + "attention.sliding_window", 1 << 24));

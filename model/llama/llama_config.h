@@ -33,6 +33,9 @@ struct LlamaConfig {
   // positions only (<arch>.attention.sliding_window; 0: every layer attends to the whole
   // prefix). Which layers are windowed: all, unless the row has a global-layer period.
   int sliding_window = 0;
+  // Multiplies q·k before the softmax: 1 / sqrt(head_dim), except Gemma 3 27B (62 layers),
+  // whose query_pre_attn_scalar is d_model / n_heads (as llama.cpp, which hard-codes it).
+  float attn_scale = 0.0f;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }

@@ -199,7 +199,9 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
                                               config_.rope_dim, config_.LayerRopeBase(l),
                                               config_.arch.rope, w_->rope_freqs));
   SPECNODE_RETURN_IF_ERROR(cache->Write(l, b.k, b.v));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // FromGguf sets the scale; a config made by hand (tests) keeps the usual one.
+  const float scale =
+      config_.attn_scale > 0.0f ? config_.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   SPECNODE_RETURN_IF_ERROR(cache->Attend(l, b.q, scale, config_.LayerWindow(l), b.attn));
   SPECNODE_RETURN_IF_ERROR(backend_->MatMul(lw.wo, b.attn, n, b.h));
   SPECNODE_RETURN_IF_ERROR(backend_->AllReduce(reducer_, b.h, n * d));

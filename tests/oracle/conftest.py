@@ -98,6 +98,27 @@ def smollm2_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def gemma3_path() -> str:
+    """Gemma 3 270M (scripts/fetch-model --model gemma3-270m; scripts/test sets
+    SPECNODE_GEMMA_MODEL): skipped when unset, failed under SPECNODE_REQUIRE_MODEL=1."""
+    path = os.environ.get("SPECNODE_GEMMA_MODEL", "")
+    if not path:
+        msg = "SPECNODE_GEMMA_MODEL is unset (scripts/fetch-model --model gemma3-270m)"
+        if os.environ.get("SPECNODE_REQUIRE_MODEL", "") == "1":
+            pytest.fail(msg + " but SPECNODE_REQUIRE_MODEL=1")
+        pytest.skip(msg)
+    if not os.path.isfile(path):
+        pytest.fail(f"SPECNODE_GEMMA_MODEL={path} does not exist")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_oracle(gemma3_path):
+    """The dequantised Gemma 3 oracle, loaded once per session (~0.7 GB in float32, ~16 s)."""
+    return load_cached(gemma3_path, "float32")
+
+
+@pytest.fixture(scope="session")
 def smollm2_oracle(smollm2_path):
     """The dequantised SmolLM2 oracle, loaded once per session (~0.6 GB in float32)."""
     return load_cached(smollm2_path, "float32")
@@ -107,21 +128,22 @@ def smollm2_oracle(smollm2_path):
 def tiny_model(specnode, tmp_path_factory):
     """tiny_model(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1,
     head_dim=0, arch="llama", window=0) -> path (head_dim 0: d_model / heads; arch: llama,
-    qwen2, qwen3; window: --sliding-window).
+    qwen2, qwen3, gemma3; window: --sliding-window; rope_freqs: --rope-freqs).
 
     Written once per argument set by `specnode tiny-model` into a session temp dir."""
     root = tmp_path_factory.mktemp("tiny-models")
     made: dict[tuple, str] = {}
 
     def make(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1,
-             head_dim=0, arch="llama", window=0) -> str:
-        key = (layers, d_model, heads, kv_heads, ff, type, seed, head_dim, arch, window)
+             head_dim=0, arch="llama", window=0, rope_freqs=False) -> str:
+        key = (layers, d_model, heads, kv_heads, ff, type, seed, head_dim, arch, window,
+               rope_freqs)
         if key not in made:
             out = root / ("tiny-" + "-".join(map(str, key)) + ".gguf")
             specnode.run("tiny-model", "--out", out, "--layers", layers, "--d-model", d_model,
                          "--heads", heads, "--kv-heads", kv_heads, "--ff", ff, "--type", type,
                          "--seed", seed, "--head-dim", head_dim, "--arch", arch,
-                         "--sliding-window", window)
+                         "--sliding-window", window, *(["--rope-freqs"] if rope_freqs else []))
             if not out.is_file():
                 pytest.fail(f"specnode tiny-model did not write {out}")
             made[key] = str(out)

@@ -1,4 +1,5 @@
-"""An independent NumPy reference forward pass for Llama-architecture GGUF files.
+"""An independent NumPy reference forward pass for Llama-architecture GGUF files
+(and the llama-like qwen2 / qwen3 / gemma3 variants, see ARCHS).
 
 It shares no code with the engine: weights are read and dequantised with the `gguf`
 package (GGUFReader, gguf.quants.dequantize) and the forward pass is written from the
@@ -18,9 +19,21 @@ Shapes: GGUFReader reports a tensor's dims in ggml order (ne0 = fastest = input 
 while `tensor.data` / `dequantize` give the numpy row-major array, i.e. [out, in] for a
 weight matrix. Every matrix here is [out, in] and is applied as x @ W.T.
 
+Gemma 3 (arch "gemma3", from HF modeling_gemma3 Gemma3TextModel and llama.cpp's converter):
+    x = token_embd[ids] * sqrt(d_model)
+    per layer:  h = RMSNorm(x) -> Q, K, V -> per-head RMSNorm(Q), RMSNorm(K) -> NeoX RoPE
+                x = x + RMSNorm_post_attn(W_o . attention(Q, K, V) with scale 1/sqrt(head_dim))
+                x = x + RMSNorm_post_ffw(W_down . (gelu_tanh(W_gate h) * (W_up h))),  h = RMSNorm(x)
+    logits = token_embd . RMSNorm(x)   (tied; no final-logit softcapping in Gemma 3)
+Layer i is global iff (i + 1) % 6 == 0 (RoPE base = rope.freq_base, full causal attention);
+the others are local: RoPE base 10000 and a `attention.sliding_window`-token window.
+HF's Gemma RMSNorm multiplies by (1 + w); llama.cpp's convert_hf_to_gguf.py (Gemma3Model,
+norm_shift = 1.0) stores w + 1 in every *norm.weight, so the stored weight is used as-is.
+
 Usage:
     m = NumpyLlama("model.gguf")             # float32 math (dtype=np.float64 for tiny models)
     m.logits([1, 2, 3])                      # -> [3, vocab] logits, one row per position
+    m.logits(ids, rows=[-1])                 # -> [1, vocab]: head for the chosen positions only
     ids, gaps = m.greedy([1, 2, 3], 16)      # greedy continuation + top-2 logit gap per step
 """
 
@@ -57,15 +70,44 @@ class LlamaConfig:
     qkv_bias: bool = False    # Qwen2: q/k/v projections carry biases
     qk_norm: bool = False     # Qwen3: RMSNorm over each head of q and k before RoPE
     sliding_window: int = 0   # > 0: a token attends to its last `sliding_window` positions
+    # Gemma 3 (all defaults = off, i.e. the llama behaviour):
+    embed_scale: bool = False     # multiply the embedding rows by sqrt(d_model)
+    post_norms: bool = False      # RMSNorm the attention / MLP outputs (post_attention_norm,
+                                  # post_ffw_norm) before each residual add
+    geglu: bool = False           # MLP activation gelu_tanh(gate) * up instead of silu(gate) * up
+    swa_period: int = 0           # > 0: only layers with (i + 1) % swa_period != 0 use the
+                                  # sliding window (and rope_base_local); 0: every layer does
+    rope_base_local: float = 0.0  # RoPE base of the sliding-window layers (0: rope_base)
+    rope_scale_global: float = 1.0  # linear RoPE scaling factor of the global layers (positions / f)
+    attn_scale: float = 0.0       # attention score scale (0: 1/sqrt(head_dim))
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether `layer` uses the sliding window (and the local RoPE base)."""
+        if self.sliding_window <= 0:
+            return False
+        return self.swa_period <= 0 or (layer + 1) % self.swa_period != 0
+
+    def layer_rope(self, layer: int) -> tuple[float, float]:
+        """(RoPE base, linear position scale factor) of `layer`."""
+        if self.swa_period > 0 and self.is_sliding(layer):
+            return (self.rope_base_local or self.rope_base), 1.0
+        return self.rope_base, self.rope_scale_global
 
 
 # What each supported architecture changes, from the published model definitions (Hugging
 # Face's modeling_qwen2 / modeling_qwen3: rotate_half RoPE, `bias=True` on q/k/v_proj,
 # q_norm / k_norm over head_dim) — written here independently of the engine's table.
+# gemma3 (HF modeling_gemma3 / Gemma3TextConfig; llama.cpp's LLM_ARCH_GEMMA3 hparams):
+# Gemma3TextScaledWordEmbedding (sqrt(hidden_size)), q_norm / k_norm, sandwich norms,
+# gelu_pytorch_tanh GeGLU, layer_types "full_attention" iff (i + 1) % 6 == 0 (llama.cpp
+# set_swa_pattern(6)), rope_local_base_freq 10000 (llama.cpp rope_freq_base_train_swa),
+# rotate_half RoPE. Not in the GGUF, so fixed here.
 ARCHS = {
     "llama": dict(),
     "qwen2": dict(rope_neox=True, qkv_bias=True),
     "qwen3": dict(rope_neox=True, qk_norm=True),
+    "gemma3": dict(rope_neox=True, qk_norm=True, embed_scale=True, post_norms=True, geglu=True,
+                   swa_period=6, rope_base_local=10000.0),
 }
 
 
@@ -87,8 +129,22 @@ def read_config(reader: gguf.GGUFReader, vocab_size: int) -> LlamaConfig:
     d_model = int(_field(reader, p + "embedding_length"))
     n_heads = int(_field(reader, p + "attention.head_count"))
     head_dim = int(_field(reader, p + "attention.key_length", d_model // n_heads))
+    n_layers = int(_field(reader, p + "block_count"))
+    extra = dict(ARCHS[arch])
+    if arch == "gemma3":
+        # Linear RoPE scaling (Gemma 3 4B+) applies to the global layers only (HF resets the
+        # local rotary to "default"; llama.cpp rope_freq_scale_train_swa = 1).
+        scaling = str(_field(reader, p + "rope.scaling.type", "none"))
+        if scaling == "linear":
+            extra["rope_scale_global"] = float(_field(reader, p + "rope.scaling.factor", 1.0))
+        elif scaling != "none":
+            raise ValueError(f"gemma3: unsupported rope.scaling.type {scaling!r}")
+        # llama.cpp (f_attention_scale) and Google's config use query_pre_attn_scalar =
+        # head_dim except for the 27B (62 layers), where it is d_model / n_heads.
+        q_scalar = (d_model / n_heads) if n_layers == 62 else head_dim
+        extra["attn_scale"] = float(q_scalar) ** -0.5
     return LlamaConfig(
-        n_layers=int(_field(reader, p + "block_count")),
+        n_layers=n_layers,
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=int(_field(reader, p + "attention.head_count_kv", n_heads)),
@@ -100,7 +156,7 @@ def read_config(reader: gguf.GGUFReader, vocab_size: int) -> LlamaConfig:
         vocab_size=vocab_size,
         arch=arch,
         sliding_window=int(_field(reader, p + "attention.sliding_window", 0)),
-        **ARCHS[arch],
+        **extra,
     )
 
 
@@ -129,15 +185,24 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def rope_norm(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (PyTorch's approximate="tanh", HF "gelu_pytorch_tanh")."""
+    c = x.dtype.type(np.sqrt(2.0 / np.pi))
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
+
+
+def rope_norm(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float,
+              scale: float = 1.0, freq_factors: np.ndarray | None = None) -> np.ndarray:
     """ggml RoPE "NORM" mode on x [n_heads, T, head_dim] at absolute `positions` [T].
 
-    Pair i = (x[2i], x[2i+1]) for 2i < n_rot is rotated by angle pos * base^(-2i/n_rot);
+    Pair i = (x[2i], x[2i+1]) for 2i < n_rot is rotated by angle pos/scale * base^(-2i/n_rot);
     dims from n_rot on pass through unchanged.
     """
     half = n_rot // 2
     inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)       # [half]
-    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]                # [T, half]
+    if freq_factors is not None:  # Llama 3.1's rope_freqs.weight: HF's rescaled inv_freq
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    ang = (positions.astype(np.float64) / scale)[:, None] * inv_freq[None, :]      # [T, half]
     cos = np.cos(ang).astype(x.dtype)
     sin = np.sin(ang).astype(x.dtype)
     out = x.copy()
@@ -149,12 +214,16 @@ def rope_norm(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> 
     return out
 
 
-def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float,
+              scale: float = 1.0, freq_factors: np.ndarray | None = None) -> np.ndarray:
     """RoPE as GPT-NeoX / HF's rotate_half on x [n_heads, T, head_dim]: dim i and dim
-    i + n_rot/2 form a pair, turned by pos * base^(-2i/n_rot); dims from n_rot on unchanged."""
+    i + n_rot/2 form a pair, turned by pos/scale * base^(-2i/n_rot); dims from n_rot on
+    unchanged (scale: linear RoPE scaling factor)."""
     half = n_rot // 2
     inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)       # [half]
-    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]                # [T, half]
+    if freq_factors is not None:  # Llama 3.1's rope_freqs.weight: HF's rescaled inv_freq
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    ang = (positions.astype(np.float64) / scale)[:, None] * inv_freq[None, :]      # [T, half]
     cos = np.cos(ang).astype(x.dtype)
     sin = np.sin(ang).astype(x.dtype)
     out = x.copy()
@@ -202,18 +271,22 @@ def simulate_activation_rounding(x: np.ndarray, weight_type) -> np.ndarray:
 
 
 def causal_gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int,
-                         window: int = 0) -> np.ndarray:
+                         window: int = 0, scale: float = 0.0) -> np.ndarray:
     """q [H, T, hd] for positions q_pos0..q_pos0+T-1; k, v [Hkv, S, hd] for positions 0..S-1.
 
     Query head h uses kv head h // (H / Hkv); window > 0 (HF's sliding_window mask): a query
-    at position p sees keys at positions p - window < kpos <= p only. Returns [T, H*hd].
+    at position p sees keys at positions p - window < kpos <= p only. scale: the factor on
+    q.k (0: 1/sqrt(hd)). Returns [T, H*hd].
     """
     n_heads, T, hd = q.shape
     n_kv, S, _ = k.shape
     group = n_heads // n_kv
     kk = np.repeat(k, group, axis=0)                      # [H, S, hd]
     vv = np.repeat(v, group, axis=0)
-    scores = (q @ kk.transpose(0, 2, 1)) / np.sqrt(hd)    # [H, T, S]
+    if scale > 0:
+        scores = (q @ kk.transpose(0, 2, 1)) * q.dtype.type(scale)   # [H, T, S]
+    else:
+        scores = (q @ kk.transpose(0, 2, 1)) / np.sqrt(hd)           # [H, T, S]
     qpos = q_pos0 + np.arange(T)[:, None]
     kpos = np.arange(S)[None, :]
     visible = kpos <= qpos
@@ -300,6 +373,9 @@ class NumpyLlama:
             if c.qk_norm:
                 want.update({b + "attn_q_norm.weight": (c.head_dim,),
                              b + "attn_k_norm.weight": (c.head_dim,)})
+            if c.post_norms:
+                want.update({b + "post_attention_norm.weight": (c.d_model,),
+                             b + "post_ffw_norm.weight": (c.d_model,)})
         for name, shape in want.items():
             if name not in self.w:
                 raise ValueError(f"{self.path}: tensor {name} missing")
@@ -320,8 +396,54 @@ class NumpyLlama:
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)
 
-    def forward(self, token_ids: Sequence[int], cache: KVCache) -> np.ndarray:
-        """Run `token_ids` at positions cache.length.. ; returns logits [n, vocab] (float64)."""
+    def layer(self, i: int, x: np.ndarray, pos0: int, cache: KVCache) -> np.ndarray:
+        """Transformer block i on the residual stream x [T, d] at positions pos0..pos0+T-1;
+        appends its K/V to `cache` (cache.length is not advanced). Returns the new x."""
+        c = self.cfg
+        T = x.shape[0]
+        positions = pos0 + np.arange(T)
+        rope = rope_neox if c.rope_neox else rope_norm
+        b = f"blk.{i}."
+        h = rms_norm(x, self.w[b + "attn_norm.weight"], c.rms_eps)
+        q = self._linear(h, b + "attn_q.weight").reshape(T, c.n_heads, c.head_dim).transpose(1, 0, 2)
+        k = self._linear(h, b + "attn_k.weight").reshape(T, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+        v = self._linear(h, b + "attn_v.weight").reshape(T, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+        if c.qk_norm:
+            q = rms_norm(q, self.w[b + "attn_q_norm.weight"], c.rms_eps)
+            k = rms_norm(k, self.w[b + "attn_k_norm.weight"], c.rms_eps)
+        base, scale = c.layer_rope(i)
+        factors = self.w.get("rope_freqs.weight")
+        q = rope(q, positions, c.n_rot, base, scale, factors)
+        k = rope(k, positions, c.n_rot, base, scale, factors)
+        if self.kv_round == "f16":
+            k, v = k.astype(np.float16).astype(self.dtype), v.astype(np.float16).astype(self.dtype)
+        elif self.kv_round == "bf16":
+            k, v = round_bf16(k), round_bf16(v)
+        k_all, v_all = cache.append(i, k, v)
+        window = c.sliding_window if c.is_sliding(i) else 0
+        attn = causal_gqa_attention(q, k_all, v_all, pos0, window, c.attn_scale)
+        a = self._linear(attn, b + "attn_output.weight")
+        if c.post_norms:
+            a = rms_norm(a, self.w[b + "post_attention_norm.weight"], c.rms_eps)
+        x = x + a
+        h = rms_norm(x, self.w[b + "ffn_norm.weight"], c.rms_eps)
+        g = self._linear(h, b + "ffn_gate.weight")
+        u = self._linear(h, b + "ffn_up.weight")
+        act = gelu_tanh(g) if c.geglu else silu(g)
+        f = self._linear(act * u, b + "ffn_down.weight")
+        if c.post_norms:
+            f = rms_norm(f, self.w[b + "post_ffw_norm.weight"], c.rms_eps)
+        x = x + f
+        return x
+
+    def forward(self, token_ids: Sequence[int], cache: KVCache,
+                rows: Sequence[int] | None = None) -> np.ndarray:
+        """Run `token_ids` at positions cache.length.. ; returns logits [n, vocab] (float64).
+
+        rows: indices into token_ids (negative allowed) whose logits are wanted; the output
+        head (the costliest matmul for a 262k vocabulary) then runs for those rows only and
+        the result is [len(rows), vocab]. None: every row.
+        """
         c = self.cfg
         ids = np.asarray(token_ids, dtype=np.int64)
         if ids.ndim != 1 or ids.size == 0:
@@ -329,38 +451,32 @@ class NumpyLlama:
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise ValueError(f"token id out of range [0, {c.vocab_size})")
         T, pos0 = ids.size, cache.length
-        positions = pos0 + np.arange(T)
-        x = self.w["token_embd.weight"][ids].astype(self.dtype)           # [T, d]
+        x = self.embed(ids)                                                # [T, d]
         for i in range(c.n_layers):
-            b = f"blk.{i}."
-            h = rms_norm(x, self.w[b + "attn_norm.weight"], c.rms_eps)
-            q = self._linear(h, b + "attn_q.weight").reshape(T, c.n_heads, c.head_dim).transpose(1, 0, 2)
-            k = self._linear(h, b + "attn_k.weight").reshape(T, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-            v = self._linear(h, b + "attn_v.weight").reshape(T, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-            if c.qk_norm:
-                q = rms_norm(q, self.w[b + "attn_q_norm.weight"], c.rms_eps)
-                k = rms_norm(k, self.w[b + "attn_k_norm.weight"], c.rms_eps)
-            rope = rope_neox if c.rope_neox else rope_norm
-            q = rope(q, positions, c.n_rot, c.rope_base)
-            k = rope(k, positions, c.n_rot, c.rope_base)
-            if self.kv_round == "f16":
-                k, v = k.astype(np.float16).astype(self.dtype), v.astype(np.float16).astype(self.dtype)
-            elif self.kv_round == "bf16":
-                k, v = round_bf16(k), round_bf16(v)
-            k_all, v_all = cache.append(i, k, v)
-            attn = causal_gqa_attention(q, k_all, v_all, pos0, c.sliding_window)
-            x = x + self._linear(attn, b + "attn_output.weight")
-            h = rms_norm(x, self.w[b + "ffn_norm.weight"], c.rms_eps)
-            g = self._linear(h, b + "ffn_gate.weight")
-            u = self._linear(h, b + "ffn_up.weight")
-            x = x + self._linear(silu(g) * u, b + "ffn_down.weight")
+            x = self.layer(i, x, pos0, cache)
         cache.length += T
-        x = rms_norm(x, self.w["output_norm.weight"], c.rms_eps)
+        if rows is not None:
+            x = x[np.asarray(rows, dtype=np.int64)]
+        return self.head(x)
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """The residual stream entering layer 0: embedding rows [T, d] (scaled for Gemma)."""
+        x = self.w["token_embd.weight"][np.asarray(ids, dtype=np.int64)].astype(self.dtype)
+        if self.cfg.embed_scale:
+            # llama.cpp scales by sqrtf(n_embd) in f32; HF casts the normaliser to the hidden
+            # dtype first (bf16: sqrt(640) = 25.298 -> 25.25), a 0.2% difference we don't model.
+            x = x * self.dtype.type(np.sqrt(self.cfg.d_model))
+        return x
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """Final RMSNorm and output head on residual rows x [n, d] -> logits [n, vocab] (float64)."""
+        x = rms_norm(x, self.w["output_norm.weight"], self.cfg.rms_eps)
         return self._linear(x, self.head_name).astype(np.float64)
 
-    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Logits [n, vocab] for every position of `token_ids` (fresh cache)."""
-        return self.forward(token_ids, self.new_cache())
+    def logits(self, token_ids: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
+        """Logits [n, vocab] for every position of `token_ids` (fresh cache); with rows, only
+        for those positions ([len(rows), vocab])."""
+        return self.forward(token_ids, self.new_cache(), rows=rows)
 
     def greedy(self, prompt_ids: Sequence[int], n: int, stop_at_eos: bool = False):
         """Greedy-decode n tokens after prompt_ids.

@@ -148,23 +148,42 @@ ARCH_SHAPES = {
     "wide": (2, 64, 4, 2, 128, 32),
     "k256": (2, 256, 4, 2, 512, 0),
 }
-ARCH_CASES = [(a, s, t) for a in ["qwen2", "qwen3"] for s, t in
+ARCH_CASES = [(a, s, t) for a in ["qwen2", "qwen3", "gemma3"] for s, t in
               [("gqa", "f32"), ("gqa", "q8_0"), ("gqa", "q4_1"), ("wide", "f16"), ("k256", "q4_k")]]
 
 
 @pytest.mark.parametrize("arch,shape,wtype", ARCH_CASES)
 def test_architecture_logits_match_oracle(specnode, tiny_model, tmp_path, arch, shape, wtype):
-    """qwen2 (NeoX RoPE, Q/K/V biases) and qwen3 (NeoX RoPE, per-head Q/K RMSNorm) against the
-    oracle's own reading of those model definitions."""
+    """qwen2 (NeoX RoPE, Q/K/V biases), qwen3 (NeoX RoPE, per-head Q/K RMSNorm) and gemma3
+    (those norms, embedding scale, GeGLU, post-norms; 6+ layers with a window of 5 so local
+    and global layers, and their two RoPE bases, both run) against the oracle's own reading
+    of those model definitions."""
     layers, d_model, heads, kv_heads, ff, head_dim = ARCH_SHAPES[shape]
+    window = 0
+    if arch == "gemma3":
+        layers, window = max(layers, 6) + (1 if shape == "gqa" else 0), 5
     seed = 31 + list(ARCH_SHAPES).index(shape)
     path = tiny_model(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ff=ff,
-                      type=wtype, seed=seed, head_dim=head_dim, arch=arch)
+                      type=wtype, seed=seed, head_dim=head_dim, arch=arch, window=window)
     oracle = NumpyLlama(path, dtype=np.float64)
     assert oracle.cfg.arch == arch, oracle.cfg
     tokens = token_list(oracle.cfg.vocab_size, N_TOKENS, seed)
     got = specnode.logits(path, tokens, tmp_path / "logits.bin")
     compare_logits(got, oracle.logits(tokens), tolerance(wtype), f"{arch}/{shape}/{wtype}")
+
+
+def test_rope_frequency_factors_match_oracle(specnode, tiny_model, tmp_path):
+    """Llama 3.1-style rope_freqs.weight: each pair's angle divided by its factor."""
+    path = tiny_model(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="q8_0", seed=61,
+                      rope_freqs=True)
+    oracle = NumpyLlama(path, dtype=np.float64)
+    assert "rope_freqs.weight" in oracle.w
+    tokens = token_list(oracle.cfg.vocab_size, N_TOKENS, 61)
+    got = specnode.logits(path, tokens, tmp_path / "logits.bin")
+    compare_logits(got, oracle.logits(tokens), tolerance("q8_0"), "rope_freqs")
+    del oracle.w["rope_freqs.weight"]
+    wrong = oracle.logits(tokens)
+    assert np.abs(got - wrong).max() / wrong.std() > 2 * tolerance("q8_0")[0]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
