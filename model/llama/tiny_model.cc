@@ -55,8 +55,9 @@ constexpr std::string_view kChatTemplate =
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-constexpr int kMaxMerges = 100000;
-constexpr int64_t kMaxParameters = int64_t{1} << 28;
+constexpr int kMaxMerges = 200000;  // Llama 3's 128256-token vocabulary needs 127997
+// 16G parameters (~9 GB at Q4_0): the real-shape benchmark models (ApplyTinyModelShape) fit.
+constexpr int64_t kMaxParameters = int64_t{1} << 34;
 
 // ---- Deterministic randomness (integer and IEEE arithmetic only, so files are the same
 // on every platform and compiler).
@@ -350,6 +351,33 @@ class TensorMaker {
 };
 
 }  // namespace
+
+absl::Status ApplyTinyModelShape(std::string_view name, TinyModelOptions* o) {
+  constexpr int kLlama3Vocab = 128256;
+  auto llama3 = [&](int layers, int d, int heads, int ff) {
+    o->arch = "llama";
+    o->n_layers = layers;
+    o->d_model = d;
+    o->n_heads = heads;
+    o->n_kv_heads = 8;
+    o->head_dim = 0;  // d / heads = 128
+    o->d_ff = ff;
+    o->n_merges = kLlama3Vocab - 256 - 3;
+    o->context_length = 8192;
+    o->rope_base = 500000.0f;
+    o->tied_embeddings = false;
+    o->weight_type = GgmlType::kQ4_0;
+  };
+  if (name == "llama3-8b") {
+    llama3(32, 4096, 32, 14336);
+  } else if (name == "llama3-70b-layer") {
+    llama3(1, 8192, 64, 28672);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown shape '", std::string(name),
+                                                   "' (known: llama3-8b, llama3-70b-layer)"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& path) {
   const TinyModelOptions& o = options;

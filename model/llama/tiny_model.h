@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "model/gguf/ggml_types.h"
@@ -51,5 +52,15 @@ struct TinyModelOptions {
 };
 
 absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& path);
+
+// Real shapes with random weights, for speed and memory benchmarks (not for quality: the
+// weights are the writer's seeded noise): sets *o's architecture fields to
+//   llama3-8b         Llama-3-8B: 32 layers, d 4096, 32 / 8 heads x 128, ff 14336, vocab
+//                     128256, untied head, RoPE base 500000, context 8192
+//   llama3-70b-layer  one layer of Llama-3-70B: d 8192, 64 / 8 heads x 128, ff 28672, the
+//                     same vocabulary and head
+// and the weight type to Q4_0 (a caller may override any field afterwards).
+// InvalidArgument naming the known shapes for another name.
+absl::Status ApplyTinyModelShape(std::string_view name, TinyModelOptions* o);
 
 }  // namespace specnode

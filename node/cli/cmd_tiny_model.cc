@@ -16,8 +16,8 @@ namespace specnode {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: specnode tiny-model --out PATH [--arch llama|qwen2|qwen3|gemma3] [--layers N]\n"
-    "         [--d-model N] [--heads N]\n"
+    "usage: specnode tiny-model --out PATH [--shape NAME] [--arch llama|qwen2|qwen3|gemma3]\n"
+    "         [--layers N] [--d-model N] [--heads N]\n"
     "         [--kv-heads N] [--head-dim N] [--ff N] [--merges N] [--context N]\n"
     "         [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n"
     "         [--perturb EPS] [--perturb-seed S] [--untied] [--sliding-window N]\n"
@@ -26,11 +26,14 @@ constexpr char kUsage[] =
     "fall back as in llama.cpp's quantiser (q4_k to q5_0, q5_k to q5_1, q6_k to q8_0).\n"
     "--head-dim (default d_model / heads) other than that quotient is written as\n"
     "<arch>.attention.key_length / value_length, as Qwen3 and Gemma files state theirs.\n"
-    "--arch writes that architecture's keys and the tensors it adds (qwen2: Q/K/V biases,\n"
-    "qwen3: per-head Q/K norms, gemma3: those and post-norms). --sliding-window N writes "
-    "<arch>.attention.sliding_window\n"
-    "(each token attends to its last N positions, as Mistral's windowed layers).\n"
-    "--rope-freqs writes rope_freqs.weight, Llama 3.1-style RoPE frequency factors.\n";
+    "--arch writes that architecture's keys and the tensors it adds (qwen2: Q/K/V\n"
+    "biases, qwen3: per-head Q/K norms, gemma3: those and post-norms).\n"
+    "--sliding-window N writes <arch>.attention.sliding_window (each token attends to its\n"
+    "last N positions, as Mistral's windowed layers).\n"
+    "--rope-freqs writes rope_freqs.weight, Llama 3.1-style RoPE frequency factors.\n"
+    "--shape llama3-8b|llama3-70b-layer: real shapes with random weights (Q4_0 unless\n"
+    "--type says otherwise; 4.5 / 1.7 GB, minutes to write) for speed and memory benchmarks\n"
+    "(bench/README.md); other options override single fields.\n";
 
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "specnode tiny-model: %s\n", message.c_str());
@@ -57,6 +60,10 @@ absl::StatusOr<GgmlType> ParseType(const std::string& s) {
 
 // Reads every option into `o`; the first bad value wins.
 absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
+  // A real shape first; the other options then override single fields.
+  if (args.Has("shape")) {
+    if (absl::Status s = ApplyTinyModelShape(args.Get("shape"), &o); !s.ok()) return s;
+  }
   constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
   constexpr int64_t kSeedMax = std::numeric_limits<int64_t>::max();
   auto get_int = [&](const char* key, int& field, int64_t lo) -> absl::Status {
@@ -99,7 +106,7 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
 int RunTinyModel(int argc, char** argv) {
   absl::StatusOr<CliArgs> args = CliArgs::Parse(
       argc, argv,
-      {"out", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff", "merges",
+      {"out", "shape", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff", "merges",
        "context", "sliding-window", "type", "seed", "perturb", "perturb-seed"},
       {"untied", "rope-freqs", "help"});
   if (!args.ok()) {

@@ -278,8 +278,35 @@ TEST(TinyModelTest, BadOptionsAreRejected) {
         o.n_layers = 256;
       },
       "too large");
+  rejected([](TinyModelOptions& o) { o.arch = "mamba"; }, "unknown arch");
+  rejected([](TinyModelOptions& o) { o.sliding_window = -1; }, "negative window");
   // I/O failure is an error, not a crash.
   EXPECT_FALSE(WriteTinyModel(TinyModelOptions{}, "/nonexistent/dir/x.gguf").ok());
+}
+
+// The real-shape benchmark models: Llama-3-8B's and a Llama-3-70B layer's hyper-parameters
+// (bench/bench_shapes.py writes and measures them; too large to write in a unit test).
+TEST(TinyModel, RealShapesHaveTheirModelsHyperParameters) {
+  TinyModelOptions o;
+  ASSERT_TRUE(ApplyTinyModelShape("llama3-8b", &o).ok());
+  EXPECT_EQ(o.arch, "llama");
+  EXPECT_EQ(o.n_layers, 32);
+  EXPECT_EQ(o.d_model, 4096);
+  EXPECT_EQ(o.n_heads, 32);
+  EXPECT_EQ(o.n_kv_heads, 8);
+  EXPECT_EQ(o.d_ff, 14336);
+  EXPECT_EQ(256 + o.n_merges + 3, 128256);  // Llama 3's vocabulary
+  EXPECT_FALSE(o.tied_embeddings);
+  EXPECT_EQ(o.weight_type, GgmlType::kQ4_0);
+  TinyModelOptions l;
+  ASSERT_TRUE(ApplyTinyModelShape("llama3-70b-layer", &l).ok());
+  EXPECT_EQ(l.n_layers, 1);
+  EXPECT_EQ(l.d_model, 8192);
+  EXPECT_EQ(l.n_heads, 64);
+  EXPECT_EQ(l.d_ff, 28672);
+  const absl::Status bad = ApplyTinyModelShape("llama3-405b", &l);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("llama3-8b"), std::string::npos) << bad;
 }
 
 }  // namespace
