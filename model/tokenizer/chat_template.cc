@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "model/status_macros.h"
 #include "model/tokenizer/unicode_data.h"
 
 namespace specnode {
@@ -187,6 +188,64 @@ absl::StatusOr<std::string> RenderGemma(std::string_view tmpl,
   return out;
 }
 
+// Turns must alternate user / assistant (the [INST] templates' raise_exception).
+absl::Status CheckAlternating(const std::vector<ChatMessage>& messages, size_t first,
+                              const char* family) {
+  for (size_t i = first; i < messages.size(); ++i) {
+    if ((messages[i].role == "user") != ((i - first) % 2 == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chat: the ", family, " template needs turns alternating user / assistant; message ", i,
+          " is '", messages[i].role, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Mistral v0.1 / v0.2 instruct: "[INST] user [/INST]assistant</s>", contents as given, no
+// system role (the template raises), no generation prompt (the open [/INST] is one). The
+// leading BOS is the tokenizer's (add_bos), as llama.cpp renders it.
+absl::StatusOr<std::string> RenderMistral(const std::vector<ChatMessage>& messages) {
+  if (messages.front().role == "system") {
+    return absl::InvalidArgumentError(
+        "chat: the Mistral [INST] template has no system role (only user and assistant)");
+  }
+  SPECNODE_RETURN_IF_ERROR(CheckAlternating(messages, 0, "Mistral"));
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "user") {
+      absl::StrAppend(&out, "[INST] ", m.content, " [/INST]");
+    } else {
+      absl::StrAppend(&out, m.content, "</s>");
+    }
+  }
+  return out;
+}
+
+// Llama 2 chat: "<s>[INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] assistant </s>" per
+// exchange, contents trimmed, the system message in the first user turn; every user turn
+// after the first opens with "<s>" (the first BOS is the tokenizer's).
+absl::StatusOr<std::string> RenderLlama2(const std::vector<ChatMessage>& messages) {
+  size_t first = 0;
+  std::string system;
+  if (messages.front().role == "system") {
+    system = messages.front().content;
+    first = 1;
+  }
+  SPECNODE_RETURN_IF_ERROR(CheckAlternating(messages, first, "Llama 2"));
+  std::string out;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      std::string content = m.content;
+      if (i == first && first == 1) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+      absl::StrAppend(&out, i == first ? "" : "<s>", "[INST] ", Trim(content), " [/INST]");
+    } else {
+      absl::StrAppend(&out, " ", Trim(m.content), " </s>");
+    }
+  }
+  return out;
+}
+
 // The built-in templates (BuiltinChatTemplate): each family's usual Jinja text for string
 // contents; Jinja2 renders them as ApplyChatTemplate does (checked in chat_template_test.cc).
 constexpr char kBuiltinChatMl[] =
@@ -211,6 +270,25 @@ constexpr char kBuiltinGemma[] =
     "= message['role'] -%}{%- endif -%}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix "
     "if loop.first else \"\") }}{{- message['content'] | trim }}{{- '<end_of_turn>\n' }}{%- "
     "endfor -%}{%- if add_generation_prompt -%}{{'<start_of_turn>model\n'}}{%- endif -%}";
+// Mistral-7B-Instruct-v0.1's and Llama-2-chat's templates.
+constexpr char kBuiltinMistral[] =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ "
+    "'[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ "
+    "message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles "
+    "are supported!') }}{% endif %}{% endfor %}";
+constexpr char kBuiltinLlama2[] =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set "
+    "system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set "
+    "system_message = false %}{% endif %}{% for message in loop_messages %}{% if "
+    "(message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation "
+    "roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == "
+    "0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] "
+    "%}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + "
+    "' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + "
+    "eos_token }}{% endif %}{% endfor %}";
 
 }  // namespace
 
@@ -219,8 +297,11 @@ absl::StatusOr<std::string> BuiltinChatTemplate(std::string_view name) {
   if (name == "llama3") return std::string(kBuiltinLlama3);
   if (name == "zephyr") return std::string(kBuiltinZephyr);
   if (name == "gemma") return std::string(kBuiltinGemma);
-  return absl::InvalidArgumentError(absl::StrCat("unknown chat template \"", std::string(name),
-                                                 "\" (built in: chatml, llama3, zephyr, gemma)"));
+  if (name == "mistral") return std::string(kBuiltinMistral);
+  if (name == "llama2") return std::string(kBuiltinLlama2);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown chat template \"", std::string(name),
+                   "\" (built in: chatml, llama3, zephyr, gemma, mistral, llama2)"));
 }
 
 absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
@@ -237,7 +318,7 @@ absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
   if (jinja_template.empty()) {
     return absl::UnimplementedError(
         "chat: the model has no chat template (a base model); name one with --chat-template "
-        "chatml|llama3|zephyr|gemma (a serve config: model.chat_template)");
+        "chatml|llama3|zephyr|gemma|mistral|llama2 (a serve config: model.chat_template)");
   }
   if (jinja_template.find(kImStart) != std::string::npos) {
     return RenderChatMl(jinja_template, messages, add_generation_prompt);
@@ -251,8 +332,24 @@ absl::StatusOr<std::string> ApplyChatTemplate(const std::string& jinja_template,
   if (jinja_template.find("<start_of_turn>") != std::string::npos) {
     return RenderGemma(jinja_template, messages, add_generation_prompt);
   }
+  // The [INST] families: Llama 2's (with <<SYS>>), else Mistral v0.1 / v0.2's exact form;
+  // later Mistral templates ([INST] without the spaces, [SYSTEM_PROMPT], tools) are refused.
+  if (jinja_template.find("[INST]") != std::string::npos) {
+    if (jinja_template.find("<<SYS>>") != std::string::npos &&
+        jinja_template.find("'[INST] ' + content.strip() + ' [/INST]'") != std::string::npos) {
+      return RenderLlama2(messages);
+    }
+    if (jinja_template.find("'[INST] ' + message['content'] + ' [/INST]'") != std::string::npos &&
+        jinja_template.find("message['content'] + eos_token") != std::string::npos) {
+      return RenderMistral(messages);
+    }
+    return absl::UnimplementedError(
+        "chat: this [INST] template is not one specnode reproduces (supported: Mistral "
+        "v0.1/v0.2's and Llama 2's; name one with --chat-template mistral|llama2)");
+  }
   return absl::UnimplementedError(
-      "chat: unrecognised chat template (supported: ChatML, Llama-3, Zephyr, Gemma)");
+      "chat: unrecognised chat template (supported: ChatML, Llama-3, Zephyr, Gemma, Mistral, "
+      "Llama 2)");
 }
 
 }  // namespace specnode

@@ -34,7 +34,8 @@ constexpr char kUsage[] =
     "  --special      encode: match special tokens in the text; decode: render them\n"
     "  --chat         encode TEXT as one user turn of the model's chat template\n"
     "                 (with the assistant opener; implies --special)\n"
-    "  --chat-template NAME  chatml, llama3, zephyr or gemma instead of the file's template\n";
+    "  --chat-template NAME  chatml, llama3, zephyr, gemma, mistral or llama2 instead of the\n"
+    "                 file's template\n";
 
 int Fail(int code, absl::string_view message) {
   std::fprintf(stderr, "specnode tokenize: %.*s\n", static_cast<int>(message.size()),

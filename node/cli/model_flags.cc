@@ -37,8 +37,9 @@ const char kComputeFlagsHelp[] =
     "                      AVX-512 VNNI, a little on AVX2); refused on a GPU (f32 activations)\n"
     "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV store on\n"
     "                      that GPU (every kv mode but dense; builds with CUDA)\n"
-    "  --chat-template NAME  format chat prompts as chatml, llama3, zephyr or gemma instead\n"
-    "                      of the model file's template (a file without one needs this)\n";
+    "  --chat-template NAME  format chat prompts as chatml, llama3, zephyr, gemma, mistral\n"
+    "                      or llama2 instead of the model file's template (a file without\n"
+    "                      one needs this)\n";
 
 absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args) {
   if (!args.Has("activations")) return std::optional<ActQuant>();

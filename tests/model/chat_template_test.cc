@@ -166,7 +166,40 @@ TEST(ChatTemplateTest, BuiltinTemplatesRenderAsJinjaDoes) {
   }
   auto unknown = BuiltinChatTemplate("alpaca");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(unknown.status().message().find("chatml, llama3, zephyr, gemma"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("chatml, llama3, zephyr, gemma, mistral, llama2"),
+            std::string::npos);
+}
+
+// The [INST] families. Expected strings rendered with Jinja2 3.1.6 from the built-in texts
+// (Mistral-7B-Instruct-v0.1's and Llama-2-chat's templates), bos_token "<s>", eos_token
+// "</s>", minus the leading "<s>" (the tokenizer adds BOS).
+TEST(ChatTemplateTest, MistralAndLlama2RenderAsJinjaDoes) {
+  const std::vector<ChatMessage> multi = {
+      {"user", " What is 2+2? "}, {"assistant", " 4. "}, {"user", "And 3+3?"}};
+  const std::vector<ChatMessage> sys = {
+      {"system", "Be brief."}, {"user", "Hello"}, {"assistant", "Hi!"}, {"user", "Bye"}};
+  auto mistral = BuiltinChatTemplate("mistral");
+  auto llama2 = BuiltinChatTemplate("llama2");
+  ASSERT_TRUE(mistral.ok() && llama2.ok());
+  EXPECT_EQ(Render(*mistral, {{"user", "Hi there"}}, true), "[INST] Hi there [/INST]");
+  EXPECT_EQ(Render(*mistral, multi, true),
+            "[INST]  What is 2+2?  [/INST] 4. </s>[INST] And 3+3? [/INST]");
+  // Mistral v0.1's template raises on a system message; so does the renderer.
+  EXPECT_EQ(ApplyChatTemplate(*mistral, sys, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Render(*llama2, {{"user", "Hi there"}}, true), "[INST] Hi there [/INST]");
+  EXPECT_EQ(Render(*llama2, multi, true),
+            "[INST] What is 2+2? [/INST] 4. </s><s>[INST] And 3+3? [/INST]");
+  EXPECT_EQ(Render(*llama2, sys, true),
+            "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHello [/INST] Hi! </s><s>[INST] Bye [/INST]");
+  // Both need alternating turns.
+  EXPECT_EQ(ApplyChatTemplate(*llama2, {{"user", "a"}, {"user", "b"}}, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Another [INST] form (Mistral v0.3's, no spaces) is refused by name, not approximated.
+  auto v3 =
+      ApplyChatTemplate("{{ '[INST]' + message['content'] + '[/INST]' }}", {{"user", "a"}}, true);
+  EXPECT_EQ(v3.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(v3.status().message().find("[INST]"), std::string::npos);
 }
 
 TEST(ChatTemplateTest, Errors) {
@@ -175,7 +208,8 @@ TEST(ChatTemplateTest, Errors) {
   auto role = ApplyChatTemplate(kSmolLm2Template, {{"user", "a"}, {"wizard", "b"}}, true);
   EXPECT_EQ(role.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(role.status().message().find("wizard"), std::string::npos);
-  auto unknown = ApplyChatTemplate("{{ messages[0].content }} [INST]", {{"user", "a"}}, true);
+  auto unknown =
+      ApplyChatTemplate("{{ messages[0].content }} ### Response:", {{"user", "a"}}, true);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnimplemented);
   auto none = ApplyChatTemplate("", {{"user", "a"}}, true);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
