@@ -20,6 +20,7 @@
 #include "model/gguf/gguf_writer.h"
 #include "model/tokenizer/tokenizer.h"
 #include "model/tokenizer/tokenizer_spm.h"
+#include "tests/support/real_model.h"
 
 namespace specnode {
 namespace {
@@ -326,45 +327,8 @@ nlohmann::json LoadGemmaGolden() {
   return nlohmann::json::parse(in);
 }
 
-// Gemma's tokenizer from $SPECNODE_GEMMA_MODEL, loaded once; nullptr when unavailable.
-const Tokenizer* GemmaTokenizer() {
-  static const std::unique_ptr<Tokenizer> tok = []() -> std::unique_ptr<Tokenizer> {
-    const char* path = std::getenv("SPECNODE_GEMMA_MODEL");
-    if (path == nullptr || !std::filesystem::exists(path)) return nullptr;
-    auto file = GgufFile::Open(path);
-    if (!file.ok()) {
-      ADD_FAILURE() << "SPECNODE_GEMMA_MODEL=" << path << ": " << file.status();
-      return nullptr;
-    }
-    auto t = Tokenizer::FromGguf(**file);
-    if (!t.ok()) {
-      ADD_FAILURE() << "Tokenizer::FromGguf: " << t.status();
-      return nullptr;
-    }
-    return std::move(*t);
-  }();
-  return tok.get();
-}
-
-// Skips without $SPECNODE_GEMMA_MODEL (or with a path that does not exist); fails instead
-// under SPECNODE_REQUIRE_MODEL=1 (scripts/test sets both).
-#define SKIP_WITHOUT_GEMMA()                                                                \
-  do {                                                                                      \
-    const char* path = std::getenv("SPECNODE_GEMMA_MODEL");                                 \
-    const char* req = std::getenv("SPECNODE_REQUIRE_MODEL");                                \
-    const bool required = req != nullptr && std::string(req) == "1";                        \
-    if (path == nullptr || *path == '\0') {                                                 \
-      if (required) FAIL() << "SPECNODE_GEMMA_MODEL is unset but SPECNODE_REQUIRE_MODEL=1"; \
-      GTEST_SKIP() << "SPECNODE_GEMMA_MODEL is unset (scripts/fetch-model --model "         \
-                      "gemma3-270m prints the path)";                                       \
-    }                                                                                       \
-    if (!std::filesystem::exists(path)) {                                                   \
-      if (required) {                                                                       \
-        FAIL() << "SPECNODE_GEMMA_MODEL=" << path << " does not exist";                     \
-      }                                                                                     \
-      GTEST_SKIP() << "SPECNODE_GEMMA_MODEL=" << path << " does not exist";                 \
-    }                                                                                       \
-  } while (0)
+const Tokenizer* GemmaTokenizer() { return testing_support::RealTokenizer("SPECNODE_GEMMA_MODEL"); }
+#define SKIP_WITHOUT_GEMMA() SPECNODE_SKIP_WITHOUT_REAL_MODEL("SPECNODE_GEMMA_MODEL")
 
 TEST(GemmaTokenizerTest, MatchesLlamaCppGolden) {
   SKIP_WITHOUT_GEMMA();

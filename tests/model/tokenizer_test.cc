@@ -1,4 +1,5 @@
 #include "model/tokenizer/tokenizer.h"
+#include "tests/support/real_model.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -289,38 +290,8 @@ TEST(PreTokenizeGoldenTest, MatchesHuggingFaceRegexSplits) {
   EXPECT_GT(checked, 100);
 }
 
-// The real SmolLM2 tokenizer, loaded once; nullptr (after GTEST_SKIP or a failure) when
-// unavailable.
-const Tokenizer* RealTokenizer() {
-  static const std::unique_ptr<Tokenizer> tok = []() -> std::unique_ptr<Tokenizer> {
-    const char* path = std::getenv("SPECNODE_MODEL");
-    if (path == nullptr || *path == '\0') return nullptr;
-    auto file = GgufFile::Open(path);
-    if (!file.ok()) {
-      ADD_FAILURE() << "SPECNODE_MODEL=" << path << ": " << file.status();
-      return nullptr;
-    }
-    auto t = Tokenizer::FromGguf(**file);
-    if (!t.ok()) {
-      ADD_FAILURE() << "Tokenizer::FromGguf: " << t.status();
-      return nullptr;
-    }
-    return std::move(*t);
-  }();
-  return tok.get();
-}
-
-#define SKIP_WITHOUT_MODEL()                                                          \
-  do {                                                                                \
-    const char* req = std::getenv("SPECNODE_REQUIRE_MODEL");                          \
-    const char* path = std::getenv("SPECNODE_MODEL");                                 \
-    if (path == nullptr || *path == '\0') {                                           \
-      if (req != nullptr && std::string(req) == "1") {                                \
-        FAIL() << "SPECNODE_REQUIRE_MODEL=1 but SPECNODE_MODEL is unset";             \
-      }                                                                               \
-      GTEST_SKIP() << "SPECNODE_MODEL is unset (path to SmolLM2-135M-Instruct GGUF)"; \
-    }                                                                                 \
-  } while (0)
+const Tokenizer* RealTokenizer() { return testing_support::RealTokenizer("SPECNODE_MODEL"); }
+#define SKIP_WITHOUT_MODEL() SPECNODE_SKIP_WITHOUT_REAL_MODEL("SPECNODE_MODEL")
 
 TEST(RealTokenizerTest, MatchesGolden) {
   SKIP_WITHOUT_MODEL();

@@ -191,6 +191,17 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
 
 
+def rope_cos_sin(positions: np.ndarray, n_rot: int, base: float, scale: float,
+                 freq_factors: np.ndarray | None, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [T, n_rot/2] of pair i's angle pos/scale * base^(-2i/n_rot), divided by
+    freq_factors[i] when given (Llama 3.1's rope_freqs.weight: HF's rescaled inv_freq)."""
+    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)       # [half]
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    ang = (positions.astype(np.float64) / scale)[:, None] * inv_freq[None, :]      # [T, half]
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
 def rope_norm(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float,
               scale: float = 1.0, freq_factors: np.ndarray | None = None) -> np.ndarray:
     """ggml RoPE "NORM" mode on x [n_heads, T, head_dim] at absolute `positions` [T].
@@ -199,12 +210,7 @@ def rope_norm(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float,
     dims from n_rot on pass through unchanged.
     """
     half = n_rot // 2
-    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)       # [half]
-    if freq_factors is not None:  # Llama 3.1's rope_freqs.weight: HF's rescaled inv_freq
-        inv_freq = inv_freq / freq_factors.astype(np.float64)
-    ang = (positions.astype(np.float64) / scale)[:, None] * inv_freq[None, :]      # [T, half]
-    cos = np.cos(ang).astype(x.dtype)
-    sin = np.sin(ang).astype(x.dtype)
+    cos, sin = rope_cos_sin(positions, n_rot, base, scale, freq_factors, x.dtype)
     out = x.copy()
     x0 = x[..., 0:n_rot:2]
     x1 = x[..., 1:n_rot:2]
@@ -220,12 +226,7 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float,
     i + n_rot/2 form a pair, turned by pos/scale * base^(-2i/n_rot); dims from n_rot on
     unchanged (scale: linear RoPE scaling factor)."""
     half = n_rot // 2
-    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)       # [half]
-    if freq_factors is not None:  # Llama 3.1's rope_freqs.weight: HF's rescaled inv_freq
-        inv_freq = inv_freq / freq_factors.astype(np.float64)
-    ang = (positions.astype(np.float64) / scale)[:, None] * inv_freq[None, :]      # [T, half]
-    cos = np.cos(ang).astype(x.dtype)
-    sin = np.sin(ang).astype(x.dtype)
+    cos, sin = rope_cos_sin(positions, n_rot, base, scale, freq_factors, x.dtype)
     out = x.copy()
     x0 = x[..., :half]
     x1 = x[..., half:n_rot]
