@@ -10,6 +10,7 @@
 // thread-safe (gtest runs tests on one thread).
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -55,6 +56,22 @@ inline const Tokenizer* RealTokenizer(const char* env_var) {
   }
   tok = std::move(*t);
   return tok.get();
+}
+
+// A ~10 KB prompt of `line` repeated: encodes to more than 2000 ids, decodes back to the
+// text, and within 500 ms (typically a few ms; the bound leaves room for sanitizer builds).
+inline void ExpectLongPromptEncodesQuickly(const Tokenizer& tok, const std::string& line) {
+  std::string text;
+  while (text.size() < 10000) text += line;
+  const auto start = std::chrono::steady_clock::now();
+  auto ids = tok.Encode(text, true);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_GT(ids->size(), 2000u);
+  EXPECT_EQ(tok.Decode(*ids), text);
+  ::testing::Test::RecordProperty("encode_ms", std::to_string(ms));
+  EXPECT_LT(ms, 500.0) << ids->size() << " tokens";
 }
 
 }  // namespace specnode::testing_support
