@@ -265,6 +265,28 @@ TEST(PreTokenizeTest, ToleratesInvalidUtf8) {
   }
 }
 
+// Every supported pre-tokenizer against Hugging Face `tokenizers` splitting the same texts
+// with the published regexes (tests/data/make_pretokenizer_golden.py; 20 texts: contractions
+// in both cases, digit runs, whitespace and newline runs, code, CJK, Hangul, Greek,
+// Cyrillic, emoji).
+TEST(PreTokenizeTest, MatchesHfTokenizers) {
+  const auto path =
+      std::filesystem::path(__FILE__).parent_path() / "../data/pretokenizer_golden.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << "cannot open " << path;
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const nlohmann::json& c : golden["cases"]) {
+    auto kind = tokenizer_internal::ParsePreTokenizer(c["pre"].get<std::string>());
+    ASSERT_TRUE(kind.ok()) << kind.status();
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ(Pieces(*kind, text), c["pieces"].get<std::vector<std::string>>())
+        << c["pre"].get<std::string>() << ": " << nlohmann::json(text).dump();
+    ++checked;
+  }
+  EXPECT_EQ(checked, 80);
+}
+
 // ---- Golden data from tests/data/make_tokenizer_golden.py (HF tokenizers) ----
 
 nlohmann::json LoadGolden() {
