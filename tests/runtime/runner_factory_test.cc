@@ -184,6 +184,18 @@ TEST(RunnerFactoryTest, GpuRefusalsNameTheDevice) {
   wide.head_dim = 512;
   const absl::Status s = CheckRunnerOptions(o, &wide, /*probe_device=*/false);
   EXPECT_NE(s.message().find("head_dim 512"), std::string_view::npos) << s;
+  // Architectures beyond plain llama (and sliding windows) have no kernels on a GPU yet.
+  for (const char* arch : {"qwen2", "qwen3", "gemma3"}) {
+    LlamaConfig other = config;
+    other.architecture = arch;
+    other.arch = *FindArch(arch);
+    const absl::Status a = CheckRunnerOptions(o, &other, /*probe_device=*/false);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << arch;
+    EXPECT_NE(a.message().find("--device cpu"), std::string_view::npos) << a;
+  }
+  LlamaConfig windowed = config;
+  windowed.sliding_window = 4096;
+  EXPECT_FALSE(CheckRunnerOptions(o, &windowed, /*probe_device=*/false).ok());
 }
 
 // Returns why no GPU runner can be made here ("" when one can).
