@@ -96,7 +96,7 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
     return absl::InvalidArgumentError(
         "the CUDA backend cannot run a model with Q/K/V biases (qwen2) yet; use --device cpu");
   }
-  if (w.rope_freqs != nullptr) {
+  if (w.rope_freqs != nullptr || w.rope_linear != nullptr) {
     return absl::InvalidArgumentError(
         "the CUDA backend cannot run RoPE frequency factors (rope_freqs.weight) yet; use --device "
         "cpu");

@@ -16,7 +16,8 @@ constexpr ArchTraits kArchs[] = {
      .embed_scale = true,
      .post_norms = true,
      .swa_period = 6,
-     .rope_base_local = 10000.0f},
+     .rope_base_local = 10000.0f,
+     .rope_scaling_global_only = true},
 };
 
 }  // namespace

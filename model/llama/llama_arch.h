@@ -48,6 +48,9 @@ struct ArchTraits {
   // 0: every layer is windowed.
   int swa_period = 0;
   float rope_base_local = 0.0f;  // RoPE base of the windowed layers; 0: the file's base
+  // Linear RoPE scaling (rope.scaling.type linear) applies to the global layers only
+  // (Gemma 3 4B+: the local layers keep unscaled RoPE); false: to every layer.
+  bool rope_scaling_global_only = false;
 };
 
 // The row of `architecture`, or nullptr when the table has none.

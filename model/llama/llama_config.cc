@@ -112,8 +112,20 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& file) {
   c.tied_embeddings = file.FindTensor("output.weight") == nullptr;
   // RoPE variants the graph does not compute are refused, never approximated.
   if (auto type = file.GetString(p + "rope.scaling.type"); type.ok() && *type != "none") {
-    return absl::UnimplementedError(
-        absl::StrCat(p, "rope.scaling.type '", *type, "' is not supported (only unscaled RoPE)"));
+    if (*type != "linear") {
+      return absl::UnimplementedError(
+          absl::StrCat(p, "rope.scaling.type '", *type, "' is not supported (none or linear)"));
+    }
+    if (file.Find(p + "rope.scaling.factor") == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(p, "rope.scaling.type is linear but ", p, "rope.scaling.factor is missing"));
+    }
+    SPECNODE_ASSIGN_OR_RETURN(double factor, file.GetFloat(p + "rope.scaling.factor"));
+    if (!(factor >= 1.0 && factor <= 1024.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(p, "rope.scaling.factor ", factor, " out of range [1, 1024]"));
+    }
+    c.rope_scale = static_cast<float>(factor);
   }
 
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -133,6 +145,11 @@ int32_t LlamaConfig::LayerWindow(int l) const {
   return sliding_window;
 }
 
+float LlamaConfig::LayerRopeScale(int l) const {
+  if (arch.rope_scaling_global_only && LayerWindow(l) > 0) return 1.0f;
+  return rope_scale;
+}
+
 float LlamaConfig::LayerRopeBase(int l) const {
   return LayerWindow(l) > 0 && arch.rope_base_local > 0.0f ? arch.rope_base_local : rope_base;
 }
@@ -147,6 +164,7 @@ std::string LlamaConfig::Summary() const {
   if (arch.qk_norm) variants += " qknorm";
   if (arch.ffn == FfnActivation::kGeluTanh) variants += " geglu";
   if (arch.post_norms) variants += " postnorm";
+  if (rope_scale != 1.0f) variants += absl::StrCat(" ropex", rope_scale);
   if (sliding_window > 0) {
     variants += absl::StrCat(" swa", sliding_window);
     if (arch.swa_period > 0) variants += absl::StrCat("/", arch.swa_period);

@@ -27,6 +27,9 @@ struct LlamaConfig {
   int vocab_size = 0;
   int context_length = 0;
   float rope_base = 10000.0f;
+  // Linear RoPE scaling factor (rope.scaling.type linear, rope.scaling.factor): positions
+  // are divided by it on the layers it applies to (LayerRopeScale); 1: none.
+  float rope_scale = 1.0f;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // no output.weight: the head reuses token_embd
   // Sliding-window attention: a windowed layer's token attends to its last sliding_window
@@ -44,6 +47,8 @@ struct LlamaConfig {
   int32_t LayerWindow(int l) const;
   // The RoPE base of layer l: the row's local base on a windowed layer that has one.
   float LayerRopeBase(int l) const;
+  // The linear RoPE scale of layer l (1 on a local layer of a row that scales global ones).
+  float LayerRopeScale(int l) const;
 
   // Reads "<arch>.*" keys. Unimplemented for an architecture not in the table (naming it
   // and the supported ones) and for value_length != key_length; InvalidArgument naming the key for

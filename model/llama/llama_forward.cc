@@ -195,9 +195,9 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
     SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.q, lw.q_norm, n * n_heads_, hd, eps, b.q));
     SPECNODE_RETURN_IF_ERROR(backend_->RmsNorm(b.k, lw.k_norm, n * n_kv_heads_, hd, eps, b.k));
   }
-  SPECNODE_RETURN_IF_ERROR(backend_->RopePair(b.q, b.k, n, n_heads_, n_kv_heads_, hd,
-                                              config_.rope_dim, config_.LayerRopeBase(l),
-                                              config_.arch.rope, w_->rope_freqs));
+  SPECNODE_RETURN_IF_ERROR(backend_->RopePair(
+      b.q, b.k, n, n_heads_, n_kv_heads_, hd, config_.rope_dim, config_.LayerRopeBase(l),
+      config_.arch.rope, config_.LayerRopeScale(l) != 1.0f ? w_->rope_linear : w_->rope_freqs));
   SPECNODE_RETURN_IF_ERROR(cache->Write(l, b.k, b.v));
   // FromGguf sets the scale; a config made by hand (tests) keeps the usual one.
   const float scale =

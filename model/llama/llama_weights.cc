@@ -132,6 +132,15 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   SPECNODE_ASSIGN_OR_RETURN(w.token_embd, Matrix(file, "token_embd.weight", config.vocab_size, d));
   w.token_embd = convert(w.token_embd);
   SPECNODE_ASSIGN_OR_RETURN(w.output_norm, norm("output_norm.weight"));
+  if (config.rope_scale != 1.0f) {
+    if (file.FindTensor("rope_freqs.weight") != nullptr) {
+      return absl::UnimplementedError(
+          "rope_freqs.weight together with linear rope scaling is not supported");
+    }
+    w.rope_freqs_len = config.rope_dim / 2;
+    std::vector<float>& f = w.owned_norms.emplace_back(w.rope_freqs_len, config.rope_scale);
+    w.rope_linear = f.data();
+  }
   if (file.FindTensor("rope_freqs.weight") != nullptr) {
     w.rope_freqs_len = config.rope_dim / 2;
     SPECNODE_ASSIGN_OR_RETURN(w.rope_freqs,
@@ -213,6 +222,9 @@ absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightM
   }
   SPECNODE_ASSIGN_OR_RETURN(v.output_norm, norm(w.output_norm, dm));
   v.rope_freqs_len = w.rope_freqs_len;
+  if (w.rope_linear != nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(v.rope_linear, norm(w.rope_linear, w.rope_freqs_len));
+  }
   if (w.rope_freqs != nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(v.rope_freqs, norm(w.rope_freqs, w.rope_freqs_len));
   }

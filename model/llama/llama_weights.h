@@ -67,6 +67,10 @@ struct LlamaWeights {
   // when the file has none.
   const float* rope_freqs = nullptr;
   int rope_freqs_len = 0;
+  // Linear RoPE scaling as frequency factors (config.rope_scale for every pair,
+  // [rope_freqs_len]); null without scaling. The layers LlamaConfig::LayerRopeScale scales
+  // use these instead of rope_freqs (a file with both is refused).
+  const float* rope_linear = nullptr;
   std::vector<LayerWeights> layers;
   int head_dim = 0;  // width of q_norm / k_norm (MapWeightViews passes it as their length)
   // Norm and bias vectors converted to f32 when the file stores them as F16/BF16.

@@ -283,6 +283,9 @@ absl::Status Validate(const TinyModelOptions& o) {
   if (o.n_merges < 0 || o.n_merges > kMaxMerges) {
     return bad("n_merges ", o.n_merges, " not in [0, ", kMaxMerges, "]");
   }
+  if (!std::isfinite(o.rope_scale) || o.rope_scale < 0.0f || o.rope_scale > 1024.0f) {
+    return bad("rope_scale ", o.rope_scale, " not in [0, 1024]");
+  }
   if (o.sliding_window < 0 || o.sliding_window > (1 << 24)) {
     return bad("sliding_window ", o.sliding_window, " not in [0, 2^24]");
   }
@@ -412,6 +415,10 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
   }
   if (o.sliding_window > 0) {
     w.AddUint32(a + "attention.sliding_window", static_cast<uint32_t>(o.sliding_window));
+  }
+  if (o.rope_scale > 1.0f) {
+    w.AddString(a + "rope.scaling.type", "linear");
+    w.AddFloat32(a + "rope.scaling.factor", o.rope_scale);
   }
   w.AddBool("tokenizer.ggml.add_space_prefix", false);
   w.AddBool("tokenizer.ggml.add_bos_token", false);

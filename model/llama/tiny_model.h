@@ -44,6 +44,8 @@ struct TinyModelOptions {
   // Writes rope_freqs.weight (Llama 3.1-style RoPE frequency factors): pair i's angle
   // divided by 1 + 7 i / (pairs - 1), a ramp from 1 (fast pairs) to 8 (slow ones).
   bool rope_freqs = false;
+  // > 1: written as rope.scaling.type linear with this rope.scaling.factor.
+  float rope_scale = 0.0f;
   bool tied_embeddings = true;  // no output.weight; the head reuses token_embd
   GgmlType weight_type = GgmlType::kF32;  // matrices; norms are always F32
   uint64_t seed = 1;

@@ -21,7 +21,7 @@ constexpr char kUsage[] =
     "         [--kv-heads N] [--head-dim N] [--ff N] [--merges N] [--context N]\n"
     "         [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n"
     "         [--perturb EPS] [--perturb-seed S] [--untied] [--sliding-window N]\n"
-    "         [--rope-freqs]\n"
+    "         [--rope-freqs] [--rope-scale F]\n"
     "K-quant types apply to matrices whose rows are whole 256-value blocks; narrower ones\n"
     "fall back as in llama.cpp's quantiser (q4_k to q5_0, q5_k to q5_1, q6_k to q8_0).\n"
     "--head-dim (default d_model / heads) other than that quotient is written as\n"
@@ -30,7 +30,8 @@ constexpr char kUsage[] =
     "biases, qwen3: per-head Q/K norms, gemma3: those and post-norms).\n"
     "--sliding-window N writes <arch>.attention.sliding_window (each token attends to its\n"
     "last N positions, as Mistral's windowed layers).\n"
-    "--rope-freqs writes rope_freqs.weight, Llama 3.1-style RoPE frequency factors.\n"
+    "--rope-freqs writes rope_freqs.weight, Llama 3.1-style RoPE frequency factors;\n"
+    "--rope-scale F linear RoPE scaling (gemma3: its global layers only).\n"
     "--shape llama3-8b|llama3-70b-layer: real shapes with random weights (Q4_0 unless\n"
     "--type says otherwise; 4.5 / 1.7 GB, minutes to write) for speed and memory benchmarks\n"
     "(bench/README.md); other options override single fields.\n";
@@ -97,6 +98,9 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
   }
   if (args.Has("untied")) o.tied_embeddings = false;
   if (args.Has("rope-freqs")) o.rope_freqs = true;
+  absl::StatusOr<double> rope_scale = args.GetDouble("rope-scale", o.rope_scale, 0.0, 1024.0);
+  if (!rope_scale.ok()) return rope_scale.status();
+  o.rope_scale = static_cast<float>(*rope_scale);
   if (args.Has("arch")) o.arch = args.Get("arch");  // validated by WriteTinyModel
   return absl::OkStatus();
 }
@@ -107,7 +111,7 @@ int RunTinyModel(int argc, char** argv) {
   absl::StatusOr<CliArgs> args = CliArgs::Parse(
       argc, argv,
       {"out", "shape", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff", "merges",
-       "context", "sliding-window", "type", "seed", "perturb", "perturb-seed"},
+       "context", "sliding-window", "rope-scale", "type", "seed", "perturb", "perturb-seed"},
       {"untied", "rope-freqs", "help"});
   if (!args.ok()) {
     Fail(2, std::string(args.status().message()));

@@ -135,15 +135,16 @@ def tiny_model(specnode, tmp_path_factory):
     made: dict[tuple, str] = {}
 
     def make(layers=2, d_model=64, heads=4, kv_heads=2, ff=128, type="f32", seed=1,
-             head_dim=0, arch="llama", window=0, rope_freqs=False) -> str:
+             head_dim=0, arch="llama", window=0, rope_freqs=False, rope_scale=0) -> str:
         key = (layers, d_model, heads, kv_heads, ff, type, seed, head_dim, arch, window,
-               rope_freqs)
+               rope_freqs, rope_scale)
         if key not in made:
             out = root / ("tiny-" + "-".join(map(str, key)) + ".gguf")
             specnode.run("tiny-model", "--out", out, "--layers", layers, "--d-model", d_model,
                          "--heads", heads, "--kv-heads", kv_heads, "--ff", ff, "--type", type,
                          "--seed", seed, "--head-dim", head_dim, "--arch", arch,
-                         "--sliding-window", window, *(["--rope-freqs"] if rope_freqs else []))
+                         "--sliding-window", window, "--rope-scale", rope_scale,
+                         *(["--rope-freqs"] if rope_freqs else []))
             if not out.is_file():
                 pytest.fail(f"specnode tiny-model did not write {out}")
             made[key] = str(out)

@@ -131,14 +131,15 @@ def read_config(reader: gguf.GGUFReader, vocab_size: int) -> LlamaConfig:
     head_dim = int(_field(reader, p + "attention.key_length", d_model // n_heads))
     n_layers = int(_field(reader, p + "block_count"))
     extra = dict(ARCHS[arch])
+    # Linear RoPE scaling (HF rope_scaling {"type": "linear"}: positions / factor) on every
+    # layer, except that Gemma 3 (4B+) applies it to the global layers only (HF resets the
+    # local rotary to "default"; llama.cpp rope_freq_scale_train_swa = 1): layer_rope.
+    scaling = str(_field(reader, p + "rope.scaling.type", "none"))
+    if scaling == "linear":
+        extra["rope_scale_global"] = float(_field(reader, p + "rope.scaling.factor"))
+    elif scaling != "none":
+        raise ValueError(f"{arch}: unsupported rope.scaling.type {scaling!r}")
     if arch == "gemma3":
-        # Linear RoPE scaling (Gemma 3 4B+) applies to the global layers only (HF resets the
-        # local rotary to "default"; llama.cpp rope_freq_scale_train_swa = 1).
-        scaling = str(_field(reader, p + "rope.scaling.type", "none"))
-        if scaling == "linear":
-            extra["rope_scale_global"] = float(_field(reader, p + "rope.scaling.factor", 1.0))
-        elif scaling != "none":
-            raise ValueError(f"gemma3: unsupported rope.scaling.type {scaling!r}")
         # llama.cpp (f_attention_scale) and Google's config use query_pre_attn_scalar =
         # head_dim except for the 27B (62 layers), where it is d_model / n_heads.
         q_scalar = (d_model / n_heads) if n_layers == 62 else head_dim

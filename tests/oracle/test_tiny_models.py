@@ -186,6 +186,24 @@ def test_rope_frequency_factors_match_oracle(specnode, tiny_model, tmp_path):
     assert np.abs(got - wrong).max() / wrong.std() > 2 * tolerance("q8_0")[0]
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_linear_rope_scaling_matches_oracle(specnode, tiny_model, tmp_path, arch):
+    """rope.scaling.type linear: positions divided by the factor on every layer (llama) or on
+    the global layers only (gemma3 4B+; 7 layers, window 5: layer 5 is global)."""
+    layers, window = (7, 5) if arch == "gemma3" else (2, 0)
+    path = tiny_model(layers=layers, d_model=64, heads=4, kv_heads=2, ff=128, type="f32",
+                      seed=71, arch=arch, window=window, rope_scale=8)
+    oracle = NumpyLlama(path, dtype=np.float64)
+    assert oracle.cfg.rope_scale_global == 8.0, oracle.cfg
+    tokens = token_list(oracle.cfg.vocab_size, N_TOKENS, 71)
+    got = specnode.logits(path, tokens, tmp_path / "logits.bin")
+    compare_logits(got, oracle.logits(tokens), tolerance("f32"), f"{arch}/rope-scale-8")
+    import dataclasses
+    oracle.cfg = dataclasses.replace(oracle.cfg, rope_scale_global=1.0)
+    wrong = oracle.logits(tokens)
+    assert np.abs(got - wrong).max() / wrong.std() > 100 * tolerance("f32")[0]
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_architecture_variants_change_the_logits(specnode, tiny_model, tmp_path, arch):
     """The oracle without the architecture's variants (llama's RoPE, no biases / no Q/K norms)
