@@ -20,6 +20,7 @@
 #include "model/gguf/gguf_writer.h"
 #include "model/tokenizer/tokenizer.h"
 #include "model/tokenizer/tokenizer_spm.h"
+#include "tests/model/tokenizer_test_util.h"
 #include "tests/support/real_model.h"
 
 namespace specnode {
@@ -63,17 +64,8 @@ TokenizerSpec SpmSpec(const std::vector<std::pair<std::string, float>>& pieces,
   return spec;
 }
 
-std::unique_ptr<Tokenizer> MustCreate(TokenizerSpec spec) {
-  auto tok = Tokenizer::Create(std::move(spec));
-  EXPECT_TRUE(tok.ok()) << tok.status();
-  return tok.ok() ? std::move(*tok) : nullptr;
-}
-
-std::vector<int32_t> MustEncode(const Tokenizer& tok, std::string_view text, bool special) {
-  auto ids = tok.Encode(text, special);
-  EXPECT_TRUE(ids.ok()) << ids.status();
-  return ids.ok() ? *ids : std::vector<int32_t>{};
-}
+using testing_support::MustCreate;
+using testing_support::MustEncode;
 
 TEST(SpmTokenizerTest, MergesHighestScoreFirst) {
   // "abc" without an "abc" token: whichever pair scores higher is merged.

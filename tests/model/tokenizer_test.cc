@@ -1,4 +1,5 @@
 #include "model/tokenizer/tokenizer.h"
+#include "tests/model/tokenizer_test_util.h"
 #include "tests/support/real_model.h"
 
 #include <gmock/gmock.h>
@@ -51,17 +52,8 @@ TokenizerSpec MakeSpec(const std::vector<std::string>& extra,
   return spec;
 }
 
-std::unique_ptr<Tokenizer> MustCreate(TokenizerSpec spec) {
-  auto tok = Tokenizer::Create(std::move(spec));
-  EXPECT_TRUE(tok.ok()) << tok.status();
-  return tok.ok() ? std::move(*tok) : nullptr;
-}
-
-std::vector<int32_t> MustEncode(const Tokenizer& tok, std::string_view text, bool special) {
-  auto ids = tok.Encode(text, special);
-  EXPECT_TRUE(ids.ok()) << ids.status();
-  return ids.ok() ? *ids : std::vector<int32_t>{};
-}
+using testing_support::MustCreate;
+using testing_support::MustEncode;
 
 std::vector<std::string> Pieces(PreTokenizer kind, std::string_view text) {
   std::vector<std::string_view> views;
