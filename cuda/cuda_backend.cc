@@ -106,7 +106,11 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
         "the CUDA backend cannot run gemma3 (GeGLU, post-norms) yet; use --device cpu");
   }
   auto d = std::make_shared<DeviceWeights>();
-  auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
+  auto matrix = [&](const WeightView& stored) -> absl::StatusOr<WeightView> {
+    // The device kernels take compute types only: storage-only types (Q5_0 / Q5_1, the
+    // K-quants) are converted on the host first (the copy lives until the upload is done).
+    std::vector<std::unique_ptr<std::vector<uint8_t>>> converted;
+    const WeightView m = ConvertToComputeType(stored, &converted);
     // Compact: each row's own bytes only (a column slice's row_stride spans the whole row).
     const size_t row_bytes = GgmlRowBytes(m.type, m.cols);
     std::vector<uint8_t> host(row_bytes * static_cast<size_t>(m.rows));

@@ -139,6 +139,9 @@ struct KernelTable {
   // out[i] = silu(gate[i]) * up[i] for n values (SwiGlu, cpu_ops.h), bit-identical in every
   // table: the swiglu_exp arithmetic below, lane by lane (out may alias gate or up).
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* out);
+  // True when matmul_quant_x8 also takes Q4_K, Q5_K and Q6_K, packed as cpu_repack_kquant.h
+  // (int16 activations only; bit-identical to PackedKQuantReference).
+  bool kquant_x8 = false;
 };
 
 // SwiGLU's exponential, one arithmetic for every table so that scalar and SIMD results

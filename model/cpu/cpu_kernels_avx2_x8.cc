@@ -33,6 +33,7 @@
 
 #include "model/cpu/cpu_kernels.h"
 #include "model/cpu/cpu_repack.h"
+#include "model/cpu/cpu_repack_kquant.h"
 
 namespace specnode::cpu_kernels {
 namespace {
@@ -92,6 +93,109 @@ inline void BlockScales(const uint8_t* blk, __m256* dw, __m256* mw) {
   } else {
     *mw = _mm256_setzero_ps();
   }
+}
+
+// K-quants (cpu_repack_kquant.h), int16 only. The 8 rows' factors of sub-block j of the
+// super-block at h: d * sc_j and (-dmin) * m_j (Q4_K / Q5_K), or d * sc of the two halves
+// (Q6_K: dw for values 0..15, dw2 for 16..31).
+inline __m256 ByteFactors(const uint8_t* p, bool is_signed) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
+// The super-block's f16 d (and -dmin) of 8 rows, converted once for its 8 sub-blocks.
+template <GgmlType kType>
+inline void KSuperScales(const uint8_t* h, __m256* d, __m256* neg_dmin) {
+  *d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  if constexpr (kType != GgmlType::kQ6_K) {
+    *neg_dmin =
+        _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 16))),
+                      _mm256_set1_ps(-0.0f));
+  }
+}
+
+template <GgmlType kType>
+inline void KScales(const uint8_t* h, int j, __m256 d, __m256 neg_dmin, __m256* dw, __m256* mw,
+                    __m256* dw2) {
+  if constexpr (kType == GgmlType::kQ6_K) {
+    *dw = _mm256_mul_ps(d, ByteFactors(h + 16 + 16 * j, true));
+    *dw2 = _mm256_mul_ps(d, ByteFactors(h + 24 + 16 * j, true));
+  } else {
+    *dw = _mm256_mul_ps(d, ByteFactors(h + 32 + 8 * j, false));
+    *mw = _mm256_mul_ps(neg_dmin, ByteFactors(h + 96 + 8 * j, false));
+  }
+}
+
+// v shifted so that bit `from` lands on bit 4 (a constant after unrolling).
+inline __m256i ToBit4(__m256i v, int from) {
+  return from <= 4 ? _mm256_slli_epi16(v, 4 - from) : _mm256_srli_epi16(v, from - 4);
+}
+
+// Group `group`'s super-blocks (K-quants) against tokens [t0, t0 + T): out[t] = the 8 rows'
+// results (PackedKQuantReference's arithmetic); `pf` as TileX8.
+template <GgmlType kType, int T>
+void TileKX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const uint8_t* pf,
+             __m256 (&out)[T]) {
+  constexpr int kHigh = KHighBits(kType);
+  constexpr bool kQ6 = kType == GgmlType::kQ6_K;
+  TileTokens<int16_t, T> tok(a.x.qs, a.x, t0);
+  const auto& xq = tok.xq;
+  const __m256i nibble = _mm256_set1_epi16(0x0F);
+  const __m256i high_mask = _mm256_set1_epi16(static_cast<int16_t>(((1 << kHigh) - 1) << 4));
+  const __m256i center = _mm256_set1_epi16(32);
+  __m256 d = _mm256_setzero_ps(), neg_dmin = _mm256_setzero_ps();  // the super-block's
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    PrefetchBlock<PackedKSuperBytes(kType) / 8>(pf, b);
+    const uint8_t* h = group + (b / 8) * PackedKSuperBytes(kType);
+    const int j = static_cast<int>(b % 8);
+    if (j == 0) KSuperScales<kType>(h, &d, &neg_dmin);
+    __m256 dw, mw, dw2;
+    KScales<kType>(h, j, d, neg_dmin, &dw, &mw, &dw2);
+    const uint8_t* q = h + PackedKHeadBytes(kType) + j * PackedKSubBytes(kType);
+    __m256i dot[T], dot2[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) dot[t] = dot2[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i raw =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * c)));
+      __m256i lo = _mm256_and_si256(raw, nibble);  // values 2c, 2c + 1
+      __m256i hi = _mm256_srli_epi16(raw, 4);      // values 2c + 16, 2c + 17
+      if constexpr (kHigh > 0) {
+        const __m256i bits = _mm256_cvtepu8_epi16(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 128 + 16 * KHighChunk(kType, c))));
+        lo =
+            _mm256_or_si256(lo, _mm256_and_si256(ToBit4(bits, KHighShift(kType, c, 0)), high_mask));
+        hi =
+            _mm256_or_si256(hi, _mm256_and_si256(ToBit4(bits, KHighShift(kType, c, 1)), high_mask));
+      }
+      if constexpr (kQ6) {
+        lo = _mm256_sub_epi16(lo, center);
+        hi = _mm256_sub_epi16(hi, center);
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const int16_t* xb = xq[t] + b * kBlock + 2 * c;
+        dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(lo, BroadcastDword(xb)));
+        dot2[t] = _mm256_add_epi32(dot2[t], _mm256_madd_epi16(hi, BroadcastDword(xb + 16)));
+      }
+    }
+    if constexpr (kQ6) {
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const __m256 dt = _mm256_broadcast_ss(tok.xd[t] + b);
+        tok.acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(dw, dt), tok.acc[t]);
+        tok.acc[t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot2[t]), _mm256_mul_ps(dw2, dt), tok.acc[t]);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) dot[t] = _mm256_add_epi32(dot[t], dot2[t]);
+      tok.template AddBlock<true>(dot, dw, mw, b);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) out[t] = tok.acc[t];
 }
 
 // Group `group` (8 rows) against tokens [t0, t0 + T): out[t] = the 8 rows' results; `pf`:
@@ -249,7 +353,10 @@ template <GgmlType kType, bool kInt8, int T>
 inline void RunTile(const QuantMatMulArgs& a, const uint8_t* group, int64_t r0, int64_t row_end,
                     int64_t t, const uint8_t* pf) {
   __m256 v[T];
-  if constexpr (kInt8) {
+  if constexpr (IsKQuantType(kType)) {
+    static_assert(!kInt8, "K-quants have int16 kernels only");
+    TileKX8<kType, T>(a, group, t, pf, v);
+  } else if constexpr (kInt8) {
     Tile8X8<kType, T>(a, group, t, pf, v);
   } else {
     TileX8<kType, T>(a, group, t, pf, v);
@@ -299,8 +406,22 @@ void MatMulX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
       return RowsX8<GgmlType::kQ4_0, kInt8>(a, row_begin, row_end);
     case GgmlType::kQ4_1:
       return RowsX8<GgmlType::kQ4_1, kInt8>(a, row_begin, row_end);
-    default:
+    case GgmlType::kQ8_0:
       return RowsX8<GgmlType::kQ8_0, kInt8>(a, row_begin, row_end);
+    default:
+      break;
+  }
+  // K-quants: int16 only (the dispatcher never sends them to an int8 kernel).
+  assert(!kInt8);
+  if constexpr (!kInt8) {
+    switch (a.type) {
+      case GgmlType::kQ4_K:
+        return RowsX8<GgmlType::kQ4_K, false>(a, row_begin, row_end);
+      case GgmlType::kQ5_K:
+        return RowsX8<GgmlType::kQ5_K, false>(a, row_begin, row_end);
+      default:
+        return RowsX8<GgmlType::kQ6_K, false>(a, row_begin, row_end);
+    }
   }
 }
 

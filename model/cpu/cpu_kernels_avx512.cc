@@ -533,7 +533,8 @@ const KernelTable kAvx512Kernels = {.name = "avx512",
                                     .matmul_quant_x8 = &MatMulQuantX8Avx512,
                                     .quantize8_x8 = nullptr,
                                     .matmul_quant8_x8 = nullptr,
-                                    .swiglu = &SwiGluAvx2};
+                                    .swiglu = &SwiGluAvx2,
+                                    .kquant_x8 = true};
 const KernelTable kAvx512VnniKernels = {.name = "avx512-vnni",
                                         .quantize = &Quantize,
                                         .matmul_quant = &MatMulQuant<true>,
@@ -544,6 +545,7 @@ const KernelTable kAvx512VnniKernels = {.name = "avx512-vnni",
                                         .matmul_quant_x8 = &MatMulQuantX8Avx512Vnni,
                                         .quantize8_x8 = &Quantize8NaturalAvx512,
                                         .matmul_quant8_x8 = &MatMulQuant8X8Avx512Vnni,
-                                        .swiglu = &SwiGluAvx2};
+                                        .swiglu = &SwiGluAvx2,
+                                        .kquant_x8 = true};
 
 }  // namespace specnode::cpu_kernels

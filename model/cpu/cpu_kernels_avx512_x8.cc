@@ -31,6 +31,7 @@
 #include "model/cpu/cpu_kernels.h"
 #include "model/cpu/cpu_kernels_avx512_common.h"
 #include "model/cpu/cpu_repack.h"
+#include "model/cpu/cpu_repack_kquant.h"
 
 namespace specnode::cpu_kernels {
 namespace {
@@ -106,6 +107,87 @@ inline void ScaleBlock(const __m512i (&dot)[T], __m512 dw, __m512 mw, const floa
   }
 }
 
+// K-quants (cpu_repack_kquant.h), int16 only: sub-block j of super-block heads ha, hb. The
+// 16 rows' d * sc_j and (-dmin) * m_j (Q4_K / Q5_K), or d * sc of the two halves (Q6_K:
+// dw for values 0..15, dw2 for 16..31).
+inline __m512 ByteFactors(const uint8_t* a, const uint8_t* b, bool is_signed) {
+  const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+  return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
+}
+
+// The super-block's f16 d (and -dmin) of 16 rows, converted once for its 8 sub-blocks.
+template <GgmlType kType>
+inline void KSuperScales(const uint8_t* ha, const uint8_t* hb, __m512* d, __m512* neg_dmin) {
+  *d = _mm512_cvtph_ps(Join128(ha, hb));
+  if constexpr (kType != GgmlType::kQ6_K) {
+    *neg_dmin = _mm512_xor_ps(_mm512_cvtph_ps(Join128(ha + 16, hb + 16)), _mm512_set1_ps(-0.0f));
+  }
+}
+
+template <GgmlType kType>
+inline void KScales(const uint8_t* ha, const uint8_t* hb, int j, __m512 d, __m512 neg_dmin,
+                    __m512* dw, __m512* mw, __m512* dw2) {
+  if constexpr (kType == GgmlType::kQ6_K) {
+    *dw = _mm512_mul_ps(d, ByteFactors(ha + 16 + 16 * j, hb + 16 + 16 * j, true));
+    *dw2 = _mm512_mul_ps(d, ByteFactors(ha + 24 + 16 * j, hb + 24 + 16 * j, true));
+  } else {
+    *dw = _mm512_mul_ps(d, ByteFactors(ha + 32 + 8 * j, hb + 32 + 8 * j, false));
+    *mw = _mm512_mul_ps(neg_dmin, ByteFactors(ha + 96 + 8 * j, hb + 96 + 8 * j, false));
+  }
+}
+
+// v shifted so that bit `from` lands on bit 4 (a constant after unrolling).
+inline __m512i ToBit4(__m512i v, int from) {
+  return from <= 4 ? _mm512_slli_epi16(v, 4 - from) : _mm512_srli_epi16(v, from - 4);
+}
+
+// Sub-block quants qa, qb (16 rows) against T tokens: dot += the low nibbles' products
+// (values 0..15), dot2 += the high nibbles' (16..31), codes completed with their high bits
+// (Q5_K, Q6_K) and re-centred (Q6_K: - 32).
+template <GgmlType kType, bool kVnni, int T>
+inline void KDots(const uint8_t* qa, const uint8_t* qb, const uint8_t* const (&xq)[T], size_t xoff,
+                  __m512i (&dot)[T], __m512i (&dot2)[T]) {
+  constexpr int kHigh = KHighBits(kType);
+  const __m512i nibble16 = _mm512_set1_epi16(0x0F);
+  const __m512i high_mask = _mm512_set1_epi16(static_cast<int16_t>(((1 << kHigh) - 1) << 4));
+  const __m512i center = _mm512_set1_epi16(32);
+#pragma GCC unroll 16
+  for (int c = 0; c < 8; ++c) {
+    const __m512i raw = _mm512_cvtepu8_epi16(Join128(qa + 16 * c, qb + 16 * c));
+    __m512i lo = _mm512_and_si512(raw, nibble16);  // values 2c, 2c + 1
+    __m512i hi = _mm512_srli_epi16(raw, 4);        // values 2c + 16, 2c + 17
+    if constexpr (kHigh > 0) {
+      const size_t h = 128 + 16 * KHighChunk(kType, c);
+      const __m512i bits = _mm512_cvtepu8_epi16(Join128(qa + h, qb + h));
+      lo = _mm512_or_si512(lo, _mm512_and_si512(ToBit4(bits, KHighShift(kType, c, 0)), high_mask));
+      hi = _mm512_or_si512(hi, _mm512_and_si512(ToBit4(bits, KHighShift(kType, c, 1)), high_mask));
+    }
+    if constexpr (kType == GgmlType::kQ6_K) {
+      lo = _mm512_sub_epi16(lo, center);
+      hi = _mm512_sub_epi16(hi, center);
+    }
+#pragma GCC unroll 12
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* xb = xq[t] + xoff + 4 * c;  // int16 pair (2c, 2c + 1)
+      dot[t] = DotPairs<kVnni>(dot[t], lo, Broadcast32(xb));
+      dot2[t] = DotPairs<kVnni>(dot2[t], hi, Broadcast32(xb + 32));
+    }
+  }
+}
+
+// Q6_K's scale step: the two halves' dots, each with its own factor.
+template <int T>
+inline void ScaleHalves(const __m512i (&dot)[T], const __m512i (&dot2)[T], __m512 dw, __m512 dw2,
+                        const float* const (&xd)[T], int64_t b, __m512 (&acc)[T]) {
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) {
+    const __m512 dt = _mm512_set1_ps(xd[t][b]);
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), _mm512_mul_ps(dw, dt), acc[t]);
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot2[t]), _mm512_mul_ps(dw2, dt), acc[t]);
+  }
+}
+
 // The block's 16 weight scales, and the offset factor (Q4_1: m_w; Q4_0: -8 d_w; int8 Q8_0:
 // -128 d_w; int16 Q8_0: unused).
 template <GgmlType kType, bool kInt8>
@@ -129,7 +211,11 @@ template <GgmlType kType, bool kVnni, bool kInt8, int T>
 void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int64_t t0,
             const uint8_t* pa, const uint8_t* pb, __m512 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
-  constexpr size_t kBlockBytes = PackedBlockBytes(kType);
+  constexpr bool kK = IsKQuantType(kType);
+  static_assert(!kK || !kInt8, "K-quants have int16 kernels only");
+  // K-quants: the average bytes of a 32-value block (super-blocks are 8 of them), what the
+  // block-by-block prefetch steps by.
+  constexpr size_t kBlockBytes = kK ? PackedKSuperBytes(kType) / 8 : PackedBlockBytes(kType);
   constexpr size_t kHead = PackedHeadBytes(kType);
   const uint8_t* xq[T];
   const float* xd[T];
@@ -148,11 +234,32 @@ void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int6
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i order = _mm512_load_si512(kPairOrder.idx);
+  __m512 kd = _mm512_setzero_ps(), kneg_dmin = _mm512_setzero_ps();  // K: the super-block's
   for (int64_t b = 0; b < a.blocks; ++b) {
-    const uint8_t* ba = ga + b * kBlockBytes;
-    const uint8_t* bb = gb + b * kBlockBytes;
     PrefetchBlock<kBlockBytes>(pa, b);
     PrefetchBlock<kBlockBytes>(pb, b);
+    if constexpr (kK) {
+      const size_t so = (b / 8) * PackedKSuperBytes(kType);
+      const int j = static_cast<int>(b % 8);
+      if (j == 0) KSuperScales<kType>(ga + so, gb + so, &kd, &kneg_dmin);
+      __m512 dw, mw, dw2;
+      KScales<kType>(ga + so, gb + so, j, kd, kneg_dmin, &dw, &mw, &dw2);
+      const size_t qo = so + PackedKHeadBytes(kType) + j * PackedKSubBytes(kType);
+      __m512i dot[T], dot2[T];
+#pragma GCC unroll 12
+      for (int t = 0; t < T; ++t) dot[t] = dot2[t] = _mm512_setzero_si512();
+      KDots<kType, kVnni, T>(ga + qo, gb + qo, xq, b * kBlock * 2, dot, dot2);
+      if constexpr (kType == GgmlType::kQ6_K) {
+        ScaleHalves<T>(dot, dot2, dw, dw2, xd, b, acc);
+      } else {
+#pragma GCC unroll 12
+        for (int t = 0; t < T; ++t) dot[t] = _mm512_add_epi32(dot[t], dot2[t]);
+        ScaleBlock<kType, false, T>(dot, dw, mw, xd, xs, b, acc);
+      }
+      continue;
+    }
+    const uint8_t* ba = ga + b * kBlockBytes;
+    const uint8_t* bb = gb + b * kBlockBytes;
     __m512 dw, mw;
     BlockScales<kType, kInt8>(ba, bb, &dw, &mw);
     const uint8_t* qa = ba + kHead;
@@ -279,8 +386,22 @@ void MatMulX16(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
       return RowsX16<GgmlType::kQ4_0, kVnni, kInt8>(a, row_begin, row_end);
     case GgmlType::kQ4_1:
       return RowsX16<GgmlType::kQ4_1, kVnni, kInt8>(a, row_begin, row_end);
-    default:
+    case GgmlType::kQ8_0:
       return RowsX16<GgmlType::kQ8_0, kVnni, kInt8>(a, row_begin, row_end);
+    default:
+      break;
+  }
+  // K-quants: int16 only (the dispatcher never sends them to an int8 kernel).
+  assert(!kInt8);
+  if constexpr (!kInt8) {
+    switch (a.type) {
+      case GgmlType::kQ4_K:
+        return RowsX16<GgmlType::kQ4_K, kVnni, false>(a, row_begin, row_end);
+      case GgmlType::kQ5_K:
+        return RowsX16<GgmlType::kQ5_K, kVnni, false>(a, row_begin, row_end);
+      default:
+        return RowsX16<GgmlType::kQ6_K, kVnni, false>(a, row_begin, row_end);
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include "model/cpu/cpu_features.h"
 #include "model/cpu/cpu_kernels.h"
 #include "model/cpu/cpu_repack.h"
+#include "model/gguf/ggml_converted_types.h"
 
 namespace specnode {
 namespace cpu_kernels {
@@ -28,7 +29,7 @@ constexpr size_t kMaxShared = 8;
 int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 bool IsQuantised(GgmlType t) {
-  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 || IsKQuantType(t);
 }
 
 void RunRows(ThreadPool* pool, int64_t rows, int64_t work,
@@ -71,7 +72,8 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   assert(ws.size() == ys.size());
   if (n <= 0 || ws.empty()) return;
   for (const WeightView& w : ws) {
-    assert(IsComputeGgmlType(w.type) && "K-quants are converted at load (ggml_converted_types.h)");
+    assert((IsComputeGgmlType(w.type) || IsKQuantType(w.type)) &&
+           "Q5_0 / Q5_1 are converted at load (ggml_converted_types.h)");
     (void)w;
   }
   // One quantisation and one dispatch serve every matrix only if they agree on the input
@@ -128,12 +130,23 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   assert(cols % kQuantBlock == 0);
   const GgmlType type = ws[0].type;
   const int64_t blocks = cols / kQuantBlock;
-  const bool int8 = act == ActQuant::kInt8 && kernels.matmul_quant8 != nullptr;
+  // K-quants run only on the int16 x8 kernels (cpu_repack_kquant.h).
+  const bool kquant = IsKQuantType(type);
+  const bool int8 = act == ActQuant::kInt8 && kernels.matmul_quant8 != nullptr && !kquant;
   // The packed (x8) path serves the call if the table has a kernel for this width and every
   // matrix has its packed copy: the activations are then quantised in its natural order.
   const auto matmul_x8 = int8 ? kernels.matmul_quant8_x8 : kernels.matmul_quant_x8;
-  bool packed = matmul_x8 != nullptr;
+  bool packed = matmul_x8 != nullptr && (!kquant || kernels.kquant_x8);
   for (const WeightView& w : ws) packed = packed && w.packed != nullptr;
+  if (kquant && !packed) {
+    // The caller's bug (RunsStorageType says which types need converting first): NaN
+    // outputs make it loud in release builds too.
+    assert(false && "K-quant matrix without its packed copy or kernel (RunsStorageType)");
+    for (size_t i = 0; i < ws.size(); ++i) {
+      std::fill(ys[i], ys[i] + n * ws[i].rows, std::numeric_limits<float>::quiet_NaN());
+    }
+    return;
+  }
   const auto quantize16 = packed ? kernels.quantize_x8 : kernels.quantize;
   const auto quantize8 = packed ? kernels.quantize8_x8 : kernels.quantize8;
   const int64_t value_bytes = int8 ? 1 : 2;
@@ -234,6 +247,27 @@ bool UsesPackedWeights(ActQuant act) {
   const cpu_kernels::KernelTable& k = cpu_kernels::SelectedKernels();
   const bool int8 = act == ActQuant::kInt8 && k.matmul_quant8 != nullptr;
   return (int8 ? k.matmul_quant8_x8 : k.matmul_quant_x8) != nullptr;
+}
+
+bool RunsStorageType(GgmlType type, ActQuant act) {
+  static const bool convert_k = [] {
+    const char* env = std::getenv("SPECNODE_KQUANT_NATIVE");
+    return env != nullptr && std::string(env) == "0";
+  }();
+  if (IsComputeGgmlType(type)) return true;
+  if (!IsKQuantType(type) || convert_k || !UsesPackedWeights(act)) return false;
+  const cpu_kernels::KernelTable& k = cpu_kernels::SelectedKernels();
+  const bool int8 = act == ActQuant::kInt8 && k.matmul_quant8 != nullptr;
+  return k.kquant_x8 && !int8;
+}
+
+int64_t MatMulReadBytes(const WeightView& w, ActQuant act) {
+  const GgmlType type = RunsStorageType(w.type, act) ? w.type : ComputeTypeOf(w.type);
+  if (UsesPackedWeights(act) && cpu_kernels::IsPackable(type)) {
+    const int64_t groups = (w.rows + cpu_kernels::kPackRows - 1) / cpu_kernels::kPackRows;
+    return groups * static_cast<int64_t>(cpu_kernels::PackedGroupBytes(type, w.cols / kQuantBlock));
+  }
+  return w.rows * static_cast<int64_t>(GgmlRowBytes(type, w.cols));
 }
 
 std::vector<uint8_t> PackWeights(const WeightView& w) {

@@ -61,16 +61,31 @@ bool ParseActQuant(const std::string& name, ActQuant* out);
 // SPECNODE_REPACK=0 in the environment makes it false (the natural-layout kernels run:
 // for A/B benchmarks and diagnosis, as llama.cpp's --no-repack); read once.
 bool UsesPackedWeights(ActQuant act);
+// True when MatMul with `act` on this CPU runs a matrix of `type` as stored (with its packed
+// copy, PackWeights): every compute type (IsComputeGgmlType), and Q4_K / Q5_K / Q6_K where
+// packed weights are used, the selected kernels have K-quant x8 kernels and the activations
+// that run are int16 (there is no int8 K-quant kernel). Matrices of other types must be
+// converted to their compute type first (ConvertToComputeType, llama_weights.h).
+// SPECNODE_KQUANT_NATIVE=0 in the environment makes it false for the K-quants (converted as
+// before native kernels existed: for A/B benchmarks and diagnosis); read once.
+bool RunsStorageType(GgmlType type, ActQuant act);
 // The row-interleaved copy of `w` that WeightView::packed may point at (cpu_repack.h), or
 // an empty vector when w's type has no packed layout (float types).
 std::vector<uint8_t> PackWeights(const WeightView& w);
+
+// Bytes of weights one MatMul with `act` reads for a matrix stored as `w` on this CPU: its
+// converted type when RunsStorageType says no, its packed copy's size when UsesPackedWeights
+// and the type packs, else rows x GgmlRowBytes (what bandwidth fractions are stated from).
+int64_t MatMulReadBytes(const WeightView& w, ActQuant act);
 
 // Scratch for quantised activations, reused between calls to avoid allocation.
 struct MatMulScratch {
   std::vector<uint8_t> buffer;
 };
 
-// y[n, w.rows] = x[n, w.cols] · Wᵀ. `pool` may be nullptr (single thread).
+// y[n, w.rows] = x[n, w.cols] · Wᵀ. `pool` may be nullptr (single thread). A K-quant W
+// needs its packed copy and RunsStorageType (else: an assertion, NaN in release builds);
+// it runs int16 activations whatever `act` says.
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
             MatMulScratch* scratch, ActQuant act = ActQuant::kInt16);
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/cpu/cpu_repack_kquant.h"
+
 namespace specnode::cpu_kernels {
 namespace {
 
@@ -13,14 +15,17 @@ size_t QuantOffset(GgmlType type) { return type == GgmlType::kQ4_1 ? 4 : 2; }
 }  // namespace
 
 bool IsPackable(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0 ||
+         IsKQuantType(type);
 }
 
 size_t PackedGroupBytes(GgmlType type, int64_t blocks) {
+  if (IsKQuantType(type)) return static_cast<size_t>(blocks / 8) * PackedKSuperBytes(type);
   return static_cast<size_t>(blocks) * PackedBlockBytes(type);
 }
 
 std::vector<uint8_t> PackRows(const WeightView& w) {
+  if (IsKQuantType(w.type)) return PackKQuantRows(w);
   assert(IsPackable(w.type) && w.cols % kQuantBlock == 0);
   const int64_t blocks = w.cols / kQuantBlock;
   const int64_t groups = (w.rows + kPackRows - 1) / kPackRows;
@@ -113,6 +118,7 @@ void PackedReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_en
 }  // namespace
 
 void PackedMatMulReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  if (IsKQuantType(a.type)) return PackedKQuantReference(a, row_begin, row_end);
   PackedReference<int16_t>(a, row_begin, row_end);
 }
 

@@ -50,7 +50,8 @@ namespace specnode::cpu_kernels {
 
 inline constexpr int kPackRows = 8;
 
-// True for the types with a packed layout (Q4_0, Q4_1, Q8_0).
+// True for the types with a packed layout (Q4_0, Q4_1, Q8_0; and Q4_K, Q5_K, Q6_K, whose
+// layout is cpu_repack_kquant.h's).
 bool IsPackable(GgmlType type);
 // Bytes before the quants in a packed block: d[8] (and m[8] for Q4_1). Constant
 // expressions, so the kernels' templates use them too (static: see cpu_kernels.h).
@@ -61,11 +62,11 @@ static constexpr size_t PackedBlockBytes(GgmlType type) {
                       : type == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
                                                 : sizeof(BlockQ4_0));
 }
-// Bytes of one group of 8 rows of `blocks` blocks.
+// Bytes of one group of 8 rows of `blocks` blocks of 32 values (K-quants: blocks % 8 == 0).
 size_t PackedGroupBytes(GgmlType type, int64_t blocks);
 
-// The packed copy of `w` (IsPackable(w.type), cols a multiple of 32; a column slice view
-// packs its slice). Size: ceil(rows / 8) * PackedGroupBytes.
+// The packed copy of `w` (IsPackable(w.type), cols a multiple of its type's block; a column
+// slice view packs its slice). Size: ceil(rows / 8) * PackedGroupBytes.
 std::vector<uint8_t> PackRows(const WeightView& w);
 
 // The packed groups [begin, end) that hold rows [row_begin, row_end) of an x8 call
@@ -116,7 +117,8 @@ static inline void PrefetchBlock(const uint8_t* group, int64_t b) {
 
 // y[t * ldy + r] for r in [row_begin, row_end), t < n, with the arithmetic above in scalar
 // code: args.w = the packed copy, args.row_stride = PackedGroupBytes, row_begin a multiple
-// of 8. Bit-identical to every table's matmul_quant_x8 (tests).
+// of 8. Bit-identical to every table's matmul_quant_x8 (tests). K-quant types run
+// PackedKQuantReference (cpu_repack_kquant.h).
 void PackedMatMulReference(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 // The same over int8 activations (args.x.qs8): bit-identical to every matmul_quant8_x8.
 void PackedMatMulReference8(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);

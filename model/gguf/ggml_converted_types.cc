@@ -39,18 +39,9 @@ int CeilClamp(float v, int lo, int hi) {
 // An f16 super-block factor no smaller than v (so 6- or 8-bit multiples of it reach v).
 uint16_t Fp16AtLeast(float v) { return Fp32ToFp16(v * (1.0f + 1.0f / 512.0f)); }
 
-// Q4_K / Q5_K: the 256 values' 4-bit (or 5-bit) codes q[256] and, per 32-value sub-block,
-// the factors d * sc_j and dmin * m_j.
+// Q4_K / Q5_K: the 256 values' 4-bit (or 5-bit, with qh) codes.
 template <typename Block>
-void DecodeAffine(const Block& b, const uint8_t* qh, uint8_t* q, float* scale, float* offset) {
-  const float d = Fp16ToFp32(b.d);
-  const float dmin = Fp16ToFp32(b.dmin);
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    ScaleMin(b.scales, j, &sc, &m);
-    scale[j] = d * static_cast<float>(sc);
-    offset[j] = dmin * static_cast<float>(m);
-  }
+void AffineCodes(const Block& b, const uint8_t* qh, uint8_t* q) {
   for (int c = 0; c < 4; ++c) {
     for (int l = 0; l < 32; ++l) {
       const uint8_t byte = b.qs[32 * c + l];
@@ -65,21 +56,43 @@ void DecodeAffine(const Block& b, const uint8_t* qh, uint8_t* q, float* scale, f
   }
 }
 
+// Q4_K / Q5_K: the codes q[256] and, per 32-value sub-block, the factors d * sc_j and
+// dmin * m_j.
+template <typename Block>
+void DecodeAffine(const Block& b, const uint8_t* qh, uint8_t* q, float* scale, float* offset) {
+  const float d = Fp16ToFp32(b.d);
+  const float dmin = Fp16ToFp32(b.dmin);
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    ScaleMin(b.scales, j, &sc, &m);
+    scale[j] = d * static_cast<float>(sc);
+    offset[j] = dmin * static_cast<float>(m);
+  }
+  AffineCodes(b, qh, q);
+}
+
+// Q6_K: the 6-bit codes (value = d * sc * (code - 32)).
+void Q6KCodes(const BlockQ6K& b, uint8_t* q) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = b.ql + 64 * h;
+    const uint8_t* qh = b.qh + 32 * h;
+    uint8_t* out = q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      out[l] = static_cast<uint8_t>((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4));
+      out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+      out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
 // Q6_K: codes q - 32 in [-32, 31] and the per-16 scales d * sc.
 void DecodeQ6K(const BlockQ6K& b, int8_t* q, float* scale) {
   const float d = Fp16ToFp32(b.d);
   for (int i = 0; i < 16; ++i) scale[i] = d * static_cast<float>(b.scales[i]);
-  for (int h = 0; h < 2; ++h) {
-    const uint8_t* ql = b.ql + 64 * h;
-    const uint8_t* qh = b.qh + 32 * h;
-    int8_t* out = q + 128 * h;
-    for (int l = 0; l < 32; ++l) {
-      out[l] = static_cast<int8_t>(((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32);
-      out[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
-      out[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-      out[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-    }
-  }
+  uint8_t codes[kKQuantBlock];
+  Q6KCodes(b, codes);
+  for (int i = 0; i < kKQuantBlock; ++i) q[i] = static_cast<int8_t>(codes[i] - 32);
 }
 
 // Q5_0 / Q5_1: the 32 five-bit codes.
@@ -288,6 +301,39 @@ void QuantizeConvertedRow(GgmlType type, const float* src, void* dst, int64_t co
   auto* bytes = static_cast<uint8_t*>(dst);
   const size_t bb = GgmlBlockBytes(type);
   for (int64_t b = 0; b < cols / bs; ++b) QuantizeBlock(type, src + b * bs, bytes + b * bb);
+}
+
+void DecodeKQuantBlock(GgmlType type, const void* src, KQuantCodes* out) {
+  assert(IsKQuantType(type));
+  *out = KQuantCodes{};
+  if (type == GgmlType::kQ6_K) {
+    BlockQ6K b;
+    std::memcpy(&b, src, sizeof(b));
+    out->d = b.d;
+    std::memcpy(out->sc, b.scales, 16);
+    Q6KCodes(b, out->q);
+    return;
+  }
+  auto affine = [&](const auto& b, const uint8_t* qh) {
+    out->d = b.d;
+    out->dmin = b.dmin;
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      ScaleMin(b.scales, j, &sc, &m);
+      out->sc[j] = static_cast<uint8_t>(sc);
+      out->m[j] = static_cast<uint8_t>(m);
+    }
+    AffineCodes(b, qh, out->q);
+  };
+  if (type == GgmlType::kQ4_K) {
+    BlockQ4K b;
+    std::memcpy(&b, src, sizeof(b));
+    affine(b, nullptr);
+  } else {
+    BlockQ5K b;
+    std::memcpy(&b, src, sizeof(b));
+    affine(b, b.qh);
+  }
 }
 
 GgmlType ComputeTypeOf(GgmlType type) {

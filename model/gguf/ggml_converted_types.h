@@ -1,20 +1,23 @@
-// Storage-only GGUF types, converted at load: ggml's "K-quants" Q4_K, Q5_K and Q6_K, what
-// most GGUF files on the hub use (Q4_K_M = Q4_K with Q6_K for some matrices, Q5_K_M = Q5_K
-// + Q6_K, Q6_K), and Q5_0 / Q5_1, which llama.cpp's K-quant mixes fall back to for matrices
-// whose rows are not whole 256-value blocks (SmolLM2's 576-wide ones, for instance).
+// Storage-only GGUF types: ggml's "K-quants" Q4_K, Q5_K and Q6_K, what most GGUF files on
+// the hub use (Q4_K_M = Q4_K with Q6_K for some matrices, Q5_K_M = Q5_K + Q6_K, Q6_K), and
+// Q5_0 / Q5_1, which llama.cpp's K-quant mixes fall back to for matrices whose rows are not
+// whole 256-value blocks (SmolLM2's 576-wide ones, for instance).
 //
-// The CPU kernels compute with 32-value blocks (Q4_0 / Q4_1 / Q8_0), so such a matrix is
-// converted once at load (LoadLlamaWeights) into its compute type:
+// The CPU's x8 kernels run the K-quants as stored (repacked, model/cpu/cpu_repack_kquant.h).
+// Everything else that cannot — Q5_0 / Q5_1 always, K-quants on kernel tables without
+// K-quant kernels, under int8 activations, with SPECNODE_REPACK=0 or
+// SPECNODE_KQUANT_NATIVE=0, on a GPU, and K-quant column slices that cut a super-block — is
+// converted once at load (ConvertToComputeType, llama_weights.h) into a 32-value compute type:
 //   Q5_0 -> Q8_0  exact (the same f16 scale; codes q - 16 in [-16, 15]);
 //   Q5_1 -> Q8_0  requantised (as Q5_K below);
 //   Q4_K -> Q4_1  each 32-value sub-block keeps its nibbles; its scale d*sc and offset
 //                 -dmin*m (f32 products of the block's f16 and 6-bit factors) are rounded
-//                 to Q4_1's f16 d and m: a relative error <= 2^-11 on each, two orders of
-//                 magnitude under the 4-bit quantisation step itself;
+//                 to Q4_1's f16 d and m: a relative error <= 2^-11 on each;
 //   Q5_K -> Q8_0  requantised from the exact dequantised values (|error| <= half a Q8_0
 //   Q6_K -> Q8_0  step, max|x| / 254 of each 32 values: an eighth of a Q6_K step or less).
-// The matrices then run at Q4_1 / Q8_0 speed (Q5_K and Q6_K take 8.5 bits per weight
-// instead of 5.5 / 6.56).
+// Converted matrices run at Q4_1 / Q8_0 speed and bytes (Q5_K and Q6_K take 8.5 bits per
+// weight instead of 5.5 / 6.56) and move a model's logits by far more than the native
+// kernels' float rounding (docs/model-engine.md, "K-quant files").
 //
 // Layouts (ggml's; values in natural order):
 //   Q5_0: f16 d, qh (u32, bit i: the fifth bit of value i), qs[16] (value i < 16 in the low
@@ -81,6 +84,25 @@ inline bool IsConvertedType(GgmlType type) {
   return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K ||
          type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
 }
+
+// Q4_K, Q5_K or Q6_K: the types the CPU's x8 kernels also run natively (cpu_repack_kquant.h).
+constexpr bool IsKQuantType(GgmlType type) {
+  return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+}
+
+// One K-quant super-block as integer codes and its factors (for repacking):
+//   Q4_K / Q5_K: value i = (d * sc[j]) * q[i] - dmin * m[j], j = i / 32 (sc, m < 64,
+//                q < 16 / 32);
+//   Q6_K:        value i = (d * int8(sc[i / 16])) * (q[i] - 32), q < 64.
+struct KQuantCodes {
+  uint16_t d = 0;       // f16
+  uint16_t dmin = 0;    // f16 (Q4_K / Q5_K)
+  uint8_t sc[16] = {};  // Q4_K / Q5_K: sc[0..7]; Q6_K: the 16 int8 scales' bytes
+  uint8_t m[8] = {};    // Q4_K / Q5_K
+  uint8_t q[256] = {};
+};
+// IsKQuantType(type); src: one block of GgmlBlockBytes(type) bytes.
+void DecodeKQuantBlock(GgmlType type, const void* src, KQuantCodes* out);
 
 // Exact dequantisation (ggml's order of operations). cols % GgmlBlockSize(type) == 0.
 void DequantizeConvertedRow(GgmlType type, const void* src, float* dst /*[cols]*/, int64_t cols);

@@ -20,19 +20,36 @@ constexpr int64_t kMinParallelRopeTokens = 4;
 CpuBackend::CpuBackend(ThreadPool* pool, ActQuant act) : pool_(pool), act_(act) {}
 
 std::string CpuBackend::Describe() const {
-  return absl::StrCat("cpu (", CpuKernelName(), " kernels, ", ActQuantName(act_), " activations, ",
+  // Whether Q4_K / Q5_K / Q6_K matrices run as stored or converted (RunsStorageType): the
+  // same answer for the three types.
+  const char* k_quants = RunsStorageType(GgmlType::kQ4_K, act_) ? "native" : "converted";
+  return absl::StrCat("cpu (", CpuKernelName(), " kernels, ", ActQuantName(act_),
+                      " activations, K-quants ", k_quants, ", ",
                       pool_ == nullptr ? 1 : pool_->n_threads(), " threads)");
 }
 
 namespace {
 
-// Weights with row-interleaved copies beside the originals (which stay alive: embedding
-// lookups, norms and any unpacked matrix still point into them).
+// Weights with converted and row-interleaved copies beside the originals (which stay alive:
+// embedding lookups, norms and any unpacked matrix still point into them).
 struct PackedWeights {
   std::shared_ptr<const LlamaWeights> original;
   LlamaWeights view;
   std::vector<std::vector<uint8_t>> copies;  // moving a vector keeps its buffer
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> converted;
 };
+
+// Does any matrix of w need a converted copy for `act`?
+bool NeedsConversion(const LlamaWeights& w, ActQuant act) {
+  auto needs = [&](const WeightView& m) { return !RunsStorageType(m.type, act); };
+  if (needs(w.token_embd) || needs(w.output)) return true;
+  for (const LayerWeights& l : w.layers) {
+    for (const WeightView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      if (needs(*m)) return true;
+    }
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -43,12 +60,17 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CpuBackend::UploadWeights(
 
 std::shared_ptr<const LlamaWeights> CpuBackend::ForKernels(
     std::shared_ptr<const LlamaWeights> weights, ActQuant act) {
-  if (!UsesPackedWeights(act)) return weights;
+  const bool pack = UsesPackedWeights(act);
+  if (!pack && !NeedsConversion(*weights, act)) return weights;
   auto p = std::make_shared<PackedWeights>();
   p->original = weights;
   auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
-    WeightView v = m;
-    std::vector<uint8_t> copy = PackWeights(m);
+    // Storage types these kernels do not run (Q5_0 / Q5_1 always; K-quants without x8
+    // K-quant kernels, with SPECNODE_REPACK=0 or under int8 activations) become their
+    // 32-value compute type first.
+    WeightView v = RunsStorageType(m.type, act) ? m : ConvertToComputeType(m, &p->converted);
+    if (!pack) return v;
+    std::vector<uint8_t> copy = PackWeights(v);
     if (!copy.empty()) {
       v.packed = copy.data();
       p->copies.push_back(std::move(copy));

@@ -61,8 +61,10 @@ class CpuBackend final : public Backend {
 
   ActQuant activations() const { return act_; }
 
-  // UploadWeights without the Status (it cannot fail on the CPU): `weights` with packed
-  // copies where MatMul with `act` uses them (UsesPackedWeights), else `weights` itself.
+  // UploadWeights without the Status (it cannot fail on the CPU): `weights` with every
+  // matrix MatMul with `act` does not run as stored (RunsStorageType) converted to its
+  // compute type, and packed copies where MatMul uses them (UsesPackedWeights); `weights`
+  // itself when neither applies.
   // Every CpuBackend user passes its weights through this (or UploadWeights) once.
   static std::shared_ptr<const LlamaWeights> ForKernels(std::shared_ptr<const LlamaWeights> weights,
                                                         ActQuant act);

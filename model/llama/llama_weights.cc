@@ -31,24 +31,6 @@ absl::StatusOr<WeightView> Matrix(const GgufFile& file, const std::string& name,
   return w;
 }
 
-// v itself when its type is a compute type; else a copy converted to one, owned by `owned`.
-WeightView ToCompute(const WeightView& v,
-                     std::vector<std::unique_ptr<std::vector<uint8_t>>>* owned) {
-  if (!IsConvertedType(v.type)) return v;
-  WeightView c = v;
-  c.type = ComputeTypeOf(v.type);
-  c.row_stride = GgmlRowBytes(c.type, v.cols);
-  auto buffer = std::make_unique<std::vector<uint8_t>>(c.row_stride * v.rows);
-  const auto* src = static_cast<const uint8_t*>(v.data);
-  for (int64_t r = 0; r < v.rows; ++r) {
-    ConvertRowToComputeType(v.type, src + r * v.row_stride, buffer->data() + r * c.row_stride,
-                            v.cols);
-  }
-  c.data = buffer->data();
-  owned->push_back(std::move(buffer));
-  return c;
-}
-
 // Output rows [begin, begin + count) of w.
 WeightView RowSlice(const WeightView& w, int64_t begin, int64_t count) {
   WeightView s = w;
@@ -73,6 +55,24 @@ absl::StatusOr<WeightView> ColSlice(const WeightView& w, int64_t begin, int64_t 
 }
 
 }  // namespace
+
+WeightView ConvertToComputeType(const WeightView& v,
+                                std::vector<std::unique_ptr<std::vector<uint8_t>>>* owned) {
+  if (!IsConvertedType(v.type)) return v;
+  WeightView c = v;
+  c.type = ComputeTypeOf(v.type);
+  c.row_stride = GgmlRowBytes(c.type, v.cols);
+  c.packed = nullptr;
+  auto buffer = std::make_unique<std::vector<uint8_t>>(c.row_stride * v.rows);
+  const auto* src = static_cast<const uint8_t*>(v.data);
+  for (int64_t r = 0; r < v.rows; ++r) {
+    ConvertRowToComputeType(v.type, src + r * v.row_stride, buffer->data() + r * c.row_stride,
+                            v.cols);
+  }
+  c.data = buffer->data();
+  owned->push_back(std::move(buffer));
+  return c;
+}
 
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaConfig& config,
                                               ShardSpec shard, int n_layers) {
@@ -126,11 +126,17 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   w.owned_norms.reserve(9 * n_layers + 1);
   w.head_dim = config.head_dim;
 
-  // Row slices are converted after slicing (a shard converts only its rows), column slices
-  // before (K-quant blocks span 256 columns, a shard's range need not).
-  auto convert = [&](const WeightView& v) { return ToCompute(v, &w.owned_matrices); };
+  // Input columns [begin, begin + count) of v; a storage type whose blocks the range cuts
+  // (a K-quant's 256 values; a shard's range need only be whole 32-value blocks) is
+  // converted first, as a whole, to its 32-value compute type.
+  auto col_slice = [&](const WeightView& v, int64_t begin, int64_t count,
+                       const std::string& name) -> absl::StatusOr<WeightView> {
+    const int block = GgmlBlockSize(v.type);
+    const bool cut = begin % block != 0 || count % block != 0;
+    return ColSlice(cut && IsConvertedType(v.type) ? ConvertToComputeType(v, &w.owned_matrices) : v,
+                    begin, count, name);
+  };
   SPECNODE_ASSIGN_OR_RETURN(w.token_embd, Matrix(file, "token_embd.weight", config.vocab_size, d));
-  w.token_embd = convert(w.token_embd);
   SPECNODE_ASSIGN_OR_RETURN(w.output_norm, norm("output_norm.weight"));
   if (config.rope_scale != 1.0f) {
     if (file.FindTensor("rope_freqs.weight") != nullptr) {
@@ -156,7 +162,6 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
     w.output = w.token_embd;
   } else {
     SPECNODE_ASSIGN_OR_RETURN(w.output, Matrix(file, "output.weight", config.vocab_size, d));
-    w.output = convert(w.output);
   }
   const int64_t q_begin = shard.rank * w.n_heads_local * hd;
   const int64_t q_count = w.n_heads_local * hd;
@@ -190,15 +195,13 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
       SPECNODE_ASSIGN_OR_RETURN(lw.q_norm, vec(p + "attn_q_norm.weight", hd, 0, hd));
       SPECNODE_ASSIGN_OR_RETURN(lw.k_norm, vec(p + "attn_k_norm.weight", hd, 0, hd));
     }
-    lw.wq = convert(RowSlice(wq, q_begin, q_count));
-    lw.wk = convert(RowSlice(wk, kv_begin, kv_count));
-    lw.wv = convert(RowSlice(wv, kv_begin, kv_count));
-    lw.w_gate = convert(RowSlice(wg, ff_begin, ff_count));
-    lw.w_up = convert(RowSlice(wu, ff_begin, ff_count));
-    SPECNODE_ASSIGN_OR_RETURN(lw.wo,
-                              ColSlice(convert(wo), q_begin, q_count, p + "attn_output.weight"));
-    SPECNODE_ASSIGN_OR_RETURN(lw.w_down,
-                              ColSlice(convert(wd), ff_begin, ff_count, p + "ffn_down.weight"));
+    lw.wq = RowSlice(wq, q_begin, q_count);
+    lw.wk = RowSlice(wk, kv_begin, kv_count);
+    lw.wv = RowSlice(wv, kv_begin, kv_count);
+    lw.w_gate = RowSlice(wg, ff_begin, ff_count);
+    lw.w_up = RowSlice(wu, ff_begin, ff_count);
+    SPECNODE_ASSIGN_OR_RETURN(lw.wo, col_slice(wo, q_begin, q_count, p + "attn_output.weight"));
+    SPECNODE_ASSIGN_OR_RETURN(lw.w_down, col_slice(wd, ff_begin, ff_count, p + "ffn_down.weight"));
     w.layers.push_back(lw);
   }
   return w;

@@ -1,9 +1,11 @@
 // Views of a Llama model's weights inside a mapped GGUF file, optionally restricted to one
 // tensor-parallel shard. Matrices stay in their storage type (no dequantised copies) and the
-// views point into the GgufFile mapping, which must outlive the LlamaWeights — except
-// K-quant matrices (Q4_K, Q5_K, Q6_K), which are converted at load into the 32-value type
-// the kernels compute with (ggml_converted_types.h) and owned here; every view's type is a compute
-// type (IsComputeGgmlType).
+// views point into the GgufFile mapping, which must outlive the LlamaWeights. Storage-only
+// types (Q5_0, Q5_1, and the K-quants Q4_K, Q5_K, Q6_K) stay as stored too: a backend runs
+// them natively where it can (the CPU's x8 kernels take the K-quants) and converts the rest
+// when it uploads them (ConvertToComputeType). The one exception: a K-quant matrix whose
+// tensor-parallel column slice does not fall on its 256-value super-blocks is converted
+// here, before slicing, and owned here.
 //
 // Tensor-parallel slicing (Megatron style, shard r of T):
 //   Q, K, V     by output rows, whole heads: query heads [r*H/T, (r+1)*H/T), kv heads
@@ -12,7 +14,7 @@
 //   O, down     by input columns, the same head / unit range (partial sums are all-reduced)
 //   Q/K/V biases like their matrices' rows; norms (incl. the per-head Q/K norms),
 //   embedding and head are replicated.
-// Column slices must fall on 32-value block boundaries (checked).
+// Column slices must fall on 32-value block boundaries (checked; K-quants see above).
 #pragma once
 
 #include <functional>
@@ -75,7 +77,7 @@ struct LlamaWeights {
   int head_dim = 0;  // width of q_norm / k_norm (MapWeightViews passes it as their length)
   // Norm and bias vectors converted to f32 when the file stores them as F16/BF16.
   std::vector<std::vector<float>> owned_norms;
-  // K-quant matrices converted to their compute type (the views above point into these).
+  // Matrices converted to their compute type here (see above; views may point into these).
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned_matrices;
   // How LlamaForward's matmuls round activations for the quantised matrices (cpu_matmul.h);
   // a compute choice carried with the weights so every forward pass over them agrees.
@@ -91,6 +93,12 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
 // matrix(view) and every norm or bias vector by norm(vector, its length): how a backend re-points
 // the weights at its own memory or copies (Backend::UploadWeights). A tied head (output.data ==
 // token_embd.data) is mapped once and shared. The first error returned by a callback is returned.
+// A copy of v in its compute type (ComputeTypeOf: Q4_K -> Q4_1, Q5_0 / Q5_1 / Q5_K / Q6_K ->
+// Q8_0; ggml_converted_types.h), its bytes appended to *owned, when v's type is storage-only
+// (IsConvertedType); else v itself. A column-slice view converts its slice.
+WeightView ConvertToComputeType(const WeightView& v,
+                                std::vector<std::unique_ptr<std::vector<uint8_t>>>* owned);
+
 using WeightMatrixMap = std::function<absl::StatusOr<WeightView>(const WeightView&)>;
 using WeightNormMap = std::function<absl::StatusOr<const float*>(const float*, int64_t)>;
 absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightMatrixMap& matrix,

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "model/cpu/cpu_matmul.h"
+#include "model/gguf/ggml_converted_types.h"
 #include "model/llama/sampling.h"
 #include "model/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -165,10 +167,14 @@ absl::Status Run(const CliArgs& args) {
     // What one token costs the matmuls (every layer's matrices and the head; the embedding
     // lookup reads one row): bytes of weights read and multiply-adds, so a report can state
     // its fraction of the machine's bandwidth and compute limits (bench/bench_decode.py).
+    // The bytes are what the kernels read: on the CPU the packed or converted copies
+    // (MatMulReadBytes), on a GPU the compute type's rows.
     const LlamaWeights& w = s->model().weights();
     int64_t bytes = 0, macs = 0;
     auto add = [&](const WeightView& m) {
-      bytes += m.rows * static_cast<int64_t>(m.row_stride);
+      bytes += compute.device.is_cpu()
+                   ? MatMulReadBytes(m, compute.activations.value_or(ActQuant::kInt16))
+                   : m.rows * static_cast<int64_t>(GgmlRowBytes(ComputeTypeOf(m.type), m.cols));
       macs += m.rows * m.cols;
     };
     for (const LayerWeights& l : w.layers) {

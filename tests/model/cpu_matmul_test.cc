@@ -29,156 +29,12 @@
 #include "model/cpu/cpu_repack.h"
 #include "model/cpu/thread_pool.h"
 #include "model/gguf/ggml_types.h"
+#include "tests/model/matmul_test_util.h"
 
 namespace specnode {
 namespace {
 
-using cpu_kernels::KernelTable;
-
-bool IsQuantised(GgmlType t) {
-  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
-}
-
-// A weight matrix in storage form; `view` may be a column slice of the stored rows.
-struct TestWeights {
-  std::vector<uint8_t> bytes;
-  WeightView view;
-};
-
-// rows x full_cols values, quantised row by row; the view starts `col_offset` values into
-// each row (a block boundary) and spans `cols`.
-TestWeights MakeWeights(GgmlType type, int64_t rows, int64_t cols, int64_t full_cols,
-                        int64_t col_offset, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> row(full_cols);
-  TestWeights w;
-  const size_t row_bytes = GgmlRowBytes(type, full_cols);
-  w.bytes.resize(rows * row_bytes);  // no slack: ASan catches reads past the matrix
-  for (int64_t r = 0; r < rows; ++r) {
-    const float scale = 0.02f * (1.0f + static_cast<float>(r % 5));  // rows differ in range
-    for (float& v : row) v = normal(rng) * scale;
-    QuantizeRow(type, row.data(), w.bytes.data() + r * row_bytes, full_cols);
-  }
-  w.view.type = type;
-  w.view.data = w.bytes.data() + GgmlRowBytes(type, col_offset);
-  w.view.rows = rows;
-  w.view.cols = cols;
-  w.view.row_stride = row_bytes;
-  return w;
-}
-
-std::vector<float> MakeActs(int64_t n, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(n * cols);
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = normal(rng);
-    if (i % 97 == 0) x[i] *= 20.0f;  // outliers, as real activations have
-  }
-  return x;
-}
-
-// Largest quantised activation magnitude of a mode.
-float ActMax(ActQuant act) { return act == ActQuant::kInt8 ? 127.0f : 32767.0f; }
-
-// The tables that run `act` with their own kernel (int8: those with matmul_quant8).
-std::vector<const KernelTable*> TablesFor(ActQuant act) {
-  std::vector<const KernelTable*> out;
-  for (const KernelTable* k : cpu_kernels::SupportedKernels()) {
-    if (act == ActQuant::kInt16 || k->matmul_quant8 != nullptr) out.push_back(k);
-  }
-  return out;
-}
-
-// The scalar table with the scalar x8 kernels (PackedMatMulReference, ...Reference8): the
-// bit-exact reference for every table's matmul_quant_x8 / matmul_quant8_x8 (the tables'
-// x8 quantisers agree bit for bit with the scalar ones, natural order).
-const KernelTable kPackedReference = [] {
-  KernelTable k = cpu_kernels::kScalarKernels;
-  k.name = "scalar-x8-reference";
-  k.matmul_quant_x8 = &cpu_kernels::PackedMatMulReference;
-  k.matmul_quant8_x8 = &cpu_kernels::PackedMatMulReference8;
-  return k;
-}();
-
-// The table's x8 kernel for `act`, or null.
-auto X8KernelFor(const KernelTable& k, ActQuant act) {
-  return act == ActQuant::kInt8 ? k.matmul_quant8_x8 : k.matmul_quant_x8;
-}
-
-// A kernel table run on a view, packed (WeightView::packed set) or not.
-struct KernelRun {
-  const KernelTable* table;
-  bool packed;
-  std::string name() const { return std::string(table->name) + (packed ? " packed" : ""); }
-};
-
-// The scalar x8 reference, then every table with an x8 kernel for `act`, on the packed copy
-// (quantised types only).
-std::vector<KernelRun> PackedRunsFor(GgmlType type, ActQuant act) {
-  std::vector<KernelRun> runs;
-  if (!IsQuantised(type)) return runs;
-  runs.push_back({&kPackedReference, true});
-  for (const KernelTable* k : TablesFor(act)) {
-    if (X8KernelFor(*k, act) != nullptr) runs.push_back({k, true});
-  }
-  return runs;
-}
-
-// TablesFor(act) on the natural layout, then PackedRunsFor.
-std::vector<KernelRun> RunsFor(GgmlType type, ActQuant act) {
-  std::vector<KernelRun> runs;
-  for (const KernelTable* k : TablesFor(act)) runs.push_back({k, false});
-  for (const KernelRun& run : PackedRunsFor(type, act)) runs.push_back(run);
-  return runs;
-}
-
-// `w` with its packed copy (kept in *storage) when `packed`.
-WeightView ViewFor(const WeightView& w, bool packed, std::vector<uint8_t>* storage) {
-  WeightView v = w;
-  if (packed) {
-    *storage = PackWeights(w);
-    v.packed = storage->data();
-  }
-  return v;
-}
-
-const char* ActName(ActQuant act) { return act == ActQuant::kInt8 ? "int8" : "int16"; }
-
-// The documented activation rounding (cpu_kernels.h), dequantised back to floats.
-std::vector<float> RoundTripActs(const std::vector<float>& x, int64_t n, int64_t cols,
-                                 ActQuant act, std::vector<float>* half_step) {
-  std::vector<float> out(x.size());
-  half_step->assign(x.size(), 0.0f);
-  for (int64_t i0 = 0; i0 < n * cols; i0 += kQuantBlock) {
-    float amax = 0.0f;
-    for (int j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(x[i0 + j]));
-    const float d = amax / ActMax(act);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < kQuantBlock; ++j) {
-      out[i0 + j] = std::nearbyint(x[i0 + j] * id) * d;
-      (*half_step)[i0 + j] = d / 2;
-    }
-  }
-  return out;
-}
-
-// Σ_j |w_j| a_j per (token, row), from the dequantised weights.
-std::vector<double> AbsDot(const WeightView& w, const std::vector<float>& a, int64_t n) {
-  std::vector<double> out(n * w.rows);
-  std::vector<float> row(w.cols);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    DequantizeRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_stride, row.data(),
-                  w.cols);
-    for (int64_t t = 0; t < n; ++t) {
-      double s = 0.0;
-      for (int64_t j = 0; j < w.cols; ++j) s += std::fabs(row[j]) * std::fabs(a[t * w.cols + j]);
-      out[t * w.rows + r] = s;
-    }
-  }
-  return out;
-}
+using namespace matmul_test;  // NOLINT: the helpers of this test
 
 struct Shape {
   int64_t rows, cols, n;
@@ -203,7 +59,11 @@ class MatMulTest : public ::testing::TestWithParam<Param> {};
 TEST_P(MatMulTest, MatchesReferenceOnEveryKernel) {
   const auto [type, shape, act] = GetParam();
   if (!IsQuantised(type) && act == ActQuant::kInt8) GTEST_SKIP() << "float weights: f32 acts";
-  if (IsQuantised(type) && shape.cols % kQuantBlock != 0) GTEST_SKIP() << "not blockable";
+  if (IsQuantised(type) &&
+      (shape.cols % GgmlBlockSize(type) != 0 || shape.col_offset % GgmlBlockSize(type) != 0)) {
+    GTEST_SKIP() << "not blockable";
+  }
+  if (IsKQuantType(type) && act == ActQuant::kInt8) GTEST_SKIP() << "K-quants: int16 only";
   const int64_t full = std::max(shape.full_cols, shape.cols);
   const TestWeights w = MakeWeights(type, shape.rows, shape.cols, full, shape.col_offset, 7);
   const std::vector<float> x = MakeActs(shape.n, shape.cols, 11);
@@ -260,15 +120,30 @@ TEST_P(MatMulTest, MatchesReferenceOnEveryKernel) {
 }
 
 const Shape kShapes[] = {
-    {1, 32, 1},     {7, 64, 3},     {5, 37, 3},           {3, 96, 5},
-    {33, 544, 6},   {576, 576, 1},  {192, 576, 4},        {1536, 576, 16},
-    {576, 1536, 5}, {49152, 64, 2}, {40, 64, 3, 160, 32}, {24, 96, 9, 576, 64},
+    {1, 32, 1},
+    {7, 64, 3},
+    {5, 37, 3},
+    {3, 96, 5},
+    {33, 544, 6},
+    {576, 576, 1},
+    {192, 576, 4},
+    {1536, 576, 16},
+    {576, 1536, 5},
+    {49152, 64, 2},
+    {40, 64, 3, 160, 32},
+    {24, 96, 9, 576, 64},
+    // Whole 256-value super-blocks (the K-quants' unit), slices at one.
+    {9, 256, 1},
+    {17, 512, 7},
+    {64, 2048, 12},
+    {40, 256, 3, 768, 256},
 };
 
 INSTANTIATE_TEST_SUITE_P(
     AllTypes, MatMulTest,
     ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
-                                         GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1),
+                                         GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                         GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K),
                        ::testing::ValuesIn(kShapes),
                        ::testing::Values(ActQuant::kInt16, ActQuant::kInt8)),
     [](const ::testing::TestParamInfo<Param>& info) {
@@ -282,7 +157,8 @@ class InvarianceTest : public ::testing::TestWithParam<std::tuple<GgmlType, ActQ
 
 TEST_P(InvarianceTest, BatchAndThreadInvariant) {
   const auto [type, act] = GetParam();
-  const int64_t rows = 200, cols = 576;
+  if (IsKQuantType(type) && act == ActQuant::kInt8) GTEST_SKIP() << "K-quants: int16 only";
+  const int64_t rows = 200, cols = IsKQuantType(type) ? 512 : 576;
   const TestWeights w = MakeWeights(type, rows, cols, cols, 0, 3);
   // Every token-tile size of every kernel (avx512: 1..8, avx2: 1..4), and several tiles
   // per row (n > 8, where the avx512 kernel converts weight scales once per row block).
@@ -329,7 +205,8 @@ TEST_P(InvarianceTest, BatchAndThreadInvariant) {
 INSTANTIATE_TEST_SUITE_P(
     AllTypes, InvarianceTest,
     ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
-                                         GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1),
+                                         GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                         GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K),
                        ::testing::Values(ActQuant::kInt16, ActQuant::kInt8)),
     [](const ::testing::TestParamInfo<std::tuple<GgmlType, ActQuant>>& info) {
       return std::string(GgmlTypeName(static_cast<uint32_t>(std::get<0>(info.param)))) + "_" +
@@ -491,13 +368,18 @@ TEST(MatMulEdgeTest, ZerosAndExtremes) {
 
 // Every x8 kernel equals the scalar x8 reference bit for bit for every token count 1..16
 // (each tile size and the two-tile splits), row counts around the packed groups of 8 and
-// the AVX-512 kernels' pairs of groups (a lone last group), and widths of 1, 3 and 5 blocks.
+// the AVX-512 kernels' pairs of groups (a lone last group), and widths of 1, 3 and 5 blocks
+// (K-quants: 1 and 3 super-blocks).
 TEST(PackedMatMulTest, EqualsReferenceForEveryTokenCount) {
   for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})
-    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ4_K,
+                          GgmlType::kQ5_K, GgmlType::kQ6_K}) {
       const std::vector<KernelRun> runs = PackedRunsFor(type, act);
+      if (runs.empty()) continue;  // K-quants with int8 activations
+      const std::vector<int64_t> widths =
+          IsKQuantType(type) ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 160};
       for (const int64_t rows : {1, 8, 9, 17, 24, 45}) {
-        for (const int64_t cols : {32, 96, 160}) {
+        for (const int64_t cols : widths) {
           const TestWeights w = MakeWeights(type, rows, cols, cols, 0, 13);
           std::vector<uint8_t> storage;
           const WeightView view = ViewFor(w.view, true, &storage);

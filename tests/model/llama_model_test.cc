@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "gtest/gtest.h"
+#include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/gguf_writer.h"
 #include "model/llama/tiny_model.h"
 #include "tests/support/temp_file.h"
@@ -178,6 +179,44 @@ TEST_F(ModelLoadTest, ShardsMustDivideHeads) {
   auto m = LlamaModel::Load(path_, o);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("tensor-parallel size 3"), std::string::npos);
+}
+
+// K-quant matrices stay as stored (the backend runs or converts them); a shard whose column
+// slice cuts a 256-value super-block gets that matrix converted before slicing, with the
+// values of the full matrix's conversion at its columns; whole-super-block slices stay.
+TEST_F(ModelLoadTest, KQuantsStayStoredUnlessASliceCutsASuperBlock) {
+  TinyModelOptions t;
+  t.d_model = 512, t.n_heads = 8, t.n_kv_heads = 4, t.d_ff = 1024;
+  t.weight_type = GgmlType::kQ6_K;
+  const std::string path = TempPath("q6k");
+  ASSERT_TRUE(WriteTinyModel(t, path).ok());
+  auto whole = LlamaModel::Load(path);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const LayerWeights& w0 = (*whole)->weights().layers[0];
+  for (const WeightView* m : {&w0.wq, &w0.wo, &w0.w_down}) EXPECT_EQ(m->type, GgmlType::kQ6_K);
+  EXPECT_TRUE((*whole)->weights().owned_matrices.empty());
+
+  LoadOptions o;
+  o.shard = {1, 4};  // wo: 2 heads x 64 = 128 columns (cut); w_down: 256 (whole)
+  auto shard = LlamaModel::Load(path, o);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const LayerWeights& s0 = (*shard)->weights().layers[0];
+  EXPECT_EQ(s0.wq.type, GgmlType::kQ6_K);
+  EXPECT_EQ(s0.w_down.type, GgmlType::kQ6_K);
+  ASSERT_EQ(s0.wo.type, GgmlType::kQ8_0);
+  ASSERT_EQ(s0.wo.cols, 128);
+  std::vector<float> full(512), converted(512), sliced(128);
+  std::vector<uint8_t> row(GgmlRowBytes(GgmlType::kQ8_0, 512));
+  for (int64_t r = 0; r < s0.wo.rows; r += 97) {
+    ConvertRowToComputeType(GgmlType::kQ6_K,
+                            static_cast<const uint8_t*>(w0.wo.data) + r * w0.wo.row_stride,
+                            row.data(), 512);
+    DequantizeRow(GgmlType::kQ8_0, row.data(), converted.data(), 512);
+    DequantizeRow(GgmlType::kQ8_0, static_cast<const uint8_t*>(s0.wo.data) + r * s0.wo.row_stride,
+                  sliced.data(), 128);
+    for (int j = 0; j < 128; ++j) ASSERT_EQ(sliced[j], converted[128 + j]) << r << ", " << j;
+  }
+  std::filesystem::remove(path);
 }
 
 TEST_F(ModelLoadTest, FirstLayersOnlyForSelfDraft) {

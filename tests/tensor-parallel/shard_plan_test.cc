@@ -145,7 +145,9 @@ TEST(ShardPlan, ForFileCountsBytesPerRank) {
     EXPECT_GT(p2->rank(0).sharded_bytes, 0);
     const int64_t replicated = p1->rank(0).replicated_bytes;
     if (std::string(arch) == "llama") llama_replicated = replicated;
-    if (std::string(arch) == "qwen2") EXPECT_EQ(replicated, llama_replicated);
+    if (std::string(arch) == "qwen2") {
+      EXPECT_EQ(replicated, llama_replicated);
+    }
     if (std::string(arch) == "qwen3") {
       EXPECT_EQ(replicated, llama_replicated + 2 * o.n_layers * (128 / 4) * 4);  // f32 [hd] x2
     }
