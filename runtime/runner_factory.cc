@@ -54,13 +54,7 @@ absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool p
       KvStore::CheckSupported(o.kv, CudaPagePool::Caps(head_dim, o.kv.rotate), dev));
   // The CUDA backend has kernels for the llama row of the architecture table only (no NeoX
   // RoPE, biases, GeGLU, post-norms or windows yet): refused before any weight moves.
-  const auto plain_llama = [](const LlamaConfig& c) {
-    const ArchTraits& a = c.arch;
-    return a.rope == RopeMode::kNorm && !a.qkv_bias && !a.qk_norm &&
-           a.ffn == FfnActivation::kSilu && !a.embed_scale && !a.post_norms &&
-           c.sliding_window == 0;
-  };
-  if (config != nullptr && !plain_llama(*config)) {
+  if (config != nullptr && (HasGraphVariants(config->arch) || config->sliding_window != 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(dev, " runs llama-architecture models without sliding windows only (this is ",
                      config->Summary(), "); use --device cpu"));

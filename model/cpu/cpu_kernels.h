@@ -18,7 +18,9 @@
 //   Q8_0: d_w d_b Σ q_w qs                  (q_w signed)
 // The integer sums fit int32 (|Σ| <= 128 * 32767 * 32) and are products of int16 pairs:
 // vpmaddwd / vpdpwssd after widening the weights to int16.
-// F32/F16/BF16 weights use the f32 activations directly.
+// F32/F16/BF16 weights use the f32 activations directly. The K-quants (Q4_K, Q5_K, Q6_K)
+// run on the x8 path only, with these int16 activations: 32-value sub-blocks with their own
+// factors (cpu_repack_kquant.h).
 //
 // Int8 activations (ActQuant::kInt8, opt-in; llama.cpp's Q8_1 exactly): blocks of 32 int8
 //   qs[j] = round_nearest_even(x[j] * (1 / d_b)),  d_b = max|x| over block b / 127,

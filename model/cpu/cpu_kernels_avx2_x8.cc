@@ -23,6 +23,10 @@
 // Σ (q + 128) qs = Σ q qs + 128 Σ qs in int32 reproduces PackedMatMulReference8's dot
 // exactly (activations |qs| <= 127, as the quantiser makes them).
 //
+// K-quants (Q4_K, Q5_K, Q6_K; int16 only; TileKX8): per 32-value sub-block the Q4 path
+// above, with high bits or'ed into the widened nibbles and Q6_K's codes re-centred, and the
+// low / high nibble sums kept apart for Q6_K's two per-half scales (cpu_repack_kquant.h).
+//
 // Arithmetic (and so the bits of every result) is PackedMatMulReference's (int8:
 // PackedMatMulReference8's); FMAs are spelled out, so -ffp-contract has nothing to fuse.
 #include <immintrin.h>
@@ -95,9 +99,7 @@ inline void BlockScales(const uint8_t* blk, __m256* dw, __m256* mw) {
   }
 }
 
-// K-quants (cpu_repack_kquant.h), int16 only. The 8 rows' factors of sub-block j of the
-// super-block at h: d * sc_j and (-dmin) * m_j (Q4_K / Q5_K), or d * sc of the two halves
-// (Q6_K: dw for values 0..15, dw2 for 16..31).
+// K-quants (cpu_repack_kquant.h), int16 only. 8 byte factors (one per row) as floats.
 inline __m256 ByteFactors(const uint8_t* p, bool is_signed) {
   const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
@@ -114,6 +116,8 @@ inline void KSuperScales(const uint8_t* h, __m256* d, __m256* neg_dmin) {
   }
 }
 
+// Sub-block j's factors for the 8 rows of the super-block at h: d * sc_j and (-dmin) * m_j
+// (Q4_K / Q5_K), or d * sc of its two halves (Q6_K: dw for values 0..15, dw2 for 16..31).
 template <GgmlType kType>
 inline void KScales(const uint8_t* h, int j, __m256 d, __m256 neg_dmin, __m256* dw, __m256* mw,
                     __m256* dw2) {

@@ -18,6 +18,12 @@
 // operand) values 2c .. 2c + 3. One vpdpbusd then takes 4 values of 16 rows: 8 per block
 // and token, half the int16 path's.
 //
+// K-quants (Q4_K, Q5_K, Q6_K; int16 activations only), packed as cpu_repack_kquant.h: a
+// 32-value sub-block is a Q4 block whose nibbles may be completed by high bits (one widened
+// high chunk, shifted and masked per nibble vector) and re-centred (Q6_K: - 32), with its
+// factors d * sc / -dmin * m converted per sub-block (d, dmin once per super-block); Q6_K
+// scales the low and high nibbles' sums (its two 16-value halves) separately.
+//
 // Arithmetic per (row, token), block by block (PackedMatMulReference, and for int8
 // PackedMatMulReference8 whose Q8_0 dot carries the +128 and is corrected by -128 d_w s_t);
 // integer sums are exact in any order, every float step is per lane and FMAs are spelled
@@ -107,9 +113,8 @@ inline void ScaleBlock(const __m512i (&dot)[T], __m512 dw, __m512 mw, const floa
   }
 }
 
-// K-quants (cpu_repack_kquant.h), int16 only: sub-block j of super-block heads ha, hb. The
-// 16 rows' d * sc_j and (-dmin) * m_j (Q4_K / Q5_K), or d * sc of the two halves (Q6_K:
-// dw for values 0..15, dw2 for 16..31).
+// K-quants (cpu_repack_kquant.h), int16 only. 8 byte factors of group a and 8 of group b
+// (one per row) as 16 floats.
 inline __m512 ByteFactors(const uint8_t* a, const uint8_t* b, bool is_signed) {
   const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
                                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
@@ -125,6 +130,9 @@ inline void KSuperScales(const uint8_t* ha, const uint8_t* hb, __m512* d, __m512
   }
 }
 
+// Sub-block j's factors for the 16 rows of super-block heads ha, hb: d * sc_j and
+// (-dmin) * m_j (Q4_K / Q5_K), or d * sc of its two halves (Q6_K: dw for values 0..15, dw2
+// for 16..31).
 template <GgmlType kType>
 inline void KScales(const uint8_t* ha, const uint8_t* hb, int j, __m512 d, __m512 neg_dmin,
                     __m512* dw, __m512* mw, __m512* dw2) {

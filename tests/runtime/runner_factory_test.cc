@@ -198,6 +198,26 @@ TEST(RunnerFactoryTest, GpuRefusalsNameTheDevice) {
   EXPECT_FALSE(CheckRunnerOptions(o, &windowed, /*probe_device=*/false).ok());
 }
 
+// Every flag of the architecture table makes a row a graph variant (what a plain-llama
+// backend refuses); the llama row itself is none.
+TEST(ArchTable, EachFlagIsAGraphVariant) {
+  const ArchTraits llama = *FindArch("llama");
+  EXPECT_FALSE(HasGraphVariants(llama));
+  for (const char* arch : {"qwen2", "qwen3", "gemma3"})
+    EXPECT_TRUE(HasGraphVariants(*FindArch(arch)));
+  std::vector<ArchTraits> one_flag(9, llama);
+  one_flag[0].rope = RopeMode::kNeox;
+  one_flag[1].qkv_bias = true;
+  one_flag[2].qk_norm = true;
+  one_flag[3].ffn = FfnActivation::kGeluTanh;
+  one_flag[4].embed_scale = true;
+  one_flag[5].post_norms = true;
+  one_flag[6].swa_period = 6;
+  one_flag[7].rope_base_local = 10000.0f;
+  one_flag[8].rope_scaling_global_only = true;
+  for (size_t i = 0; i < one_flag.size(); ++i) EXPECT_TRUE(HasGraphVariants(one_flag[i])) << i;
+}
+
 // Returns why no GPU runner can be made here ("" when one can).
 std::string NoGpuReason() {
   RunnerOptions o;
