@@ -19,8 +19,7 @@
 // The integer sums fit int32 (|Σ| <= 128 * 32767 * 32) and are products of int16 pairs:
 // vpmaddwd / vpdpwssd after widening the weights to int16.
 // F32/F16/BF16 weights use the f32 activations directly. The K-quants (Q4_K, Q5_K, Q6_K)
-// run on the x8 path only, with these int16 activations: 32-value sub-blocks with their own
-// factors (cpu_repack_kquant.h).
+// run on the x8 path only: 32-value sub-blocks with their own factors (cpu_repack_kquant.h).
 //
 // Int8 activations (ActQuant::kInt8, opt-in; llama.cpp's Q8_1 exactly): blocks of 32 int8
 //   qs[j] = round_nearest_even(x[j] * (1 / d_b)),  d_b = max|x| over block b / 127,
@@ -83,6 +82,10 @@ struct QuantActs {
   const int8_t* qs8 = nullptr;  // [n, qs_stride] (int8 kernels)
   const float* d = nullptr;     // [n, ds_stride]
   const float* s = nullptr;     // [n, ds_stride]
+  // [n, 2 * ds_stride]: h16[t * 2 * ds_stride + k] = Σ qs8 over values 16k .. 16k + 15 of
+  // token t (exact; zero past the last block). Set for int8 activations against Q6_K
+  // weights only (cpu_repack_kquant.h); null otherwise.
+  const int32_t* h16 = nullptr;
   int64_t qs_stride = 0;
   int64_t ds_stride = 0;
 };
@@ -142,8 +145,10 @@ struct KernelTable {
   // table: the swiglu_exp arithmetic below, lane by lane (out may alias gate or up).
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* out);
   // True when matmul_quant_x8 also takes Q4_K, Q5_K and Q6_K, packed as cpu_repack_kquant.h
-  // (int16 activations only; bit-identical to PackedKQuantReference).
+  // (bit-identical to PackedKQuantReference); kquant8_x8 the same for matmul_quant8_x8
+  // (int8 activations, PackedKQuantReference8).
   bool kquant_x8 = false;
+  bool kquant8_x8 = false;
 };
 
 // SwiGLU's exponential, one arithmetic for every table so that scalar and SIMD results

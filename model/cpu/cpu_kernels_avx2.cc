@@ -394,6 +394,7 @@ const KernelTable kAvx2Kernels = {.name = "avx2",
                                   .quantize8_x8 = &Quantize8,
                                   .matmul_quant8_x8 = &MatMulQuant8X8Avx2,
                                   .swiglu = &SwiGluAvx2,
-                                  .kquant_x8 = true};
+                                  .kquant_x8 = true,
+                                  .kquant8_x8 = true};
 
 }  // namespace specnode::cpu_kernels

@@ -23,9 +23,10 @@
 // Σ (q + 128) qs = Σ q qs + 128 Σ qs in int32 reproduces PackedMatMulReference8's dot
 // exactly (activations |qs| <= 127, as the quantiser makes them).
 //
-// K-quants (Q4_K, Q5_K, Q6_K; int16 only; TileKX8): per 32-value sub-block the Q4 path
-// above, with high bits or'ed into the widened nibbles and Q6_K's codes re-centred, and the
-// low / high nibble sums kept apart for Q6_K's two per-half scales (cpu_repack_kquant.h).
+// K-quants (Q4_K, Q5_K, Q6_K; TileKX8, int8 TileK8X8): per 32-value sub-block the Q4 paths
+// above, with high bits or'ed into the widened nibbles (int16: Q6_K's codes re-centred;
+// int8: corrected by 32 h16), and the low / high nibble sums kept apart for Q6_K's two
+// per-half scales (cpu_repack_kquant.h).
 //
 // Arithmetic (and so the bits of every result) is PackedMatMulReference's (int8:
 // PackedMatMulReference8's); FMAs are spelled out, so -ffp-contract has nothing to fuse.
@@ -99,7 +100,7 @@ inline void BlockScales(const uint8_t* blk, __m256* dw, __m256* mw) {
   }
 }
 
-// K-quants (cpu_repack_kquant.h), int16 only. 8 byte factors (one per row) as floats.
+// K-quants (cpu_repack_kquant.h). 8 byte factors (one per row) as floats.
 inline __m256 ByteFactors(const uint8_t* p, bool is_signed) {
   const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
@@ -335,6 +336,99 @@ void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const u
   for (int t = 0; t < T; ++t) out[t] = tok.acc[t];
 }
 
+// TileKX8 over int8 activations (vpmaddubsw, the codes unsigned; Q6_K's halves are
+// corrected by 32 h16 as cpu_repack_kquant.h says). A row's dword lane holds the codes of
+// values 2c .. 2c + 3 (JoinChunkPair), their high bits joined the same way from the one high
+// chunk serving chunks c, c + 1 (low word: chunk c's fields, high word: c + 1's, taken by
+// two shifts and a word blend). vpmaddubsw's int16 pair sums (|·| <= 2 * 63 * 128) are
+// added in int16 for two chunk pairs at most (|Σ| <= 32256, no saturation; Q4_K's four
+// with codes below 16) and widened by vpmaddwd with ones.
+template <GgmlType kType, int T>
+void TileK8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const uint8_t* pf,
+              __m256 (&out)[T]) {
+  constexpr int kHigh = KHighBits(kType);
+  constexpr bool kQ6 = kType == GgmlType::kQ6_K;
+  TileTokens<int8_t, T> tok(a.x.qs8, a.x, t0);
+  const auto& xq = tok.xq;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i field = _mm256_set1_epi8(static_cast<char>((1 << kHigh) - 1));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 d = _mm256_setzero_ps(), neg_dmin = _mm256_setzero_ps();  // the super-block's
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    PrefetchBlock<PackedKSuperBytes(kType) / 8>(pf, b);
+    const uint8_t* h = group + (b / 8) * PackedKSuperBytes(kType);
+    const int j = static_cast<int>(b % 8);
+    if (j == 0) KSuperScales<kType>(h, &d, &neg_dmin);
+    __m256 dw, mw, dw2;
+    KScales<kType>(h, j, d, neg_dmin, &dw, &mw, &dw2);
+    const uint8_t* q = h + PackedKHeadBytes(kType) + j * PackedKSubBytes(kType);
+    __m256i dot[T], dot2[T], part[T], part2[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      dot[t] = dot2[t] = _mm256_setzero_si256();
+      part[t] = part2[t] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 8; c += 2) {
+      const __m256i w = JoinChunkPair(q + 16 * c);
+      __m256i lo = _mm256_and_si256(w, nibble);                        // 2c .. 2c + 3
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibble);  // + 16
+      if constexpr (kHigh > 0) {
+        const __m128i hc =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 128 + 16 * KHighChunk(kType, c)));
+        const __m256i hz = _mm256_set_m128i(_mm_unpackhi_epi16(hc, hc), _mm_unpacklo_epi16(hc, hc));
+        auto bits = [&](int part_index) {
+          const __m256i a0 = _mm256_srli_epi16(hz, KHighShift(kType, c, part_index));
+          const __m256i a1 = _mm256_srli_epi16(hz, KHighShift(kType, c + 1, part_index));
+          return _mm256_slli_epi16(_mm256_and_si256(_mm256_blend_epi16(a0, a1, 0xAA), field), 4);
+        };
+        lo = _mm256_or_si256(lo, bits(0));
+        hi = _mm256_or_si256(hi, bits(1));
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xb = xq[t] + b * kBlock + 2 * c;
+        const __m256i plo = _mm256_maddubs_epi16(lo, BroadcastDword(xb));
+        const __m256i phi = _mm256_maddubs_epi16(hi, BroadcastDword(xb + 16));
+        if constexpr (kQ6) {
+          part[t] = _mm256_add_epi16(part[t], plo);
+          part2[t] = _mm256_add_epi16(part2[t], phi);
+        } else {
+          part[t] = _mm256_add_epi16(part[t], _mm256_add_epi16(plo, phi));
+        }
+      }
+      // Widen before int16 sums could saturate: Q4_K after all four pairs, the others after
+      // every second.
+      if (kType != GgmlType::kQ4_K ? c % 4 == 2 : c == 6) {
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+          dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(part[t], ones));
+          part[t] = _mm256_setzero_si256();
+          if constexpr (kQ6) {
+            dot2[t] = _mm256_add_epi32(dot2[t], _mm256_madd_epi16(part2[t], ones));
+            part2[t] = _mm256_setzero_si256();
+          }
+        }
+      }
+    }
+    if constexpr (kQ6) {
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const int32_t* hs = a.x.h16 + (t0 + t) * 2 * a.x.ds_stride + 2 * b;
+        const __m256i d0 = _mm256_sub_epi32(dot[t], _mm256_set1_epi32(32 * hs[0]));
+        const __m256i d1 = _mm256_sub_epi32(dot2[t], _mm256_set1_epi32(32 * hs[1]));
+        const __m256 dt = _mm256_broadcast_ss(tok.xd[t] + b);
+        tok.acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(dw, dt), tok.acc[t]);
+        tok.acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(dw2, dt), tok.acc[t]);
+      }
+    } else {
+      tok.template AddBlock<true>(dot, dw, mw, b);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) out[t] = tok.acc[t];
+}
+
 // Writes the rows [r0, r0 + 8) ∩ [.., row_end) of tokens [t0, t0 + T).
 template <int T>
 inline void StoreX8(const QuantMatMulArgs& a, const __m256 (&v)[T], int64_t r0, int64_t row_end,
@@ -357,8 +451,9 @@ template <GgmlType kType, bool kInt8, int T>
 inline void RunTile(const QuantMatMulArgs& a, const uint8_t* group, int64_t r0, int64_t row_end,
                     int64_t t, const uint8_t* pf) {
   __m256 v[T];
-  if constexpr (IsKQuantType(kType)) {
-    static_assert(!kInt8, "K-quants have int16 kernels only");
+  if constexpr (IsKQuantType(kType) && kInt8) {
+    TileK8X8<kType, T>(a, group, t, pf, v);
+  } else if constexpr (IsKQuantType(kType)) {
     TileKX8<kType, T>(a, group, t, pf, v);
   } else if constexpr (kInt8) {
     Tile8X8<kType, T>(a, group, t, pf, v);
@@ -415,17 +510,13 @@ void MatMulX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     default:
       break;
   }
-  // K-quants: int16 only (the dispatcher never sends them to an int8 kernel).
-  assert(!kInt8);
-  if constexpr (!kInt8) {
-    switch (a.type) {
-      case GgmlType::kQ4_K:
-        return RowsX8<GgmlType::kQ4_K, false>(a, row_begin, row_end);
-      case GgmlType::kQ5_K:
-        return RowsX8<GgmlType::kQ5_K, false>(a, row_begin, row_end);
-      default:
-        return RowsX8<GgmlType::kQ6_K, false>(a, row_begin, row_end);
-    }
+  switch (a.type) {
+    case GgmlType::kQ4_K:
+      return RowsX8<GgmlType::kQ4_K, kInt8>(a, row_begin, row_end);
+    case GgmlType::kQ5_K:
+      return RowsX8<GgmlType::kQ5_K, kInt8>(a, row_begin, row_end);
+    default:
+      return RowsX8<GgmlType::kQ6_K, kInt8>(a, row_begin, row_end);
   }
 }
 

@@ -546,6 +546,7 @@ const KernelTable kAvx512VnniKernels = {.name = "avx512-vnni",
                                         .quantize8_x8 = &Quantize8NaturalAvx512,
                                         .matmul_quant8_x8 = &MatMulQuant8X8Avx512Vnni,
                                         .swiglu = &SwiGluAvx2,
-                                        .kquant_x8 = true};
+                                        .kquant_x8 = true,
+                                        .kquant8_x8 = true};
 
 }  // namespace specnode::cpu_kernels

@@ -18,9 +18,10 @@
 // operand) values 2c .. 2c + 3. One vpdpbusd then takes 4 values of 16 rows: 8 per block
 // and token, half the int16 path's.
 //
-// K-quants (Q4_K, Q5_K, Q6_K; int16 activations only), packed as cpu_repack_kquant.h: a
-// 32-value sub-block is a Q4 block whose nibbles may be completed by high bits (one widened
-// high chunk, shifted and masked per nibble vector) and re-centred (Q6_K: - 32), with its
+// K-quants (Q4_K, Q5_K, Q6_K), packed as cpu_repack_kquant.h: a 32-value sub-block is a Q4
+// block whose nibbles may be completed by high bits (one widened high chunk, shifted and
+// masked per nibble vector; int8: joined like the nibbles, one variable word shift) and,
+// int16, re-centred (Q6_K: - 32; int8 subtracts 32 h16 from the sums instead), with its
 // factors d * sc / -dmin * m converted per sub-block (d, dmin once per super-block); Q6_K
 // scales the low and high nibbles' sums (its two 16-value halves) separately.
 //
@@ -53,7 +54,10 @@ constexpr int kTile = 8;
 // Int8 keeps one dot per token: 12 tokens fit, so a K = 8 verification (9 tokens) unpacks
 // the weights once (DecodeStep, 2 threads, int8, n = 9: 11.9 ms as 5 + 4, 9.5 ms as one).
 constexpr int kTile8 = 12;
-constexpr int TileFor(bool int8) { return int8 ? kTile8 : kTile; }
+// Int8 Q6_K keeps two dots per token (its halves): 8 tokens, as int16.
+constexpr int TileFor(bool int8, GgmlType type) {
+  return int8 && type != GgmlType::kQ6_K ? kTile8 : kTile;
+}
 
 // The dword at p in all 16 lanes (a load the dot instruction can fold as {1to16}).
 inline __m512i Broadcast32(const void* p) {
@@ -113,7 +117,7 @@ inline void ScaleBlock(const __m512i (&dot)[T], __m512 dw, __m512 mw, const floa
   }
 }
 
-// K-quants (cpu_repack_kquant.h), int16 only. 8 byte factors of group a and 8 of group b
+// K-quants (cpu_repack_kquant.h). 8 byte factors of group a and 8 of group b
 // (one per row) as 16 floats.
 inline __m512 ByteFactors(const uint8_t* a, const uint8_t* b, bool is_signed) {
   const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
@@ -184,6 +188,50 @@ inline void KDots(const uint8_t* qa, const uint8_t* qb, const uint8_t* const (&x
   }
 }
 
+// KDots over int8 activations (vpdpbusd: the codes are the unsigned operand, Q6_K's too,
+// whose callers subtract 32 h16): chunk pair p (chunks 2p, 2p + 1) of both groups joined as
+// the int8 Q4 path joins them, so a row's dword lane holds the codes of values 4p .. 4p + 3
+// (low nibbles, into dot) and 4p + 16 .. 4p + 19 (high nibbles, into dot2; dot2 may be dot).
+// The high chunk serving both chunks is joined the same way with itself, so a lane's low
+// word carries chunk 2p's fields and its high word chunk 2p + 1's: one variable word shift
+// puts each at bit 0.
+template <GgmlType kType, int T>
+inline void KDots8(const uint8_t* qa, const uint8_t* qb, const uint8_t* const (&xq)[T], size_t xoff,
+                   __m512i order, __m512i (&dot)[T], __m512i (&dot2)[T]) {
+  constexpr int kHigh = KHighBits(kType);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i field = _mm512_set1_epi8(static_cast<char>((1 << kHigh) - 1));
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    const __m512i z = _mm512_permutexvar_epi16(order, Join256(qa + 32 * p, qb + 32 * p));
+    __m512i lo = _mm512_and_si512(z, nibble);                        // values 4p .. 4p + 3
+    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nibble);  // + 16
+    if constexpr (kHigh > 0) {
+      const int c = 2 * p;
+      const size_t h = 128 + 16 * KHighChunk(kType, c);  // chunks c, c + 1 share it
+      const __m128i ha = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + h));
+      const __m128i hb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + h));
+      const __m512i hz = _mm512_permutexvar_epi16(
+          order, _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(ha, ha)),
+                                    _mm256_set_m128i(hb, hb), 1));
+      const __m512i shift_lo =
+          _mm512_set1_epi32((KHighShift(kType, c + 1, 0) << 16) | KHighShift(kType, c, 0));
+      const __m512i shift_hi =
+          _mm512_set1_epi32((KHighShift(kType, c + 1, 1) << 16) | KHighShift(kType, c, 1));
+      lo = _mm512_or_si512(
+          lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hz, shift_lo), field), 4));
+      hi = _mm512_or_si512(
+          hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hz, shift_hi), field), 4));
+    }
+#pragma GCC unroll 12
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* xb = xq[t] + xoff + 4 * p;
+      dot[t] = _mm512_dpbusd_epi32(dot[t], lo, Broadcast32(xb));
+      dot2[t] = _mm512_dpbusd_epi32(dot2[t], hi, Broadcast32(xb + 16));
+    }
+  }
+}
+
 // Q6_K's scale step: the two halves' dots, each with its own factor.
 template <int T>
 inline void ScaleHalves(const __m512i (&dot)[T], const __m512i (&dot2)[T], __m512 dw, __m512 dw2,
@@ -220,7 +268,7 @@ void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int6
             const uint8_t* pa, const uint8_t* pb, __m512 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
   constexpr bool kK = IsKQuantType(kType);
-  static_assert(!kK || !kInt8, "K-quants have int16 kernels only");
+  static_assert(!kK || !kInt8 || kVnni, "int8 K-quant kernels need VNNI");
   // K-quants: the average bytes of a 32-value block (super-blocks are 8 of them), what the
   // block-by-block prefetch steps by.
   constexpr size_t kBlockBytes = kK ? PackedKSuperBytes(kType) / 8 : PackedBlockBytes(kType);
@@ -256,13 +304,27 @@ void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int6
       __m512i dot[T], dot2[T];
 #pragma GCC unroll 12
       for (int t = 0; t < T; ++t) dot[t] = dot2[t] = _mm512_setzero_si512();
-      KDots<kType, kVnni, T>(ga + qo, gb + qo, xq, b * kBlock * 2, dot, dot2);
+      if constexpr (kInt8 && kType == GgmlType::kQ6_K) {
+        KDots8<kType, T>(ga + qo, gb + qo, xq, b * kBlock, order, dot, dot2);
+#pragma GCC unroll 12
+        for (int t = 0; t < T; ++t) {  // codes q, not q - 32: subtract 32 Σ qs per half
+          const int32_t* h = a.x.h16 + (t0 + t) * 2 * a.x.ds_stride + 2 * b;
+          dot[t] = _mm512_sub_epi32(dot[t], _mm512_set1_epi32(32 * h[0]));
+          dot2[t] = _mm512_sub_epi32(dot2[t], _mm512_set1_epi32(32 * h[1]));
+        }
+      } else if constexpr (kInt8) {
+        KDots8<kType, T>(ga + qo, gb + qo, xq, b * kBlock, order, dot, dot);
+      } else {
+        KDots<kType, kVnni, T>(ga + qo, gb + qo, xq, b * kBlock * 2, dot, dot2);
+      }
       if constexpr (kType == GgmlType::kQ6_K) {
         ScaleHalves<T>(dot, dot2, dw, dw2, xd, b, acc);
       } else {
+        if constexpr (!kInt8) {
 #pragma GCC unroll 12
-        for (int t = 0; t < T; ++t) dot[t] = _mm512_add_epi32(dot[t], dot2[t]);
-        ScaleBlock<kType, false, T>(dot, dw, mw, xd, xs, b, acc);
+          for (int t = 0; t < T; ++t) dot[t] = _mm512_add_epi32(dot[t], dot2[t]);
+        }
+        ScaleBlock<kType, kInt8, T>(dot, dw, mw, xd, xs, b, acc);
       }
       continue;
     }
@@ -356,7 +418,7 @@ template <GgmlType kType, bool kVnni, bool kInt8, int... Ts>
 inline void DispatchTile(int tile, const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb,
                          int64_t r0, int64_t row_end, int64_t t0, const uint8_t* pa,
                          const uint8_t* pb, std::integer_sequence<int, Ts...>) {
-  // tile in [1, TileFor(kInt8)]: exactly one instantiation runs.
+  // tile in [1, TileFor(kInt8, kType)]: exactly one instantiation runs.
   ((tile == Ts + 1 ? RunTile<kType, kVnni, kInt8, Ts + 1>(a, ga, gb, r0, row_end, t0, pa, pb)
                    : void()),
    ...);
@@ -378,10 +440,10 @@ void RowsX16(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     const uint8_t* pb = PrefetchTarget(a.w, group_bytes, span, g + 1);
     const int64_t r0 = g * kPackRows;
     for (int64_t t = 0; t < a.n;) {
-      const int tile = NearEqualTile(a.n - t, TileFor(kInt8));
+      const int tile = NearEqualTile(a.n - t, TileFor(kInt8, kType));
       DispatchTile<kType, kVnni, kInt8>(tile, a, ga, gb, r0, row_end, t, t == 0 ? pa : nullptr,
                                         t == 0 ? pb : nullptr,
-                                        std::make_integer_sequence<int, TileFor(kInt8)>());
+                                        std::make_integer_sequence<int, TileFor(kInt8, kType)>());
       t += tile;
     }
   }
@@ -399,16 +461,15 @@ void MatMulX16(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     default:
       break;
   }
-  // K-quants: int16 only (the dispatcher never sends them to an int8 kernel).
-  assert(!kInt8);
-  if constexpr (!kInt8) {
+  // K-quants (int8 with VNNI: the only int8 tables here).
+  if constexpr (!kInt8 || kVnni) {
     switch (a.type) {
       case GgmlType::kQ4_K:
-        return RowsX16<GgmlType::kQ4_K, kVnni, false>(a, row_begin, row_end);
+        return RowsX16<GgmlType::kQ4_K, kVnni, kInt8>(a, row_begin, row_end);
       case GgmlType::kQ5_K:
-        return RowsX16<GgmlType::kQ5_K, kVnni, false>(a, row_begin, row_end);
+        return RowsX16<GgmlType::kQ5_K, kVnni, kInt8>(a, row_begin, row_end);
       default:
-        return RowsX16<GgmlType::kQ6_K, kVnni, false>(a, row_begin, row_end);
+        return RowsX16<GgmlType::kQ6_K, kVnni, kInt8>(a, row_begin, row_end);
     }
   }
 }

@@ -130,13 +130,16 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   assert(cols % kQuantBlock == 0);
   const GgmlType type = ws[0].type;
   const int64_t blocks = cols / kQuantBlock;
-  // K-quants run only on the int16 x8 kernels (cpu_repack_kquant.h).
+  // K-quants run on the x8 kernels only (cpu_repack_kquant.h); int8 where the table has an
+  // int8 K-quant kernel, else int16.
   const bool kquant = IsKQuantType(type);
-  const bool int8 = act == ActQuant::kInt8 && kernels.matmul_quant8 != nullptr && !kquant;
+  const bool int8 =
+      act == ActQuant::kInt8 && kernels.matmul_quant8 != nullptr && (!kquant || kernels.kquant8_x8);
   // The packed (x8) path serves the call if the table has a kernel for this width and every
   // matrix has its packed copy: the activations are then quantised in its natural order.
   const auto matmul_x8 = int8 ? kernels.matmul_quant8_x8 : kernels.matmul_quant_x8;
-  bool packed = matmul_x8 != nullptr && (!kquant || kernels.kquant_x8);
+  bool packed =
+      matmul_x8 != nullptr && (!kquant || (int8 ? kernels.kquant8_x8 : kernels.kquant_x8));
   for (const WeightView& w : ws) packed = packed && w.packed != nullptr;
   if (kquant && !packed) {
     // The caller's bug (RunsStorageType says which types need converting first): NaN
@@ -150,12 +153,14 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   const auto quantize16 = packed ? kernels.quantize_x8 : kernels.quantize;
   const auto quantize8 = packed ? kernels.quantize8_x8 : kernels.quantize8;
   const int64_t value_bytes = int8 ? 1 : 2;
-  // Scratch: [n, qs_stride] int16 (int8), then d and s as [n, ds_stride] f32 each, 64-byte
-  // aligned.
+  // Int8 activations against Q6_K: the half-block sums its kernels correct by.
+  const bool halves = int8 && type == GgmlType::kQ6_K;
+  // Scratch: [n, qs_stride] int16 (int8), then d and s as [n, ds_stride] f32 each, then
+  // (halves) h16 as [n, 2 * ds_stride] int32, 64-byte aligned.
   const int64_t qs_stride = RoundUp(cols, 128);
   const int64_t ds_stride = RoundUp(blocks, 16);
-  const size_t bytes =
-      static_cast<size_t>(n * qs_stride * value_bytes + 2 * n * ds_stride * 4 + 64);
+  const size_t bytes = static_cast<size_t>(n * qs_stride * value_bytes + 2 * n * ds_stride * 4 +
+                                           (halves ? 2 * n * ds_stride * 4 : 0) + 64);
   thread_local MatMulScratch fallback;
   if (scratch == nullptr) scratch = &fallback;
   if (scratch->buffer.size() < bytes) scratch->buffer.resize(bytes);
@@ -165,6 +170,7 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   auto* qs8 = reinterpret_cast<int8_t*>(base);
   auto* d = reinterpret_cast<float*>(base + n * qs_stride * value_bytes);
   float* s = d + n * ds_stride;
+  int32_t* h16 = halves ? reinterpret_cast<int32_t*>(s + n * ds_stride) : nullptr;
 
   auto quantize = [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -178,6 +184,7 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
         std::fill(st, st + ds_stride, std::numeric_limits<float>::quiet_NaN());
         if (int8) {
           std::fill(qs8 + t * qs_stride, qs8 + (t + 1) * qs_stride, int8_t{0});
+          if (halves) std::fill(h16 + t * 2 * ds_stride, h16 + (t + 1) * 2 * ds_stride, 0);
         } else {
           std::fill(qs + t * qs_stride, qs + (t + 1) * qs_stride, int16_t{0});
         }
@@ -191,6 +198,17 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
         int8_t* qt = qs8 + t * qs_stride;
         std::fill(qt + cols, qt + qs_stride, int8_t{0});
         quantize8(x + t * cols, blocks, type, qt, dt, st);
+        if (halves) {
+          // Natural order (the x8 quantisers'): half k is values 16k .. 16k + 15.
+          int32_t* ht = h16 + t * 2 * ds_stride;
+          for (int64_t k = 0; k < 2 * ds_stride; ++k) {
+            int32_t sum = 0;
+            if (k < 2 * blocks) {
+              for (int j = 0; j < 16; ++j) sum += qt[16 * k + j];
+            }
+            ht[k] = sum;
+          }
+        }
       } else {
         int16_t* qt = qs + t * qs_stride;
         std::fill(qt + cols, qt + qs_stride, int16_t{0});
@@ -209,6 +227,7 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   acts.qs8 = int8 ? qs8 : nullptr;
   acts.d = d;
   acts.s = s;
+  acts.h16 = h16;
   acts.qs_stride = qs_stride;
   acts.ds_stride = ds_stride;
   const auto matmul = int8 ? kernels.matmul_quant8 : kernels.matmul_quant;
@@ -258,7 +277,7 @@ bool RunsStorageType(GgmlType type, ActQuant act) {
   if (!IsKQuantType(type) || convert_k || !UsesPackedWeights(act)) return false;
   const cpu_kernels::KernelTable& k = cpu_kernels::SelectedKernels();
   const bool int8 = act == ActQuant::kInt8 && k.matmul_quant8 != nullptr;
-  return k.kquant_x8 && !int8;
+  return int8 ? k.kquant8_x8 : k.kquant_x8;
 }
 
 int64_t MatMulReadBytes(const WeightView& w, ActQuant act) {

@@ -63,9 +63,9 @@ bool ParseActQuant(const std::string& name, ActQuant* out);
 bool UsesPackedWeights(ActQuant act);
 // True when MatMul with `act` on this CPU runs a matrix of `type` as stored (with its packed
 // copy, PackWeights): every compute type (IsComputeGgmlType), and Q4_K / Q5_K / Q6_K where
-// packed weights are used, the selected kernels have K-quant x8 kernels and the activations
-// that run are int16 (there is no int8 K-quant kernel). Matrices of other types must be
-// converted to their compute type first (ConvertToComputeType, llama_weights.h).
+// packed weights are used and the selected kernels have K-quant x8 kernels for the
+// activations that run (KernelTable::kquant_x8 / kquant8_x8). Matrices of other types must
+// be converted to their compute type first (ConvertToComputeType, llama_weights.h).
 // SPECNODE_KQUANT_NATIVE=0 in the environment makes it false for the K-quants (converted as
 // before native kernels existed: for A/B benchmarks and diagnosis); read once.
 bool RunsStorageType(GgmlType type, ActQuant act);
@@ -84,8 +84,8 @@ struct MatMulScratch {
 };
 
 // y[n, w.rows] = x[n, w.cols] · Wᵀ. `pool` may be nullptr (single thread). A K-quant W
-// needs its packed copy and RunsStorageType (else: an assertion, NaN in release builds);
-// it runs int16 activations whatever `act` says.
+// needs its packed copy and a K-quant kernel (else: an assertion, NaN in release builds);
+// it runs int16 activations where the table has no int8 K-quant kernel.
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
             MatMulScratch* scratch, ActQuant act = ActQuant::kInt16);
 

@@ -123,6 +123,7 @@ void PackedMatMulReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t 
 }
 
 void PackedMatMulReference8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  if (IsKQuantType(a.type)) return PackedKQuantReference8(a, row_begin, row_end);
   PackedReference<int8_t>(a, row_begin, row_end);
 }
 

@@ -59,7 +59,13 @@ std::vector<uint8_t> PackKQuantRows(const WeightView& w) {
   return out;
 }
 
-void PackedKQuantReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+namespace {
+
+// Both references: Act = int16_t (x.qs) or int8_t (x.qs8). The integer dots are the exact
+// sums the kernels form (an int8 Q6_K kernel's Σ q qs - 32 Σ qs over a half is the same
+// integer as Σ (q - 32) qs), so one definition serves both widths.
+template <typename Act>
+void KQuantReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   assert(row_begin % kPackRows == 0 && IsKQuantType(a.type) && a.blocks % 8 == 0);
   const GgmlType type = a.type;
   const bool q6 = type == GgmlType::kQ6_K;
@@ -72,7 +78,12 @@ void PackedKQuantReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t 
     const uint8_t* group = a.w + (r / kPackRows) * a.row_stride;
     const int i = static_cast<int>(r % kPackRows);
     for (int64_t t = 0; t < a.n; ++t) {
-      const int16_t* qs = a.x.qs + t * a.x.qs_stride;
+      const Act* qs;
+      if constexpr (sizeof(Act) == 1) {
+        qs = a.x.qs8 + t * a.x.qs_stride;
+      } else {
+        qs = a.x.qs + t * a.x.qs_stride;
+      }
       const float* dt = a.x.d + t * a.x.ds_stride;
       const float* st = a.x.s + t * a.x.ds_stride;
       float acc = 0.0f;
@@ -81,7 +92,7 @@ void PackedKQuantReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t 
         const int j = static_cast<int>(b % 8);
         const uint8_t* nib = hd + head + j * sub;
         const uint8_t* high = nib + 128;
-        const int16_t* xb = qs + b * kQuantBlock;
+        const Act* xb = qs + b * kQuantBlock;
         int32_t dot[2] = {0, 0};  // values 0..15, 16..31 of the block
         for (int c = 0; c < 8; ++c) {
           for (int h = 0; h < 2; ++h) {
@@ -120,6 +131,16 @@ void PackedKQuantReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t 
       a.y[t * a.ldy + r] = acc;
     }
   }
+}
+
+}  // namespace
+
+void PackedKQuantReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  KQuantReference<int16_t>(a, row_begin, row_end);
+}
+
+void PackedKQuantReference8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  KQuantReference<int8_t>(a, row_begin, row_end);
 }
 
 }  // namespace specnode::cpu_kernels

@@ -34,8 +34,12 @@
 //                acc = fma(float(dot_2j+1), (d * float(sc_2j+1)) * d_t, acc)
 // (Q6_K's halves stay apart because (q - 32) * sc * qs summed over 32 values can pass
 // 2^31.) Every step is per lane and in a fixed order: batch invariant, and bit-identical
-// between the reference and every table's kernel. There is no int8-activation K kernel:
-// callers that want int8 activations convert K-quant matrices (cpu_backend.cc).
+// between the reference and every table's kernel.
+//
+// Int8 activations (x.qs8, KernelTable::kquant8_x8; PackedKQuantReference8): the same
+// steps. The codes are vpdpbusd's / vpmaddubsw's unsigned operand as they are (Q6_K too:
+// q in [0, 63]), so a Q6_K half's dot is formed as Σ q qs - 32 h, with h = Σ qs over the
+// half from QuantActs::h16, which the dispatcher fills for Q6_K: the same integer.
 #pragma once
 
 #include <cstddef>
@@ -79,5 +83,7 @@ std::vector<uint8_t> PackKQuantRows(const WeightView& w);
 // code: args.type a K-quant, args.w the packed copy, args.row_stride its group bytes,
 // args.blocks = cols / 32, int16 activations. Bit-identical to every table's kernel.
 void PackedKQuantReference(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
+// The same over int8 activations (args.x.qs8): bit-identical to every kquant8_x8 kernel.
+void PackedKQuantReference8(const QuantMatMulArgs& args, int64_t row_begin, int64_t row_end);
 
 }  // namespace specnode::cpu_kernels

@@ -5,9 +5,9 @@
 //
 // The CPU's x8 kernels run the K-quants as stored (repacked, model/cpu/cpu_repack_kquant.h).
 // Everything else that cannot — Q5_0 / Q5_1 always, K-quants on kernel tables without
-// K-quant kernels, under int8 activations, with SPECNODE_REPACK=0 or
-// SPECNODE_KQUANT_NATIVE=0, on a GPU, and K-quant column slices that cut a super-block — is
-// converted once at load (ConvertToComputeType, llama_weights.h) into a 32-value compute type:
+// K-quant kernels (CPUs without AVX2), with SPECNODE_REPACK=0 or SPECNODE_KQUANT_NATIVE=0,
+// on a GPU, and K-quant column slices that cut a super-block — is converted once at load
+// (ConvertToComputeType, llama_weights.h) into a 32-value compute type:
 //   Q5_0 -> Q8_0  exact (the same f16 scale; codes q - 16 in [-16, 15]);
 //   Q5_1 -> Q8_0  requantised (as Q5_K below);
 //   Q4_K -> Q4_1  each 32-value sub-block keeps its nibbles; its scale d*sc and offset

@@ -65,9 +65,9 @@ std::shared_ptr<const LlamaWeights> CpuBackend::ForKernels(
   auto p = std::make_shared<PackedWeights>();
   p->original = weights;
   auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
-    // Storage types these kernels do not run (Q5_0 / Q5_1 always; K-quants without x8
-    // K-quant kernels, with SPECNODE_REPACK=0 or under int8 activations) become their
-    // 32-value compute type first.
+    // Storage types these kernels do not run (Q5_0 / Q5_1 always; K-quants on tables
+    // without K-quant kernels or with SPECNODE_REPACK=0 / SPECNODE_KQUANT_NATIVE=0) become
+    // their 32-value compute type first.
     WeightView v = RunsStorageType(m.type, act) ? m : ConvertToComputeType(m, &p->converted);
     if (!pack) return v;
     std::vector<uint8_t> copy = PackWeights(v);

@@ -77,13 +77,16 @@ TEST(KQuantEdgeTest, ExtremeFactorsAndCodes) {
     std::vector<float> ref(n * rows);
     MatMulReference(raw, x.data(), n, ref.data());
     const std::vector<double> s = AbsDot(raw, x, n);
-    for (const KernelRun& run : PackedRunsFor(type, ActQuant::kInt16)) {
-      SCOPED_TRACE(run.name() + " " + Name(type));
-      std::vector<uint8_t> storage;
-      const WeightView view = ViewFor(raw, true, &storage);
-      std::vector<float> y(n * rows, NAN);
-      cpu_kernels::MatMulWith(*run.table, view, x.data(), n, y.data(), nullptr, nullptr);
-      for (int64_t i = 0; i < n * rows; ++i) EXPECT_NEAR(y[i], ref[i], 1e-5 * s[i] + 1e-6);
+    // Activations of ±1000 round exactly at both widths (d = 1000 / qmax).
+    for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8}) {
+      for (const KernelRun& run : PackedRunsFor(type, act)) {
+        SCOPED_TRACE(run.name() + " " + Name(type) + " " + ActName(act));
+        std::vector<uint8_t> storage;
+        const WeightView view = ViewFor(raw, true, &storage);
+        std::vector<float> y(n * rows, NAN);
+        cpu_kernels::MatMulWith(*run.table, view, x.data(), n, y.data(), nullptr, nullptr, act);
+        for (int64_t i = 0; i < n * rows; ++i) EXPECT_NEAR(y[i], ref[i], 1e-5 * s[i] + 1e-6);
+      }
     }
   }
 }
@@ -148,26 +151,28 @@ TEST(KQuantSharedTest, EqualsSeparateMatMuls) {
       ws.push_back(MakeWeights(type, rows[i], cols, cols, 0, 30 + static_cast<uint32_t>(i)));
     }
     for (size_t i = 0; i < ws.size(); ++i) views.push_back(ViewFor(ws[i].view, true, &packed[i]));
-    for (const KernelRun& run : PackedRunsFor(type, ActQuant::kInt16)) {
-      for (const int64_t n : {1, 6}) {
-        SCOPED_TRACE(run.name() + " " + Name(type) + " n=" + std::to_string(n));
-        const std::vector<float> x = MakeActs(n, cols, 3);
-        ThreadPool pool(2);
-        std::vector<std::vector<float>> shared(views.size()), alone(views.size());
-        std::vector<float*> ys;
-        for (size_t i = 0; i < views.size(); ++i) {
-          shared[i].assign(n * rows[i], NAN);
-          alone[i].assign(n * rows[i], NAN);
-          ys.push_back(shared[i].data());
-        }
-        cpu_kernels::MatMulSharedWith(*run.table, views, x.data(), n, ys, &pool, nullptr);
-        for (size_t i = 0; i < views.size(); ++i) {
-          cpu_kernels::MatMulWith(*run.table, views[i], x.data(), n, alone[i].data(), nullptr,
-                                  nullptr);
-          EXPECT_EQ(0, std::memcmp(shared[i].data(), alone[i].data(), alone[i].size() * 4));
+    for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})
+      for (const KernelRun& run : PackedRunsFor(type, act)) {
+        for (const int64_t n : {1, 6}) {
+          SCOPED_TRACE(run.name() + " " + Name(type) + " " + ActName(act) +
+                       " n=" + std::to_string(n));
+          const std::vector<float> x = MakeActs(n, cols, 3);
+          ThreadPool pool(2);
+          std::vector<std::vector<float>> shared(views.size()), alone(views.size());
+          std::vector<float*> ys;
+          for (size_t i = 0; i < views.size(); ++i) {
+            shared[i].assign(n * rows[i], NAN);
+            alone[i].assign(n * rows[i], NAN);
+            ys.push_back(shared[i].data());
+          }
+          cpu_kernels::MatMulSharedWith(*run.table, views, x.data(), n, ys, &pool, nullptr, act);
+          for (size_t i = 0; i < views.size(); ++i) {
+            cpu_kernels::MatMulWith(*run.table, views[i], x.data(), n, alone[i].data(), nullptr,
+                                    nullptr, act);
+            EXPECT_EQ(0, std::memcmp(shared[i].data(), alone[i].data(), alone[i].size() * 4));
+          }
         }
       }
-    }
   }
 }
 
@@ -196,9 +201,10 @@ TEST(KQuantDispatchTest, RunsStorageTypeFollowsTheKernels) {
     EXPECT_EQ(RunsStorageType(type, ActQuant::kInt16),
               k.kquant_x8 && UsesPackedWeights(ActQuant::kInt16))
         << Name(type);
-    // int8 activations where they run: no K kernel, so the matrix is converted.
+    // int8 where the table runs int8: its int8 K-quant kernel decides.
+    const bool int8 = k.matmul_quant8 != nullptr;
     EXPECT_EQ(RunsStorageType(type, ActQuant::kInt8),
-              k.matmul_quant8 == nullptr && k.kquant_x8 && UsesPackedWeights(ActQuant::kInt8))
+              (int8 ? k.kquant8_x8 : k.kquant_x8) && UsesPackedWeights(ActQuant::kInt8))
         << Name(type);
   }
 }

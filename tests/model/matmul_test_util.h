@@ -82,7 +82,8 @@ inline const KernelTable kPackedReference = [] {
   k.name = "scalar-x8-reference";
   k.matmul_quant_x8 = &cpu_kernels::PackedMatMulReference;
   k.matmul_quant8_x8 = &cpu_kernels::PackedMatMulReference8;
-  k.kquant_x8 = true;  // PackedMatMulReference runs PackedKQuantReference for them
+  k.kquant_x8 = true;  // PackedMatMulReference(8) runs PackedKQuantReference(8) for them
+  k.kquant8_x8 = true;
   return k;
 }();
 
@@ -99,15 +100,15 @@ struct KernelRun {
 };
 
 // The scalar x8 reference, then every table with an x8 kernel for `act`, on the packed copy
-// (quantised types only; K-quants: int16 and the tables with kquant_x8).
+// (quantised types only; K-quants: the tables with a K-quant kernel for `act`).
 inline std::vector<KernelRun> PackedRunsFor(GgmlType type, ActQuant act) {
   std::vector<KernelRun> runs;
   if (!IsQuantised(type)) return runs;
   const bool k_quant = IsKQuantType(type);
-  if (k_quant && act == ActQuant::kInt8) return runs;
   runs.push_back({&kPackedReference, true});
   for (const KernelTable* k : TablesFor(act)) {
-    if (X8KernelFor(*k, act) != nullptr && (!k_quant || k->kquant_x8)) runs.push_back({k, true});
+    const bool k_kernel = act == ActQuant::kInt8 ? k->kquant8_x8 : k->kquant_x8;
+    if (X8KernelFor(*k, act) != nullptr && (!k_quant || k_kernel)) runs.push_back({k, true});
   }
   return runs;
 }

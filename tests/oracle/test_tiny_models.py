@@ -53,7 +53,7 @@ TOLERANCES = {
     "q4_1": (0.25, 0.06, 0.12),
     # Q5_0 / Q5_1 and the K-quants: the CPU's x8 kernels run Q4_K / Q5_K / Q6_K as stored
     # (model/cpu/cpu_repack_kquant.h); the rest, and K-quants where those kernels do not run
-    # (SPECNODE_REPACK=0, int8 activations, the scalar table), are converted at load (Q5_0 ->
+    # (SPECNODE_REPACK=0, SPECNODE_KQUANT_NATIVE=0, the scalar table), are converted at load (Q5_0 ->
     # Q8_0 exactly, Q5_1 / Q5_K / Q6_K -> Q8_0 requantised, Q4_K -> Q4_1 with f16-rounded
     # sub-block factors: model/gguf/ggml_converted_types.h); the oracle decodes them exactly
     # with gguf-py. Both are far below the activation rounding these bounds were sized for,

@@ -159,8 +159,12 @@ def test_ctrl_c_cancels_and_exits_130(specnode_client, tiny_node):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     err = err.decode(errors="replace")
-    if proc.returncode == 0:
-        pytest.skip(f"the generation ended before the interrupt arrived ({first!r})")
+    # The tiny model can finish (EOS after a few ms) before the interrupt, or before the
+    # cancel it sends reaches the node: the reply is then the finished one, whatever the
+    # exit code; only a reply still running when the cancel arrives can say "cancelled".
+    finished = any(f"--- long-1: {r}" in err for r in ("stop", "length"))
+    if proc.returncode == 0 or finished:
+        pytest.skip(f"the generation ended before the cancel arrived ({first!r}): {err[-200:]}")
     assert proc.returncode == 130, err
     assert "cancelling long-1" in err
     assert "--- long-1: cancelled" in err
