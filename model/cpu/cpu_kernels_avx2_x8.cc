@@ -131,6 +131,22 @@ inline void KScales(const uint8_t* h, int j, __m256 d, __m256 neg_dmin, __m256* 
   }
 }
 
+// Walks a group's 32-value K-quant blocks in order: block b's quants and factors, d / dmin
+// converted once at each super-block's first block.
+template <GgmlType kType>
+struct KBlockWalk {
+  __m256 d = _mm256_setzero_ps();
+  __m256 neg_dmin = _mm256_setzero_ps();
+
+  const uint8_t* Next(const uint8_t* group, int64_t b, __m256* dw, __m256* mw, __m256* dw2) {
+    const uint8_t* h = group + (b / 8) * PackedKSuperBytes(kType);
+    const int j = static_cast<int>(b % 8);
+    if (j == 0) KSuperScales<kType>(h, &d, &neg_dmin);
+    KScales<kType>(h, j, d, neg_dmin, dw, mw, dw2);
+    return h + PackedKHeadBytes(kType) + j * PackedKSubBytes(kType);
+  }
+};
+
 // v shifted so that bit `from` lands on bit 4 (a constant after unrolling).
 inline __m256i ToBit4(__m256i v, int from) {
   return from <= 4 ? _mm256_slli_epi16(v, 4 - from) : _mm256_srli_epi16(v, from - 4);
@@ -148,15 +164,11 @@ void TileKX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const u
   const __m256i nibble = _mm256_set1_epi16(0x0F);
   const __m256i high_mask = _mm256_set1_epi16(static_cast<int16_t>(((1 << kHigh) - 1) << 4));
   const __m256i center = _mm256_set1_epi16(32);
-  __m256 d = _mm256_setzero_ps(), neg_dmin = _mm256_setzero_ps();  // the super-block's
+  KBlockWalk<kType> walk;
   for (int64_t b = 0; b < a.blocks; ++b) {
     PrefetchBlock<PackedKSuperBytes(kType) / 8>(pf, b);
-    const uint8_t* h = group + (b / 8) * PackedKSuperBytes(kType);
-    const int j = static_cast<int>(b % 8);
-    if (j == 0) KSuperScales<kType>(h, &d, &neg_dmin);
     __m256 dw, mw, dw2;
-    KScales<kType>(h, j, d, neg_dmin, &dw, &mw, &dw2);
-    const uint8_t* q = h + PackedKHeadBytes(kType) + j * PackedKSubBytes(kType);
+    const uint8_t* q = walk.Next(group, b, &dw, &mw, &dw2);
     __m256i dot[T], dot2[T];
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) dot[t] = dot2[t] = _mm256_setzero_si256();
@@ -353,15 +365,11 @@ void TileK8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const 
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i field = _mm256_set1_epi8(static_cast<char>((1 << kHigh) - 1));
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 d = _mm256_setzero_ps(), neg_dmin = _mm256_setzero_ps();  // the super-block's
+  KBlockWalk<kType> walk;
   for (int64_t b = 0; b < a.blocks; ++b) {
     PrefetchBlock<PackedKSuperBytes(kType) / 8>(pf, b);
-    const uint8_t* h = group + (b / 8) * PackedKSuperBytes(kType);
-    const int j = static_cast<int>(b % 8);
-    if (j == 0) KSuperScales<kType>(h, &d, &neg_dmin);
     __m256 dw, mw, dw2;
-    KScales<kType>(h, j, d, neg_dmin, &dw, &mw, &dw2);
-    const uint8_t* q = h + PackedKHeadBytes(kType) + j * PackedKSubBytes(kType);
+    const uint8_t* q = walk.Next(group, b, &dw, &mw, &dw2);
     __m256i dot[T], dot2[T], part[T], part2[T];
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {

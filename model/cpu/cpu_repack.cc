@@ -68,12 +68,7 @@ void PackedReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_en
     const uint8_t* group = a.w + (r / kPackRows) * a.row_stride;
     const int i = static_cast<int>(r % kPackRows);
     for (int64_t t = 0; t < a.n; ++t) {
-      const Act* qs;
-      if constexpr (kInt8) {
-        qs = a.x.qs8 + t * a.x.qs_stride;
-      } else {
-        qs = a.x.qs + t * a.x.qs_stride;
-      }
+      const Act* qs = ActRow<Act>(a.x, t);
       const float* dt = a.x.d + t * a.x.ds_stride;
       const float* st = a.x.s + t * a.x.ds_stride;
       float acc = 0.0f;

@@ -115,6 +115,16 @@ static inline void PrefetchBlock(const uint8_t* group, int64_t b) {
   for (size_t o = 0; o < kBlockBytes; o += 64) __builtin_prefetch(p + o);
 }
 
+// Token t's quantised activations in the references: x.qs8 (Act = int8_t) or x.qs.
+template <typename Act>
+static inline const Act* ActRow(const QuantActs& x, int64_t t) {
+  if constexpr (sizeof(Act) == 1) {
+    return x.qs8 + t * x.qs_stride;
+  } else {
+    return x.qs + t * x.qs_stride;
+  }
+}
+
 // y[t * ldy + r] for r in [row_begin, row_end), t < n, with the arithmetic above in scalar
 // code: args.w = the packed copy, args.row_stride = PackedGroupBytes, row_begin a multiple
 // of 8. Bit-identical to every table's matmul_quant_x8 (tests). K-quant types run
