@@ -82,6 +82,18 @@ struct TileTokens {
       if constexpr (kMin) acc[t] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(xs[t] + b), acc[t]);
     }
   }
+
+  // Q6_K's scale step: the sums of block b's two 16-value halves, each with its own factor
+  // (cpu_repack_kquant.h): acc = fma(float(dot), dw d_t, acc), then the same for dot2, dw2.
+  void AddHalves(const __m256i (&dot)[T], const __m256i (&dot2)[T], __m256 dw, __m256 dw2,
+                 int64_t b) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m256 dt = _mm256_broadcast_ss(xd[t] + b);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(dw, dt), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot2[t]), _mm256_mul_ps(dw2, dt), acc[t]);
+    }
+  }
 };
 
 // A packed block's 8 row scales d_w, and the multiplier of s_t in its minimum term: m_w
@@ -198,13 +210,7 @@ void TileKX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const u
       }
     }
     if constexpr (kQ6) {
-#pragma GCC unroll 4
-      for (int t = 0; t < T; ++t) {
-        const __m256 dt = _mm256_broadcast_ss(tok.xd[t] + b);
-        tok.acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(dw, dt), tok.acc[t]);
-        tok.acc[t] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot2[t]), _mm256_mul_ps(dw2, dt), tok.acc[t]);
-      }
+      tok.AddHalves(dot, dot2, dw, dw2, b);
     } else {
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) dot[t] = _mm256_add_epi32(dot[t], dot2[t]);
@@ -421,14 +427,12 @@ void TileK8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const 
     }
     if constexpr (kQ6) {
 #pragma GCC unroll 4
-      for (int t = 0; t < T; ++t) {
+      for (int t = 0; t < T; ++t) {  // codes q, not q - 32: subtract 32 Σ qs per half
         const int32_t* hs = a.x.h16 + (t0 + t) * 2 * a.x.ds_stride + 2 * b;
-        const __m256i d0 = _mm256_sub_epi32(dot[t], _mm256_set1_epi32(32 * hs[0]));
-        const __m256i d1 = _mm256_sub_epi32(dot2[t], _mm256_set1_epi32(32 * hs[1]));
-        const __m256 dt = _mm256_broadcast_ss(tok.xd[t] + b);
-        tok.acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(dw, dt), tok.acc[t]);
-        tok.acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(dw2, dt), tok.acc[t]);
+        dot[t] = _mm256_sub_epi32(dot[t], _mm256_set1_epi32(32 * hs[0]));
+        dot2[t] = _mm256_sub_epi32(dot2[t], _mm256_set1_epi32(32 * hs[1]));
       }
+      tok.AddHalves(dot, dot2, dw, dw2, b);
     } else {
       tok.template AddBlock<true>(dot, dw, mw, b);
     }

@@ -28,6 +28,17 @@ constexpr size_t kMaxShared = 8;
 
 int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+// Does `act` run as int8 on table k (requested, and k has an int8 kernel)?
+bool RunsInt8(const KernelTable& k, ActQuant act) {
+  return act == ActQuant::kInt8 && k.matmul_quant8 != nullptr;
+}
+
+// Is the environment variable `name` set to "0" (the A/B switches below)?
+bool EnvIsZero(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::string(env) == "0";
+}
+
 bool IsQuantised(GgmlType t) {
   return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 || IsKQuantType(t);
 }
@@ -133,8 +144,7 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   // K-quants run on the x8 kernels only (cpu_repack_kquant.h); int8 where the table has an
   // int8 K-quant kernel, else int16.
   const bool kquant = IsKQuantType(type);
-  const bool int8 =
-      act == ActQuant::kInt8 && kernels.matmul_quant8 != nullptr && (!kquant || kernels.kquant8_x8);
+  const bool int8 = RunsInt8(kernels, act) && (!kquant || kernels.kquant8_x8);
   // The packed (x8) path serves the call if the table has a kernel for this width and every
   // matrix has its packed copy: the activations are then quantised in its natural order.
   const auto matmul_x8 = int8 ? kernels.matmul_quant8_x8 : kernels.matmul_quant_x8;
@@ -252,32 +262,22 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
 }  // namespace cpu_kernels
 
 const char* ActQuantName(ActQuant requested) {
-  return requested == ActQuant::kInt8 && cpu_kernels::SelectedKernels().matmul_quant8 != nullptr
-             ? "int8"
-             : "int16";
+  return cpu_kernels::RunsInt8(cpu_kernels::SelectedKernels(), requested) ? "int8" : "int16";
 }
 
 bool UsesPackedWeights(ActQuant act) {
-  static const bool disabled = [] {
-    const char* env = std::getenv("SPECNODE_REPACK");
-    return env != nullptr && std::string(env) == "0";
-  }();
+  static const bool disabled = cpu_kernels::EnvIsZero("SPECNODE_REPACK");
   if (disabled) return false;
   const cpu_kernels::KernelTable& k = cpu_kernels::SelectedKernels();
-  const bool int8 = act == ActQuant::kInt8 && k.matmul_quant8 != nullptr;
-  return (int8 ? k.matmul_quant8_x8 : k.matmul_quant_x8) != nullptr;
+  return (cpu_kernels::RunsInt8(k, act) ? k.matmul_quant8_x8 : k.matmul_quant_x8) != nullptr;
 }
 
 bool RunsStorageType(GgmlType type, ActQuant act) {
-  static const bool convert_k = [] {
-    const char* env = std::getenv("SPECNODE_KQUANT_NATIVE");
-    return env != nullptr && std::string(env) == "0";
-  }();
+  static const bool convert_k = cpu_kernels::EnvIsZero("SPECNODE_KQUANT_NATIVE");
   if (IsComputeGgmlType(type)) return true;
   if (!IsKQuantType(type) || convert_k || !UsesPackedWeights(act)) return false;
   const cpu_kernels::KernelTable& k = cpu_kernels::SelectedKernels();
-  const bool int8 = act == ActQuant::kInt8 && k.matmul_quant8 != nullptr;
-  return int8 ? k.kquant8_x8 : k.kquant_x8;
+  return cpu_kernels::RunsInt8(k, act) ? k.kquant8_x8 : k.kquant_x8;
 }
 
 int64_t MatMulReadBytes(const WeightView& w, ActQuant act) {

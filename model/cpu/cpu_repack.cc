@@ -64,21 +64,14 @@ void PackedReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_en
   const GgmlType type = a.type;
   const size_t pb = PackedBlockBytes(type);
   const size_t head = PackedHeadBytes(type);
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* group = a.w + (r / kPackRows) * a.row_stride;
-    const int i = static_cast<int>(r % kPackRows);
-    for (int64_t t = 0; t < a.n; ++t) {
-      const Act* qs = ActRow<Act>(a.x, t);
-      const float* dt = a.x.d + t * a.x.ds_stride;
-      const float* st = a.x.s + t * a.x.ds_stride;
-      float acc = 0.0f;
-      for (int64_t b = 0; b < a.blocks; ++b) {
+  ReferenceWalk<Act>(
+      a, row_begin, row_end,
+      [&](const uint8_t* group, int i, const Act* xb, int64_t b, float dt, float st, float acc) {
         const uint8_t* blk = group + b * pb;
         uint16_t h;
         std::memcpy(&h, blk + 2 * i, 2);
         const float dw = Fp16ToFp32(h);
         const uint8_t* q = blk + head;
-        const Act* xb = qs + b * kQuantBlock;
         int32_t dot = 0;
         if (type == GgmlType::kQ8_0) {
           const int offset = kInt8 ? 128 : 0;  // vpdpbusd's unsigned weight operand
@@ -95,19 +88,17 @@ void PackedReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_en
             }
           }
         }
-        acc = std::fma(static_cast<float>(dot), dw * dt[b], acc);
+        acc = std::fma(static_cast<float>(dot), dw * dt, acc);
         if (type == GgmlType::kQ4_1) {
           std::memcpy(&h, blk + 16 + 2 * i, 2);
-          acc = std::fma(Fp16ToFp32(h), st[b], acc);
+          acc = std::fma(Fp16ToFp32(h), st, acc);
         } else if (type == GgmlType::kQ4_0) {
-          acc = std::fma(-8.0f * dw, st[b], acc);
+          acc = std::fma(-8.0f * dw, st, acc);
         } else if (kInt8) {
-          acc = std::fma(-128.0f * dw, st[b], acc);
+          acc = std::fma(-128.0f * dw, st, acc);
         }
-      }
-      a.y[t * a.ldy + r] = acc;
-    }
-  }
+        return acc;
+      });
 }
 
 }  // namespace

@@ -115,13 +115,33 @@ static inline void PrefetchBlock(const uint8_t* group, int64_t b) {
   for (size_t o = 0; o < kBlockBytes; o += 64) __builtin_prefetch(p + o);
 }
 
-// Token t's quantised activations in the references: x.qs8 (Act = int8_t) or x.qs.
-template <typename Act>
-static inline const Act* ActRow(const QuantActs& x, int64_t t) {
-  if constexpr (sizeof(Act) == 1) {
-    return x.qs8 + t * x.qs_stride;
-  } else {
-    return x.qs + t * x.qs_stride;
+// The scalar references' walk (PackedMatMulReference, PackedKQuantReference): for rows r in
+// [row_begin, row_end) (row_begin a multiple of 8) and tokens t < n, y[t * ldy + r] = acc
+// folded over the row's blocks b in order from acc = +0 by
+//   acc = block(group, lane, xb, b, d_t[b], s_t[b], acc)
+// with group = r's packed group, lane = r % 8 and xb = token t's 32 activations of block b
+// (x.qs8 for Act = int8_t, else x.qs).
+template <typename Act, typename Block>
+static inline void ReferenceWalk(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end,
+                                 Block&& block) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* group = a.w + (r / kPackRows) * a.row_stride;
+    const int lane = static_cast<int>(r % kPackRows);
+    for (int64_t t = 0; t < a.n; ++t) {
+      const Act* qs;
+      if constexpr (sizeof(Act) == 1) {
+        qs = a.x.qs8 + t * a.x.qs_stride;
+      } else {
+        qs = a.x.qs + t * a.x.qs_stride;
+      }
+      const float* dt = a.x.d + t * a.x.ds_stride;
+      const float* st = a.x.s + t * a.x.ds_stride;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        acc = block(group, lane, qs + b * kQuantBlock, b, dt[b], st[b], acc);
+      }
+      a.y[t * a.ldy + r] = acc;
+    }
   }
 }
 

@@ -74,20 +74,13 @@ void KQuantReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_en
   const size_t sub = PackedKSubBytes(type);
   const int high_bits = KHighBits(type);
   const int mask = (1 << high_bits) - 1;
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* group = a.w + (r / kPackRows) * a.row_stride;
-    const int i = static_cast<int>(r % kPackRows);
-    for (int64_t t = 0; t < a.n; ++t) {
-      const Act* qs = ActRow<Act>(a.x, t);
-      const float* dt = a.x.d + t * a.x.ds_stride;
-      const float* st = a.x.s + t * a.x.ds_stride;
-      float acc = 0.0f;
-      for (int64_t b = 0; b < a.blocks; ++b) {
+  ReferenceWalk<Act>(
+      a, row_begin, row_end,
+      [&](const uint8_t* group, int i, const Act* xb, int64_t b, float dt, float st, float acc) {
         const uint8_t* hd = group + (b / 8) * sb;
         const int j = static_cast<int>(b % 8);
         const uint8_t* nib = hd + head + j * sub;
         const uint8_t* high = nib + 128;
-        const Act* xb = qs + b * kQuantBlock;
         int32_t dot[2] = {0, 0};  // values 0..15, 16..31 of the block
         for (int c = 0; c < 8; ++c) {
           for (int h = 0; h < 2; ++h) {
@@ -113,19 +106,16 @@ void KQuantReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_en
         if (q6) {
           for (int k = 0; k < 2; ++k) {
             const auto sc = static_cast<int8_t>(hd[16 + 8 * (2 * j + k) + i]);
-            acc = std::fma(static_cast<float>(dot[k]), (d * static_cast<float>(sc)) * dt[b], acc);
+            acc = std::fma(static_cast<float>(dot[k]), (d * static_cast<float>(sc)) * dt, acc);
           }
-        } else {
-          std::memcpy(&f16, hd + 16 + 2 * i, 2);
-          const float dmin = Fp16ToFp32(f16);
-          const float sc = hd[32 + 8 * j + i], m = hd[96 + 8 * j + i];
-          acc = std::fma(static_cast<float>(dot[0] + dot[1]), (d * sc) * dt[b], acc);
-          acc = std::fma((-dmin) * m, st[b], acc);
+          return acc;
         }
-      }
-      a.y[t * a.ldy + r] = acc;
-    }
-  }
+        std::memcpy(&f16, hd + 16 + 2 * i, 2);
+        const float dmin = Fp16ToFp32(f16);
+        const float sc = hd[32 + 8 * j + i], m = hd[96 + 8 * j + i];
+        acc = std::fma(static_cast<float>(dot[0] + dot[1]), (d * sc) * dt, acc);
+        return std::fma((-dmin) * m, st, acc);
+      });
 }
 
 }  // namespace

@@ -39,18 +39,6 @@ struct PackedWeights {
   std::vector<std::unique_ptr<std::vector<uint8_t>>> converted;
 };
 
-// Does any matrix of w need a converted copy for `act`?
-bool NeedsConversion(const LlamaWeights& w, ActQuant act) {
-  auto needs = [&](const WeightView& m) { return !RunsStorageType(m.type, act); };
-  if (needs(w.token_embd) || needs(w.output)) return true;
-  for (const LayerWeights& l : w.layers) {
-    for (const WeightView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      if (needs(*m)) return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const LlamaWeights>> CpuBackend::UploadWeights(
@@ -61,7 +49,6 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CpuBackend::UploadWeights(
 std::shared_ptr<const LlamaWeights> CpuBackend::ForKernels(
     std::shared_ptr<const LlamaWeights> weights, ActQuant act) {
   const bool pack = UsesPackedWeights(act);
-  if (!pack && !NeedsConversion(*weights, act)) return weights;
   auto p = std::make_shared<PackedWeights>();
   p->original = weights;
   auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
@@ -80,6 +67,8 @@ std::shared_ptr<const LlamaWeights> CpuBackend::ForKernels(
   auto norm = [](const float* v, int64_t) -> absl::StatusOr<const float*> { return v; };
   absl::StatusOr<LlamaWeights> view = MapWeightViews(*weights, matrix, norm);
   assert(view.ok() && "the callbacks above never fail");
+  // Nothing packed or converted: the weights serve as they are (the view costs nothing).
+  if (p->copies.empty() && p->converted.empty()) return weights;
   p->view = *std::move(view);
   return std::shared_ptr<const LlamaWeights>(p, &p->view);
 }
