@@ -11,13 +11,13 @@ namespace {
 constexpr char kPayloadUrl[] = "type.specnode/request_error";
 
 using C = absl::StatusCode;
-constexpr std::array<RequestErrorInfo, 11> kTable = {{
+constexpr std::array<RequestErrorInfo, 14> kTable = {{
     {RequestError::kBadJson, "bad_json", C::kInvalidArgument, 400,
      "the frame is not a JSON object (binary garbage, malformed JSON)"},
     {RequestError::kBadRequest, "bad_request", C::kInvalidArgument, 400,
      "missing / wrong-typed / out-of-range field, unknown `type`, unknown field"},
     {RequestError::kFrameTooLarge, "frame_too_large", C::kInvalidArgument, 413,
-     "frame above `max_frame_bytes`"},
+     "frame above `max_frame_bytes` (HTTP: body above `serve.http_max_body_bytes`)"},
     {RequestError::kPromptTooLong, "prompt_too_long", C::kInvalidArgument, 400,
      "prompt + max_tokens beyond the context length"},
     {RequestError::kUnknownSla, "unknown_sla", C::kInvalidArgument, 400,
@@ -36,6 +36,12 @@ constexpr std::array<RequestErrorInfo, 11> kTable = {{
      "names it); the node exits"},
     {RequestError::kInternal, "internal", C::kInternal, 500,
      "a bug or a model failure; the node stays up"},
+    {RequestError::kUnauthorized, "unauthorized", C::kUnauthenticated, 401,
+     "HTTP: missing or wrong `Authorization: Bearer` key (the node has an API key set)"},
+    {RequestError::kUnknownModel, "unknown_model", C::kNotFound, 404,
+     "HTTP: `model` names no model this node serves (see GET /v1/models)"},
+    {RequestError::kNotFound, "not_found", C::kNotFound, 404,
+     "HTTP: no such route (or method) on the node's HTTP port"},
 }};
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Why a request was refused or failed, as a typed code — the one table of the error codes
-// clients see (docs/protocol.md's "Error codes"; the Python client and the OpenAI gateway
+// clients see (docs/protocol.md's "Error codes"; the Python client and the HTTP API
 // read client/error_codes.json, which `specnode error-codes --json` writes from this table
 // and a test keeps equal to it).
 //
@@ -28,13 +28,16 @@ enum class RequestError : uint8_t {
   kShuttingDown,
   kUnavailable,
   kInternal,
+  kUnauthorized,
+  kUnknownModel,
+  kNotFound,
 };
 
 struct RequestErrorInfo {
   RequestError code;
   const char* wire;         // the `code` of an error reply: "bad_request", ...
   absl::StatusCode status;  // the canonical code a status with it carries
-  int http;                 // the HTTP status an OpenAI-compatible front answers with
+  int http;                 // the HTTP status the node's OpenAI-compatible API answers with
   const char* meaning;      // one line, as docs/protocol.md says it
 };
 

@@ -20,24 +20,15 @@ size_t Utf8Floor(const std::string& s, size_t limit) {
   return n;
 }
 
-void PushSample(std::vector<double>& v, double x) {
-  constexpr size_t kKeep = 1024;
-  if (v.size() == kKeep) v.erase(v.begin());
-  v.push_back(x);
-}
-
 }  // namespace
 
 Scheduler::Scheduler(SpeculativeEngine* engine, const Tokenizer* tokenizer,
                      SchedulerOptions options, Sink sink)
     : engine_(engine), tok_(tokenizer), options_(std::move(options)), sink_(std::move(sink)) {
-  // Every documented series exists from the start: per class, empty latency samples (a
+  // Every documented series exists from the start: per class, empty latency histograms (a
   // scrape shows 0 until a request completes), and the engine's gauges as they are before
   // any step (the thread that reads them later has not started yet).
-  for (const SlaClass& c : options_.classes) {
-    stats_.ttft_ms[c.name];
-    stats_.tpot_ms[c.name];
-  }
+  for (const SlaClass& c : options_.classes) stats_.latency[c.name];
   if (options_.gauges) stats_.gauges = options_.gauges();
   thread_ = std::thread([this] { Loop(); });
 }
@@ -156,6 +147,11 @@ void Scheduler::Stop() {
 bool IsTargetLost(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+bool Scheduler::Draining() const {
+  std::lock_guard lock(mu_);
+  return draining_ || stopping_;
 }
 
 absl::Status Scheduler::Failure() const {
@@ -362,7 +358,7 @@ void Scheduler::RunStep() {
       release = std::max(release, r.emitted);
       ev.text = r.text.substr(r.emitted, release - r.emitted);
       r.emitted = release;
-      sink_(std::move(ev));
+      Emit(r, std::move(ev));
       if (stop_at != std::string::npos) {
         Finish(r, FinishKind::kStopString);
         continue;
@@ -399,7 +395,7 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
     tail.index = static_cast<int32_t>(r.output.size());
     tail.text = r.text.substr(r.emitted);
     r.emitted = r.text.size();
-    sink_(std::move(tail));
+    Emit(r, std::move(tail));
   }
   ev.text = r.text;
   RequestStats& st = ev.stats;
@@ -417,16 +413,31 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
   {
     std::lock_guard lock(mu_);
     r.done = true;
+    stats_.prompt_tokens += st.prompt_tokens;
+    stats_.generation_tokens += st.completion_tokens;
+    stats_.drafted_by_domain[st.domain] += st.drafted;
+    stats_.accepted_by_domain[st.domain] += st.accepted;
     if (kind == FinishKind::kCancelled) {
       stats_.cancelled++;
     } else {
       stats_.completed++;
-      if (!r.output.empty()) PushSample(stats_.ttft_ms[r.g.sla], st.ttft_ms);
-      if (r.output.size() > 1) PushSample(stats_.tpot_ms[r.g.sla], st.tpot_ms);
+      SchedulerSnapshot::SlaLatency& lat = stats_.latency[r.g.sla];
+      if (!r.output.empty()) lat.ttft.Observe(st.ttft_ms / 1e3);
+      if (r.output.size() > 1) lat.tpot.Observe(st.tpot_ms / 1e3);
+      lat.queue.Observe(st.queue_ms / 1e3);
+      lat.e2e.Observe(st.total_ms / 1e3);
     }
   }
-  sink_(std::move(ev));
+  Emit(r, std::move(ev));
   Forget(r.handle);
+}
+
+void Scheduler::Emit(const Req& r, GenerationEvent ev) {
+  if (r.g.sink) {
+    r.g.sink(std::move(ev));
+  } else {
+    sink_(std::move(ev));
+  }
 }
 
 void Scheduler::Forget(uint64_t handle) {
@@ -448,7 +459,7 @@ void Scheduler::Fail(Req& r, absl::Status status) {
     r.done = true;
     stats_.failed++;
   }
-  sink_(std::move(ev));
+  Emit(r, std::move(ev));
   Forget(r.handle);
 }
 

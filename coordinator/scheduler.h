@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/latency_histogram.h"
 #include "coordinator/spec_engine.h"
 #include "model/tokenizer/tokenizer.h"
 
@@ -79,15 +80,6 @@ struct SchedulerOptions {
   // may read state the engine owns, such as KV usage, and a client that saw a request end
   // sees its KV released); its values appear in SchedulerSnapshot::gauges. Optional.
   std::function<std::map<std::string, double>()> gauges;
-};
-
-struct GenerationRequest {
-  std::vector<int32_t> prompt;
-  SamplingParams sampling;
-  int64_t max_tokens = 128;
-  std::vector<std::string> stop;  // stop strings (text)
-  std::string domain = "default";
-  std::string sla;  // "" = default class
 };
 
 // A step error meaning the target can no longer run anything (Unavailable,
@@ -133,6 +125,20 @@ struct GenerationEvent {
   absl::Status error;                     // kError
 };
 
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 128;
+  std::vector<std::string> stop;  // stop strings (text)
+  std::string domain = "default";
+  std::string sla;  // "" = default class
+  // Where this request's events go (called on the scheduler thread, as the scheduler's
+  // sink, which it replaces for this request); empty: the scheduler's sink. A front end
+  // that owns a request end to end (the HTTP server) sets it, so that no event of the
+  // request can arrive before it knows the handle.
+  std::function<void(GenerationEvent)> sink;
+};
+
 // Counters and gauges for metrics (a consistent copy).
 struct SchedulerSnapshot {
   int queued = 0, active = 0;
@@ -145,8 +151,19 @@ struct SchedulerSnapshot {
   int64_t steps = 0, step_sequences = 0;  // Σ batch sizes; mean = step_sequences / steps
   int last_batch = 0;
   double window_ms = 0;  // current batching window
-  // Per SLA class: completed requests' TTFT and TPOT samples (most recent 1024).
-  std::map<std::string, std::vector<double>> ttft_ms, tpot_ms;
+  // Per SLA class (every configured class from the start), since start, seconds: completed
+  // requests' time to first token (requests with a token), time per output token after the
+  // first (requests with 2+ tokens; the request's mean, RequestStats::tpot_ms), queue time
+  // and end-to-end latency (RequestStats queue_ms, total_ms).
+  struct SlaLatency {
+    LatencyHistogram ttft{kTtftBucketsS}, tpot{kTpotBucketsS};
+    LatencyHistogram queue{kRequestBucketsS}, e2e{kRequestBucketsS};
+  };
+  std::map<std::string, SlaLatency> latency;
+  // Tokens of requests that ended (completed or cancelled; not failed), since start: prompt
+  // and generated tokens, and per domain the draft tokens proposed and accepted.
+  int64_t prompt_tokens = 0, generation_tokens = 0;
+  std::map<std::string, int64_t> drafted_by_domain, accepted_by_domain;
   std::map<std::string, int64_t> errors_by_code;  // filled by the front end's counters
   std::map<std::string, double> gauges;           // SchedulerOptions::gauges, latest
 };
@@ -179,6 +196,8 @@ class Scheduler {
   void BeginDrain();
   // Cancels whatever is left, emits their terminal events and joins the thread.
   void Stop();
+  // True after BeginDrain (or Stop).
+  bool Draining() const;
   // True once draining and nothing is queued or running.
   bool Idle() const;
   // OK, or the step error that lost the target (see above); the node should exit.
@@ -209,6 +228,8 @@ class Scheduler {
   void LoseTarget(const absl::Status& st);
   Req* Lookup(uint64_t handle);  // under mu_ (the map may be growing)
   void Finish(Req& r, FinishKind kind);
+  // Hands one of r's events to its sink (GenerationRequest::sink, else sink_).
+  void Emit(const Req& r, GenerationEvent ev);
   // Samples options_.gauges into stats_ (scheduler thread; takes mu_ to store).
   void RefreshGauges();
   void Fail(Req& r, absl::Status status);

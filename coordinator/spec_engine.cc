@@ -121,6 +121,12 @@ absl::Status SpeculativeEngine::Start(const SpecRequest& request) {
     }
   }
   if (s->group >= 0) ++group_starts_[s->group];
+  if (options_.prefix_cache) {
+    // Never the whole prompt: the last prompt token's logits give the first new token.
+    const std::span<const int32_t> prompt(s->tokens.data(), s->tokens.size() - 1);
+    s->prefilled = std::max(0, TargetOf(*s)->MatchPrefix(request.id, prompt));
+    s->stats.cached_tokens = s->prefilled;
+  }
   seqs_[request.id] = std::move(s);
   return absl::OkStatus();
 }
@@ -212,7 +218,14 @@ int SpeculativeEngine::Group(SeqId id) const {
 void SpeculativeEngine::Finish(SeqId id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
-  TargetOf(*it->second)->Free(id);
+  const Seq& s = *it->second;
+  // Whatever of the sequence is still whole full-precision pages stays for later requests
+  // (a follow-up turn, a recompute after preemption). A prefilling or parked sequence has
+  // nothing new to give.
+  if (options_.prefix_cache && !s.parked && s.prefilled == s.n_prompt) {
+    TargetOf(s)->PublishPrefix(id, s.tokens);
+  }
+  TargetOf(s)->Free(id);
   FreeInDrafters(id);
   seqs_.erase(it);
 }
@@ -411,6 +424,9 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     result.id = s->request.id;
     if (s->prefilled < s->n_prompt) {
       s->prefilled += s->chunk;
+      if (options_.prefix_cache && s->prefilled == s->n_prompt) {
+        TargetOf(*s)->PublishPrefix(s->request.id, std::span(s->tokens.data(), s->n_prompt));
+      }
       if (first_token[i] >= 0) Emit(*s, {&first_token[i], 1}, &result);
       s->stats.target_s += target_share_of(i);
       out->push_back(std::move(result));

@@ -77,6 +77,12 @@ struct SpecEngineOptions {
   // Spreads the per-sequence sampling and acceptance of a step over this pool (the one the
   // forward pass uses; idle at that point). nullptr: on the calling thread.
   ThreadPool* pool = nullptr;
+  // Prefix caching (ModelRunner::MatchPrefix / PublishPrefix on the sequence's target): a
+  // new sequence's prefill starts after the longest cached run of whole pages of its prompt
+  // (one token at least is always fed: its logits give the first token); the prompt's pages
+  // are published once its prefill ends, and every committed token's pages when the
+  // sequence is finished (a follow-up turn starts from them). Off: nothing is shared.
+  bool prefix_cache = false;
 };
 
 struct SpecRequest {
@@ -99,6 +105,7 @@ struct SpecSeqStats {
   int32_t drafted = 0;               // draft tokens verified
   int32_t accepted = 0;              // draft tokens accepted
   double draft_s = 0, target_s = 0;  // attributed time
+  int32_t cached_tokens = 0;         // prompt tokens taken from the prefix cache
 };
 
 // What one Step did for one sequence.

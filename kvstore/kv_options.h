@@ -49,6 +49,12 @@ struct KvOptions {
   // and GPU pools rotate when head_dim is a power of two; a pool that cannot rotate stores
   // them as they are). Set to true where the pool cannot: refused.
   std::optional<bool> rotate;
+  // Prefix caching in serving (kv.prefix_cache): a new sequence starts from the longest run
+  // of whole pages another sequence left with the same token ids (KvCache::MatchPrefix), and
+  // a sequence's full-precision pages are published after its prefill and when it ends.
+  // Off: every prompt is prefilled in full. (Mixed mode: the cached tokens' attention mass
+  // starts afresh for the new sequence, so demotion there may differ from a cold start.)
+  bool prefix_cache = true;
 
   // InvalidArgument naming the field (as `prefix` + field name, e.g. "kv.window_tokens")
   // for values out of range.

@@ -149,15 +149,22 @@ int64_t KvStore::AvailableBytes() const {
 
 bool KvStore::EnsureBytes(int64_t bytes) {
   // Evict cache-only prefix pages, least recently used first.
+  KvCacheEvent removed;
+  removed.kind = KvCacheEvent::Kind::kBlockRemoved;
   for (auto it = lru_.end(); FreeBytes() < bytes && it != lru_.begin();) {
     --it;
     auto entry = prefix_cache_.find(*it);
     const int32_t page = entry->second.page;
     if (pages_[page]->ref != 1) continue;
     pages_[page]->cached = false;
+    if (listener_ != nullptr) removed.block_hashes.push_back(kvstore_internal::EventHash(*it));
     prefix_cache_.erase(entry);
     it = lru_.erase(it);
     Unref(page);
+  }
+  if (!removed.block_hashes.empty()) {
+    removed.medium = kvstore_internal::EventMedium(pool_->device());
+    listener_->OnKvCacheEvent(std::move(removed));
   }
   return FreeBytes() >= bytes;
 }

@@ -131,6 +131,10 @@ class KvStore : public KvCache {
   // Registers seq's whole leading blocks of full-precision tokens (tokens = its first
   // Length(seq) token ids) in the prefix cache.
   void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) override;
+  // Events: BlockStored for each run of blocks PublishPrefix adds (parent: the block before
+  // the run), BlockRemoved for the blocks an eviction drops (EnsureBytes). Hashes are the
+  // cache's own chained block hashes, top bit cleared (kv_cache_events.h).
+  absl::Status SetEventListener(KvCacheEventListener* listener) override;
 
   absl::Status SwapOut(SeqId seq) override;
   absl::Status SwapIn(SeqId seq) override;
@@ -217,6 +221,7 @@ class KvStore : public KvCache {
     std::list<uint64_t>::iterator lru;
   };
   std::unordered_map<uint64_t, CacheEntry> prefix_cache_;
+  KvCacheEventListener* listener_ = nullptr;  // borrowed; null: no events
   std::list<uint64_t> lru_;  // front = most recently used
 };
 

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -56,6 +57,15 @@ inline uint64_t Mix(uint64_t h, uint64_t v) {
   h ^= h >> 31;
   h *= 0xbf58476d1ce4e5b9ULL;
   return h ^ (h >> 29);
+}
+
+// A prefix-cache hash as KV events carry it: the top bit cleared, so that decoders reading
+// msgpack integers as signed and unsigned see the same number (kv_cache_events.h).
+inline uint64_t EventHash(uint64_t h) { return h & 0x7fffffffffffffffULL; }
+
+// Where a pool's pages live, in vLLM's words: "GPU" for device memory, "CPU" for host.
+inline std::string EventMedium(const std::string& device) {
+  return device.rfind("cuda", 0) == 0 ? "GPU" : "CPU";
 }
 
 }  // namespace kvstore_internal

@@ -87,25 +87,54 @@ void KvStore::PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {
   const Sequence& s = *it->second;
   const int32_t P = config_.page_tokens;
   const size_t limit = std::min<size_t>(s.length, tokens.size());
+  // The run of consecutive blocks added so far, reported as one BlockStored when it ends (a
+  // block already cached, a block that cannot be cached, or the end).
+  std::optional<KvCacheEvent> run;
+  auto end_run = [&] {
+    if (run.has_value()) listener_->OnKvCacheEvent(*std::move(run));
+    run.reset();
+  };
   uint64_t h = 0;
   for (size_t b = 0; (b + 1) * P <= limit; ++b) {
     const int32_t page = s.loc[b * P].page;
-    if (page < 0) return;
+    if (page < 0) break;
     const Page& pg = *pages_[page];
-    if (pg.prec != KvPrecision::kFull || pg.used != P) return;
-    for (int32_t slot = 0; slot < P; ++slot) {
+    if (pg.prec != KvPrecision::kFull || pg.used != P) break;
+    bool in_order = true;
+    for (int32_t slot = 0; slot < P && in_order; ++slot) {
       const Loc loc = s.loc[b * P + slot];
-      if (loc.page != page || loc.slot != slot) return;
+      in_order = loc.page == page && loc.slot == slot;
     }
+    if (!in_order) break;
     auto block = tokens.subspan(b * P, P);
+    const uint64_t parent = h;
     h = BlockHash(h, block);
-    if (prefix_cache_.count(h)) continue;
+    if (prefix_cache_.count(h)) {
+      end_run();
+      continue;
+    }
     Ref(page);
     pages_[page]->cached = true;
     lru_.push_front(h);
     prefix_cache_[h] =
         CacheEntry{page, std::vector<int32_t>(block.begin(), block.end()), lru_.begin()};
+    if (listener_ == nullptr) continue;
+    if (!run.has_value()) {
+      run.emplace();
+      run->kind = KvCacheEvent::Kind::kBlockStored;
+      if (b > 0) run->parent_block_hash = kvstore_internal::EventHash(parent);
+      run->block_size = P;
+      run->medium = kvstore_internal::EventMedium(pool_->device());
+    }
+    run->block_hashes.push_back(kvstore_internal::EventHash(h));
+    run->token_ids.insert(run->token_ids.end(), block.begin(), block.end());
   }
+  end_run();
+}
+
+absl::Status KvStore::SetEventListener(KvCacheEventListener* listener) {
+  listener_ = listener;
+  return absl::OkStatus();
 }
 
 bool KvStore::IsSwapped(SeqId seq) const {
@@ -239,6 +268,7 @@ KvUsage KvStore::Usage() const {
   u.evicted_tokens = evicted_tokens_;
   u.pages = live_pages_;
   u.cached_prefix_pages = static_cast<int64_t>(prefix_cache_.size());
+  u.cache_only_bytes = AvailableBytes() - FreeBytes();
   for (const auto& [id, s] : seqs_) {
     auto t = SequenceTokens(id);
     for (int c = 0; c < kNumKvPrecisions; ++c) u.tokens[c] += t[c];

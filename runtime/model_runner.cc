@@ -40,6 +40,11 @@ absl::Status ModelRunner::Fork(SeqId, SeqId) {
   return absl::UnimplementedError(absl::StrCat("the runner on ", device(), " cannot fork"));
 }
 
+absl::Status ModelRunner::SetKvEventListener(KvCacheEventListener*) {
+  return absl::UnimplementedError(absl::StrCat(
+      "the target on ", device(), " keeps no prefix cache in this process to report KV events of"));
+}
+
 absl::Status ModelRunner::Ping() { return absl::OkStatus(); }
 
 absl::Status ModelRunner::Reserve(SeqId, int32_t) {
@@ -77,7 +82,8 @@ std::optional<ModelRunner::KvRoom> LocalModelRunner::Room(int64_t tokens) const 
 std::optional<ModelRunner::KvMemory> LocalModelRunner::Memory() const {
   if (!cache_->managed()) return std::nullopt;
   const KvUsage u = cache_->Usage();
-  return KvMemory{u.capacity_bytes, u.used_bytes, u.bytes, u.tokens, u.host_bytes};
+  return KvMemory{u.capacity_bytes, u.used_bytes, u.bytes,
+                  u.tokens,         u.host_bytes, u.cache_only_bytes};
 }
 
 std::optional<std::array<int64_t, kKvClasses>> LocalModelRunner::SequenceTokens(SeqId seq) const {

@@ -79,6 +79,9 @@ class ModelRunner {
     // remote target: the shards' replies carry bytes only).
     std::optional<std::array<int64_t, kKvClasses>> class_tokens;
     std::optional<int64_t> host_bytes;
+    // Of used_bytes, the prefix cache's pages no sequence uses (evictable); unset where the
+    // runner cannot tell.
+    std::optional<int64_t> cache_only_bytes;
   };
   virtual std::optional<KvMemory> Memory() const;
   // Live tokens per class of one sequence; nullopt when unknown.
@@ -93,6 +96,9 @@ class ModelRunner {
   virtual absl::Status Fork(SeqId src, SeqId dst);
   virtual int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) { return 0; }
   virtual void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {}
+  // KvCache::SetEventListener of the target's cache. Unimplemented by default (a remote
+  // target's shards keep no prefix cache).
+  virtual absl::Status SetKvEventListener(KvCacheEventListener* listener);
   // KvCache::PassBoundary of the target's cache (for a remote target, its shards'): the
   // rows one pass may hold of one sequence lie between two multiples of it (0: any).
   virtual int32_t PassBoundary() const { return 0; }
@@ -142,6 +148,9 @@ class LocalModelRunner final : public ModelRunner {
   }
   void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) override {
     cache_->PublishPrefix(seq, tokens);
+  }
+  absl::Status SetKvEventListener(KvCacheEventListener* listener) override {
+    return cache_->SetEventListener(listener);
   }
 
   LlamaForward& forward() { return *forward_; }

@@ -19,4 +19,9 @@ absl::Status KvCache::Fork(SeqId src, SeqId dst) {
       absl::StrCat("this KV cache (", device(), ") cannot share sequences"));
 }
 
+absl::Status KvCache::SetEventListener(KvCacheEventListener*) {
+  return absl::UnimplementedError(
+      absl::StrCat("this KV cache (", device(), ") has no prefix cache to report events of"));
+}
+
 }  // namespace specnode

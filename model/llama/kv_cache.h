@@ -27,6 +27,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "model/llama/kv_cache_events.h"
 
 namespace specnode {
 
@@ -54,6 +55,9 @@ struct KvUsage {
   int64_t host_bytes = 0;  // swap tier
   int64_t pages = 0;
   int64_t cached_prefix_pages = 0;  // pages held by the prefix cache
+  // Bytes (in used_bytes) of cached pages no sequence uses: evicted when a reservation
+  // needs them, so an idle node's used_bytes is this.
+  int64_t cache_only_bytes = 0;
   int64_t evicted_tokens = 0;       // dropped by sliding-window eviction (lossy)
 };
 
@@ -142,6 +146,10 @@ class KvCache {
   virtual absl::Status Fork(SeqId src, SeqId dst);
   virtual int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) { return 0; }
   virtual void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {}
+  // The prefix cache's events (kv_cache_events.h: blocks stored, removed) go to `listener`
+  // from now on (borrowed, must outlive the cache or be reset to null first; called on the
+  // thread driving the cache). Unimplemented for a cache without a prefix cache.
+  virtual absl::Status SetEventListener(KvCacheEventListener* listener);
 };
 
 }  // namespace specnode

@@ -1,5 +1,5 @@
 // specnode error-codes: the node's error codes (coordinator/request_error.h), the one table
-// docs/protocol.md, the Python client and the OpenAI gateway (client/error_codes.json) follow.
+// docs/protocol.md, the Python client (client/error_codes.json) and the HTTP API follow.
 #include <cstdio>
 #include <string>
 

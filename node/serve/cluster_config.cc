@@ -8,12 +8,24 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "model/tokenizer/chat_template.h"
 #include "node/serve/metrics_http.h"
 
 namespace specnode {
 namespace {
+
+// tcp://HOST:PORT (HOST may be * for every interface), ipc://PATH or inproc://NAME.
+bool ValidZmqEndpoint(const std::string& e) {
+  for (const char* scheme : {"ipc://", "inproc://"}) {
+    if (e.rfind(scheme, 0) == 0) return e.size() > std::string(scheme).size();
+  }
+  if (e.rfind("tcp://", 0) != 0) return false;
+  const size_t colon = e.rfind(':');
+  int port = 0;
+  return colon > 6 && absl::SimpleAtoi(e.substr(colon + 1), &port) && port >= 0 && port <= 65535;
+}
 
 // Reads typed values out of a YAML tree, turning every problem into a status that names
 // the file, the line and the dotted key.
@@ -232,9 +244,12 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
 
   const YAML::Node serve = root["serve"];
-  CFG_TRY(r.Section(serve, "serve",
-                    {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes",
-                     "curve_secret_key", "metrics_bind", "drain_timeout_s"}));
+  CFG_TRY(r.Section(
+      serve, "serve",
+      {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes", "curve_secret_key",
+       "metrics_bind", "drain_timeout_s", "http_bind", "http_api_key_env", "http_max_body_bytes",
+       "http_threads", "model_name", "kv_events_bind", "kv_events_replay_bind", "kv_events_topic",
+       "kv_events_encoding"}));
   CFG_TRY(r.String(serve, "serve", "bind", &c.bind));
   CFG_TRY(r.Int(serve, "serve", "max_active", 1, 4096, &c.max_active));
   CFG_TRY(r.Int(serve, "serve", "max_queue", 0, 1 << 20, &c.max_queue));
@@ -250,6 +265,42 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   if (!c.metrics_bind.empty() && !ValidateMetricsAddress(c.metrics_bind).ok()) {
     return r.Error(serve["metrics_bind"], "serve.metrics_bind",
                    "expected IPV4:PORT (e.g. 127.0.0.1:9464) or \"\"");
+  }
+  std::string http_bind;
+  CFG_TRY(r.String(serve, "serve", "http_bind", &http_bind));
+  if (!http_bind.empty()) {
+    absl::StatusOr<HttpAddress> a = ParseHttpAddress(http_bind);
+    if (!a.ok())
+      return r.Error(serve["http_bind"], "serve.http_bind", std::string(a.status().message()));
+    c.http_bind = *a;
+  }
+  CFG_TRY(r.String(serve, "serve", "http_api_key_env", &c.http_api_key_env));
+  int body = static_cast<int>(c.http_max_body_bytes);
+  CFG_TRY(r.Int(serve, "serve", "http_max_body_bytes", 1024, 1 << 30, &body));
+  c.http_max_body_bytes = body;
+  CFG_TRY(r.Int(serve, "serve", "http_threads", 1, 4096, &c.http_threads));
+  CFG_TRY(r.String(serve, "serve", "model_name", &c.model_name));
+  for (const char* key : {"kv_events_bind", "kv_events_replay_bind"}) {
+    std::string* out =
+        std::string(key) == "kv_events_bind" ? &c.kv_events_bind : &c.kv_events_replay_bind;
+    CFG_TRY(r.String(serve, "serve", key, out));
+    if (!out->empty() && !ValidZmqEndpoint(*out)) {
+      return r.Error(serve[key], absl::StrCat("serve.", key),
+                     "expected a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH) or \"\"");
+    }
+  }
+  if (!c.kv_events_replay_bind.empty() && c.kv_events_bind.empty()) {
+    return r.Error(serve["kv_events_replay_bind"], "serve.kv_events_replay_bind",
+                   "needs serve.kv_events_bind (replay serves what that endpoint published)");
+  }
+  CFG_TRY(r.String(serve, "serve", "kv_events_topic", &c.kv_events_topic));
+  std::string encoding;
+  CFG_TRY(r.String(serve, "serve", "kv_events_encoding", &encoding));
+  if (encoding == "map") {
+    c.kv_events_encoding = KvEventEncoding::kMap;
+  } else if (!encoding.empty() && encoding != "array") {
+    return r.Error(serve["kv_events_encoding"], "serve.kv_events_encoding",
+                   "expected array (vLLM <= 0.23's layout) or map (later vLLM)");
   }
   if (!c.curve_secret_key.empty() && c.curve_secret_key.size() != 40) {
     return r.Error(serve, "serve.curve_secret_key", "expected a 40-character Z85 key");
@@ -290,10 +341,10 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   CFG_TRY(r.String(router, "router", "default_domain", &c.default_domain));
 
   const YAML::Node kv = root["kv"];
-  CFG_TRY(r.Section(
-      kv, "kv",
-      {"mode", "capacity_mb", "host_capacity_mb", "page_tokens", "sink_tokens", "window_tokens",
-       "critical_threshold", "mass_sample_every", "demote_every", "evict_window", "rotate"}));
+  CFG_TRY(r.Section(kv, "kv",
+                    {"mode", "capacity_mb", "host_capacity_mb", "page_tokens", "sink_tokens",
+                     "window_tokens", "critical_threshold", "mass_sample_every", "demote_every",
+                     "evict_window", "rotate", "prefix_cache"}));
   if (kv.IsDefined() && kv.IsMap() && kv["mode"].IsDefined() && !kv["mode"].IsNull()) {
     std::string mode;
     CFG_TRY(r.String(kv, "kv", "mode", &mode));
@@ -330,6 +381,11 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     bool rotate = true;
     CFG_TRY(r.Bool(kv, "kv", "rotate", &rotate));
     c.kv.rotate = rotate;
+  }
+  CFG_TRY(r.Bool(kv, "kv", "prefix_cache", &c.kv.prefix_cache));
+  if (!c.kv.prefix_cache && !c.kv_events_bind.empty()) {
+    return r.Error(kv["prefix_cache"], "kv.prefix_cache",
+                   "is false, and serve.kv_events_bind reports the prefix cache's events");
   }
 
   const YAML::Node sla = root["sla"];

@@ -13,6 +13,8 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
 #include "kvstore/kv_options.h"
+#include "node/serve/http_address.h"
+#include "node/serve/kv_event_publisher.h"
 #include "node/serve/protocol.h"
 #include "runtime/device.h"
 
@@ -65,8 +67,26 @@ struct ServeConfig {
   int max_queue = 256;
   ProtocolLimits limits;
   std::string curve_secret_key;
-  // HTTP Prometheus endpoint "IPV4:PORT" (node/metrics_http.h); "" = off.
+  // HTTP Prometheus endpoint "IPV4:PORT" (GET /metrics, /health only; http_server.h); "" = off.
   std::string metrics_bind;
+  // serve.http_bind: the OpenAI-compatible API with /metrics and /health (http_server.h),
+  // parsed ("PORT" = 127.0.0.1:PORT); unset = off.
+  std::optional<HttpAddress> http_bind;
+  // serve.http_api_key_env: the environment variable holding the API key /v1 routes require
+  // as "Authorization: Bearer KEY" (unset or empty variable: no auth). The key itself stays
+  // out of config files.
+  std::string http_api_key_env = "SPECNODE_API_KEY";
+  int64_t http_max_body_bytes = 4 << 20;  // serve.http_max_body_bytes
+  int http_threads = 32;                  // serve.http_threads: concurrent HTTP requests
+  // serve.model_name: the model id of /v1/models (and the `model` requests must name);
+  // "" = the model file's name without ".gguf".
+  std::string model_name;
+  // serve.kv_events_bind: ZeroMQ PUB endpoint for the prefix cache's KV events in vLLM's
+  // format (kv_event_publisher.h); "" = off. kv_events_replay_bind: the ROUTER endpoint
+  // answering replay requests ("" = no replay). kv_events_topic: the PUB topic frame.
+  std::string kv_events_bind, kv_events_replay_bind, kv_events_topic;
+  // serve.kv_events_encoding: array (vLLM <= 0.23's tagged arrays, the default) | map.
+  KvEventEncoding kv_events_encoding = KvEventEncoding::kArray;
   DraftSpec draft;  // speculation.draft, parsed (coordinator/draft_spec.h); default ngram
   int k_max = 4;
   double free_threshold = 0.6, disable_threshold = 0.4;

@@ -2,22 +2,39 @@
 // embedded cluster-configs/local-cpu.yaml) with flags applied on top, then serves: in this
 // process (ServeNode, serve_node.h), or under mpirun with a multi-rank config as the
 // cluster's rank 0 or a shard rank (node/cluster/serve_cluster.h).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/domain_router.h"
+#include "coordinator/ngram_drafter.h"
 #include "coordinator/spec_controller.h"
+#include "kvstore/cpu_page_pool.h"
+#include "kvstore/kv_precision.h"
+#include "kvstore/kv_store.h"
+#include "model/gguf/gguf_reader.h"
+#include "model/llama/llama_config.h"
+#include "model/llama/llama_weights.h"
 #include "model/status_macros.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
 #include "node/cli/cli_args.h"
 #include "node/cli/commands.h"
+#include "node/cli/model_flags.h"
 #include "node/cluster/serve_cluster.h"
 #include "node/serve/cluster_config.h"
 #include "node/serve/metrics_http.h"
 #include "node/serve/serve_node.h"
-#include "node/cli/model_flags.h"
 #include "node/session/model_session.h"
+#include "node/session/router_config.h"
+#include "runtime/runner_factory.h"
+#include "tensor-parallel/shard_plan.h"
 
 namespace specnode {
 namespace {
@@ -28,6 +45,7 @@ std::string Help() {
   const ServeConfig d;
   return absl::StrFormat(
       "usage: specnode serve [--config FILE.yaml] [--model PATH] [--bind ENDPOINT] [options]\n"
+      "       specnode serve --check-config [--config FILE.yaml] [--model PATH] [options]\n"
       "\n"
       "Serves the ZeroMQ protocol of docs/protocol.md until SIGINT/SIGTERM (then drains and\n"
       "exits 0). Settings come from --config (cluster-configs/, schema in docs/configs.md;\n"
@@ -40,6 +58,12 @@ std::string Help() {
       "  --bind ENDPOINT     ROUTER endpoint (default %s)\n"
       "  --metrics-bind A    HTTP Prometheus endpoint IPV4:PORT (GET /metrics, /health),\n"
       "                      e.g. 127.0.0.1:9464; keep it on loopback (default: off)\n"
+      "  --http-bind A       OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n"
+      "                      /v1/models) + /metrics + /health: PORT (on 127.0.0.1) or\n"
+      "                      HOST:PORT (default: off); API key from $SPECNODE_API_KEY\n"
+      "                      (serve.http_api_key_env names another variable)\n"
+      "  --kv-events-bind E  ZeroMQ PUB endpoint for KV events in vLLM's format, e.g.\n"
+      "                      tcp://127.0.0.1:5557 (default: off)\n"
       "  --threads N         CPU threads (default: all cores available)\n"
       "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default %s)\n"
       "  --spec-k K          largest speculation length (default %d)\n"
@@ -49,7 +73,11 @@ std::string Help() {
       "  --max-active N      sequences running at once (default %d)\n"
       "  --max-queue N       waiting requests before `overloaded` (default %d)\n"
       "  --max-tokens N      largest max_tokens a request may ask (default %d)\n"
-      "  --max-frame-bytes N largest accepted frame (default %d)\n",
+      "  --max-frame-bytes N largest accepted frame (default %d)\n"
+      "  --check-config      check the config as serve would, then the target's (and a draft\n"
+      "                      model's) GGUF header: architecture, tensor shapes, vocabulary,\n"
+      "                      device, TP fit; print a summary and exit 0, or the error and 1.\n"
+      "                      Loads no weights, binds no socket, needs no mpirun\n",
       d.bind, d.draft.text(), d.k_max, std::string(AcceptanceRuleName(d.acceptance)).c_str(),
       d.max_active, d.max_queue, d.limits.max_tokens, d.limits.max_frame_bytes);
 }
@@ -83,6 +111,13 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
     c.metrics_bind = args.Get("metrics-bind");
     SPECNODE_RETURN_IF_ERROR(ValidateMetricsAddress(c.metrics_bind));
   }
+  if (args.Has("http-bind")) {
+    absl::StatusOr<HttpAddress> a = ParseHttpAddress(args.Get("http-bind"));
+    if (!a.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--http-bind: ", a.status().message()));
+    c.http_bind = *a;
+  }
+  if (args.Has("kv-events-bind")) c.kv_events_bind = args.Get("kv-events-bind");
   if (args.Has("draft")) {
     absl::StatusOr<DraftSpec> d = ParseDraftSpec(args.Get("draft"));
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--draft: ", d.status().message()));
@@ -120,8 +155,228 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
 
 namespace {
 
+// --check-config: a model file as far as its GGUF header tells — mapped, metadata parsed,
+// every tensor's name and shape checked against the config by building the weight views
+// (LoadLlamaWeights; no page of weights is read, unlike LlamaModel::Load), the tokenizer.
+struct ModelHeader {
+  std::unique_ptr<GgufFile> file;
+  LlamaConfig config;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+absl::StatusOr<ModelHeader> OpenModelHeader(const char* role, const std::string& path,
+                                            const std::string& chat_template) {
+  const auto named = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(role, " model ", path, ": ", s.message()));
+  };
+  ModelHeader m;
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  if (!file.ok())
+    return absl::Status(file.status().code(),
+                        absl::StrCat(role, " model: ", file.status().message()));
+  m.file = std::move(file).value();
+  absl::StatusOr<LlamaConfig> config = LlamaConfig::FromGguf(*m.file);
+  if (!config.ok()) return named(config.status());
+  m.config = *config;
+  if (absl::Status s = LoadLlamaWeights(*m.file, m.config).status(); !s.ok()) return named(s);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromGguf(*m.file);
+  if (!tok.ok()) return named(tok.status());
+  m.tokenizer = std::move(tok).value();
+  if (!chat_template.empty()) m.tokenizer->ReplaceChatTemplate(chat_template);
+  if (m.tokenizer->vocab_size() > m.config.vocab_size) {
+    return named(absl::InvalidArgumentError(
+        absl::StrCat("tokenizer has ", m.tokenizer->vocab_size(),
+                     " tokens but the model's vocabulary is ", m.config.vocab_size)));
+  }
+  return m;
+}
+
+// What a draft needs of the target (ModelDrafter's vocabulary check, the self-draft's layer
+// range, the n-gram drafter's options); *line describes the draft for the summary.
+absl::Status CheckDraft(const ServeConfig& cfg, const ModelHeader& target, std::string* line) {
+  const DraftSpec& d = cfg.draft;
+  *line = d.text();
+  if (d.kind == DraftSpec::Kind::kNgram) {
+    NgramDrafterOptions o;
+    if (d.count > 0) {
+      o.max_n = d.count;
+      o.min_n = std::min(o.min_n, o.max_n);
+      o.history_min_n = std::clamp(o.history_min_n, o.min_n, o.max_n);
+    }
+    return NgramDrafter::Create(o).status();
+  }
+  if (d.kind == DraftSpec::Kind::kSelf && (d.count < 1 || d.count >= target.config.n_layers)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("self-draft layers must be in [1, %d) for this %d-layer target, got %d",
+                        target.config.n_layers, target.config.n_layers, d.count));
+  }
+  if (!d.is_model()) return absl::OkStatus();
+  SPECNODE_ASSIGN_OR_RETURN(const ModelHeader draft, OpenModelHeader("draft", d.path, ""));
+  const Tokenizer& a = *draft.tokenizer;
+  const Tokenizer& b = *target.tokenizer;
+  bool same =
+      draft.config.vocab_size == target.config.vocab_size && a.vocab_size() == b.vocab_size();
+  for (int32_t id = 0; same && id < a.vocab_size(); ++id) {
+    same = a.TokenToBytes(id, true) == b.TokenToBytes(id, true);
+  }
+  if (!same) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "draft model %s does not share the target's vocabulary (%d tokens, %d in its "
+        "tokenizer; the target's %d, %d)",
+        d.path, draft.config.vocab_size, a.vocab_size(), target.config.vocab_size, b.vocab_size()));
+  }
+  *line = absl::StrFormat("%s (%s)", d.path, draft.config.Summary());
+  return absl::OkStatus();
+}
+
+// The rank layout's start-up checks (node/cluster/serve_cluster.cc's CheckCluster, bar the
+// world size, which only mpirun knows): devices per rank, draft placement, each group's TP
+// size against the target's heads.
+absl::Status CheckTopology(const ServeConfig& cfg, const LlamaConfig& target) {
+  for (const GroupTopology& g : cfg.topology.groups) {
+    if (g.draft.rank != 0 && !cfg.draft.is_model()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: group %s places its draft on rank %d, but the draft '%s' runs inside the "
+          "coordinator: place it on rank 0, or give a draft model file",
+          cfg.source, g.name, g.draft.rank, cfg.draft.text()));
+    }
+    if (g.draft.rank == 0 && !g.draft.device.is_cpu() && !cfg.draft.is_model()) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s places rank 0 on %s, but the draft '%s' runs on the CPU", cfg.source,
+                          g.draft.device.name(), cfg.draft.text()));
+    }
+    std::vector<const RankPlacement*> placed = {&g.draft};
+    for (const RankPlacement& p : g.target) {
+      if (p.device.is_cpu() != g.target[0].device.is_cpu()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: group %s mixes cpu and cuda target ranks", cfg.source, g.name));
+      }
+      placed.push_back(&p);
+    }
+    for (const RankPlacement* p : placed) {
+      RunnerOptions ro;
+      ro.device = p->device;
+      ro.kv = cfg.kv;
+      ro.activations = cfg.activations;
+      if (absl::Status st = CheckRunnerOptions(ro, &target, /*probe_device=*/false); !st.ok()) {
+        return absl::Status(st.code(), absl::StrFormat("%s places rank %d on %s: %s", cfg.source,
+                                                       p->rank, p->device.name(), st.message()));
+      }
+    }
+    if (absl::Status st = ShardPlan::Create(target, static_cast<int>(g.target.size())).status();
+        !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: group %s: a tensor-parallel target over %d ranks does not fit %s: %s", cfg.source,
+          g.name, g.target.size(), cfg.model, st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckConfig(const ServeConfig& cfg) {
+  SPECNODE_ASSIGN_OR_RETURN(const ModelHeader target,
+                            OpenModelHeader("target", cfg.model, cfg.chat_template));
+  const LlamaConfig& mc = target.config;
+  if (cfg.topology.single_process()) {
+    RunnerOptions ro;
+    ro.device = cfg.device;
+    ro.kv = cfg.kv;
+    ro.activations = cfg.activations;
+    SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(ro, &mc));
+  } else {
+    SPECNODE_RETURN_IF_ERROR(CheckTopology(cfg, mc));
+  }
+  std::string draft_line;
+  SPECNODE_RETURN_IF_ERROR(CheckDraft(cfg, target, &draft_line));
+  if (!cfg.draft.none()) {
+    SPECNODE_RETURN_IF_ERROR(SpecController::Create(ControllerConfigFor(cfg)).status());
+  }
+  std::string router_line = "no rules, default domain " + cfg.default_domain;
+  if (!cfg.router_rules_file.empty()) {
+    SPECNODE_RETURN_IF_ERROR(LoadRouterRules(cfg.router_rules_file).status());
+    router_line = cfg.router_rules_file;
+  } else {
+    RouterConfig rc;
+    rc.default_domain = cfg.default_domain;
+    SPECNODE_RETURN_IF_ERROR(DomainRouter::Create(rc).status());
+  }
+  // Chat requests render the template; one that cannot be rendered fails them only.
+  std::string chat = cfg.chat_template.empty() ? "the file's" : "built-in (model.chat_template)";
+  if (absl::Status s =
+          ApplyChatTemplate(target.tokenizer->spec().chat_template, {{"user", "hi"}}, true)
+              .status();
+      !s.ok()) {
+    chat = absl::StrCat("UNUSABLE, chat requests will fail: ", s.message());
+  }
+  uint64_t weight_bytes = 0;
+  for (const GgufTensorInfo& t : target.file->tensors()) weight_bytes += t.n_bytes;
+  // KV bytes per token at f16 and int4 (K and V rows of every layer's kv heads).
+  const auto per_token = [&mc](KvPrecision p) {
+    return 2.0 * mc.n_layers * mc.n_kv_heads * KvRowBytes(p, mc.head_dim);
+  };
+  const double cap = static_cast<double>(cfg.kv.capacity_bytes);
+  const KvMode mode =
+      cfg.device.is_cpu() && cfg.topology.single_process()
+          ? KvStore::ResolvedMode(cfg.kv.mode, CpuPagePool::Caps(mc.head_dim, cfg.kv.rotate))
+          : cfg.kv.mode;
+  std::string kv = absl::StrFormat(
+      "%s%s, %.0f MiB per target rank (~%.0f tokens at f16, ~%.0f at int4), host tier %.0f MiB",
+      std::string(KvModeName(cfg.kv.mode)),
+      mode == cfg.kv.mode ? "" : absl::StrCat(" (", std::string(KvModeName(mode)), ")"),
+      cap / (1 << 20), cap / per_token(KvPrecision::kFull), cap / per_token(KvPrecision::kInt4),
+      cfg.kv.host_capacity_bytes / double{1 << 20});
+  if (cfg.kv.mode == KvMode::kDense) kv = "dense (the f32 reference cache)";
+  std::string layout = absl::StrFormat(
+      "single process on %s, %d threads, activations %s", cfg.device.name(), cfg.threads,
+      ActivationsName(ComputeOptions{cfg.activations, cfg.device, cfg.chat_template}));
+  if (!cfg.topology.single_process()) {
+    layout = absl::StrFormat("%d ranks (mpirun -np %d)", cfg.topology.world_size,
+                             cfg.topology.world_size);
+    for (const GroupTopology& g : cfg.topology.groups) {
+      std::vector<int> ranks;
+      for (const RankPlacement& p : g.target) ranks.push_back(p.rank);
+      absl::StrAppendFormat(&layout, "; group %s: draft rank %d, target ranks %s (TP %d)", g.name,
+                            g.draft.rank, absl::StrJoin(ranks, ","), ranks.size());
+    }
+  }
+  // The endpoints serve would open; none is opened here.
+  std::string http = "off";
+  if (cfg.http_bind.has_value()) {
+    const char* key =
+        cfg.http_api_key_env.empty() ? nullptr : std::getenv(cfg.http_api_key_env.c_str());
+    http = absl::StrFormat("http://%s (/v1, /metrics, /health; bearer key from $%s: %s)",
+                           cfg.http_bind->text(), cfg.http_api_key_env,
+                           key != nullptr && *key != '\0' ? "set" : "unset, no authentication");
+  }
+  absl::PrintF(
+      "specnode serve --check-config: %s: ok\n"
+      "  model:     %s (%s, GGUF v%u, %d tensors, %.1f MiB of weights)\n"
+      "  arch:      %s\n"
+      "  layers:    %d, context %d tokens, vocabulary %d\n"
+      "  tokenizer: %d tokens; chat template: %s\n"
+      "  compute:   %s\n"
+      "  kv:        %s\n"
+      "  draft:     %s, k_max %d, acceptance %s\n"
+      "  router:    %s\n"
+      "  bind:      %s (ZeroMQ ROUTER)\n"
+      "  http:      %s\n"
+      "  metrics:   %s\n"
+      "  kv events: %s\n"
+      "  limits:    max_active %d, max_queue %d, max_tokens %d; drain %g s after SIGTERM\n",
+      cfg.source, cfg.model, mc.name.empty() ? mc.architecture : mc.name, target.file->version(),
+      static_cast<int>(target.file->tensors().size()), weight_bytes / double{1 << 20}, mc.Summary(),
+      mc.n_layers, mc.context_length, mc.vocab_size, target.tokenizer->vocab_size(), chat, layout,
+      kv, draft_line, cfg.k_max, std::string(AcceptanceRuleName(cfg.acceptance)), router_line,
+      cfg.bind, http,
+      cfg.metrics_bind.empty() ? "off" : absl::StrCat("http://", cfg.metrics_bind, "/metrics"),
+      cfg.kv_events_bind.empty() ? "off" : cfg.kv_events_bind, cfg.max_active, cfg.max_queue,
+      static_cast<int>(cfg.limits.max_tokens), cfg.drain_timeout_s);
+  return absl::OkStatus();
+}
+
 absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
+  if (args.Has("check-config")) return CheckConfig(cfg);
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
   SPECNODE_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelSession> session,
@@ -136,11 +391,11 @@ absl::Status Run(const CliArgs& args) {
 }  // namespace
 
 int RunServe(int argc, char** argv) {
-  return RunModelCommand(
-      "serve", Help(), argc, argv,
-      {"config", "model", "bind", "metrics-bind", "threads", "draft", "spec-k", "acceptance",
-       "router-rules", "max-active", "max-queue", "max-tokens", "max-frame-bytes"},
-      {}, Run);
+  return RunModelCommand("serve", Help(), argc, argv,
+                         {"config", "model", "bind", "metrics-bind", "http-bind", "kv-events-bind",
+                          "threads", "draft", "spec-k", "acceptance", "router-rules", "max-active",
+                          "max-queue", "max-tokens", "max-frame-bytes"},
+                         {"check-config"}, Run);
 }
 
 }  // namespace specnode

@@ -11,13 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/request_error.h"
-#include "model/tokenizer/chat_template.h"
 #include "nlohmann/json.hpp"
+#include "node/serve/submit_builder.h"
 
 namespace specnode {
-namespace {
-
-}  // namespace
 
 Frontend::Frontend(FrontendOptions options, const ModelSession* session, const DomainRouter* router,
                    Scheduler* scheduler, std::function<std::string()> metrics)
@@ -94,7 +91,7 @@ void Frontend::Send(const std::string& peer, const std::string& payload) {
 
 void Frontend::SendError(const std::string& peer, const std::optional<std::string>& id,
                          RequestError code, const std::string& message) {
-  error_counts_[std::string(WireCode(code))]++;
+  errors_.Add(code);
   Send(peer, ErrorReply(id, code, message));
 }
 
@@ -115,35 +112,13 @@ void Frontend::HandleSubmit(const std::string& peer, const SubmitMessage& m) {
     return reject(RequestError::kDuplicateId,
                   "a request with this id is still active on this connection");
   }
-  const Tokenizer& tok = session_->model().tokenizer();
-  std::vector<int32_t> ids;
-  std::string routing_text;
-  if (m.prompt.has_value()) {
-    auto enc = tok.Encode(*m.prompt, /*parse_special=*/false);
-    if (!enc.ok()) return reject(RequestError::kBadRequest, std::string(enc.status().message()));
-    ids = std::move(enc).value();
-    routing_text = *m.prompt;
-  } else {
-    auto rendered = ApplyChatTemplate(tok.spec().chat_template, m.messages, true);
-    if (!rendered.ok()) return reject(RequestError::kBadRequest, std::string(rendered.status().message()));
-    auto enc = tok.Encode(*rendered, /*parse_special=*/true);
-    if (!enc.ok()) return reject(RequestError::kBadRequest, std::string(enc.status().message()));
-    ids = std::move(enc).value();
-    for (const ChatMessage& cm : m.messages) {
-      if (cm.role == "user") routing_text = cm.content;
-    }
-  }
-  // Everything about the request itself (prompt, limits, sampling, domain, SLA class) is
-  // checked once, by the scheduler's validator (coordinator/request_validator.h); its
-  // errors carry their wire code.
-  GenerationRequest g;
-  g.prompt = std::move(ids);
-  g.sampling = m.sampling;
-  g.max_tokens = m.max_tokens;
-  g.stop = m.stop;
-  g.domain = m.domain.has_value() ? *m.domain : router_->Classify("", routing_text);
-  g.sla = m.sla;
-  auto ticket = scheduler_->Submit(std::move(g));
+  // Tokens and domain (submit_builder.h, shared with the HTTP API); everything about the
+  // request itself (prompt, limits, sampling, domain, SLA class) is checked once, by the
+  // scheduler's validator (coordinator/request_validator.h); its errors carry their wire code.
+  absl::StatusOr<GenerationRequest> g =
+      BuildGenerationRequest(m, session_->model().tokenizer(), *router_);
+  if (!g.ok()) return reject(RequestErrorOf(g.status()), std::string(g.status().message()));
+  auto ticket = scheduler_->Submit(*std::move(g));
   if (!ticket.ok()) {
     return reject(RequestErrorOf(ticket.status()), std::string(ticket.status().message()));
   }

@@ -25,9 +25,10 @@
 #include "coordinator/domain_router.h"
 #include "coordinator/request_error.h"
 #include "coordinator/scheduler.h"
+#include "node/serve/error_counter.h"
 #include "node/serve/metrics_http.h"
-#include "node/session/model_session.h"
 #include "node/serve/protocol.h"
+#include "node/session/model_session.h"
 
 namespace zmq {
 class context_t;
@@ -88,8 +89,8 @@ class Frontend {
   // The scheduler's sink (any thread).
   void OnEvent(GenerationEvent event);
 
-  // Error replies sent, by code (socket thread only: read it from the metrics callback).
-  const std::map<std::string, int64_t>& error_counts() const { return error_counts_; }
+  // Error replies sent, by code; shared with the HTTP API (thread-safe).
+  ErrorCounter& errors() { return errors_; }
 
  private:
   struct Active {
@@ -132,7 +133,7 @@ class Frontend {
   std::map<std::pair<std::string, std::string>, uint64_t> by_peer_id_;
   std::set<std::string> gone_peers_;
   std::set<std::string> req_peers_;  // peers using REQ sockets (replies need the delimiter)
-  std::map<std::string, int64_t> error_counts_;
+  ErrorCounter errors_;
 };
 
 }  // namespace specnode

@@ -1,119 +1,236 @@
 #include "node/serve/metrics.h"
 
-#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/latency_histogram.h"
 #include "coordinator/request_error.h"
 
 namespace specnode {
 
-double Quantile(std::vector<double> samples, double p) {
-  if (samples.empty()) return 0.0;
-  std::sort(samples.begin(), samples.end());
-  const size_t rank = static_cast<size_t>(std::ceil(p * samples.size()));
-  return samples[std::clamp<size_t>(rank, 1, samples.size()) - 1];
+std::string EscapeLabelValue(absl::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
 }
+
+std::string FormatSampleValue(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return absl::StrFormat("%.0f", v);
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);  // shortest round trip
+  return std::string(buf, end);
+}
+
+namespace {
+
+// One label pair, its value escaped: key="value".
+std::string Label(absl::string_view key, absl::string_view value) {
+  return absl::StrCat(key, "=\"", EscapeLabelValue(value), "\"");
+}
+
+class Exposition {
+ public:
+  // # HELP and # TYPE of a family (each family is written once, its samples right after).
+  void Family(absl::string_view name, absl::string_view type, absl::string_view help) {
+    absl::StrAppend(&out_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+  }
+  // labels: already formatted pairs joined by commas ("" = none).
+  void Sample(absl::string_view name, absl::string_view labels, absl::string_view value) {
+    if (labels.empty()) {
+      absl::StrAppend(&out_, name, " ", value, "\n");
+    } else {
+      absl::StrAppend(&out_, name, "{", labels, "} ", value, "\n");
+    }
+  }
+  void Sample(absl::string_view name, absl::string_view labels, int64_t value) {
+    Sample(name, labels, absl::StrCat(value));
+  }
+  void Sample(absl::string_view name, absl::string_view labels, double value) {
+    Sample(name, labels, FormatSampleValue(value));
+  }
+  void Counter(absl::string_view name, absl::string_view help, int64_t value) {
+    Family(name, "counter", help);
+    Sample(name, "", value);
+  }
+  // A counter family with one sample per key of `by`, labelled `key`.
+  void LabelledCounter(absl::string_view name, absl::string_view help, absl::string_view key,
+                       const std::map<std::string, int64_t>& by) {
+    Family(name, "counter", help);
+    for (const auto& [value, n] : by) Sample(name, Label(key, value), n);
+  }
+  void Gauge(absl::string_view name, absl::string_view help, double value) {
+    Family(name, "gauge", help);
+    Sample(name, "", value);
+  }
+  // A histogram family with one series per SLA class; `pick` selects the histogram.
+  template <typename Pick>
+  void Histogram(absl::string_view name, absl::string_view help,
+                 const std::map<std::string, SchedulerSnapshot::SlaLatency>& by_sla, Pick pick) {
+    Family(name, "histogram", help);
+    const std::string bucket = absl::StrCat(name, "_bucket");
+    const std::string sum = absl::StrCat(name, "_sum");
+    const std::string count = absl::StrCat(name, "_count");
+    for (const auto& [sla, lat] : by_sla) {
+      const LatencyHistogram& h = pick(lat);
+      const std::string sla_label = Label("sla", sla);
+      const std::vector<int64_t> cumulative = h.CumulativeCounts();
+      for (size_t i = 0; i < cumulative.size(); ++i) {
+        Sample(bucket, absl::StrCat(sla_label, ",le=\"", FormatSampleValue(h.bounds()[i]), "\""),
+               cumulative[i]);
+      }
+      Sample(bucket, absl::StrCat(sla_label, ",le=\"+Inf\""), h.count());
+      Sample(sum, sla_label, h.sum());
+      Sample(count, sla_label, h.count());
+    }
+  }
+  void Raw(absl::string_view lines) { absl::StrAppend(&out_, lines); }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+// Help of the engine series the node sets (node/serve/serve_node.cc); others get a generic
+// one.
+absl::string_view EngineSeriesHelp(absl::string_view name) {
+  static const std::map<absl::string_view, absl::string_view> kHelp = {
+      {"specnode_kv_bytes", "KV cache bytes held, per precision class (f16, int8, int4)."},
+      {"specnode_kv_tokens", "Tokens whose KV is held, per precision class."},
+      {"specnode_kv_capacity_bytes", "KV cache capacity in bytes, every target rank summed."},
+      {"specnode_kv_used_bytes", "KV cache bytes in use, every target rank summed."},
+      {"specnode_kv_host_bytes", "KV bytes parked in the host swap tier."},
+      {"specnode_kv_prefix_cache_only_bytes",
+       "Of the used KV bytes, the prefix cache's pages no request holds (evicted on demand)."},
+      {"specnode_group_active_sequences", "Sequences running, per draft group."},
+      {"specnode_group_sequences_started_total", "Sequences started since start, per draft group."},
+  };
+  auto it = kHelp.find(name);
+  return it != kHelp.end() ? it->second : "Engine series (see docs/serving.md, Metrics).";
+}
+
+}  // namespace
 
 std::string PrometheusText(
     const SchedulerSnapshot& s,
     const std::vector<std::pair<std::string, const SpecController*>>& controllers) {
-  std::string out;
-  auto family = [&](const char* name, const char* type, const char* help) {
-    absl::StrAppendFormat(&out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-  };
-  family("specnode_requests_total", "counter", "Requests by outcome.");
-  absl::StrAppendFormat(&out, "specnode_requests_total{outcome=\"submitted\"} %d\n", s.submitted);
-  absl::StrAppendFormat(&out, "specnode_requests_total{outcome=\"completed\"} %d\n", s.completed);
-  absl::StrAppendFormat(&out, "specnode_requests_total{outcome=\"cancelled\"} %d\n", s.cancelled);
-  absl::StrAppendFormat(&out, "specnode_requests_total{outcome=\"rejected\"} %d\n", s.rejected);
-  absl::StrAppendFormat(&out, "specnode_requests_total{outcome=\"failed\"} %d\n", s.failed);
-  family("specnode_requests_shed_total", "counter",
-         "Requests refused because their class sheds load and they would miss its TTFT target "
-         "(also counted as rejected).");
-  absl::StrAppendFormat(&out, "specnode_requests_shed_total %d\n", s.shed);
-  family("specnode_queue_depth", "gauge", "Requests waiting for admission.");
-  absl::StrAppendFormat(&out, "specnode_queue_depth %d\n", s.queued);
-  family("specnode_active_sequences", "gauge", "Sequences running.");
-  absl::StrAppendFormat(&out, "specnode_active_sequences %d\n", s.active);
-  family("specnode_batch_size", "gauge", "Sequences in the last step.");
-  absl::StrAppendFormat(&out, "specnode_batch_size %d\n", s.last_batch);
-  family("specnode_batch_size_mean", "gauge", "Mean sequences per step.");
-  absl::StrAppendFormat(&out, "specnode_batch_size_mean %g\n",
-                        s.steps ? static_cast<double>(s.step_sequences) / s.steps : 0.0);
-  // Unlabelled counters: one family and one sample each.
-  auto counter = [&](const char* name, const char* help, int64_t value) {
-    family(name, "counter", help);
-    absl::StrAppendFormat(&out, "%s %d\n", name, value);
-  };
-  counter("specnode_steps_total", "Engine steps.", s.steps);
-  family("specnode_batching_window_ms", "gauge", "Current batching window.");
-  absl::StrAppendFormat(&out, "specnode_batching_window_ms %g\n", s.window_ms);
-  counter("specnode_preemptions_total",
-          "Sequences preempted (for KV memory or for a waiting higher SLA class).", s.preemptions);
-  counter("specnode_preemptions_swapped_total",
-          "Preemptions that parked the KV in the host tier instead of recomputing it.", s.swapped);
-  counter("specnode_preemptions_for_class_total",
-          "Preemptions that made room for a waiting request of a higher SLA class.",
-          s.class_preemptions);
-  counter("specnode_admission_kv_waits_total",
-          "Admission rounds that held requests back because their KV would not fit.", s.kv_waits);
-  family("specnode_errors_total", "counter", "Error replies by code.");
+  Exposition e;
+  e.Family("specnode_requests_total", "counter", "Requests by outcome.");
+  for (const auto& [outcome, n] : {std::pair<const char*, int64_t>{"submitted", s.submitted},
+                                   {"completed", s.completed},
+                                   {"cancelled", s.cancelled},
+                                   {"rejected", s.rejected},
+                                   {"failed", s.failed}}) {
+    e.Sample("specnode_requests_total", Label("outcome", outcome), n);
+  }
+  e.Counter("specnode_requests_shed_total",
+            "Requests refused because their class sheds load and they would miss its TTFT "
+            "target (also counted as rejected).",
+            s.shed);
+  e.Gauge("specnode_queue_depth", "Requests waiting for admission.", s.queued);
+  e.Gauge("specnode_active_sequences", "Sequences running.", s.active);
+  e.Gauge("specnode_batch_size", "Sequences in the last step.", s.last_batch);
+  e.Gauge("specnode_batch_size_mean", "Mean sequences per step since start.",
+          s.steps ? static_cast<double>(s.step_sequences) / s.steps : 0.0);
+  e.Counter("specnode_steps_total", "Engine steps.", s.steps);
+  e.Gauge("specnode_batching_window_seconds",
+          "Current batching window: how long a lone arrival waits for batch mates.",
+          s.window_ms / 1e3);
+  e.Counter("specnode_preemptions_total",
+            "Sequences preempted (for KV memory or for a waiting higher SLA class).",
+            s.preemptions);
+  e.Counter("specnode_preemptions_swapped_total",
+            "Preemptions that parked the KV in the host tier instead of recomputing it.",
+            s.swapped);
+  e.Counter("specnode_preemptions_for_class_total",
+            "Preemptions that made room for a waiting request of a higher SLA class.",
+            s.class_preemptions);
+  e.Counter("specnode_admission_kv_waits_total",
+            "Admission rounds that held requests back because their KV would not fit.", s.kv_waits);
   // Every code of the one table, from the start (0 until it happens).
   std::map<std::string, int64_t> errors;
-  for (const RequestErrorInfo& e : RequestErrorTable()) errors[e.wire] = 0;
+  for (const RequestErrorInfo& info : RequestErrorTable()) errors[info.wire] = 0;
   for (const auto& [code, n] : s.errors_by_code) errors[code] += n;
-  for (const auto& [code, n] : errors) {
-    absl::StrAppendFormat(&out, "specnode_errors_total{code=\"%s\"} %d\n", code, n);
-  }
-  family("specnode_ttft_ms", "gauge", "Time to first token of recent requests, per SLA class.");
-  for (const auto& [sla, v] : s.ttft_ms) {
-    for (double q : {0.5, 0.99}) {
-      absl::StrAppendFormat(&out, "specnode_ttft_ms{sla=\"%s\",quantile=\"%g\"} %g\n", sla, q,
-                            Quantile(v, q));
-    }
-  }
-  family("specnode_tpot_ms", "gauge", "Time per output token of recent requests, per SLA class.");
-  for (const auto& [sla, v] : s.tpot_ms) {
-    for (double q : {0.5, 0.99}) {
-      absl::StrAppendFormat(&out, "specnode_tpot_ms{sla=\"%s\",quantile=\"%g\"} %g\n", sla, q,
-                            Quantile(v, q));
-    }
-  }
-  family("specnode_spec_acceptance", "gauge", "Draft acceptance over the window, per domain.");
-  std::string k_lines, mode_lines;
+  e.LabelledCounter("specnode_errors_total", "Error replies by code.", "code", errors);
+
+  e.Counter("specnode_prompt_tokens_total",
+            "Prompt tokens of requests that ended (completed or cancelled).", s.prompt_tokens);
+  e.Counter("specnode_generation_tokens_total",
+            "Tokens generated for requests that ended (completed or cancelled).",
+            s.generation_tokens);
+  e.LabelledCounter("specnode_spec_draft_tokens_total",
+                    "Draft tokens proposed for requests that ended, per domain.", "domain",
+                    s.drafted_by_domain);
+  e.LabelledCounter("specnode_spec_accepted_tokens_total",
+                    "Draft tokens the target accepted for requests that ended, per domain.",
+                    "domain", s.accepted_by_domain);
+
+  using Lat = SchedulerSnapshot::SlaLatency;
+  e.Histogram("specnode_time_to_first_token_seconds",
+              "Time from arrival to the first token of completed requests, per SLA class.",
+              s.latency, [](const Lat& l) -> const LatencyHistogram& { return l.ttft; });
+  e.Histogram("specnode_time_per_output_token_seconds",
+              "Mean time per output token after the first of completed requests, per SLA "
+              "class.",
+              s.latency, [](const Lat& l) -> const LatencyHistogram& { return l.tpot; });
+  e.Histogram("specnode_request_queue_time_seconds",
+              "Time from arrival to first scheduled of completed requests, per SLA class.",
+              s.latency, [](const Lat& l) -> const LatencyHistogram& { return l.queue; });
+  e.Histogram("specnode_e2e_request_latency_seconds",
+              "Time from arrival to the end of completed requests, per SLA class.", s.latency,
+              [](const Lat& l) -> const LatencyHistogram& { return l.e2e; });
+
+  std::string acceptance, k, mode;
   for (const auto& [name, c] : controllers) {
     for (const DomainSnapshot& d : c->AllDomains()) {
-      absl::StrAppendFormat(&out, "specnode_spec_acceptance{drafter=\"%s\",domain=\"%s\"} %g\n",
-                            name, d.domain, d.acceptance);
-      absl::StrAppendFormat(&k_lines, "specnode_spec_k{drafter=\"%s\",domain=\"%s\"} %d\n", name,
-                            d.domain, d.k);
-      absl::StrAppendFormat(&mode_lines,
-                            "specnode_spec_mode{drafter=\"%s\",domain=\"%s\",mode=\"%s\"} 1\n",
-                            name, d.domain, std::string(SpecModeName(d.mode)));
+      const std::string labels =
+          absl::StrCat(Label("drafter", name), ",", Label("domain", d.domain));
+      absl::StrAppend(&acceptance, "specnode_spec_acceptance{", labels, "} ",
+                      FormatSampleValue(d.acceptance), "\n");
+      absl::StrAppend(&k, "specnode_spec_k{", labels, "} ", d.k, "\n");
+      absl::StrAppend(&mode, "specnode_spec_mode{", labels, ",",
+                      Label("mode", std::string(SpecModeName(d.mode))), "} 1\n");
     }
   }
-  family("specnode_spec_k", "gauge", "Speculation length chosen next, per domain (0 = direct).");
-  out += k_lines;
-  family("specnode_spec_mode", "gauge", "Controller mode per domain.");
-  out += mode_lines;
-  // Engine gauges ("name{labels}" -> value), one family per name.
-  std::string last_family;
-  for (const auto& [series, v] : s.gauges) {
-    const std::string name = series.substr(0, series.find('{'));
-    if (name != last_family) {
-      family(name.c_str(), "gauge", "Engine gauge (see docs/protocol.md, Metrics).");
-      last_family = name;
-    }
-    // Whole numbers (bytes, counts) exactly; %g alone would round 201326592 to 2.01327e+08.
-    if (v == std::floor(v) && std::fabs(v) < 1e15) {
-      absl::StrAppendFormat(&out, "%s %.0f\n", series, v);
-    } else {
-      absl::StrAppendFormat(&out, "%s %g\n", series, v);
-    }
+  e.Family("specnode_spec_acceptance", "gauge",
+           "Draft acceptance rate over the controller's window, per drafter and domain.");
+  e.Raw(acceptance);
+  e.Family("specnode_spec_k", "gauge",
+           "Speculation length chosen next, per drafter and domain (0 = direct decoding).");
+  e.Raw(k);
+  e.Family("specnode_spec_mode", "gauge", "Controller mode per drafter and domain (1 = current).");
+  e.Raw(mode);
+
+  // Engine series ("name{labels}" -> value), grouped by family name (sorting by series
+  // alone could split a family: "a_b{" sorts after "a_bc").
+  std::map<std::string, std::vector<std::pair<std::string, double>>> engine;
+  for (const auto& [series, v] : s.gauges)
+    engine[series.substr(0, series.find('{'))].push_back({series, v});
+  for (const auto& [name, series] : engine) {
+    const bool counter = name.size() > 6 && name.ends_with("_total");
+    e.Family(name, counter ? "counter" : "gauge", EngineSeriesHelp(name));
+    for (const auto& [line, v] : series) e.Raw(absl::StrCat(line, " ", FormatSampleValue(v), "\n"));
   }
-  return out;
+  return e.Take();
 }
 
 }  // namespace specnode

@@ -1,12 +1,25 @@
-// Prometheus text exposition (format 0.0.4) of the node's state: requests, queue depth,
-// batch size, TTFT/TPOT percentiles per SLA class, acceptance and K per drafter and domain,
-// KV bytes per precision class (the scheduler's gauges), preemptions and errors by code.
+// Prometheus text exposition (format 0.0.4) of the node's state, following Prometheus'
+// naming conventions (base units in names: seconds, bytes; counters end in _total; every
+// family once, with # HELP and # TYPE; label values escaped). Families (docs/serving.md,
+// "Metrics", has the table):
+//   counters   requests by outcome, shed requests, steps, preemptions (all / swapped / for a
+//              class), admission KV waits, errors by code, prompt and generation tokens,
+//              draft tokens proposed and accepted per domain;
+//   histograms per SLA class, seconds, cumulative since start (coordinator/latency_histogram.h
+//              has the buckets): time to first token, time per output token, queue time,
+//              end-to-end latency;
+//   gauges     queue depth, active sequences, batch size (last, mean), batching window
+//              (seconds), acceptance / K / mode per drafter and domain, and the engine's
+//              series (SchedulerSnapshot::gauges: KV bytes per precision class, ...; a name
+//              ending in _total there is typed counter).
+// Pure functions of their arguments; thread-safe.
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
 
@@ -17,7 +30,14 @@ std::string PrometheusText(
     const SchedulerSnapshot& s,
     const std::vector<std::pair<std::string, const SpecController*>>& controllers);
 
-// The p-quantile (0..1) of samples by nearest rank; 0 for no samples.
-double Quantile(std::vector<double> samples, double p);
+// A label value as the text format wants it between its quotes: backslash, double quote
+// and newline escaped (\\, \", \n). For code that formats series names itself
+// (SchedulerSnapshot::gauges keys).
+std::string EscapeLabelValue(absl::string_view value);
+
+// A sample value: whole numbers exactly (201326592, not 2.01327e+08), others in the
+// shortest form that reads back to the same double, +Inf / -Inf / NaN as Prometheus spells
+// them.
+std::string FormatSampleValue(double v);
 
 }  // namespace specnode

@@ -1,22 +1,17 @@
-// The node's Prometheus endpoint: a minimal HTTP/1.1 server for scrapers (docs/serving.md,
-// "Metrics"). GET /metrics answers the Prometheus text of the `stats` reply, GET /health
-// "ok"; every response closes its connection. One connection at a time, requests up to
-// 8 KiB, a slow client is dropped after 2 s: it serves scrapes, not traffic.
-//
-// The text comes from a MetricsExchange, because only the front end's socket thread may
-// render it (it reads that thread's counters): the HTTP thread asks, the socket thread sees
-// the request on its next loop turn (<= 100 ms), renders and publishes.
+// The hand-over of the Prometheus text to the HTTP listeners (http_server.h: GET /metrics
+// on serve.metrics_bind and serve.http_bind). Only the front end's socket thread may render
+// the text (the controllers it reads are the engine's, not thread-safe): an HTTP thread
+// asks, the socket thread sees the request on its next loop turn (<= 100 ms), renders and
+// publishes.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
-#include "absl/status/statusor.h"
+#include "node/serve/http_address.h"  // ValidateMetricsAddress, for the config
 
 namespace specnode {
 
@@ -38,34 +33,5 @@ class MetricsExchange {
   std::string text_;
   uint64_t version_ = 0;  // publications so far
 };
-
-class MetricsHttpServer {
- public:
-  // Listens on `address` = "HOST:PORT" (an IPv4 literal, e.g. 127.0.0.1:9464; port 0 = any
-  // free port, see port()) and serves from `exchange`, which must outlive the server.
-  // InvalidArgument for a malformed address; Unavailable when it cannot be bound.
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address,
-                                                                  MetricsExchange* exchange);
-  // Stops accepting and joins the thread (returns within ~200 ms).
-  ~MetricsHttpServer();
-  MetricsHttpServer(const MetricsHttpServer&) = delete;
-  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
-
-  int port() const { return port_; }
-
- private:
-  MetricsHttpServer() = default;
-  void Loop();
-  void Serve(int fd);
-
-  int listen_fd_ = -1;
-  int port_ = 0;
-  MetricsExchange* exchange_ = nullptr;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
-// Checks "HOST:PORT" as Start does (for config validation): IPv4 literal, port 0..65535.
-absl::Status ValidateMetricsAddress(const std::string& address);
 
 }  // namespace specnode

@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <cassert>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -17,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/drafter_factory.h"
 #include "coordinator/scheduler.h"
@@ -25,8 +28,11 @@
 #include "kvstore/kv_precision.h"
 #include "model/status_macros.h"
 #include "node/serve/frontend.h"
+#include "node/serve/http_server.h"
+#include "node/serve/kv_event_publisher.h"
 #include "node/serve/metrics.h"
 #include "node/serve/metrics_http.h"
+#include "node/serve/openai_routes.h"
 #include "node/session/router_config.h"
 
 namespace specnode {
@@ -53,8 +59,8 @@ std::string KvClassSeries(const char* family, int c) {
 // shards summed); nothing for a target that does not account (the dense reference).
 std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets) {
   std::map<std::string, double> g;
-  bool any = false, all_tokens = true, all_host = true;
-  double capacity = 0, used = 0, host = 0;
+  bool any = false, all_tokens = true, all_host = true, all_cache = true;
+  double capacity = 0, used = 0, host = 0, cache_only = 0;
   std::array<double, kKvClasses> bytes{}, tokens{};
   for (const ModelRunner* t : targets) {
     const std::optional<ModelRunner::KvMemory> m = t->Memory();
@@ -68,6 +74,11 @@ std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets)
       for (int c = 0; c < kKvClasses; ++c) tokens[c] += static_cast<double>((*m->class_tokens)[c]);
     } else {
       all_tokens = false;
+    }
+    if (m->cache_only_bytes.has_value()) {
+      cache_only += static_cast<double>(*m->cache_only_bytes);
+    } else {
+      all_cache = false;
     }
     if (m->host_bytes.has_value()) {
       host += static_cast<double>(*m->host_bytes);
@@ -83,10 +94,19 @@ std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets)
   g["specnode_kv_capacity_bytes"] = capacity;  // every target rank's, summed
   g["specnode_kv_used_bytes"] = used;
   if (all_host) g["specnode_kv_host_bytes"] = host;
+  // Of used: the prefix cache's pages that no request holds (evictable on demand).
+  if (all_cache) g["specnode_kv_prefix_cache_only_bytes"] = cache_only;
   return g;
 }
 
 }  // namespace
+
+std::string ServedModelName(const ServeConfig& cfg) {
+  if (!cfg.model_name.empty()) return cfg.model_name;
+  std::string name = cfg.model.substr(cfg.model.find_last_of('/') + 1);
+  if (name.size() > 5 && name.ends_with(".gguf")) name.resize(name.size() - 5);
+  return name;
+}
 
 double MpirunSigkillTimeoutS() {
   const char* env = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
@@ -138,6 +158,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
   eo.stop_tokens.insert(eog.begin(), eog.end());
   eo.pool = session->pool();  // sampling of a batch's sequences in parallel
+  eo.prefix_cache = cfg.kv.prefix_cache;
   SpeculativeEngine engine(target, groups, eo);
 
   SchedulerOptions so = cfg.sla;
@@ -157,16 +178,17 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
     const std::vector<int> live = engine.GroupLoads();
     const std::vector<int64_t> started = engine.GroupStarts();
     for (size_t i = 0; i < group_names.size() && i < live.size(); ++i) {
-      const std::string label = absl::StrFormat("{group=\"%s\"}", group_names[i]);
+      const std::string label = absl::StrFormat("{group=\"%s\"}", EscapeLabelValue(group_names[i]));
       g["specnode_group_active_sequences" + label] = live[i];
-      g["specnode_group_started_sequences" + label] = static_cast<double>(started[i]);
+      g["specnode_group_sequences_started_total" + label] = static_cast<double>(started[i]);
     }
     return g;
   };
 
-  // Declared before the frontend and the HTTP server: both use it until they are gone.
+  // Declared before the frontend and the HTTP servers: both use it until they are gone.
   MetricsExchange metrics_exchange;
-  std::unique_ptr<MetricsHttpServer> metrics_http;
+  std::unique_ptr<HttpServer> metrics_http, api_http;
+  std::unique_ptr<OpenAiService> api;
   FrontendOptions fo;
   fo.endpoint = cfg.bind;
   fo.limits = cfg.limits;
@@ -179,7 +201,9 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   fo.model_name = model_path;
   fo.curve_secret_key = cfg.curve_secret_key;
   fo.ranks = std::move(ranks);
-  if (!cfg.metrics_bind.empty()) fo.metrics_exchange = &metrics_exchange;
+  if (!cfg.metrics_bind.empty() || cfg.http_bind.has_value()) {
+    fo.metrics_exchange = &metrics_exchange;
+  }
   std::unique_ptr<Frontend> frontend;
   Scheduler scheduler(&engine, &session->model().tokenizer(), so,
                       [&frontend](GenerationEvent ev) { frontend->OnEvent(std::move(ev)); });
@@ -188,14 +212,81 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                                           SchedulerSnapshot s = scheduler.Snapshot();
                                           // Error replies of the front end (bad input, overloaded,
                                           // ...) and of the scheduler.
-                                          for (const auto& [code, n] : frontend->error_counts())
+                                          for (const auto& [code, n] : frontend->errors().Counts())
                                             s.errors_by_code[code] += n;
                                           return PrometheusText(s, controllers);
                                         });
   SPECNODE_RETURN_IF_ERROR(frontend->Bind());
+  // KV events: the target's prefix cache, as vLLM publishes its own (kv_event_publisher.h).
+  // Declared after the engine (which the targets' caches report through) and reset before
+  // the targets go: the listeners are detached at the end of this function.
+  std::unique_ptr<KvEventPublisher> kv_events;
+  if (!cfg.kv_events_bind.empty()) {
+    if (!cfg.kv.prefix_cache) {
+      return absl::InvalidArgumentError(
+          "serve.kv_events_bind reports the prefix cache's events, and kv.prefix_cache is false");
+    }
+    if (targets.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "serve.kv_events_bind: %d groups with distinct targets; KV events describe one "
+          "prefix cache per endpoint",
+          targets.size()));
+    }
+    KvEventPublisherOptions ko;
+    ko.endpoint = cfg.kv_events_bind;
+    ko.replay_endpoint = cfg.kv_events_replay_bind;
+    ko.topic = cfg.kv_events_topic;
+    ko.encoding = cfg.kv_events_encoding;
+    SPECNODE_ASSIGN_OR_RETURN(kv_events, KvEventPublisher::Start(ko));
+    if (absl::Status st = targets[0]->SetKvEventListener(kv_events.get()); !st.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("serve.kv_events_bind: ", st.message(),
+                       " (a target on mpirun ranks serves no prefix cache yet)"));
+    }
+    // A (re)started node has an empty cache: a router that knew an earlier one forgets it.
+    kv_events->OnKvCacheEvent({.kind = KvCacheEvent::Kind::kAllBlocksCleared});
+  }
+  const auto started = std::chrono::steady_clock::now();
+  HttpServerOptions ho;
+  ho.metrics = &metrics_exchange;
+  ho.errors = &frontend->errors();
+  ho.health = [&scheduler, started, name = fo.model_name] {
+    const SchedulerSnapshot s = scheduler.Snapshot();
+    const char* status = !scheduler.Failure().ok() ? "failed"
+                         : scheduler.Draining()    ? "draining"
+                                                   : "ok";
+    const double uptime =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return HealthReply{
+        std::string(status) == "ok" ? 200 : 503,
+        absl::StrFormat(R"({"status":"%s","model":"%s","active":%d,"queued":%d,"uptime_s":%.3f})",
+                        status, absl::CEscape(name), s.active, s.queued, uptime)};
+  };
   if (!cfg.metrics_bind.empty()) {
-    SPECNODE_ASSIGN_OR_RETURN(metrics_http,
-                              MetricsHttpServer::Start(cfg.metrics_bind, &metrics_exchange));
+    HttpServerOptions mo = ho;
+    SPECNODE_ASSIGN_OR_RETURN(mo.address, ParseMetricsAddress(cfg.metrics_bind));
+    mo.threads = 2;
+    mo.name = "metrics endpoint";
+    SPECNODE_ASSIGN_OR_RETURN(metrics_http, HttpServer::Start(mo));
+  }
+  if (cfg.http_bind.has_value()) {
+    OpenAiServiceOptions ao;
+    ao.model_name = ServedModelName(cfg);
+    ao.limits = cfg.limits;
+    ao.max_positions = target->max_positions();
+    api = std::make_unique<OpenAiService>(ao, &scheduler, &session->model().tokenizer(),
+                                          router.get(), &frontend->errors());
+    ho.address = *cfg.http_bind;
+    ho.name = "HTTP API endpoint";
+    ho.threads = cfg.http_threads;
+    ho.max_body_bytes = static_cast<size_t>(cfg.http_max_body_bytes);
+    if (const char* key =
+            cfg.http_api_key_env.empty() ? nullptr : std::getenv(cfg.http_api_key_env.c_str());
+        key != nullptr) {
+      ho.api_key = key;
+    }
+    ho.api = api.get();
+    SPECNODE_ASSIGN_OR_RETURN(api_http, HttpServer::Start(ho));
   }
 
   struct sigaction sa = {};
@@ -222,13 +313,35 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                 .c_str());
   std::fprintf(stderr, "specnode serve: config %s\n", cfg.source.c_str());
   if (metrics_http != nullptr) {
-    const std::string host = cfg.metrics_bind.substr(0, cfg.metrics_bind.rfind(':'));
-    std::fprintf(stderr, "specnode serve: metrics on http://%s:%d/metrics\n", host.c_str(),
-                 metrics_http->port());
+    std::fprintf(stderr, "specnode serve: metrics on http://%s:%d/metrics\n",
+                 metrics_http->options().address.host.c_str(), metrics_http->port());
+  }
+  if (api_http != nullptr) {
+    std::fprintf(stderr,
+                 "specnode serve: OpenAI API on http://%s:%d/v1 (model \"%s\"%s), metrics and "
+                 "health on the same port\n",
+                 api_http->options().address.host.c_str(), api_http->port(),
+                 ServedModelName(cfg).c_str(),
+                 ho.api_key.empty() ? ", no API key" : ", bearer key required");
+  }
+  if (kv_events != nullptr) {
+    std::fprintf(stderr, "specnode serve: KV events on %s%s%s\n", kv_events->endpoint().c_str(),
+                 kv_events->replay_endpoint().empty() ? "" : ", replay on ",
+                 kv_events->replay_endpoint().c_str());
   }
   absl::Status st = frontend->Run(&g_stop);
-  metrics_http.reset();  // before the frontend it asks for renders
+  // The scheduler first: Stop ends every request still running (the drain cut, a lost
+  // target), so the HTTP handlers waiting for them return and the servers can join them.
   scheduler.Stop();
+  metrics_http.reset();  // before the frontend it asks for renders
+  api_http.reset();
+  if (kv_events != nullptr) {
+    (void)targets[0]->SetKvEventListener(nullptr);
+    // The cache goes with the process: routers drop this node's blocks.
+    kv_events->OnKvCacheEvent({.kind = KvCacheEvent::Kind::kAllBlocksCleared});
+    (void)kv_events->Flush(std::chrono::milliseconds(1000));
+    kv_events.reset();
+  }
   frontend.reset();  // closes the socket (lingering up to 0.5 s so the last replies leave)
   std::fprintf(stderr, "specnode serve: %s\n", st.ok() ? "drained, exiting" : "stopped");
   return st;

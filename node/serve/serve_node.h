@@ -32,6 +32,10 @@ struct ServeGroup {
 absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                        std::vector<ServeGroup>& groups, std::vector<RankInfo> ranks);
 
+// The model id the OpenAI API serves: serve.model_name, else the model file's name without
+// its directory and ".gguf".
+std::string ServedModelName(const ServeConfig& cfg);
+
 // mpirun's teardown on Ctrl-C (OpenMPI 4.1): SIGCONT to every rank at once, SIGTERM
 // odls_base_sigkill_timeout (T, seconds, default 1; mpirun passes it in the ranks'
 // environment) later, SIGKILL after another T.

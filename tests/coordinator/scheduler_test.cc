@@ -305,6 +305,60 @@ TEST_F(SchedulerTest, StopStringsCutTheTextAndHoldBackPrefixes) {
   EXPECT_EQ(rec.last.text, rec.text);
 }
 
+// The snapshot's metrics of ended requests: per-class latency histograms (seconds, the
+// requests' RequestStats), token counters, and draft counters per domain.
+TEST_F(SchedulerTest, SnapshotCountsLatenciesAndTokensOfEndedRequests) {
+  auto runner = Runner(64 << 20);
+  SpeculativeEngine engine(runner.get(), {}, {});
+  Collector sink;
+  Scheduler sched(&engine, &model_->tokenizer(), {}, std::ref(sink));
+  {
+    const SchedulerSnapshot before = sched.Snapshot();
+    ASSERT_EQ(before.latency.size(), 2u);  // both default classes, from the start
+    EXPECT_EQ(before.latency.at("batch").ttft.count(), 0);
+    EXPECT_EQ(before.generation_tokens, 0);
+  }
+  std::vector<RequestStats> stats;
+  for (const char* sla : {"interactive", "batch", "batch"}) {
+    GenerationRequest g = Request(static_cast<int>(stats.size()), 6);
+    g.sla = sla;
+    g.domain = "code";
+    auto t = sched.Submit(g);
+    ASSERT_TRUE(t.ok()) << t.status();
+    const auto rec = sink.Wait(t->handle);
+    ASSERT_EQ(rec.last.kind, GenerationEvent::Kind::kDone);
+    stats.push_back(rec.last.stats);
+  }
+  const SchedulerSnapshot snap = sched.Snapshot();
+  int64_t prompt = 0, generated = 0, drafted = 0, accepted = 0;
+  double batch_e2e = 0;
+  int batch_tpot = 0;
+  for (const RequestStats& st : stats) {
+    prompt += st.prompt_tokens;
+    generated += st.completion_tokens;
+    drafted += st.drafted;
+    accepted += st.accepted;
+    if (st.sla == "batch") {
+      batch_e2e += st.total_ms / 1e3;
+      batch_tpot += st.completion_tokens > 1;
+    }
+  }
+  EXPECT_EQ(snap.prompt_tokens, prompt);
+  EXPECT_EQ(snap.generation_tokens, generated);
+  EXPECT_EQ(snap.drafted_by_domain.at("code"), drafted);
+  EXPECT_EQ(snap.accepted_by_domain.at("code"), accepted);
+  const SchedulerSnapshot::SlaLatency& in = snap.latency.at("interactive");
+  const SchedulerSnapshot::SlaLatency& batch = snap.latency.at("batch");
+  EXPECT_EQ(in.ttft.count(), 1);
+  EXPECT_EQ(in.queue.count(), 1);
+  EXPECT_EQ(batch.ttft.count(), 2);
+  EXPECT_EQ(batch.e2e.count(), 2);
+  EXPECT_EQ(batch.tpot.count(), batch_tpot);
+  EXPECT_NEAR(batch.e2e.sum(), batch_e2e, 1e-9);
+  EXPECT_NEAR(in.ttft.sum(), stats[0].ttft_ms / 1e3, 1e-9);
+  EXPECT_EQ(batch.e2e.CumulativeCounts().back(), 2);  // both well under 7680 s
+}
+
 TEST_F(SchedulerTest, BoundedQueueAndUnknownClass) {
   auto runner = Runner(64 << 20);
   SpeculativeEngine engine(runner.get(), {}, {});

@@ -57,12 +57,13 @@ def health(endpoint: str, timeout_s: float = 1.0):
 class Node:
     """`specnode serve` as a subprocess on a free loopback port."""
 
-    def __init__(self, specnode: str, model: str, log_path: Path, extra=()):
+    def __init__(self, specnode: str, model: str, log_path: Path, extra=(), env=None):
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.cmd = [specnode, "serve", "--model", model, "--bind", self.endpoint, *extra]
         self.log_path = log_path
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env)
 
     def log(self) -> str:
         self._log.flush()

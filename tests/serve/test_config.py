@@ -1,5 +1,6 @@
 """`specnode serve --config`: the YAML schema is checked before anything loads, and every
 error names the file, the line and the key."""
+import json
 import subprocess
 
 import pytest
@@ -169,13 +170,14 @@ def test_http_metrics_endpoint(specnode, tiny_model, tmp_path):
             stats = c.stats()
         after = scrape()
         assert 'specnode_requests_total{outcome="completed"} 1' in after
-        assert "specnode_ttft_ms" in after and "specnode_queue_depth" in after
+        assert 'specnode_time_to_first_token_seconds_count{sla="interactive"} 1' in after
+        assert "specnode_queue_depth" in after
         # The same exposition as the stats reply (families and series names).
         names = lambda text: {l.split("{")[0].split(" ")[0] for l in text.splitlines()
                               if l and not l.startswith("#")}
         assert names(after) == names(stats["metrics"])
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            assert r.read() == b"ok\n"
+            assert json.loads(r.read())["status"] == "ok"
         try:
             urllib.request.urlopen(url + "/nope", timeout=10)
             assert False, "404 expected"

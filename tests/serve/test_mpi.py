@@ -413,7 +413,7 @@ def test_two_groups_share_requests_and_match_single_process(specnode, tiny_model
         h = node.wait_ready(120)
         assert [r["role"] for r in h["ranks"]] == ["coordinator"] + ["target"] * 3, h
         got = concurrent_greedy(node.endpoint, GROUP_PROMPTS, 16)
-        started = {g: group_gauge(node.endpoint, "specnode_group_started_sequences", g)
+        started = {g: group_gauge(node.endpoint, "specnode_group_sequences_started_total", g)
                    for g in ("a", "b")}
         from specnode_client import SpecnodeClient
         with SpecnodeClient(node.endpoint, timeout_s=10) as c:
@@ -477,7 +477,7 @@ def test_draft_model_on_its_own_rank(specnode, tiny_model, tmp_path):
         roles = {r["rank"]: r["role"] for r in h["ranks"]}
         assert roles == {0: "coordinator", 1: "target", 2: "target", 3: "draft"}, h
         got = concurrent_greedy(node.endpoint, GROUP_PROMPTS, 16)
-        started_b = group_gauge(node.endpoint, "specnode_group_started_sequences", "b")
+        started_b = group_gauge(node.endpoint, "specnode_group_sequences_started_total", "b")
     finally:
         node.stop()
     for w, g in zip(want, got):
@@ -504,7 +504,7 @@ def test_shipped_two_group_config_serves_smollm2(specnode, real_model, tmp_path)
         h = node.wait_ready(180)
         assert [r["role"] for r in h["ranks"]] == ["coordinator", "target", "target"], h
         got = concurrent_greedy(node.endpoint, PROMPTS, 12)
-        started = {g: group_gauge(node.endpoint, "specnode_group_started_sequences", g)
+        started = {g: group_gauge(node.endpoint, "specnode_group_sequences_started_total", g)
                    for g in ("a", "b")}
     finally:
         node.stop()

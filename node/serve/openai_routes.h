@@ -1,0 +1,62 @@
+// The OpenAI-compatible routes of the node's HTTP listener (http_server.h):
+//   GET  /v1/models            the model this node serves
+//   POST /v1/chat/completions  chat messages -> the chat template -> the scheduler
+//   POST /v1/completions       a raw prompt -> the scheduler
+// Both POST routes answer one JSON response, or with "stream": true Server-Sent Events
+// (`data: {chunk}` per piece of text, a last chunk with the finish_reason, a usage chunk
+// when stream_options.include_usage, then `data: [DONE]`). Requests go to the same
+// scheduler as the ZeroMQ front end's (submit_builder.h turns them into the same tokens).
+//
+// A streaming client that disconnects has its request cancelled (the next write fails, or
+// the keep-alive comment sent after 2 s without text does); its KV is freed. A
+// non-streaming request runs to its end (max_tokens bounds it) even if its client left:
+// httplib tells a handler nothing about its connection until it writes.
+//
+// Errors: before any response byte, an HTTP status and an OpenAI-style error body with the
+// one table's code (request_error.h; also in the X-Specnode-Error-Code header); inside a
+// stream (the target lost mid-request, the drain cut it), an SSE `data: {"error": ...}`
+// event, then `data: [DONE]`.
+//
+// Thread-safety: the routes run on the HTTP server's threads; the scheduler, tokenizer and
+// router are thread-safe for what is used here. All borrowed; they outlive the service.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "coordinator/domain_router.h"
+#include "coordinator/scheduler.h"
+#include "model/tokenizer/tokenizer.h"
+#include "node/serve/error_counter.h"
+#include "node/serve/protocol.h"
+
+namespace httplib {
+class Server;
+}  // namespace httplib
+
+namespace specnode {
+
+struct OpenAiServiceOptions {
+  std::string model_name;     // the id /v1/models lists and `model` must name
+  ProtocolLimits limits;      // stop strings, messages, max_tokens cap
+  int64_t max_positions = 0;  // the target's context length (prompt + completion)
+};
+
+class OpenAiService {
+ public:
+  OpenAiService(OpenAiServiceOptions options, Scheduler* scheduler, const Tokenizer* tokenizer,
+                const DomainRouter* router, ErrorCounter* errors);
+
+  // Adds the routes to `server` (before it listens).
+  void Register(httplib::Server& server);
+
+ private:
+  OpenAiServiceOptions options_;
+  Scheduler* scheduler_;
+  const Tokenizer* tokenizer_;
+  const DomainRouter* router_;
+  ErrorCounter* errors_;
+  int64_t created_ = 0;  // Unix seconds at start: the model's `created`
+};
+
+}  // namespace specnode

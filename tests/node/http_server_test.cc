@@ -1,0 +1,219 @@
+// The node's HTTP listener (node/serve/http_server.h) over a real loopback socket: what a
+// scraper gets, health, auth, limits, errors as OpenAI-style JSON with the table's codes,
+// the render hand-over, and start-up errors. The OpenAI routes themselves are tested end to
+// end with the openai SDK (tests/serve/test_openai_http.py).
+#include "node/serve/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace specnode {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// Sends `request` to 127.0.0.1:port and returns everything the server answers.
+std::string Exchange(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return "connect failed";
+  }
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  // (No shutdown(SHUT_WR): httplib takes a half-closed connection for a gone client.)
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// A renderer thread standing in for the front end's socket loop.
+class Renderer {
+ public:
+  explicit Renderer(MetricsExchange* ex)
+      : thread_([this, ex] {
+          while (!stop_) {
+            if (ex->Wanted())
+              ex->Publish("specnode_requests_total{outcome=\"completed\"} " +
+                          std::to_string(++renders_) + "\n");
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+        }) {}
+  ~Renderer() {
+    stop_ = true;
+    thread_.join();
+  }
+  int renders() const { return renders_; }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> renders_{0};
+  std::thread thread_;
+};
+
+absl::StatusOr<std::unique_ptr<HttpServer>> StartOn0(MetricsExchange* ex, ErrorCounter* errors,
+                                                     std::string api_key = "",
+                                                     size_t max_body = 1 << 20) {
+  HttpServerOptions o;
+  o.address = {"127.0.0.1", 0};
+  o.threads = 4;
+  o.metrics = ex;
+  o.errors = errors;
+  o.api_key = std::move(api_key);
+  o.max_body_bytes = max_body;
+  return HttpServer::Start(o);
+}
+
+TEST(HttpServerTest, ServesFreshMetricsAndHealth) {
+  MetricsExchange ex;
+  Renderer renderer(&ex);
+  ErrorCounter errors;
+  auto server = StartOn0(&ex, &errors);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+  const std::string first =
+      Exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_THAT(first, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(first, HasSubstr("Content-Type: text/plain; version=0.0.4"));
+  EXPECT_THAT(first, HasSubstr("\r\n\r\nspecnode_requests_total{outcome=\"completed\"} 1\n"));
+  // Every scrape asks for a new render.
+  const std::string second = Exchange(port, "GET /metrics?x=1 HTTP/1.0\r\n\r\n");
+  EXPECT_THAT(second, HasSubstr("} 2\n"));
+  EXPECT_EQ(renderer.renders(), 2);
+  const std::string health = Exchange(port, "GET /health HTTP/1.0\r\n\r\n");
+  EXPECT_THAT(health, StartsWith("HTTP/1.1 200"));
+  EXPECT_THAT(health, HasSubstr("{\"status\":\"ok\"}"));
+  EXPECT_TRUE(errors.Counts().empty());
+}
+
+TEST(HttpServerTest, HealthAnswersWhatTheNodeSays) {
+  MetricsExchange ex;
+  HttpServerOptions o;
+  o.address = {"127.0.0.1", 0};
+  o.metrics = &ex;
+  o.health = [] { return HealthReply{503, "{\"status\":\"draining\"}"}; };
+  auto server = HttpServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string h = Exchange((*server)->port(), "GET /health HTTP/1.0\r\n\r\n");
+  EXPECT_THAT(h, StartsWith("HTTP/1.1 503"));
+  EXPECT_THAT(h, HasSubstr("draining"));
+}
+
+TEST(HttpServerTest, BadRequestsGetTableCodedJsonAndTheServerStaysUp) {
+  MetricsExchange ex;
+  ErrorCounter errors;
+  auto server = StartOn0(&ex, &errors, "", 2048);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::string nope = Exchange(port, "GET /nope HTTP/1.0\r\n\r\n");
+  EXPECT_THAT(nope, StartsWith("HTTP/1.1 404"));
+  EXPECT_THAT(nope, HasSubstr("\"code\":\"not_found\""));
+  EXPECT_THAT(nope, HasSubstr("application/json"));
+  // A body over the limit is refused from its Content-Length, unread.
+  const std::string big =
+      Exchange(port, "POST /v1/completions HTTP/1.0\r\nContent-Length: 5000\r\n\r\n" +
+                         std::string(5000, 'x'));
+  EXPECT_THAT(big, StartsWith("HTTP/1.1 413"));
+  EXPECT_THAT(big, HasSubstr("\"code\":\"frame_too_large\""));
+  EXPECT_THAT(Exchange(port, "BREW /pot HTTP/1.0\r\n\r\n"), StartsWith("HTTP/1.1 400"));
+  {  // connect and close: nothing to answer, and the server stays up
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    ::close(fd);
+  }
+  // No renderer: a scrape still answers (with the last text, empty here) after the wait.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THAT(Exchange(port, "GET /metrics HTTP/1.0\r\n\r\n"), StartsWith("HTTP/1.1 200"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_THAT(Exchange(port, "GET /health HTTP/1.0\r\n\r\n"), StartsWith("HTTP/1.1 200"));
+  const auto counts = errors.Counts();
+  EXPECT_EQ(counts.at("not_found"), 1);
+  EXPECT_EQ(counts.at("frame_too_large"), 1);
+  EXPECT_GE(counts.at("bad_request"), 1);
+}
+
+TEST(HttpServerTest, ApiKeyGuardsV1RoutesOnly) {
+  MetricsExchange ex;
+  ErrorCounter errors;
+  auto server = StartOn0(&ex, &errors, "s3cret");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::string none = Exchange(port, "GET /v1/models HTTP/1.0\r\n\r\n");
+  EXPECT_THAT(none, StartsWith("HTTP/1.1 401"));
+  EXPECT_THAT(none, HasSubstr("\"code\":\"unauthorized\""));
+  EXPECT_THAT(none, HasSubstr("WWW-Authenticate: Bearer"));
+  EXPECT_THAT(Exchange(port, "GET /v1/models HTTP/1.0\r\nAuthorization: Bearer s3cre\r\n\r\n"),
+              StartsWith("HTTP/1.1 401"));
+  EXPECT_THAT(Exchange(port, "GET /v1/models HTTP/1.0\r\nAuthorization: Bearer s3cretX\r\n\r\n"),
+              StartsWith("HTTP/1.1 401"));
+  // The right key passes auth (no API routes on this server: 404 after it).
+  EXPECT_THAT(Exchange(port, "GET /v1/models HTTP/1.0\r\nAuthorization: Bearer s3cret\r\n\r\n"),
+              StartsWith("HTTP/1.1 404"));
+  // Metrics and health stay open, as vLLM's --api-key leaves them.
+  EXPECT_THAT(Exchange(port, "GET /health HTTP/1.0\r\n\r\n"), StartsWith("HTTP/1.1 200"));
+  EXPECT_THAT(Exchange(port, "GET /metrics HTTP/1.0\r\n\r\n"), StartsWith("HTTP/1.1 200"));
+  EXPECT_EQ(errors.Counts().at("unauthorized"), 3);
+}
+
+TEST(HttpServerTest, AddressesAndStartErrors) {
+  for (const char* bad :
+       {"", "localhost:9464", "127.0.0.1:70000", "127.0.0.1:x", "1.2.3:80", "9464"}) {
+    EXPECT_FALSE(ValidateMetricsAddress(bad).ok()) << bad;
+  }
+  EXPECT_TRUE(ValidateMetricsAddress("127.0.0.1:9464").ok());
+  auto p = ParseHttpAddress("8000");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->host, "127.0.0.1");  // loopback unless a host is named
+  EXPECT_EQ(p->port, 8000);
+  p = ParseHttpAddress("localhost:8001");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->text(), "127.0.0.1:8001");
+  EXPECT_EQ(ParseHttpAddress("0.0.0.0:80")->host, "0.0.0.0");
+  for (const char* bad : {"", "x", "host:80", "1.2.3.4:", ":80", "1.2.3.4:65536", "-1"}) {
+    EXPECT_EQ(ParseHttpAddress(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  MetricsExchange ex;
+  ErrorCounter errors;
+  auto first = StartOn0(&ex, &errors);
+  ASSERT_TRUE(first.ok()) << first.status();
+  HttpServerOptions o;
+  o.address = {"127.0.0.1", (*first)->port()};
+  auto taken = HttpServer::Start(o);
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(taken.status().message()), HasSubstr("127.0.0.1"));
+}
+
+TEST(HttpServerTest, StopsPromptly) {
+  MetricsExchange ex;
+  ErrorCounter errors;
+  auto server = StartOn0(&ex, &errors);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  server->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+}  // namespace
+}  // namespace specnode

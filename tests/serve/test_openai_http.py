@@ -1,0 +1,304 @@
+"""The node's own OpenAI-compatible HTTP API (`serve --http-bind`, docs/openai-api.md), driven
+by the official `openai` SDK and by raw HTTP where the SDK hides the details: chat and text
+completions, streaming, sampling fields, errors from the one error table, bearer auth, body
+limits, /metrics and /health on the same port, the ZeroMQ front end beside it, and a client
+that abandons a stream having its request cancelled."""
+import json
+import os
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from serve_helpers import Node, free_port
+
+
+class HttpNode:
+    """`specnode serve` with --http-bind on a free loopback port."""
+
+    def __init__(self, specnode, model, tmp_path, extra=(), api_key=None):
+        self.port = free_port()
+        env = dict(os.environ)
+        env.pop("SPECNODE_API_KEY", None)
+        if api_key is not None:
+            env["SPECNODE_API_KEY"] = api_key
+        self.node = Node(specnode, model, tmp_path / "serve.log",
+                         extra=["--http-bind", str(self.port), *extra], env=env)
+        self.node.wait_ready(180)
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the HTTP listener starts right after ZeroMQ's
+            try:
+                self.get("/health")
+                break
+            except OSError:
+                time.sleep(0.05)
+        self.model = Path(model).name.removesuffix(".gguf")
+
+    def client(self, api_key="none", **kw):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0,
+                             timeout=120, **kw)
+
+    def get(self, path, headers=None):
+        req = urllib.request.Request(self.base + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.headers, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read().decode()
+
+    def post(self, path, body=None, raw=None, headers=None):
+        data = raw if raw is not None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data,
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, r.headers, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read().decode()
+
+    def metrics(self):
+        status, _, text = self.get("/metrics")
+        assert status == 200
+        return text
+
+    def stop(self):
+        return self.node.stop()
+
+
+@pytest.fixture(scope="module")
+def http_node(specnode, tiny_model, tmp_path_factory):
+    n = HttpNode(specnode, tiny_model, tmp_path_factory.mktemp("http"), extra=["--threads", "1"])
+    yield n
+    assert n.stop() == 0
+
+
+MESSAGES = [{"role": "user", "content": "hello there"}]
+
+
+def test_models_and_chat_completion_through_the_sdk(http_node):
+    c = http_node.client()
+    models = c.models.list()
+    assert [m.id for m in models.data] == [http_node.model]
+    out = c.chat.completions.create(model=http_node.model, messages=MESSAGES, max_tokens=12,
+                                    temperature=0)
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    assert out.model == http_node.model
+    choice = out.choices[0]
+    assert choice.index == 0 and choice.message.role == "assistant"
+    assert isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert out.usage.completion_tokens > 0
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    # The node's own per-request stats ride along.
+    assert out.model_extra["specnode"]["completion_tokens"] == out.usage.completion_tokens
+
+
+def test_streamed_chat_equals_the_whole_reply(http_node):
+    c = http_node.client()
+    whole = c.chat.completions.create(model=http_node.model, messages=MESSAGES, max_tokens=16,
+                                      temperature=0)
+    stream = c.chat.completions.create(model=http_node.model, messages=MESSAGES, max_tokens=16,
+                                       temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert len({ch.id for ch in chunks}) == 1
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks)
+    with_choices = [ch for ch in chunks if ch.choices]
+    assert with_choices[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in with_choices)
+    assert text == whole.choices[0].message.content  # greedy: the same tokens either way
+    assert with_choices[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    # include_usage: a last chunk with no choices and the usage.
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+        whole.usage.completion_tokens
+
+
+def test_text_completions_stop_and_seed(http_node):
+    c = http_node.client()
+    out = c.completions.create(model=http_node.model, prompt="the cat", max_tokens=8,
+                               temperature=0, stop=["\n\n"])
+    assert out.object == "text_completion" and isinstance(out.choices[0].text, str)
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=http_node.model, prompt="the cat", max_tokens=8, temperature=0, stop=["\n\n"],
+        stream=True) if ch.choices)
+    assert streamed == out.choices[0].text
+    # Sampled with a seed: the same text again (and the default max_tokens is OpenAI's 16).
+    a = c.completions.create(model=http_node.model, prompt="once", temperature=0.9, seed=7)
+    b = c.completions.create(model=http_node.model, prompt="once", temperature=0.9, seed=7)
+    assert a.choices[0].text == b.choices[0].text
+    assert a.usage.completion_tokens <= 16
+
+
+@pytest.mark.parametrize("kwargs,error,code", [
+    (dict(n=2), openai.BadRequestError, "bad_request"),
+    (dict(logprobs=True), openai.BadRequestError, "bad_request"),
+    (dict(max_tokens=0), openai.BadRequestError, "bad_request"),
+    (dict(temperature=-1), openai.BadRequestError, "bad_request"),
+    (dict(max_tokens=4096), openai.BadRequestError, "prompt_too_long"),
+    (dict(extra_body={"sla": "gold"}), openai.BadRequestError, "unknown_sla"),
+    (dict(model="gpt-4o"), openai.NotFoundError, "unknown_model"),
+])
+def test_errors_are_openai_errors_with_the_tables_codes(http_node, kwargs, error, code):
+    c = http_node.client()
+    args = dict(model=http_node.model, messages=MESSAGES, max_tokens=4, temperature=0)
+    args.update(kwargs)
+    with pytest.raises(error) as e:
+        c.chat.completions.create(**args)
+    assert e.value.body["code"] == code, e.value.body
+    assert e.value.response.headers["X-Specnode-Error-Code"] == code
+    # The node goes on serving.
+    assert c.chat.completions.create(model=http_node.model, messages=MESSAGES, max_tokens=2,
+                                     temperature=0).usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize("path,body,raw,status,code,needle", [
+    ("/v1/chat/completions", None, b"{not json", 400, "bad_json", "malformed"),
+    ("/v1/chat/completions", {"messages": []}, None, 400, "bad_request", "'messages'"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, None, 400,
+     "bad_request", "role"),
+    ("/v1/completions", {"prompt": 3}, None, 400, "bad_request", "'prompt'"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, None, 400, "bad_request", "'stream'"),
+    ("/v1/embeddings", {"input": "x"}, None, 404, "not_found", "route"),
+])
+def test_bad_bodies_and_routes(http_node, path, body, raw, status, code, needle):
+    got, headers, text = http_node.post(path, body, raw)
+    assert got == status, text
+    assert headers["Content-Type"].startswith("application/json")
+    err = json.loads(text)["error"]
+    assert err["code"] == code and needle in err["message"], err
+    assert err["type"] == "invalid_request_error"
+
+
+def test_body_over_the_limit_is_413_unread(http_node):
+    t0 = time.monotonic()
+    status, _, text = http_node.post("/v1/completions",
+                                     {"prompt": "x" * (5 << 20), "max_tokens": 1})
+    assert status == 413, text
+    assert json.loads(text)["error"]["code"] == "frame_too_large"
+    assert time.monotonic() - t0 < 10
+
+
+def test_metrics_and_health_on_the_same_port(http_node):
+    status, headers, text = http_node.get("/health")
+    assert status == 200 and json.loads(text)["status"] == "ok"
+    http_node.post("/v1/embeddings", {"input": "x"})  # a not_found to count
+    m = http_node.metrics()
+    assert "# TYPE specnode_requests_total counter" in m
+    assert 'specnode_errors_total{code="not_found"}' in m
+    line = next(l for l in m.splitlines() if l.startswith('specnode_errors_total{code="not_found"}'))
+    assert int(float(line.split()[-1])) >= 1
+
+
+def test_zeromq_and_http_share_one_scheduler(http_node):
+    from specnode_client import SpecnodeClient
+
+    with SpecnodeClient(http_node.node.endpoint, timeout_s=60) as z:
+        before = z.stats()["requests"]["completed"]
+        z.generate("hello", max_tokens=3, temperature=0)
+        http_node.client().completions.create(model=http_node.model, prompt="hello",
+                                              max_tokens=3, temperature=0)
+        assert z.stats()["requests"]["completed"] == before + 2
+
+
+def test_api_key(specnode, tiny_model, tmp_path):
+    n = HttpNode(specnode, tiny_model, tmp_path, extra=["--threads", "1"], api_key="s3cret")
+    try:
+        with pytest.raises(openai.AuthenticationError) as e:
+            n.client(api_key="wrong").models.list()
+        assert e.value.body["code"] == "unauthorized"
+        with pytest.raises(openai.AuthenticationError):
+            n.client(api_key="wrong").chat.completions.create(
+                model=n.model, messages=MESSAGES, max_tokens=2)
+        out = n.client(api_key="s3cret").chat.completions.create(
+            model=n.model, messages=MESSAGES, max_tokens=2, temperature=0)
+        assert out.usage.completion_tokens > 0
+        # Scrapes and health checks need no key.
+        assert n.get("/health")[0] == 200 and n.get("/metrics")[0] == 200
+        assert "no key" not in n.node.log() and "s3cret" not in n.node.log()
+    finally:
+        assert n.stop() == 0
+
+
+def test_bad_http_bind_is_a_clear_error(specnode, tiny_model):
+    import subprocess
+
+    r = subprocess.run([specnode, "serve", "--model", tiny_model, "--http-bind", "host:80"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--http-bind" in r.stderr and "IPv4" in r.stderr
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = subprocess.run([specnode, "serve", "--model", tiny_model, "--bind",
+                            f"tcp://127.0.0.1:{free_port()}", "--http-bind", str(port)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and f"127.0.0.1:{port}" in r.stderr, r.stderr
+
+
+def _raw_stream(port, body):
+    s = socket.create_connection(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    return s
+
+
+def _counter(metrics, series):
+    for line in metrics.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_abandoned_stream_cancels_its_request(specnode, real_model, tmp_path):
+    """On the real model (slow enough to leave mid-generation): closing the connection after a
+    few SSE events cancels the request on the node, instead of generating on."""
+    n = HttpNode(specnode, real_model, tmp_path, extra=["--threads", "2"])
+    try:
+        s = _raw_stream(n.port, {"messages": [{"role": "user", "content": "Write a long story."}],
+                                 "max_tokens": 400, "temperature": 0, "stream": True})
+        data = b""
+        while data.count(b"data:") < 3:
+            chunk = s.recv(4096)
+            assert chunk, data
+            data += chunk
+        assert b"text/event-stream" in data
+        s.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = n.metrics()
+            if _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1:
+                break
+            time.sleep(0.2)
+        assert _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1, m
+        assert _counter(m, 'specnode_requests_total{outcome="completed"}') == 0
+    finally:
+        assert n.stop() == 0
+
+
+def test_sigterm_lets_a_running_stream_finish(specnode, tiny_model, tmp_path):
+    """The drain: a stream in flight when SIGTERM arrives ends normally ([DONE]) and the node
+    exits 0."""
+    n = HttpNode(specnode, tiny_model, tmp_path, extra=["--threads", "1"])
+    s = _raw_stream(n.port, {"messages": MESSAGES, "max_tokens": 200, "temperature": 0,
+                             "stream": True})
+    s.recv(1)  # the response has begun
+    n.node.proc.send_signal(signal.SIGTERM)
+    data = b""
+    s.settimeout(60)
+    while b"data: [DONE]" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    assert b"data: [DONE]" in data, data[-500:]
+    assert b'"error"' not in data
+    assert n.node.proc.wait(timeout=60) == 0
