@@ -374,6 +374,7 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
   const auto now = Clock::now();
   if (engine_->Has(static_cast<SeqId>(r.handle))) {
     const SpecSeqStats& s = engine_->Stats(static_cast<SeqId>(r.handle));
+    if (r.cached_tokens < 0) r.cached_tokens = s.cached_tokens;
     r.drafted += s.drafted;
     r.accepted += s.accepted;
     r.passes += s.steps;
@@ -400,6 +401,7 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
   ev.text = r.text;
   RequestStats& st = ev.stats;
   st.prompt_tokens = static_cast<int32_t>(r.g.prompt.size());
+  st.cached_tokens = std::max(0, r.cached_tokens);
   st.completion_tokens = static_cast<int32_t>(r.output.size());
   st.drafted = r.drafted;
   st.accepted = r.accepted;
@@ -414,6 +416,7 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
     std::lock_guard lock(mu_);
     r.done = true;
     stats_.prompt_tokens += st.prompt_tokens;
+    stats_.cached_prompt_tokens += st.cached_tokens;
     stats_.generation_tokens += st.completion_tokens;
     stats_.drafted_by_domain[st.domain] += st.drafted;
     stats_.accepted_by_domain[st.domain] += st.accepted;

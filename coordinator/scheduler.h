@@ -105,6 +105,7 @@ inline const char* FinishKindName(FinishKind kind) {
 
 struct RequestStats {
   int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;  // of prompt_tokens, taken from the prefix cache (first run)
   int32_t completion_tokens = 0;
   int32_t drafted = 0;
   int32_t accepted = 0;
@@ -163,6 +164,7 @@ struct SchedulerSnapshot {
   // Tokens of requests that ended (completed or cancelled; not failed), since start: prompt
   // and generated tokens, and per domain the draft tokens proposed and accepted.
   int64_t prompt_tokens = 0, generation_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // of prompt_tokens, prefix-cache hits
   std::map<std::string, int64_t> drafted_by_domain, accepted_by_domain;
   std::map<std::string, int64_t> errors_by_code;  // filled by the front end's counters
   std::map<std::string, double> gauges;           // SchedulerOptions::gauges, latest

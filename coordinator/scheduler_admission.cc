@@ -91,6 +91,7 @@ void Scheduler::PreemptLocked(uint64_t victim) {
     // No host tier (or it is full, or the sequence is still prefilling): drop its KV and
     // recompute later from prompt + output so far.
     const SpecSeqStats& s = engine_->Stats(id);
+    if (r.cached_tokens < 0) r.cached_tokens = s.cached_tokens;
     r.drafted += s.drafted;
     r.accepted += s.accepted;
     r.passes += s.steps;

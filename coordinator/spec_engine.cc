@@ -424,8 +424,12 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     result.id = s->request.id;
     if (s->prefilled < s->n_prompt) {
       s->prefilled += s->chunk;
-      if (options_.prefix_cache && s->prefilled == s->n_prompt) {
-        TargetOf(*s)->PublishPrefix(s->request.id, std::span(s->tokens.data(), s->n_prompt));
+      // After every chunk, not only the last: mixed KV demotes a long prompt's old tokens
+      // between chunks (at its pass boundaries), and only full-precision pages are shared,
+      // so the prompt's pages are published while they still are (the cache keeps them;
+      // the sequence's own tokens move to demoted pages).
+      if (options_.prefix_cache) {
+        TargetOf(*s)->PublishPrefix(s->request.id, std::span(s->tokens.data(), s->prefilled));
       }
       if (first_token[i] >= 0) Emit(*s, {&first_token[i], 1}, &result);
       s->stats.target_s += target_share_of(i);

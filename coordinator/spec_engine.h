@@ -80,8 +80,9 @@ struct SpecEngineOptions {
   // Prefix caching (ModelRunner::MatchPrefix / PublishPrefix on the sequence's target): a
   // new sequence's prefill starts after the longest cached run of whole pages of its prompt
   // (one token at least is always fed: its logits give the first token); the prompt's pages
-  // are published once its prefill ends, and every committed token's pages when the
-  // sequence is finished (a follow-up turn starts from them). Off: nothing is shared.
+  // are published as its prefill goes (after each chunk, before mixed KV demotes them), and
+  // every committed token's whole full-precision pages when the sequence is finished (a
+  // follow-up turn starts from them). Off: nothing is shared.
   bool prefix_cache = false;
 };
 

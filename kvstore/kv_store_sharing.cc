@@ -96,6 +96,15 @@ void KvStore::PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {
   };
   uint64_t h = 0;
   for (size_t b = 0; (b + 1) * P <= limit; ++b) {
+    auto block = tokens.subspan(b * P, P);
+    const uint64_t parent = h;
+    h = BlockHash(h, block);
+    // Cached already (by this sequence earlier, whose own copy may since have been demoted,
+    // or by another): the chain goes on through it.
+    if (prefix_cache_.count(h)) {
+      end_run();
+      continue;
+    }
     const int32_t page = s.loc[b * P].page;
     if (page < 0) break;
     const Page& pg = *pages_[page];
@@ -106,13 +115,6 @@ void KvStore::PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {
       in_order = loc.page == page && loc.slot == slot;
     }
     if (!in_order) break;
-    auto block = tokens.subspan(b * P, P);
-    const uint64_t parent = h;
-    h = BlockHash(h, block);
-    if (prefix_cache_.count(h)) {
-      end_run();
-      continue;
-    }
     Ref(page);
     pages_[page]->cached = true;
     lru_.push_front(h);

@@ -174,6 +174,9 @@ std::string PrometheusText(
 
   e.Counter("specnode_prompt_tokens_total",
             "Prompt tokens of requests that ended (completed or cancelled).", s.prompt_tokens);
+  e.Counter("specnode_prefix_cache_hit_tokens_total",
+            "Of the prompt tokens, those taken from the prefix cache instead of prefilled.",
+            s.cached_prompt_tokens);
   e.Counter("specnode_generation_tokens_total",
             "Tokens generated for requests that ended (completed or cancelled).",
             s.generation_tokens);

@@ -145,7 +145,8 @@ absl::Status ParseStop(const Json& j, const ProtocolLimits& limits, SubmitMessag
 Json Usage(const RequestStats& st) {
   return {{"prompt_tokens", st.prompt_tokens},
           {"completion_tokens", st.completion_tokens},
-          {"total_tokens", st.prompt_tokens + st.completion_tokens}};
+          {"total_tokens", st.prompt_tokens + st.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", st.cached_tokens}}}};
 }
 
 Json NodeStats(const RequestStats& st) {
@@ -154,6 +155,7 @@ Json NodeStats(const RequestStats& st) {
           {"drafted", st.drafted},
           {"accepted", st.accepted},
           {"target_passes", st.target_passes},
+          {"cached_tokens", st.cached_tokens},
           {"queue_ms", st.queue_ms},
           {"ttft_ms", st.ttft_ms},
           {"tpot_ms", st.tpot_ms},

@@ -7,10 +7,11 @@
 // when stream_options.include_usage, then `data: [DONE]`). Requests go to the same
 // scheduler as the ZeroMQ front end's (submit_builder.h turns them into the same tokens).
 //
-// A streaming client that disconnects has its request cancelled (the next write fails, or
-// the keep-alive comment sent after 2 s without text does); its KV is freed. A
-// non-streaming request runs to its end (max_tokens bounds it) even if its client left:
-// httplib tells a handler nothing about its connection until it writes.
+// A client that disconnects has its request cancelled and its KV freed: a stream's next
+// write fails (a token, or the keep-alive comment sent after 2 s without text); a
+// non-streaming handler, which has nothing to write yet, watches its connection for the
+// peer's close every 250 ms (httplib gives handlers no socket: ClientConnection finds it by
+// its addresses).
 //
 // Errors: before any response byte, an HTTP status and an OpenAI-style error body with the
 // one table's code (request_error.h; also in the X-Specnode-Error-Code header); inside a

@@ -227,6 +227,7 @@ std::string DoneReply(const std::string& id, FinishKind finish, const std::strin
                 {"drafted", s.drafted},
                 {"accepted", s.accepted},
                 {"target_passes", s.target_passes},
+                {"cached_tokens", s.cached_tokens},
                 {"queue_ms", s.queue_ms},
                 {"ttft_ms", s.ttft_ms},
                 {"tpot_ms", s.tpot_ms},

@@ -176,6 +176,38 @@ TEST_F(SpecEngineTest, ChunkedPrefillGivesTheSameTokens) {
   }
 }
 
+TEST_F(SpecEngineTest, PrefixCacheSkipsTheSharedPrefillAndKeepsTheTokens) {
+  // A second run of the same prompts on one target: each prompt's whole pages come from the
+  // cache (Stats().cached_tokens: all whole pages but the one holding the last token), and
+  // greedy output equals the cold run's — in full precision and in mixed mode (whose
+  // demotion of the cached tokens then starts afresh; the tiny prompts stay in the window).
+  for (const std::string kv_mode : {"full", "mixed"}) {
+    auto runner = MakeRunner(kv_mode);
+    SpecEngineOptions options;
+    options.prefix_cache = true;
+    options.prefill_budget = 5;  // chunked: the pages are published as the prefill goes
+    SpeculativeEngine engine(runner.get(), {}, options);
+    const auto cold = Run(engine, Prompts(0.0f, 12));
+    std::vector<SpecRequest> again = Prompts(0.0f, 12);
+    for (SpecRequest& r : again) r.id += 100;
+    for (const SpecRequest& r : again) ASSERT_TRUE(engine.Start(r).ok());
+    for (const SpecRequest& r : again) {
+      const int32_t page = 8;  // KvOptions' default page_tokens
+      EXPECT_EQ(engine.Stats(r.id).cached_tokens,
+                (static_cast<int32_t>(r.prompt.size()) - 1) / page * page)
+          << kv_mode << " prompt of " << r.prompt.size();
+      engine.Finish(r.id);
+    }
+    EXPECT_EQ(Run(engine, again), cold) << kv_mode;
+    // Off: nothing is shared.
+    auto plain_runner = MakeRunner(kv_mode);
+    SpeculativeEngine plain(plain_runner.get(), {}, {});
+    EXPECT_EQ(Run(plain, Prompts(0.0f, 12)), cold);
+    ASSERT_TRUE(plain.Start(again[2]).ok());
+    EXPECT_EQ(plain.Stats(again[2].id).cached_tokens, 0);
+  }
+}
+
 TEST_F(SpecEngineTest, RejectsBadRequests) {
   auto runner = MakeRunner("dense");
   SpeculativeEngine engine(runner.get(), {}, {});

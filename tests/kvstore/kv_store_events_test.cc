@@ -3,6 +3,7 @@
 // of equal prefixes are equal across stores and sequences.
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -151,6 +152,28 @@ TEST(KvStoreEvents, DemotedPagesAreNotPublished) {
   }
   EXPECT_EQ(store->Usage().cached_prefix_pages,
             rec.events.empty() ? 0 : static_cast<int64_t>(rec.events[0].block_hashes.size()));
+}
+
+TEST(KvStoreEvents, MixedModeKeepsBlocksPublishedBeforeTheirDemotion) {
+  // The engine publishes a prompt after each prefill chunk: blocks cached while still full
+  // precision stay cached (and matchable) after the sequence's own tokens are demoted, and
+  // a later publish goes on through them.
+  KvStoreConfig c = SmallConfig(KvMode::kMixed);
+  auto store = Make(c);
+  Recorder rec;
+  ASSERT_TRUE(store->SetEventListener(&rec).ok());
+  std::mt19937 gen(6);
+  const std::vector<int32_t> t = Tokens(48, 11);
+  ASSERT_TRUE(Feed(*store, c, 1, 16, gen).ok());
+  store->PublishPrefix(1, std::span(t).subspan(0, 16));
+  ASSERT_EQ(rec.events.size(), 1u);
+  ASSERT_TRUE(Feed(*store, c, 1, 32, gen).ok());  // settles: the first blocks are demoted
+  kvtest::SettleNow(*store, 1);
+  store->PublishPrefix(1, t);  // blocks 0-1 cached; the rest as far as still full
+  for (size_t i = 1; i < rec.events.size(); ++i) {
+    EXPECT_EQ(*rec.events[i].parent_block_hash, rec.events[i - 1].block_hashes.back());
+  }
+  EXPECT_GE(store->MatchPrefix(2, t), 16);
 }
 
 TEST(KvStoreEvents, DenseCacheRefusesAListener) {

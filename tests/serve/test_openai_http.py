@@ -120,6 +120,21 @@ def test_streamed_chat_equals_the_whole_reply(http_node):
         whole.usage.completion_tokens
 
 
+def test_a_repeated_prefix_is_served_from_the_prefix_cache(http_node):
+    """kv.prefix_cache (on by default): the second request with the same long prompt takes
+    its whole pages from the cache (usage.prompt_tokens_details.cached_tokens) and greedy
+    output does not change."""
+    c = http_node.client()
+    prompt = "Tell me about the weather. " * 12
+    a = c.completions.create(model=http_node.model, prompt=prompt, max_tokens=6, temperature=0)
+    b = c.completions.create(model=http_node.model, prompt=prompt, max_tokens=6, temperature=0)
+    assert b.choices[0].text == a.choices[0].text
+    cached = b.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % 8 == 0 and cached < b.usage.prompt_tokens, b.usage
+    m = http_node.metrics()
+    assert _counter(m, "specnode_prefix_cache_hit_tokens_total") >= cached
+
+
 def test_text_completions_stop_and_seed(http_node):
     c = http_node.client()
     out = c.completions.create(model=http_node.model, prompt="the cat", max_tokens=8,
@@ -277,6 +292,30 @@ def test_abandoned_stream_cancels_its_request(specnode, real_model, tmp_path):
             if _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1:
                 break
             time.sleep(0.2)
+        assert _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1, m
+        assert _counter(m, 'specnode_requests_total{outcome="completed"}') == 0
+    finally:
+        assert n.stop() == 0
+
+
+def test_abandoned_non_streaming_request_cancels(specnode, real_model, tmp_path):
+    """A non-streaming request has nothing to write until it ends; its client closing the
+    connection still cancels it (the handler watches the socket)."""
+    n = HttpNode(specnode, real_model, tmp_path, extra=["--threads", "2"])
+    try:
+        s = _raw_stream(n.port, {"messages": [{"role": "user", "content": "Write a long story."}],
+                                 "max_tokens": 400, "temperature": 0})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until it runs
+            if _counter(n.metrics(), "specnode_active_sequences") >= 1:
+                break
+            time.sleep(0.05)
+        s.close()
+        while time.monotonic() < deadline:
+            m = n.metrics()
+            if _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1:
+                break
+            time.sleep(0.1)
         assert _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1, m
         assert _counter(m, 'specnode_requests_total{outcome="completed"}') == 0
     finally:
