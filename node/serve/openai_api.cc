@@ -149,21 +149,6 @@ Json Usage(const RequestStats& st) {
           {"prompt_tokens_details", {{"cached_tokens", st.cached_tokens}}}};
 }
 
-Json NodeStats(const RequestStats& st) {
-  return {{"prompt_tokens", st.prompt_tokens},
-          {"completion_tokens", st.completion_tokens},
-          {"drafted", st.drafted},
-          {"accepted", st.accepted},
-          {"target_passes", st.target_passes},
-          {"cached_tokens", st.cached_tokens},
-          {"queue_ms", st.queue_ms},
-          {"ttft_ms", st.ttft_ms},
-          {"tpot_ms", st.tpot_ms},
-          {"total_ms", st.total_ms},
-          {"domain", st.domain},
-          {"sla", st.sla}};
-}
-
 bool IsChat(const OpenAiRequest& r) { return r.endpoint == OpenAiEndpoint::kChatCompletions; }
 
 Json Envelope(const OpenAiRequest& r, const std::string& id, int64_t created, bool chunk) {
@@ -281,7 +266,7 @@ std::string OpenAiResponse(const OpenAiRequest& r, const std::string& id, int64_
   }
   j["choices"] = Json::array({choice});
   j["usage"] = Usage(stats);
-  j["specnode"] = NodeStats(stats);
+  j["specnode"] = RequestStatsJson(stats);
   return Dump(j);
 }
 
@@ -307,7 +292,7 @@ std::string OpenAiUsageChunk(const OpenAiRequest& r, const std::string& id, int6
   Json j = Envelope(r, id, created, true);
   j["choices"] = Json::array();
   j["usage"] = Usage(stats);
-  j["specnode"] = NodeStats(stats);
+  j["specnode"] = RequestStatsJson(stats);
   return Dump(j);
 }
 

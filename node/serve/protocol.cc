@@ -220,20 +220,24 @@ std::string TokensReply(const std::string& id, const std::string& text,
       {{"type", "tokens"}, {"id", id}, {"text", text}, {"token_ids", token_ids}, {"index", index}});
 }
 
+Json RequestStatsJson(const RequestStats& s) {
+  return {{"prompt_tokens", s.prompt_tokens},
+          {"completion_tokens", s.completion_tokens},
+          {"drafted", s.drafted},
+          {"accepted", s.accepted},
+          {"target_passes", s.target_passes},
+          {"cached_tokens", s.cached_tokens},
+          {"queue_ms", s.queue_ms},
+          {"ttft_ms", s.ttft_ms},
+          {"tpot_ms", s.tpot_ms},
+          {"total_ms", s.total_ms},
+          {"domain", s.domain},
+          {"sla", s.sla}};
+}
+
 std::string DoneReply(const std::string& id, FinishKind finish, const std::string& text,
                       const RequestStats& s) {
-  Json stats = {{"prompt_tokens", s.prompt_tokens},
-                {"completion_tokens", s.completion_tokens},
-                {"drafted", s.drafted},
-                {"accepted", s.accepted},
-                {"target_passes", s.target_passes},
-                {"cached_tokens", s.cached_tokens},
-                {"queue_ms", s.queue_ms},
-                {"ttft_ms", s.ttft_ms},
-                {"tpot_ms", s.tpot_ms},
-                {"total_ms", s.total_ms},
-                {"domain", s.domain},
-                {"sla", s.sla}};
+  const Json stats = RequestStatsJson(s);
   return Dump({{"type", "done"},
                {"id", id},
                {"finish_reason", FinishKindName(finish)},

@@ -11,8 +11,9 @@
 
 #include "coordinator/request_error.h"
 #include "coordinator/scheduler.h"
-#include "model/tokenizer/chat_template.h"
 #include "model/llama/sampling.h"
+#include "model/tokenizer/chat_template.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace specnode {
 
@@ -68,6 +69,10 @@ struct ParseResult {
   ProtocolError error;
 };
 ParseResult ParseClientMessage(std::string_view frame, const ProtocolLimits& limits);
+
+// A finished request's stats as the `done` reply's "stats" object (the OpenAI API's
+// "specnode" object too).
+nlohmann::json RequestStatsJson(const RequestStats& s);
 
 // Replies (one JSON object each, serialised).
 std::string AcceptedReply(const std::string& id, int queue_position);

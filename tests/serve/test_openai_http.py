@@ -272,6 +272,18 @@ def _counter(metrics, series):
     return 0.0
 
 
+def _assert_cancelled_not_completed(n, timeout_s=60):
+    """The node's one request ends cancelled (within timeout_s), not completed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        m = n.metrics()
+        if _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1:
+            break
+        time.sleep(0.1)
+    assert _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1, m
+    assert _counter(m, 'specnode_requests_total{outcome="completed"}') == 0
+
+
 def test_abandoned_stream_cancels_its_request(specnode, real_model, tmp_path):
     """On the real model (slow enough to leave mid-generation): closing the connection after a
     few SSE events cancels the request on the node, instead of generating on."""
@@ -286,14 +298,7 @@ def test_abandoned_stream_cancels_its_request(specnode, real_model, tmp_path):
             data += chunk
         assert b"text/event-stream" in data
         s.close()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            m = n.metrics()
-            if _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1:
-                break
-            time.sleep(0.2)
-        assert _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1, m
-        assert _counter(m, 'specnode_requests_total{outcome="completed"}') == 0
+        _assert_cancelled_not_completed(n)
     finally:
         assert n.stop() == 0
 
@@ -311,13 +316,7 @@ def test_abandoned_non_streaming_request_cancels(specnode, real_model, tmp_path)
                 break
             time.sleep(0.05)
         s.close()
-        while time.monotonic() < deadline:
-            m = n.metrics()
-            if _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1:
-                break
-            time.sleep(0.1)
-        assert _counter(m, 'specnode_requests_total{outcome="cancelled"}') == 1, m
-        assert _counter(m, 'specnode_requests_total{outcome="completed"}') == 0
+        _assert_cancelled_not_completed(n)
     finally:
         assert n.stop() == 0
 
