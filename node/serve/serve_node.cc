@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/drafter_factory.h"
@@ -27,6 +26,7 @@
 #include "coordinator/spec_engine.h"
 #include "kvstore/kv_precision.h"
 #include "model/status_macros.h"
+#include "nlohmann/json.hpp"
 #include "node/serve/frontend.h"
 #include "node/serve/http_server.h"
 #include "node/serve/kv_event_publisher.h"
@@ -97,6 +97,12 @@ std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets)
   // Of used: the prefix cache's pages that no request holds (evictable on demand).
   if (all_cache) g["specnode_kv_prefix_cache_only_bytes"] = cache_only;
   return g;
+}
+
+KvCacheEvent AllBlocksCleared() {
+  KvCacheEvent e;
+  e.kind = KvCacheEvent::Kind::kAllBlocksCleared;
+  return e;
 }
 
 }  // namespace
@@ -221,6 +227,13 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   // Declared after the engine (which the targets' caches report through) and reset before
   // the targets go: the listeners are detached at the end of this function.
   std::unique_ptr<KvEventPublisher> kv_events;
+  // Detaches the listener from the target's cache on every way out (before kv_events goes).
+  struct DetachListener {
+    ModelRunner* target = nullptr;
+    ~DetachListener() {
+      if (target != nullptr) (void)target->SetKvEventListener(nullptr);
+    }
+  } detach;
   if (!cfg.kv_events_bind.empty()) {
     if (!cfg.kv.prefix_cache) {
       return absl::InvalidArgumentError(
@@ -243,8 +256,9 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
           absl::StrCat("serve.kv_events_bind: ", st.message(),
                        " (a target on mpirun ranks serves no prefix cache yet)"));
     }
+    detach.target = targets[0];
     // A (re)started node has an empty cache: a router that knew an earlier one forgets it.
-    kv_events->OnKvCacheEvent({.kind = KvCacheEvent::Kind::kAllBlocksCleared});
+    kv_events->OnKvCacheEvent(AllBlocksCleared());
   }
   const auto started = std::chrono::steady_clock::now();
   HttpServerOptions ho;
@@ -257,10 +271,13 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                                                    : "ok";
     const double uptime =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    return HealthReply{
-        std::string(status) == "ok" ? 200 : 503,
-        absl::StrFormat(R"({"status":"%s","model":"%s","active":%d,"queued":%d,"uptime_s":%.3f})",
-                        status, absl::CEscape(name), s.active, s.queued, uptime)};
+    const nlohmann::json j = {{"status", status},
+                              {"model", name},
+                              {"active", s.active},
+                              {"queued", s.queued},
+                              {"uptime_s", uptime}};
+    return HealthReply{std::string(status) == "ok" ? 200 : 503,
+                       j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
   };
   if (!cfg.metrics_bind.empty()) {
     HttpServerOptions mo = ho;
@@ -337,8 +354,9 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   api_http.reset();
   if (kv_events != nullptr) {
     (void)targets[0]->SetKvEventListener(nullptr);
+    detach.target = nullptr;
     // The cache goes with the process: routers drop this node's blocks.
-    kv_events->OnKvCacheEvent({.kind = KvCacheEvent::Kind::kAllBlocksCleared});
+    kv_events->OnKvCacheEvent(AllBlocksCleared());
     (void)kv_events->Flush(std::chrono::milliseconds(1000));
     kv_events.reset();
   }
