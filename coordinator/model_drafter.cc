@@ -13,16 +13,16 @@ namespace {
 
 constexpr size_t kSyncChunk = 512;  // tokens per sequence per catch-up forward
 
-absl::Status CheckSameVocabulary(const std::string& path, const LlamaModel& draft,
-                                 const LlamaModel& target) {
-  const Tokenizer& a = draft.tokenizer();
-  const Tokenizer& b = target.tokenizer();
-  if (draft.config().vocab_size != target.config().vocab_size || a.vocab_size() != b.vocab_size()) {
+}  // namespace
+
+absl::Status CheckSameVocabulary(const std::string& path, const LlamaConfig& draft,
+                                 const Tokenizer& a, const LlamaConfig& target,
+                                 const Tokenizer& b) {
+  if (draft.vocab_size != target.vocab_size || a.vocab_size() != b.vocab_size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "draft model %s has a vocabulary of %d tokens (%d in its tokenizer) but the target's "
         "has %d (%d): a draft must share the target's vocabulary",
-        path, draft.config().vocab_size, a.vocab_size(), target.config().vocab_size,
-        b.vocab_size()));
+        path, draft.vocab_size, a.vocab_size(), target.vocab_size, b.vocab_size()));
   }
   for (int32_t id = 0; id < a.vocab_size(); ++id) {
     if (a.TokenToBytes(id, true) != b.TokenToBytes(id, true)) {
@@ -35,8 +35,6 @@ absl::Status CheckSameVocabulary(const std::string& path, const LlamaModel& draf
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Finish(std::unique_ptr<ModelDrafter> d,
                                                                    const LlamaConfig& config,
@@ -56,7 +54,9 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Load(const std::stri
                                                                  const KvOptions& kv) {
   std::unique_ptr<ModelDrafter> d(new ModelDrafter());
   SPECNODE_ASSIGN_OR_RETURN(d->own_model_, LlamaModel::Load(path));
-  SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(path, *d->own_model_, target));
+  SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(path, d->own_model_->config(),
+                                               d->own_model_->tokenizer(), target.config(),
+                                               target.tokenizer()));
   d->name_ = std::filesystem::path(path).filename().string();
   SPECNODE_ASSIGN_OR_RETURN(d->weights_,
                             LoadLlamaWeights(d->own_model_->file(), d->own_model_->config()));
@@ -68,7 +68,8 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Load(const std::stri
 absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Remote(
     std::unique_ptr<LlamaModel> draft, const std::string& path, const LlamaModel& target,
     const ConnectFn& connect) {
-  SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(path, *draft, target));
+  SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(path, draft->config(), draft->tokenizer(),
+                                               target.config(), target.tokenizer()));
   std::unique_ptr<ModelDrafter> d(new ModelDrafter());
   d->name_ = std::filesystem::path(path).filename().string();
   SPECNODE_ASSIGN_OR_RETURN(d->runner_, connect(*draft));

@@ -23,6 +23,13 @@
 
 namespace specnode {
 
+// A draft model must share the target's vocabulary: the same size in the model and its
+// tokenizer, and every token the same bytes. InvalidArgument naming `path` and the first
+// difference otherwise. (ModelDrafter's start, and `serve --check-config` from the headers.)
+absl::Status CheckSameVocabulary(const std::string& path, const LlamaConfig& draft,
+                                 const Tokenizer& draft_tokenizer, const LlamaConfig& target,
+                                 const Tokenizer& target_tokenizer);
+
 class ModelDrafter final : public Drafter {
  public:
   // A draft model from its own GGUF file. InvalidArgument when its vocabulary differs from

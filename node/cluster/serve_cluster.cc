@@ -54,72 +54,6 @@ void OnShardSignal(int) { g_shard_stop.store(true); }
 // A draft spec that runs inside the coordinator (no model file of its own).
 bool CoordinatorDraft(const DraftSpec& spec) { return !spec.is_model(); }
 
-// Checks every rank makes alike, before any weights load.
-absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
-  const Topology& t = cfg.topology;
-  if (world_size != t.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("the config %s needs %d ranks, mpirun started %d (use mpirun -np %d)",
-                        cfg.source, t.world_size, world_size, t.world_size));
-  }
-  for (const GroupTopology& g : t.groups) {
-    // Devices: shard ranks (targets, draft-model ranks) may take a GPU in a CUDA build, a
-    // TP group all alike; rank 0 only for a draft model file (n-gram and self drafts are
-    // part of the coordinator, which runs on the CPU).
-    if (g.draft.rank == 0 && !g.draft.device.is_cpu() && CoordinatorDraft(cfg.draft)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s places rank 0 on %s, but the draft '%s' runs inside the coordinator on the CPU "
-          "(use device: cpu, or a draft model file)",
-          cfg.source, g.draft.device.name(), cfg.draft.text()));
-    }
-    for (const RankPlacement& p : g.target) {
-      if (p.device.is_cpu() != g.target[0].device.is_cpu()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: group %s mixes cpu and cuda target ranks (%d on %s, %d on %s): a "
-            "tensor-parallel group runs on one kind of device",
-            cfg.source, g.name, g.target[0].rank, g.target[0].device.name(), p.rank,
-            p.device.name()));
-      }
-    }
-    std::vector<const RankPlacement*> placed = {&g.draft};
-    for (const RankPlacement& p : g.target) placed.push_back(&p);
-    for (const RankPlacement* p : placed) {
-      // What each rank's device can do (a CUDA build, the KV mode, activations), as far as
-      // it can be told here: whether the GPU itself is there is the rank's own check.
-      RunnerOptions ro;
-      ro.device = p->device;
-      ro.kv = cfg.kv;
-      ro.activations = cfg.activations;
-      if (absl::Status st = CheckRunnerOptions(ro, nullptr, /*probe_device=*/false); !st.ok()) {
-        return absl::Status(st.code(), absl::StrFormat("%s places rank %d on %s: %s", cfg.source,
-                                                       p->rank, p->device.name(), st.message()));
-      }
-    }
-    if (g.draft.rank != 0 && CoordinatorDraft(cfg.draft)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: group %s places its draft on rank %d, but the draft '%s' runs inside the "
-          "coordinator: place it on rank 0 (draft: {rank: 0}), or give a draft model file",
-          cfg.source, g.name, g.draft.rank, cfg.draft.text()));
-    }
-  }
-  // The target's shape, from the GGUF header only (the file is mapped, no weight page read).
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(cfg.model));
-  SPECNODE_ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromGguf(*file));
-  for (const GroupTopology& g : t.groups) {
-    absl::StatusOr<ShardPlan> plan = ShardPlan::Create(config, static_cast<int>(g.target.size()));
-    if (!plan.ok()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: group %s: a tensor-parallel target over %d ranks does not fit %s: %s", cfg.source,
-          g.name, g.target.size(), cfg.model, plan.status().message()));
-    }
-    if (g.draft.rank != 0) {
-      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> draft, GgufFile::Open(cfg.draft.path));
-      SPECNODE_RETURN_IF_ERROR(LlamaConfig::FromGguf(*draft).status());
-    }
-  }
-  return absl::OkStatus();
-}
-
 // What one rank does in the job.
 struct Role {
   enum class Kind { kCoordinator, kTarget, kDraft } kind = Kind::kCoordinator;
@@ -324,6 +258,80 @@ absl::Status RunShard(const ServeConfig& cfg, int world_rank, const Role& role) 
 #endif  // SPECNODE_HAVE_MPI
 
 }  // namespace
+
+absl::Status CheckCluster(const ServeConfig& cfg, int world_size) {
+  const Topology& t = cfg.topology;
+  if (world_size != t.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the config %s needs %d ranks, mpirun started %d (use mpirun -np %d)",
+                        cfg.source, t.world_size, world_size, t.world_size));
+  }
+  // What each rank's device can do (a CUDA build, the KV mode, activations; with `model`,
+  // its architecture too), as far as it can be told here: whether the GPU itself is there
+  // is the rank's own check.
+  auto check_ranks = [&](const LlamaConfig* model) -> absl::Status {
+    for (const GroupTopology& g : t.groups) {
+      std::vector<const RankPlacement*> placed = {&g.draft};
+      for (const RankPlacement& p : g.target) placed.push_back(&p);
+      for (const RankPlacement* p : placed) {
+        RunnerOptions ro;
+        ro.device = p->device;
+        ro.kv = cfg.kv;
+        ro.activations = cfg.activations;
+        if (absl::Status st = CheckRunnerOptions(ro, model, /*probe_device=*/false); !st.ok()) {
+          return absl::Status(st.code(), absl::StrFormat("%s places rank %d on %s: %s", cfg.source,
+                                                         p->rank, p->device.name(), st.message()));
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (const GroupTopology& g : t.groups) {
+    // Devices: shard ranks (targets, draft-model ranks) may take a GPU in a CUDA build, a
+    // TP group all alike; rank 0 only for a draft model file (n-gram and self drafts are
+    // part of the coordinator, which runs on the CPU).
+    if (g.draft.rank == 0 && !g.draft.device.is_cpu() && CoordinatorDraft(cfg.draft)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s places rank 0 on %s, but the draft '%s' runs inside the coordinator on the CPU "
+          "(use device: cpu, or a draft model file)",
+          cfg.source, g.draft.device.name(), cfg.draft.text()));
+    }
+    for (const RankPlacement& p : g.target) {
+      if (p.device.is_cpu() != g.target[0].device.is_cpu()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: group %s mixes cpu and cuda target ranks (%d on %s, %d on %s): a "
+                            "tensor-parallel group runs on one kind of device",
+                            cfg.source, g.name, g.target[0].rank, g.target[0].device.name(), p.rank,
+                            p.device.name()));
+      }
+    }
+    if (g.draft.rank != 0 && CoordinatorDraft(cfg.draft)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: group %s places its draft on rank %d, but the draft '%s' runs inside the "
+          "coordinator: place it on rank 0 (draft: {rank: 0}), or give a draft model file",
+          cfg.source, g.name, g.draft.rank, cfg.draft.text()));
+    }
+  }
+  // Placements first (a bad one is refused without the model), then what needs its header.
+  SPECNODE_RETURN_IF_ERROR(check_ranks(nullptr));
+  // The target's shape, from the GGUF header only (the file is mapped, no weight page read).
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(cfg.model));
+  SPECNODE_ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromGguf(*file));
+  SPECNODE_RETURN_IF_ERROR(check_ranks(&config));
+  for (const GroupTopology& g : t.groups) {
+    absl::StatusOr<ShardPlan> plan = ShardPlan::Create(config, static_cast<int>(g.target.size()));
+    if (!plan.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: group %s: a tensor-parallel target over %d ranks does not fit %s: %s", cfg.source,
+          g.name, g.target.size(), cfg.model, plan.status().message()));
+    }
+    if (g.draft.rank != 0) {
+      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> draft, GgufFile::Open(cfg.draft.path));
+      SPECNODE_RETURN_IF_ERROR(LlamaConfig::FromGguf(*draft).status());
+    }
+  }
+  return absl::OkStatus();
+}
 
 bool NeedsCluster(const ServeConfig& cfg) {
   return !cfg.topology.single_process() || LaunchedWorldSize() > 1;

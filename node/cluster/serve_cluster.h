@@ -41,6 +41,12 @@ namespace specnode {
 // was started by mpirun with more than one rank (then the topology must say so).
 bool NeedsCluster(const ServeConfig& cfg);
 
+// The start-up checks above that every rank makes alike (all but "launched by mpirun"),
+// against `world_size` ranks: the topology, each rank's device and options against the
+// target's header (CheckRunnerOptions), the TP size, a draft rank's file. Reads GGUF
+// headers only. `serve --check-config` runs it with the topology's own world size.
+absl::Status CheckCluster(const ServeConfig& cfg, int world_size);
+
 // Runs this rank's role; returns when the job ends. Error statuses with an empty message
 // were already reported (by rank 0).
 absl::Status RunServeCluster(const ServeConfig& cfg);

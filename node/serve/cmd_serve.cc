@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/domain_router.h"
+#include "coordinator/model_drafter.h"
 #include "coordinator/ngram_drafter.h"
 #include "coordinator/spec_controller.h"
 #include "kvstore/cpu_page_pool.h"
@@ -212,64 +213,9 @@ absl::Status CheckDraft(const ServeConfig& cfg, const ModelHeader& target, std::
   }
   if (!d.is_model()) return absl::OkStatus();
   SPECNODE_ASSIGN_OR_RETURN(const ModelHeader draft, OpenModelHeader("draft", d.path, ""));
-  const Tokenizer& a = *draft.tokenizer;
-  const Tokenizer& b = *target.tokenizer;
-  bool same =
-      draft.config.vocab_size == target.config.vocab_size && a.vocab_size() == b.vocab_size();
-  for (int32_t id = 0; same && id < a.vocab_size(); ++id) {
-    same = a.TokenToBytes(id, true) == b.TokenToBytes(id, true);
-  }
-  if (!same) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "draft model %s does not share the target's vocabulary (%d tokens, %d in its "
-        "tokenizer; the target's %d, %d)",
-        d.path, draft.config.vocab_size, a.vocab_size(), target.config.vocab_size, b.vocab_size()));
-  }
+  SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(d.path, draft.config, *draft.tokenizer,
+                                               target.config, *target.tokenizer));
   *line = absl::StrFormat("%s (%s)", d.path, draft.config.Summary());
-  return absl::OkStatus();
-}
-
-// The rank layout's start-up checks (node/cluster/serve_cluster.cc's CheckCluster, bar the
-// world size, which only mpirun knows): devices per rank, draft placement, each group's TP
-// size against the target's heads.
-absl::Status CheckTopology(const ServeConfig& cfg, const LlamaConfig& target) {
-  for (const GroupTopology& g : cfg.topology.groups) {
-    if (g.draft.rank != 0 && !cfg.draft.is_model()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: group %s places its draft on rank %d, but the draft '%s' runs inside the "
-          "coordinator: place it on rank 0, or give a draft model file",
-          cfg.source, g.name, g.draft.rank, cfg.draft.text()));
-    }
-    if (g.draft.rank == 0 && !g.draft.device.is_cpu() && !cfg.draft.is_model()) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("%s places rank 0 on %s, but the draft '%s' runs on the CPU", cfg.source,
-                          g.draft.device.name(), cfg.draft.text()));
-    }
-    std::vector<const RankPlacement*> placed = {&g.draft};
-    for (const RankPlacement& p : g.target) {
-      if (p.device.is_cpu() != g.target[0].device.is_cpu()) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: group %s mixes cpu and cuda target ranks", cfg.source, g.name));
-      }
-      placed.push_back(&p);
-    }
-    for (const RankPlacement* p : placed) {
-      RunnerOptions ro;
-      ro.device = p->device;
-      ro.kv = cfg.kv;
-      ro.activations = cfg.activations;
-      if (absl::Status st = CheckRunnerOptions(ro, &target, /*probe_device=*/false); !st.ok()) {
-        return absl::Status(st.code(), absl::StrFormat("%s places rank %d on %s: %s", cfg.source,
-                                                       p->rank, p->device.name(), st.message()));
-      }
-    }
-    if (absl::Status st = ShardPlan::Create(target, static_cast<int>(g.target.size())).status();
-        !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: group %s: a tensor-parallel target over %d ranks does not fit %s: %s", cfg.source,
-          g.name, g.target.size(), cfg.model, st.message()));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -284,7 +230,8 @@ absl::Status CheckConfig(const ServeConfig& cfg) {
     ro.activations = cfg.activations;
     SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(ro, &mc));
   } else {
-    SPECNODE_RETURN_IF_ERROR(CheckTopology(cfg, mc));
+    // The cluster's own start-up checks, with the world size mpirun would be given.
+    SPECNODE_RETURN_IF_ERROR(CheckCluster(cfg, cfg.topology.world_size));
   }
   std::string draft_line;
   SPECNODE_RETURN_IF_ERROR(CheckDraft(cfg, target, &draft_line));

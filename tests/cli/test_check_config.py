@@ -145,7 +145,7 @@ def test_self_draft_layers_checked_against_the_target(specnode, tiny_model):
 
 def test_draft_model_must_share_the_vocabulary(specnode, tiny_model, real_model):
     assert_fails(check(specnode, "--model", tiny_model, "--draft", real_model),
-                 "does not share the target's vocabulary")
+                 "must share the target's vocabulary")
 
 
 def test_unknown_option_is_a_usage_error(specnode):
