@@ -7,6 +7,10 @@ through its own OpenAI-compatible HTTP API with the `openai` SDK, as a user woul
   ~/.cache/specnode/venv/bin/python bench/bench_prefix_cache.py \\
       --model ~/.cache/specnode/models/SmolLM2-135M-Instruct.Q4_1.gguf --rounds 3
 
+With --mpirun-tp T the nodes are mpirun jobs of 1 + T ranks (rank 0 the front end, ranks
+1..T the target's tensor-parallel shards, each keeping the prefix cache of its KV heads:
+docs/kv-events.md), e.g. --mpirun-tp 3 for SmolLM2 (3 KV heads); --threads is then per rank.
+
 Each round: one warm-up request (fills the cache with the shared prefix), then --requests
 chat requests with the shared system prompt and a different question each, one at a time,
 max_tokens 1 (TTFT is the prefill). Reports the node's own TTFT (done stats) median per
@@ -39,17 +43,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_node(specnode: str, model: str, threads: int, prefix_cache: bool, log):
+def start_node(specnode: str, model: str, threads: int, prefix_cache: bool, log, tp: int = 0):
     port = free_port()
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     cfg.write(f"version: 1\nserve:\n  bind: tcp://127.0.0.1:{free_port()}\n"
               f"  http_bind: 127.0.0.1:{port}\nspeculation:\n  draft: none\n"
               f"kv:\n  prefix_cache: {'true' if prefix_cache else 'false'}\n")
+    if tp > 0:
+        cfg.write("topology:\n  timeout_s: 30\n  groups:\n    - name: cpu\n"
+                  "      draft: {rank: 0, device: cpu}\n      target:\n" +
+                  "".join(f"        - {{rank: {r}, device: cpu}}\n" for r in range(1, tp + 1)))
     cfg.close()
     env = dict(os.environ)
     env.pop("SPECNODE_API_KEY", None)
-    proc = subprocess.Popen([specnode, "serve", "--config", cfg.name, "--model", model,
-                             "--threads", str(threads)], stdout=log, stderr=log, env=env)
+    cmd = [specnode, "serve", "--config", cfg.name, "--model", model, "--threads", str(threads)]
+    if tp > 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd = ["mpirun", "-np", str(tp + 1), "--oversubscribe", "--mca", "mpi_yield_when_idle",
+               "1", "--mca", "odls_base_sigkill_timeout", "16", *cmd]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     import urllib.request
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -87,6 +99,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--mpirun-tp", type=int, default=0,
+                    help="serve as an mpirun job with a target over this many ranks")
     args = ap.parse_args()
     served = Path(args.model).name.removesuffix(".gguf")
     results = {True: [], False: []}
@@ -94,7 +108,8 @@ def main() -> int:
     with open(os.devnull, "w") as log:
         for r in range(args.rounds):
             for mode in ((True, False) if r % 2 == 0 else (False, True)):
-                proc, port = start_node(args.specnode, args.model, args.threads, mode, log)
+                proc, port = start_node(args.specnode, args.model, args.threads, mode, log,
+                                        args.mpirun_tp)
                 try:
                     ttft, cached, prompt = run_round(port, served, args.requests, r)
                 finally:
@@ -110,13 +125,15 @@ def main() -> int:
     report = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "model": served, "threads": args.threads, "rounds": args.rounds,
+        "target": f"mpirun, TP {args.mpirun_tp}" if args.mpirun_tp else "one process",
         "requests_per_round": args.requests, "prompt_tokens": prompt_len,
         "cached_tokens_median": statistics.median(cached_seen),
         "ttft_ms_median": {"prefix_cache_on": on, "prefix_cache_off": off},
         "ttft_ratio_off_over_on": off / on,
     }
     print(json.dumps(report, indent=2))
-    out = ROOT / "bench" / "results" / f"prefix-cache-{dt.date.today().isoformat()}.json"
+    tag = f"-tp{args.mpirun_tp}" if args.mpirun_tp else ""
+    out = ROOT / "bench" / "results" / f"prefix-cache{tag}-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     return 0

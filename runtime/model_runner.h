@@ -96,8 +96,8 @@ class ModelRunner {
   virtual absl::Status Fork(SeqId src, SeqId dst);
   virtual int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) { return 0; }
   virtual void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {}
-  // KvCache::SetEventListener of the target's cache. Unimplemented by default (a remote
-  // target's shards keep no prefix cache).
+  // KvCache::SetEventListener of the target's cache (for a remote target, its shards'
+  // caches: node/cluster/remote_target_runner.h). Unimplemented by default.
   virtual absl::Status SetKvEventListener(KvCacheEventListener* listener);
   // KvCache::PassBoundary of the target's cache (for a remote target, its shards'): the
   // rows one pass may hold of one sequence lie between two multiples of it (0: any).

@@ -33,6 +33,7 @@ struct KvCacheEvent {
   int32_t block_size = 0;  // kBlockStored: tokens per block (the cache's page_tokens)
   // Where the blocks live, as vLLM names it: "GPU" for device memory, "CPU" for host memory.
   std::string medium;
+  bool operator==(const KvCacheEvent&) const = default;
 };
 
 // Receives a cache's events, in the order they happen, on the thread that drives the cache

@@ -142,6 +142,65 @@ ModelFingerprint GetFingerprint(Reader& r) {
 
 bool ValidStatusCode(int32_t code) { return code >= 0 && code <= 16; }
 
+bool OpHasTokens(StepOp::Kind k) {
+  return k == StepOp::Kind::kMatchPrefix || k == StepOp::Kind::kPublishPrefix;
+}
+
+// A u32 count, then that many values of T (a list's elements after GetCount's checks).
+template <typename T>
+void PutList(Writer& w, const std::vector<T>& v) {
+  w.Put<uint32_t>(static_cast<uint32_t>(v.size()));
+  w.PutArray(v.data(), v.size());
+}
+template <typename T>
+std::vector<T> GetList(Reader& r, const char* what, uint32_t limit) {
+  const uint32_t n = r.GetCount(what, limit, sizeof(T));
+  std::vector<T> v;
+  if (!r.ok()) return v;
+  v.resize(n);
+  r.GetArray(v.data(), n, what);
+  return v;
+}
+
+// KvCacheEvent on the wire: kind u8 (0 BlockStored, 1 BlockRemoved, 2 AllBlocksCleared);
+// block hashes u64...; has_parent u8 + parent u64; token ids i32...; block_size i32; medium.
+constexpr size_t kMinEventBytes = 1 + 4 + 1 + 8 + 4 + 4 + 4;
+
+void PutEvent(Writer& w, const KvCacheEvent& e) {
+  w.Put<uint8_t>(static_cast<uint8_t>(e.kind));
+  PutList(w, e.block_hashes);
+  w.Put<uint8_t>(e.parent_block_hash.has_value() ? 1 : 0);
+  w.Put<uint64_t>(e.parent_block_hash.value_or(0));
+  PutList(w, e.token_ids);
+  w.Put<int32_t>(e.block_size);
+  w.PutString(e.medium);
+}
+
+KvCacheEvent GetEvent(Reader& r, uint32_t i) {
+  KvCacheEvent e;
+  const uint8_t kind = r.Get<uint8_t>("event.kind");
+  e.block_hashes = GetList<uint64_t>(r, "event.block_hashes", kMaxEntryTokens);
+  const uint8_t has_parent = r.Get<uint8_t>("event.has_parent");
+  const uint64_t parent = r.Get<uint64_t>("event.parent_block_hash");
+  e.token_ids = GetList<int32_t>(r, "event.token_ids", kMaxEntryTokens);
+  e.block_size = r.Get<int32_t>("event.block_size");
+  e.medium = r.GetString("event.medium");
+  if (!r.ok()) return e;
+  if (kind > static_cast<uint8_t>(KvCacheEvent::Kind::kAllBlocksCleared) || has_parent > 1) {
+    r.Fail(absl::StrFormat("events[%d]: kind %d, has_parent %d", i, kind, has_parent));
+    return e;
+  }
+  e.kind = static_cast<KvCacheEvent::Kind>(kind);
+  if (has_parent == 1) e.parent_block_hash = parent;
+  if (e.kind == KvCacheEvent::Kind::kBlockStored &&
+      (e.block_size <= 0 ||
+       e.token_ids.size() != static_cast<uint64_t>(e.block_size) * e.block_hashes.size())) {
+    r.Fail(absl::StrFormat("events[%d]: %d token ids for %d blocks of %d", i, e.token_ids.size(),
+                           e.block_hashes.size(), e.block_size));
+  }
+  return e;
+}
+
 // The payload of a frame of kind `want`, after the header checks.
 absl::StatusOr<std::string_view> Payload(std::string_view frame, ControlKind want) {
   SPECNODE_ASSIGN_OR_RETURN(ControlKind kind, PeekControlKind(frame));
@@ -231,6 +290,7 @@ std::string EncodeControl(const HelloAckMessage& m) {
   w.Put<int64_t>(m.kv_page_bytes);
   w.Put<int32_t>(m.kv_page_tokens);
   w.Put<int32_t>(m.kv_pass_boundary);
+  w.Put<uint8_t>(m.kv_prefix_cache ? 1 : 0);
   w.Put<int64_t>(m.pid);
   w.PutString(m.host);
   w.Put<int32_t>(m.status_code);
@@ -246,6 +306,7 @@ std::string EncodeControl(const StepPlanMessage& m) {
     w.Put<uint8_t>(static_cast<uint8_t>(op.kind));
     w.Put<int64_t>(op.seq);
     w.Put<int32_t>(op.n);
+    if (OpHasTokens(op.kind)) PutList(w, op.tokens);
   }
   w.Put<uint32_t>(static_cast<uint32_t>(m.entries.size()));
   for (const StepEntry& e : m.entries) {
@@ -272,6 +333,10 @@ std::string EncodeControl(const StepReplyMessage& m) {
   for (int64_t b : m.kv_class_bytes) w.Put<int64_t>(b);
   for (int64_t t : m.kv_class_tokens) w.Put<int64_t>(t);
   w.Put<int64_t>(m.kv_host_bytes);
+  w.Put<int64_t>(m.kv_cache_only_bytes);
+  PutList(w, m.matched);
+  w.Put<uint32_t>(static_cast<uint32_t>(m.events.size()));
+  for (const KvCacheEvent& e : m.events) PutEvent(w, e);
   w.Put<int64_t>(m.n_rows);
   w.Put<int32_t>(m.vocab);
   w.Put<uint64_t>(m.logits.size());
@@ -345,6 +410,8 @@ absl::StatusOr<HelloAckMessage> DecodeHelloAck(std::string_view frame) {
   m.kv_page_bytes = r.Get<int64_t>("kv_page_bytes");
   m.kv_page_tokens = r.Get<int32_t>("kv_page_tokens");
   m.kv_pass_boundary = r.Get<int32_t>("kv_pass_boundary");
+  const uint8_t prefix_cache = r.Get<uint8_t>("kv_prefix_cache");
+  m.kv_prefix_cache = prefix_cache == 1;
   m.pid = r.Get<int64_t>("pid");
   m.host = r.GetString("host");
   m.status_code = r.Get<int32_t>("status_code");
@@ -352,6 +419,7 @@ absl::StatusOr<HelloAckMessage> DecodeHelloAck(std::string_view frame) {
   if (r.ok() && !ValidStatusCode(m.status_code)) {
     r.Fail(absl::StrFormat("status code %d", m.status_code));
   }
+  if (r.ok() && prefix_cache > 1) r.Fail(absl::StrFormat("kv_prefix_cache %d", prefix_cache));
   if (r.ok() && (m.kv_page_bytes < 0 || m.kv_page_tokens < 0 || m.kv_pass_boundary < 0)) {
     r.Fail(absl::StrFormat("KV page geometry (%d bytes, %d tokens, boundary %d)", m.kv_page_bytes,
                            m.kv_page_tokens, m.kv_pass_boundary));
@@ -376,12 +444,13 @@ absl::StatusOr<StepPlanMessage> DecodeStepPlan(std::string_view frame) {
     op.seq = r.Get<int64_t>("op.seq");
     op.n = r.Get<int32_t>("op.n");
     if (!r.ok()) break;
-    if (kind != static_cast<uint8_t>(StepOp::Kind::kTruncate) &&
-        kind != static_cast<uint8_t>(StepOp::Kind::kFree)) {
+    if (kind < static_cast<uint8_t>(StepOp::Kind::kTruncate) ||
+        kind > static_cast<uint8_t>(StepOp::Kind::kPublishPrefix)) {
       r.Fail(absl::StrFormat("ops[%d]: unknown kind %d", i, kind));
       break;
     }
     op.kind = static_cast<StepOp::Kind>(kind);
+    if (OpHasTokens(op.kind)) op.tokens = GetList<int32_t>(r, "op.tokens", kMaxEntryTokens);
     if (op.kind == StepOp::Kind::kTruncate && op.n < 0) {
       r.Fail(absl::StrFormat("ops[%d]: truncate to %d", i, op.n));
       break;
@@ -429,6 +498,11 @@ absl::StatusOr<StepReplyMessage> DecodeStepReply(std::string_view frame) {
   for (int64_t& b : m.kv_class_bytes) b = r.Get<int64_t>("kv_class_bytes");
   for (int64_t& t : m.kv_class_tokens) t = r.Get<int64_t>("kv_class_tokens");
   m.kv_host_bytes = r.Get<int64_t>("kv_host_bytes");
+  m.kv_cache_only_bytes = r.Get<int64_t>("kv_cache_only_bytes");
+  m.matched = GetList<int32_t>(r, "matched", kMaxStepOps);
+  const uint32_t n_events = r.GetCount("events", kMaxReplyEvents, kMinEventBytes);
+  m.events.reserve(n_events);
+  for (uint32_t i = 0; i < n_events && r.ok(); ++i) m.events.push_back(GetEvent(r, i));
   m.n_rows = r.Get<int64_t>("n_rows");
   m.vocab = r.Get<int32_t>("vocab");
   const uint64_t n_logits = r.Get<uint64_t>("logits count");
@@ -437,10 +511,14 @@ absl::StatusOr<StepReplyMessage> DecodeStepReply(std::string_view frame) {
   }
   if (r.ok() && local > 1) r.Fail(absl::StrFormat("local_failure %d", local));
   if (r.ok() && (m.kv_available_bytes < -1 || m.kv_used_bytes < 0 || m.kv_host_bytes < -1 ||
+                 m.kv_cache_only_bytes < -1 ||
                  *std::min_element(m.kv_class_bytes.begin(), m.kv_class_bytes.end()) < 0 ||
                  *std::min_element(m.kv_class_tokens.begin(), m.kv_class_tokens.end()) < -1)) {
     r.Fail(
         absl::StrFormat("KV bytes (available %d, used %d)", m.kv_available_bytes, m.kv_used_bytes));
+  }
+  if (r.ok() && std::any_of(m.matched.begin(), m.matched.end(), [](int32_t c) { return c < 0; })) {
+    r.Fail("a negative MatchPrefix count");
   }
   if (r.ok() && (m.n_rows < 0 || m.vocab < 0 || m.kv_tokens < 0)) {
     r.Fail(absl::StrFormat("negative size (n_rows %d, vocab %d, kv_tokens %d)", m.n_rows, m.vocab,

@@ -15,8 +15,10 @@
 //   C -> S  Hello       protocol version, model fingerprint, TP size, C's pid + host
 //   S -> C  HelloAck    protocol version, S's fingerprint, ranks, KV capacity, pid + host,
 //                       and a status (a shard that failed to load says why here)
-//   C -> S  StepPlan    step number; Truncate/Free ops (applied first, in order); the batch
-//   S -> C  StepReply   step number, status, KV fingerprint; logits from TP rank 0 only
+//   C -> S  StepPlan    step number; cache ops (Truncate, Free, MatchPrefix, PublishPrefix:
+//                       applied first, in order); the batch
+//   S -> C  StepReply   step number, status, KV fingerprint, the MatchPrefix outcomes;
+//                       logits and the prefix cache's events from TP rank 0 only
 //   C -> S  Shutdown    the shard leaves its loop and exits
 //
 // Thread-safety: plain value types and pure functions.
@@ -24,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,11 +35,12 @@
 #include "absl/status/statusor.h"
 #include "kvstore/kv_precision.h"
 #include "model/llama/kv_cache.h"
+#include "model/llama/kv_cache_events.h"
 
 namespace specnode {
 
 inline constexpr uint32_t kControlMagic = 0x50434E53;  // "SNCP" little-endian
-inline constexpr uint16_t kControlProtocolVersion = 4;
+inline constexpr uint16_t kControlProtocolVersion = 5;
 inline constexpr size_t kControlHeaderBytes = 16;
 
 enum class ControlKind : uint16_t {
@@ -82,6 +86,9 @@ struct HelloAckMessage {
   // (v4) The shard cache's KvCache::PassBoundary (0: none): rank 0 keeps each sequence's
   // rows of a step between two of its multiples.
   int32_t kv_pass_boundary = 0;
+  // (v5) The shard's cache has a prefix cache (the paged store): it answers MatchPrefix /
+  // PublishPrefix ops and reports KV events. A dense cache does not.
+  bool kv_prefix_cache = false;
   int64_t pid = 0;
   std::string host;
   // Not OK when the shard could not start (e.g. its weights failed to load).
@@ -92,12 +99,31 @@ struct HelloAckMessage {
 };
 
 // A cache operation applied on every shard before the step's forward pass.
+//   kTruncate      drop positions [n, length) of seq
+//   kFree          forget seq
+//   kMatchPrefix   (v5) attach the longest cached run of whole pages of `tokens` to the new
+//                  sequence seq (KvCache::MatchPrefix). The shards agree on the shortest of
+//                  their matches (one AllGather) and keep that many positions, so every
+//                  shard's table stays the same even where their caches differ; the reply's
+//                  `matched` carries the agreed count.
+//   kPublishPrefix (v5) register seq's leading whole pages of `tokens` in the prefix cache
+//                  (KvCache::PublishPrefix).
 struct StepOp {
-  enum class Kind : uint8_t { kTruncate = 1, kFree = 2 };
+  enum class Kind : uint8_t { kTruncate = 1, kFree = 2, kMatchPrefix = 3, kPublishPrefix = 4 };
   Kind kind = Kind::kFree;
   SeqId seq = 0;
-  int32_t n = 0;  // kTruncate: the new length
+  int32_t n = 0;                // kTruncate: the new length
+  std::vector<int32_t> tokens;  // kMatchPrefix / kPublishPrefix: the sequence's token ids
   bool operator==(const StepOp&) const = default;
+
+  static StepOp Truncate(SeqId seq, int32_t n) { return {Kind::kTruncate, seq, n, {}}; }
+  static StepOp Free(SeqId seq) { return {Kind::kFree, seq, 0, {}}; }
+  static StepOp MatchPrefix(SeqId seq, std::span<const int32_t> tokens) {
+    return {Kind::kMatchPrefix, seq, 0, {tokens.begin(), tokens.end()}};
+  }
+  static StepOp PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {
+    return {Kind::kPublishPrefix, seq, 0, {tokens.begin(), tokens.end()}};
+  }
 };
 
 struct StepEntry {
@@ -134,6 +160,14 @@ struct StepReplyMessage {
   // (v3) Live tokens per class and swap-tier bytes; -1 = the shard's cache cannot tell.
   std::array<int64_t, kNumKvPrecisions> kv_class_tokens{-1, -1, -1};
   int64_t kv_host_bytes = -1;
+  // (v5) Of kv_used_bytes, the prefix cache's pages no sequence uses; -1 = cannot tell.
+  int64_t kv_cache_only_bytes = -1;
+  // (v5) One agreed count per kMatchPrefix op of the plan, in op order (the same on every
+  // shard): positions of that sequence now cached.
+  std::vector<int32_t> matched;
+  // (v5) The prefix cache's events during this step (kv_cache_events.h), in order; only TP
+  // rank 0 reports them (every shard's cache holds the same blocks).
+  std::vector<KvCacheEvent> events;
   // Logits [n_rows, vocab] row-major; only TP rank 0 sends them (others: n_rows = 0).
   int64_t n_rows = 0;
   int32_t vocab = 0;
@@ -179,5 +213,6 @@ inline constexpr uint32_t kMaxControlString = 1 << 16;
 inline constexpr uint32_t kMaxStepEntries = 1 << 16;
 inline constexpr uint32_t kMaxStepOps = 1 << 20;
 inline constexpr uint32_t kMaxEntryTokens = 1 << 20;
+inline constexpr uint32_t kMaxReplyEvents = 1 << 20;
 
 }  // namespace specnode

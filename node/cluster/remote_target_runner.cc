@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cassert>
 #include <chrono>
 
@@ -91,7 +92,7 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
     }
     r->shards_.push_back({ack->world_rank, ack->tp_rank, ack->pid, ack->host,
                           ack->kv_capacity_bytes, ack->n_kv_heads_local, ack->kv_page_bytes,
-                          ack->kv_page_tokens, ack->kv_pass_boundary});
+                          ack->kv_page_tokens, ack->kv_pass_boundary, ack->kv_prefix_cache});
     r->kv_.push_back({ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1, 0, {}});
   }
   return r;
@@ -115,13 +116,13 @@ absl::Status RemoteTargetRunner::Truncate(SeqId seq, int32_t n) {
   }
   if (n == len) return absl::OkStatus();
   lengths_[seq] = n;
-  pending_ops_.push_back({StepOp::Kind::kTruncate, seq, n});
+  pending_ops_.push_back(StepOp::Truncate(seq, n));
   return absl::OkStatus();
 }
 
 void RemoteTargetRunner::Free(SeqId seq) {
   lengths_.erase(seq);
-  if (broken_.ok()) pending_ops_.push_back({StepOp::Kind::kFree, seq, 0});
+  if (broken_.ok()) pending_ops_.push_back(StepOp::Free(seq));
 }
 
 absl::Status RemoteTargetRunner::SendPlan(const std::string& plan_frame) {
@@ -222,6 +223,9 @@ absl::Status RemoteTargetRunner::BeginForward(std::span<const BatchEntry> batch)
   plan.ops.swap(pending_ops_);
   pending_ = {};
   pending_.step = plan.step;
+  for (const StepOp& op : plan.ops) {
+    if (op.kind == StepOp::Kind::kMatchPrefix) pending_.matching.push_back(op.seq);
+  }
   for (const BatchEntry& e : batch) {
     plan.entries.push_back({e.seq, e.all_logits, {e.tokens.begin(), e.tokens.end()}});
     pending_.rows += e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
@@ -255,6 +259,19 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
         absl::Status(static_cast<absl::StatusCode>(failed->status_code),
                      absl::StrFormat("%s: %s", RankName(failed->tp_rank), failed->status_message)));
   }
+  // The ops ran on every shard whether or not the batch failed (a recoverable failure comes
+  // after them): the agreed MatchPrefix counts become the sequences' lengths.
+  for (const StepReplyMessage& r : replies) {
+    if (r.matched.size() != plan.matching.size() || r.matched != replies[0].matched) {
+      return Break(absl::InternalError(absl::StrFormat(
+          "%s answered %d prefix matches (%s) for the %d of step %d (rank 0's first: %s)",
+          RankName(r.tp_rank), r.matched.size(), absl::StrJoin(r.matched, ","),
+          plan.matching.size(), plan.step, absl::StrJoin(replies[0].matched, ","))));
+    }
+  }
+  for (size_t i = 0; i < plan.matching.size(); ++i) {
+    if (replies[0].matched[i] > 0) lengths_[plan.matching[i]] = replies[0].matched[i];
+  }
   if (failed == nullptr) {
     for (const auto& [seq, n] : plan.fed) lengths_[seq] += n;
   }
@@ -270,8 +287,11 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
     }
   }
   for (const StepReplyMessage& r : replies) {
-    kv_[r.tp_rank] = {r.kv_available_bytes, r.kv_used_bytes, r.kv_class_bytes,
-                      r.kv_class_tokens, r.kv_host_bytes};
+    kv_[r.tp_rank] = {r.kv_available_bytes, r.kv_used_bytes,  r.kv_class_bytes,
+                      r.kv_class_tokens,    r.kv_host_bytes, r.kv_cache_only_bytes};
+  }
+  if (listener_ != nullptr) {
+    for (KvCacheEvent& e : replies[0].events) listener_->OnKvCacheEvent(std::move(e));
   }
   if (failed != nullptr) return failed->status();
   StepReplyMessage& head = replies[0];
@@ -282,6 +302,39 @@ absl::Status RemoteTargetRunner::EndForward(std::vector<float>* logits) {
                         head.n_rows, head.vocab, rows, options_.vocab_size)));
   }
   logits->swap(head.logits);
+  return absl::OkStatus();
+}
+
+bool RemoteTargetRunner::PrefixCache() const {
+  return !shards_.empty() && std::all_of(shards_.begin(), shards_.end(),
+                                         [](const ShardInfo& s) { return s.kv_prefix_cache; });
+}
+
+int32_t RemoteTargetRunner::MatchPrefix(SeqId seq, std::span<const int32_t> tokens) {
+  if (!broken_.ok() || in_flight_ || !PrefixCache() || Length(seq) != 0 || tokens.empty()) {
+    return 0;
+  }
+  pending_ops_.push_back(StepOp::MatchPrefix(seq, tokens));
+  std::vector<float> none;
+  if (!Forward({}, &none).ok()) return 0;  // broken: the engine's next call says why
+  return Length(seq);
+}
+
+void RemoteTargetRunner::PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {
+  const int32_t len = Length(seq);
+  if (!broken_.ok() || !PrefixCache() || len == 0) return;
+  // Only cached positions can be published: the rest would be dropped by every shard.
+  tokens = tokens.first(std::min<size_t>(tokens.size(), static_cast<size_t>(len)));
+  pending_ops_.push_back(StepOp::PublishPrefix(seq, tokens));
+}
+
+absl::Status RemoteTargetRunner::SetKvEventListener(KvCacheEventListener* listener) {
+  if (listener != nullptr && !PrefixCache()) {
+    return absl::UnimplementedError(
+        absl::StrCat("the target's shards on ", device(),
+                     " keep no prefix cache (their KV caches are dense, not paged)"));
+  }
+  listener_ = listener;
   return absl::OkStatus();
 }
 
@@ -313,8 +366,9 @@ std::optional<ModelRunner::KvMemory> RemoteTargetRunner::Memory() const {
   // tokens per class are the shards' mean (the shards of a mixed store may demote a token
   // differently); both only when every shard can tell.
   std::array<int64_t, kKvClasses> tokens{};
-  int64_t host = 0;
+  int64_t host = 0, cache_only = 0;
   bool have_tokens = !shards_.empty(), have_host = !shards_.empty();
+  bool have_cache_only = !shards_.empty();
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (kv_[i].available < 0) return std::nullopt;
     m.capacity_bytes += shards_[i].kv_capacity_bytes;
@@ -326,6 +380,8 @@ std::optional<ModelRunner::KvMemory> RemoteTargetRunner::Memory() const {
     }
     if (kv_[i].host_bytes < 0) have_host = false;
     host += kv_[i].host_bytes;
+    if (kv_[i].cache_only < 0) have_cache_only = false;
+    cache_only += kv_[i].cache_only;
   }
   if (have_tokens) {
     const int64_t n = static_cast<int64_t>(shards_.size());
@@ -333,6 +389,7 @@ std::optional<ModelRunner::KvMemory> RemoteTargetRunner::Memory() const {
     m.class_tokens = tokens;
   }
   if (have_host) m.host_bytes = host;
+  if (have_cache_only) m.cache_only_bytes = cache_only;
   return m;
 }
 

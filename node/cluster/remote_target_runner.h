@@ -9,6 +9,13 @@
 // same op sequence, so their block tables stay identical. Each reply reports a fingerprint
 // of the shard's (seq, length) table; the runner checks that every shard's equals its own.
 //
+// Prefix cache. When every shard's cache keeps one (HelloAck), MatchPrefix is an ops-only
+// step of its own (the engine needs the count before it plans the prompt: one round trip
+// per admitted request); the shards agree on the count, and the runner's copy of the
+// sequence's length becomes it. PublishPrefix is queued like Truncate. TP rank 0's replies
+// carry the cache's events (blocks stored, evicted), handed to the listener of
+// SetKvEventListener on the driving thread, in order, when the reply arrives.
+//
 // Failures:
 //   - ResourceExhausted / InvalidArgument from the shards (they agree on it before any
 //     collective, so every shard fails alike): returned as is; the caches are unchanged,
@@ -51,6 +58,7 @@ struct ShardInfo {
   int64_t kv_page_bytes = 0;  // 0: the shard's cache cannot tell (HelloAckMessage)
   int32_t kv_page_tokens = 0;
   int32_t kv_pass_boundary = 0;  // HelloAckMessage
+  bool kv_prefix_cache = false;  // HelloAckMessage
 };
 
 struct RemoteTargetOptions {
@@ -102,6 +110,12 @@ class RemoteTargetRunner final : public ModelRunner {
   absl::Status Ping() override;
   // Summed over the shards, as of the last reply.
   std::optional<KvMemory> Memory() const override;
+  // The shards' prefix cache (see the top of this file). MatchPrefix answers 0 without a
+  // round trip when a shard has no prefix cache, the sequence exists, or the runner broke
+  // (the next Forward reports it); SetKvEventListener is Unimplemented without one.
+  int32_t MatchPrefix(SeqId seq, std::span<const int32_t> tokens) override;
+  void PublishPrefix(SeqId seq, std::span<const int32_t> tokens) override;
+  absl::Status SetKvEventListener(KvCacheEventListener* listener) override;
 
   // Tells every shard to leave its loop (best effort, ~1 s per shard at most). Call after
   // the last Forward, from the thread that drives the runner.
@@ -120,12 +134,14 @@ class RemoteTargetRunner final : public ModelRunner {
   absl::Status CheckAlive(const std::vector<size_t>& which) const;
   absl::Status SendPlan(const std::string& plan_frame);
   absl::Status CollectReplies(uint64_t step, std::vector<StepReplyMessage>* replies);
+  bool PrefixCache() const;  // every shard keeps one
 
   // The step in flight between BeginForward and EndForward.
   struct Pending {
     uint64_t step = 0;
     int64_t rows = 0;                            // logits rows expected
     std::vector<std::pair<SeqId, int32_t>> fed;  // tokens each entry feeds
+    std::vector<SeqId> matching;                 // the plan's MatchPrefix ops, in order
   };
 
   ControlChannel* channel_;
@@ -142,10 +158,12 @@ class RemoteTargetRunner final : public ModelRunner {
     std::array<int64_t, kNumKvPrecisions> class_bytes{};
     std::array<int64_t, kNumKvPrecisions> class_tokens{-1, -1, -1};  // -1: cannot tell
     int64_t host_bytes = -1;
+    int64_t cache_only = -1;  // -1: the shard cannot tell
   };
   std::vector<ShardKv> kv_;  // per shard, in TP order
   bool in_flight_ = false;
   absl::Status broken_;
+  KvCacheEventListener* listener_ = nullptr;  // borrowed (SetKvEventListener)
 };
 
 }  // namespace specnode

@@ -1,12 +1,42 @@
 #include "node/cluster/shard_executor.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 
 ShardExecutor::ShardExecutor(const LlamaConfig& config, std::unique_ptr<ModelRunner> model,
                              Communicator* comm)
-    : config_(config), comm_(comm), model_(std::move(model)) {}
+    : config_(config), comm_(comm), model_(std::move(model)) {
+  // Every shard's cache holds the same blocks, so TP rank 0 alone reports their events (as it
+  // alone returns logits). A cache without a prefix cache refuses a listener, null or not.
+  prefix_cache_ = model_->SetKvEventListener(comm_->rank() == 0 ? &events_ : nullptr).ok();
+}
+
+absl::StatusOr<int32_t> ShardExecutor::MatchPrefix(const StepOp& op) {
+  const int32_t mine = prefix_cache_ ? std::max(0, model_->MatchPrefix(op.seq, op.tokens)) : 0;
+  int32_t agreed = mine;
+  if (comm_->size() > 1) {
+    // Counts are positions of one sequence (< 2^24), exact as floats.
+    const float f = static_cast<float>(mine);
+    std::vector<float> all(comm_->size());
+    SPECNODE_RETURN_IF_ERROR(comm_->AllGather(&f, 1, all.data()));
+    agreed = static_cast<int32_t>(*std::min_element(all.begin(), all.end()));
+  }
+  if (mine > agreed) {
+    // Another shard's cache had fewer of these blocks (it evicted them when a reservation
+    // failed elsewhere): keep what every shard has.
+    if (agreed == 0) {
+      model_->Free(op.seq);
+    } else {
+      SPECNODE_RETURN_IF_ERROR(model_->Truncate(op.seq, agreed));
+    }
+  }
+  if (agreed > 0) live_.insert(op.seq);
+  return agreed;
+}
 
 KvFingerprint ShardExecutor::Fingerprint() const {
   std::vector<std::pair<SeqId, int32_t>> table;
@@ -35,7 +65,10 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
         if (m->class_tokens.has_value()) reply.kv_class_tokens[c] = (*m->class_tokens)[c];
       }
       if (m->host_bytes.has_value()) reply.kv_host_bytes = *m->host_bytes;
+      if (m->cache_only_bytes.has_value()) reply.kv_cache_only_bytes = *m->cache_only_bytes;
     }
+    reply.events = std::move(events_.events);
+    events_.events.clear();
     return reply;
   };
 
@@ -45,6 +78,12 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
     if (op.kind == StepOp::Kind::kFree) {
       model_->Free(op.seq);
       live_.erase(op.seq);
+    } else if (op.kind == StepOp::Kind::kPublishPrefix) {
+      if (prefix_cache_) model_->PublishPrefix(op.seq, op.tokens);
+    } else if (op.kind == StepOp::Kind::kMatchPrefix) {
+      absl::StatusOr<int32_t> n = MatchPrefix(op);
+      if (!n.ok()) return finish(n.status(), true);
+      reply.matched.push_back(*n);
     } else {
       absl::Status s = model_->Truncate(op.seq, op.n);
       if (!s.ok()) {

@@ -3,8 +3,11 @@
 // threads + LocalCommunicator in the tests).
 //
 // Execute(plan) on every shard of the group, with the same plan:
-//   1. applies the plan's Truncate / Free ops in order (every shard applies the same op
-//      sequence, so the block tables stay identical);
+//   1. applies the plan's ops in order (every shard applies the same op sequence, so the
+//      block tables stay identical): Truncate, Free, PublishPrefix, and MatchPrefix, whose
+//      count the shards agree on (one AllGather; each keeps the shortest match, so a shard
+//      whose cache evicted differently — a reservation that failed on one shard only —
+//      cannot make the tables diverge);
 //   2. checks the batch (token ids, duplicate or empty entries) and Reserves KV for it,
 //      undoing its own reservations of new sequences if one fails;
 //   3. agrees with the other shards on the outcome of 2 (one AllGather of status codes)
@@ -15,7 +18,8 @@
 //   4. runs the shard's forward pass (its ModelRunner: a CPU LlamaForward or a GPU one, each
 //      with the group's all-reduce); only TP rank 0 computes the head and returns logits
 //      [n_rows, vocab];
-//   5. reports the block-table fingerprint (FingerprintLengths over its live sequences).
+//   5. reports the block-table fingerprint (FingerprintLengths over its live sequences) and,
+//      on TP rank 0, the prefix cache's events of the step (stored blocks, evictions).
 // A communicator failure in 3 or 4 (a peer gone, deadline) is returned in the reply's
 // status; the group is broken after it (Communicator contract).
 //
@@ -30,8 +34,10 @@
 #include <set>
 #include <vector>
 
-#include "runtime/model_runner.h"
+#include "absl/status/statusor.h"
 #include "model/llama/kv_cache.h"
+#include "model/llama/kv_cache_events.h"
+#include "runtime/model_runner.h"
 #include "model/llama/llama_forward.h"
 #include "node/cluster/control_protocol.h"
 #include "tensor-parallel/communicator.h"
@@ -50,13 +56,25 @@ class ShardExecutor {
 
   ModelRunner& model() { return *model_; }
   int tp_rank() const { return comm_->rank(); }
+  // The shard's cache keeps a prefix cache (the paged store; HelloAckMessage).
+  bool prefix_cache() const { return prefix_cache_; }
 
  private:
+  // Gathers the cache's events between replies (the cache calls it on Execute's thread).
+  struct EventLog : KvCacheEventListener {
+    void OnKvCacheEvent(KvCacheEvent event) override { events.push_back(std::move(event)); }
+    std::vector<KvCacheEvent> events;
+  };
+
   KvFingerprint Fingerprint() const;
+  // The MatchPrefix op: attaches, agrees on the count with the other shards, keeps that.
+  absl::StatusOr<int32_t> MatchPrefix(const StepOp& op);
 
   const LlamaConfig& config_;
   Communicator* comm_;
+  EventLog events_;  // before model_: the cache points at it until the cache is gone
   std::unique_ptr<ModelRunner> model_;
+  bool prefix_cache_ = false;
   std::set<SeqId> live_;  // sequences that may hold tokens (superset; Length 0 skipped)
   std::vector<float> logits_;
 };

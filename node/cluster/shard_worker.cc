@@ -76,6 +76,7 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
       ack.kv_page_tokens = o.kv.page_tokens;
     }
     ack.kv_pass_boundary = exec->model().PassBoundary();
+    ack.kv_prefix_cache = exec->prefix_cache();
     return absl::OkStatus();
   }();
   ack.set_status(load);

@@ -252,9 +252,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
     ko.encoding = cfg.kv_events_encoding;
     SPECNODE_ASSIGN_OR_RETURN(kv_events, KvEventPublisher::Start(ko));
     if (absl::Status st = targets[0]->SetKvEventListener(kv_events.get()); !st.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("serve.kv_events_bind: ", st.message(),
-                       " (a target on mpirun ranks serves no prefix cache yet)"));
+      return absl::FailedPreconditionError(absl::StrCat("serve.kv_events_bind: ", st.message()));
     }
     detach.target = targets[0];
     // A (re)started node has an empty cache: a router that knew an earlier one forgets it.

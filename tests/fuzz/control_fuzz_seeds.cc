@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "node/cluster/control_protocol.h"
 
@@ -50,12 +51,15 @@ int main(int argc, char** argv) {
   ack.kv_page_bytes = 4096;
   ack.kv_page_tokens = 8;
   ack.kv_pass_boundary = 64;
+  ack.kv_prefix_cache = true;
   ack.pid = 4343;
   ack.host = "node-b";
 
   specnode::StepPlanMessage plan;
   plan.step = 7;
-  plan.ops = {{specnode::StepOp::Kind::kTruncate, 3, 12}, {specnode::StepOp::Kind::kFree, 4, 0}};
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  plan.ops = {specnode::StepOp::Truncate(3, 12), specnode::StepOp::Free(4),
+              specnode::StepOp::MatchPrefix(6, prompt), specnode::StepOp::PublishPrefix(3, prompt)};
   plan.entries = {{3, false, {1, 2, 3}}, {5, true, {9, 8, 7, 6, 5}}};
 
   specnode::StepReplyMessage reply;
@@ -68,6 +72,19 @@ int main(int argc, char** argv) {
   reply.kv_class_bytes = {4096, 0, 0};
   reply.kv_class_tokens = {20, 0, 0};
   reply.kv_host_bytes = 0;
+  reply.kv_cache_only_bytes = 0;
+  reply.matched = {8};
+  specnode::KvCacheEvent stored;
+  stored.block_hashes = {11, 12};
+  stored.parent_block_hash = 10;
+  stored.token_ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  stored.block_size = 4;
+  stored.medium = "CPU";
+  specnode::KvCacheEvent removed;
+  removed.kind = specnode::KvCacheEvent::Kind::kBlockRemoved;
+  removed.block_hashes = {10};
+  removed.medium = "CPU";
+  reply.events = {stored, removed};
   reply.n_rows = 2;
   reply.vocab = 3;
   reply.logits = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, -0.25f};

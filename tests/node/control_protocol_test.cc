@@ -3,6 +3,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -32,6 +33,7 @@ HelloAckMessage SampleAck() {
   m.n_kv_heads_local = 1;
   m.kv_page_bytes = 24576;
   m.kv_page_tokens = 8;
+  m.kv_prefix_cache = true;
   m.pid = 777;
   m.host = "node-b";
   m.status_code = static_cast<int32_t>(absl::StatusCode::kNotFound);
@@ -42,7 +44,9 @@ HelloAckMessage SampleAck() {
 StepPlanMessage SamplePlan() {
   StepPlanMessage m;
   m.step = 17;
-  m.ops = {{StepOp::Kind::kTruncate, 5, 12}, {StepOp::Kind::kFree, -3, 0}};
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  m.ops = {StepOp::Truncate(5, 12), StepOp::Free(-3), StepOp::MatchPrefix(11, prompt),
+           StepOp::PublishPrefix(5, prompt), StepOp::MatchPrefix(12, {})};
   m.entries = {{5, true, {1, 2, 3, 4, 5}}, {9, false, {42}}};
   return m;
 }
@@ -58,6 +62,23 @@ StepReplyMessage SampleReply() {
   m.kv_class_bytes = {600000, 50000, 4321};
   m.kv_class_tokens = {70, 8, 120};
   m.kv_host_bytes = 9999;
+  m.kv_cache_only_bytes = 4096;
+  m.matched = {16, 0};
+  KvCacheEvent stored;
+  stored.block_hashes = {0x7fffffffffffffffull, 1};
+  stored.parent_block_hash = 42;
+  stored.token_ids = {1, 2, 3, 4, 5, 6};
+  stored.block_size = 3;
+  stored.medium = "CPU";
+  KvCacheEvent removed;
+  removed.kind = KvCacheEvent::Kind::kBlockRemoved;
+  removed.block_hashes = {9};
+  removed.medium = "GPU";
+  KvCacheEvent cleared;
+  cleared.kind = KvCacheEvent::Kind::kAllBlocksCleared;
+  KvCacheEvent first = stored;
+  first.parent_block_hash.reset();
+  m.events = {stored, removed, cleared, first};
   m.n_rows = 2;
   m.vocab = 3;
   m.logits = {0.5f, -1.0f, 2.0f, 3.0f, 1e-3f, -7.25f};
@@ -96,6 +117,7 @@ TEST(ControlProtocolTest, HelloAckRoundTrip) {
   EXPECT_EQ(d->n_kv_heads_local, 1);
   EXPECT_EQ(d->kv_page_bytes, 24576);
   EXPECT_EQ(d->kv_page_tokens, 8);
+  EXPECT_TRUE(d->kv_prefix_cache);
   EXPECT_EQ(d->pid, 777);
   EXPECT_EQ(d->host, "node-b");
   EXPECT_EQ(d->status_code, m.status_code);
@@ -128,6 +150,9 @@ TEST(ControlProtocolTest, StepReplyRoundTrip) {
   EXPECT_EQ(d->kv_class_bytes, m.kv_class_bytes);
   EXPECT_EQ(d->kv_class_tokens, m.kv_class_tokens);
   EXPECT_EQ(d->kv_host_bytes, 9999);
+  EXPECT_EQ(d->kv_cache_only_bytes, 4096);
+  EXPECT_EQ(d->matched, m.matched);
+  EXPECT_EQ(d->events, m.events);
   EXPECT_EQ(d->kv_tokens, 99);
   EXPECT_EQ(d->n_rows, 2);
   EXPECT_EQ(d->vocab, 3);
@@ -165,7 +190,8 @@ TEST(ControlProtocolTest, HeaderErrors) {
   bad_version[4] = 1;  // an older peer
   EXPECT_EQ(DecodeHello(bad_version).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(DecodeHello(bad_version).status().message(),
-              HasSubstr("control protocol version 1; this build speaks 4"));
+              HasSubstr(absl::StrFormat("control protocol version 1; this build speaks %d",
+                                        kControlProtocolVersion)));
 
   std::string bad_kind = f;
   bad_kind[6] = 99;
@@ -237,7 +263,7 @@ TEST(ControlProtocolTest, MalformedStepPlan) {
   }
   {
     StepPlanMessage m;
-    m.ops = {{StepOp::Kind::kTruncate, 1, -4}};
+    m.ops = {StepOp::Truncate(1, -4)};
     EXPECT_THAT(DecodeStepPlan(EncodeControl(m)).status().message(), HasSubstr("truncate to -4"));
   }
   {
@@ -285,6 +311,29 @@ TEST(ControlProtocolTest, MalformedStepReply) {
     HelloAckMessage a = SampleAck();
     a.kv_page_tokens = -8;
     EXPECT_THAT(DecodeHelloAck(EncodeControl(a)).status().message(), HasSubstr("KV page geometry"));
+  }
+  {
+    StepReplyMessage m = SampleReply();
+    m.matched = {8, -1};
+    EXPECT_THAT(DecodeStepReply(EncodeControl(m)).status().message(),
+                HasSubstr("negative MatchPrefix count"));
+    m = SampleReply();
+    m.events[0].token_ids.pop_back();  // 5 token ids for 2 blocks of 3
+    EXPECT_THAT(DecodeStepReply(EncodeControl(m)).status().message(),
+                HasSubstr("events[0]: 5 token ids for 2 blocks of 3"));
+    m = SampleReply();
+    m.events[1].kind = static_cast<KvCacheEvent::Kind>(7);
+    EXPECT_THAT(DecodeStepReply(EncodeControl(m)).status().message(),
+                HasSubstr("events[1]: kind 7"));
+    m = SampleReply();
+    m.kv_cache_only_bytes = -5;
+    EXPECT_THAT(DecodeStepReply(EncodeControl(m)).status().message(), HasSubstr("KV bytes"));
+    HelloAckMessage a = SampleAck();
+    std::string g = EncodeControl(a);
+    // kv_prefix_cache: after version, fingerprint (24), ranks (12), capacity (8), heads (4),
+    // page bytes (8), page tokens (4), pass boundary (4).
+    g[16 + 4 + 24 + 12 + 8 + 4 + 8 + 4 + 4] = 2;
+    EXPECT_THAT(DecodeHelloAck(g).status().message(), HasSubstr("kv_prefix_cache 2"));
   }
   {
     // A logits count that claims far more floats than the frame holds.

@@ -2,7 +2,8 @@
 // shards, under `mpirun -np 3` (ctest: remote_target_runner_mpi_test): rank 0 runs the
 // GoogleTest cases in order; ranks 1 and 2 play TP ranks 0 and 1 of a target and misbehave
 // on cue — a different model file, a failed load, a wrong block-table fingerprint, KV
-// exhausted on one shard, silence past the deadline, a malformed reply. Each case ends with
+// exhausted on one shard, silence past the deadline, a malformed reply — or keep a prefix
+// cache (matches, publishes, events; shards that disagree on a match). Each case ends with
 // a world barrier, then rank 0 discards any frame left over.
 #include <mpi.h>
 #include <unistd.h>
@@ -25,7 +26,24 @@ constexpr int kVocab = 8;
 const ModelFingerprint kFp = {1000, 12, kVocab, 2};
 
 // The scenarios, in the order rank 0's tests run them.
-enum Scenario { kWrongModel, kLoadFailed, kSteps, kDiverged, kExhausted, kSilent, kMalformed };
+enum Scenario {
+  kWrongModel,
+  kLoadFailed,
+  kSteps,
+  kDiverged,
+  kExhausted,
+  kSilent,
+  kMalformed,
+  kPrefix,
+  kPrefixDisagree
+};
+
+// The prompt of the prefix scenarios: 17 tokens, two whole 8-token pages cached.
+std::vector<int32_t> PrefixPrompt() {
+  std::vector<int32_t> p;
+  for (int32_t t = 1; t <= 17; ++t) p.push_back(t);
+  return p;
+}
 
 ControlChannel& Channel() {
   static ControlChannel c;
@@ -61,6 +79,7 @@ void Handshake(int world, Scenario sc) {
   ack.kv_page_tokens = 8;
   if (sc == kWrongModel && world == 2) ack.model.file_bytes = 999;
   if (sc == kLoadFailed && world == 1) ack.set_status(absl::NotFoundError("no such file"));
+  ack.kv_prefix_cache = sc == kPrefix || sc == kPrefixDisagree;
   Send0(EncodeControl(ack));
 }
 
@@ -90,16 +109,15 @@ StepReplyMessage Reply(const StepPlanMessage& plan, int world, int64_t tokens) {
 }
 
 void FakeShard(int world) {
-  for (Scenario sc :
-       {kWrongModel, kLoadFailed, kSteps, kDiverged, kExhausted, kSilent, kMalformed}) {
+  for (Scenario sc : {kWrongModel, kLoadFailed, kSteps, kDiverged, kExhausted, kSilent, kMalformed,
+                      kPrefix, kPrefixDisagree}) {
     Handshake(world, sc);
     if (sc == kSteps) {
       // Plan 1: seq 1 prefill of 3 tokens; plan 2: ops (truncate 1 -> 2) + one token.
       auto p1 = DecodeStepPlan(Recv0());
       Send0(EncodeControl(Reply(*p1, world, 3)));
       auto p2 = DecodeStepPlan(Recv0());
-      const bool ops_ok =
-          p2.ok() && p2->ops.size() == 1 && p2->ops[0] == StepOp{StepOp::Kind::kTruncate, 1, 2};
+      const bool ops_ok = p2.ok() && p2->ops.size() == 1 && p2->ops[0] == StepOp::Truncate(1, 2);
       Send0(EncodeControl(Reply(*p2, world, ops_ok ? 3 : 99)));
       // Plan 3: a Ping (no entries, no ops).
       auto p3 = DecodeStepPlan(Recv0());
@@ -122,6 +140,47 @@ void FakeShard(int world) {
     } else if (sc == kSilent) {
       auto p = DecodeStepPlan(Recv0());
       if (world == 1) Send0(EncodeControl(Reply(*p, world, 3)));
+    } else if (sc == kPrefix) {
+      const std::vector<int32_t> prompt = PrefixPrompt();
+      // Plan 1: the match alone (an ops-only step); 16 positions cached, one eviction seen.
+      auto p1 = DecodeStepPlan(Recv0());
+      const bool match_ok = p1.ok() && p1->entries.empty() && p1->ops.size() == 1 &&
+                            p1->ops[0] == StepOp::MatchPrefix(1, prompt);
+      StepReplyMessage r1 = Reply(*p1, world, match_ok ? 16 : 99);
+      r1.matched = {16};
+      if (world == 1) {
+        KvCacheEvent removed;
+        removed.kind = KvCacheEvent::Kind::kBlockRemoved;
+        removed.block_hashes = {77};
+        removed.medium = "CPU";
+        r1.events = {removed};
+      }
+      Send0(EncodeControl(r1));
+      // Plan 2: the prompt's last token only.
+      auto p2 = DecodeStepPlan(Recv0());
+      const bool rest_ok = p2.ok() && p2->ops.empty() && p2->entries.size() == 1 &&
+                           p2->entries[0].tokens == std::vector<int32_t>{17};
+      Send0(EncodeControl(Reply(*p2, world, rest_ok ? 17 : 99)));
+      // Plan 3 (a Ping): the publish op, its tokens cut to the 17 cached positions.
+      auto p3 = DecodeStepPlan(Recv0());
+      const bool publish_ok =
+          p3.ok() && p3->ops.size() == 1 && p3->ops[0] == StepOp::PublishPrefix(1, prompt);
+      StepReplyMessage r3 = Reply(*p3, world, publish_ok ? 17 : 99);
+      r3.kv_cache_only_bytes = 8192;
+      if (world == 1) {
+        KvCacheEvent stored;
+        stored.block_hashes = {5, 6};
+        stored.token_ids.assign(prompt.begin(), prompt.begin() + 16);
+        stored.block_size = 8;
+        stored.medium = "CPU";
+        r3.events = {stored};
+      }
+      Send0(EncodeControl(r3));
+    } else if (sc == kPrefixDisagree) {
+      auto p = DecodeStepPlan(Recv0());
+      StepReplyMessage r = Reply(*p, world, 16);
+      r.matched = {world == 1 ? 16 : 8};
+      Send0(EncodeControl(r));
     } else if (sc == kMalformed) {
       auto p = DecodeStepPlan(Recv0());
       if (world == 1) {
@@ -173,9 +232,21 @@ TEST_F(RemoteTargetRunnerTest, ShardLoadErrorIsReportedWithItsRank) {
   EXPECT_EQ(r.status(), absl::NotFoundError("target rank 1: no such file"));
 }
 
+// Collects what a runner hands its KV event listener.
+struct EventLog : KvCacheEventListener {
+  void OnKvCacheEvent(KvCacheEvent e) override { events.push_back(std::move(e)); }
+  std::vector<KvCacheEvent> events;
+};
+
 TEST_F(RemoteTargetRunnerTest, StepsCarryOpsAndLogits) {
   auto r = RemoteTargetRunner::Connect(&Channel(), Options());
   ASSERT_TRUE(r.ok()) << r.status();
+  // These shards keep no prefix cache: no round trip for a match (the scripted shards would
+  // see an unexpected plan), no listener.
+  const std::vector<int32_t> some = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ((*r)->MatchPrefix(1, some), 0);
+  EventLog log;
+  EXPECT_EQ((*r)->SetKvEventListener(&log).code(), absl::StatusCode::kUnimplemented);
   ASSERT_EQ((*r)->shards().size(), 2u);
   EXPECT_EQ((*r)->shards()[1].world_rank, 2);
   // KV room: the shards' page geometry from their HelloAcks, the whole capacity free.
@@ -260,6 +331,47 @@ TEST_F(RemoteTargetRunnerTest, MalformedReplyBreaksTheRunner) {
   const absl::Status s = (*r)->Forward(b, &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_NE(s.message().find("target rank 1 sent a malformed reply"), std::string::npos) << s;
+}
+
+TEST_F(RemoteTargetRunnerTest, PrefixMatchPublishAndEventsTravelWithTheSteps) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EventLog log;
+  ASSERT_TRUE((*r)->SetKvEventListener(&log).ok());
+  const std::vector<int32_t> prompt = PrefixPrompt();
+  EXPECT_EQ((*r)->MatchPrefix(1, prompt), 16);  // one round trip
+  EXPECT_EQ((*r)->Length(1), 16);
+  ASSERT_EQ(log.events.size(), 1u);  // TP rank 0's, as it arrived
+  EXPECT_EQ(log.events[0].kind, KvCacheEvent::Kind::kBlockRemoved);
+  EXPECT_EQ(log.events[0].block_hashes, std::vector<uint64_t>{77});
+  std::vector<int32_t> last = {17};
+  std::vector<BatchEntry> b = {{1, last, false}};
+  std::vector<float> logits;
+  ASSERT_TRUE((*r)->Forward(b, &logits).ok());
+  EXPECT_EQ((*r)->Length(1), 17);
+  // A match for a sequence that holds tokens is answered here, without a message.
+  EXPECT_EQ((*r)->MatchPrefix(1, prompt), 0);
+  std::vector<int32_t> longer = prompt;
+  longer.insert(longer.end(), {40, 41, 42});
+  (*r)->PublishPrefix(1, longer);  // queued; cut to the 17 cached positions
+  ASSERT_TRUE((*r)->Ping().ok());
+  ASSERT_EQ(log.events.size(), 2u);
+  EXPECT_EQ(log.events[1].kind, KvCacheEvent::Kind::kBlockStored);
+  EXPECT_EQ(log.events[1].token_ids.size(), 16u);
+  const std::optional<ModelRunner::KvMemory> mem = (*r)->Memory();
+  ASSERT_TRUE(mem.has_value());
+  EXPECT_EQ(mem->cache_only_bytes, 2 * 8192);
+  EXPECT_TRUE((*r)->SetKvEventListener(nullptr).ok());
+}
+
+TEST_F(RemoteTargetRunnerTest, ShardsThatDisagreeOnAMatchBreakTheRunner) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->MatchPrefix(1, PrefixPrompt()), 0);
+  const absl::Status s = (*r)->broken();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("target rank 2 answered 1 prefix matches (8)"), std::string::npos)
+      << s;
 }
 
 }  // namespace

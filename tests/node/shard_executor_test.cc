@@ -2,7 +2,9 @@
 // TP 2, the shards as threads over a LocalCommunicator: logits against one unsharded
 // LocalModelRunner (tolerance as tests/tensor-parallel/tp_forward_test.cc), ops applied
 // alike, fingerprints equal to the coordinator's table, and KV exhaustion on ONE shard
-// failing the step on every shard with ResourceExhausted (no shard left in an all-reduce).
+// failing the step on every shard with ResourceExhausted (no shard left in an all-reduce);
+// the prefix cache's ops (MatchPrefix agreed on by every shard, PublishPrefix) and the
+// events TP rank 0 reports.
 #include "node/cluster/shard_executor.h"
 
 #include <unistd.h>
@@ -55,11 +57,11 @@ class ShardExecutorTest : public ::testing::Test {
 
   // Shard r through the runner factory, as a shard rank builds it (its pass all-reducing
   // over the group), with KV capacity `capacity`.
-  std::unique_ptr<ShardExecutor> Shard(int r, int64_t capacity) {
+  std::unique_ptr<ShardExecutor> Shard(int r, int64_t capacity, KvMode mode = KvMode::kFull) {
     while (static_cast<int>(reducers_.size()) <= r) reducers_.emplace_back();
     reducers_[r] = std::make_unique<CommunicatorReducer>(group_->Rank(r));
     RunnerOptions ro;
-    ro.kv.mode = KvMode::kFull;
+    ro.kv.mode = mode;
     ro.kv.capacity_bytes = capacity;
     ro.pool = shard_pools_[r].get();
     ro.reducer = reducers_[r].get();
@@ -71,7 +73,7 @@ class ShardExecutorTest : public ::testing::Test {
   }
 
   // Builds the shards; shard r's KV capacity is capacity[r].
-  void MakeShards(std::vector<int64_t> capacity) {
+  void MakeShards(std::vector<int64_t> capacity, KvMode mode = KvMode::kFull) {
     for (int r = 0; r < kTp; ++r) {
       LoadOptions lo;
       lo.shard = ShardSpec{r, kTp};
@@ -79,7 +81,7 @@ class ShardExecutorTest : public ::testing::Test {
       ASSERT_TRUE(m.ok()) << m.status();
       shard_models_.push_back(std::move(m).value());
       shard_pools_.push_back(std::make_unique<ThreadPool>(1));
-      shards_.push_back(Shard(r, capacity[r]));
+      shards_.push_back(Shard(r, capacity[r], mode));
     }
   }
 
@@ -138,7 +140,7 @@ TEST_F(ShardExecutorTest, MatchesUnshardedForwardAndKeepsTablesInStep) {
   // Roll sequence 1 back to 4 tokens, drop 2, decode one token on 1.
   StepPlanMessage next;
   next.step = 2;
-  next.ops = {{StepOp::Kind::kTruncate, 1, 4}, {StepOp::Kind::kFree, 2, 0}};
+  next.ops = {StepOp::Truncate(1, 4), StepOp::Free(2)};
   std::vector<int32_t> t = {77};
   next.entries = {{1, false, t}};
   replies = Run(next);
@@ -213,6 +215,120 @@ TEST_F(ShardExecutorTest, BadBatchIsInvalidArgumentOnEveryShard) {
   for (const StepReplyMessage& r : replies) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
     EXPECT_EQ(r.kv_tokens, 0);
+  }
+}
+
+std::vector<int32_t> Prompt(int n, int32_t first) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = (first + 7 * i) % 60 + 1;
+  return p;
+}
+
+TEST_F(ShardExecutorTest, PrefixMatchReusesPublishedPagesOnEveryShard) {
+  MakeShards({int64_t{64} << 20, int64_t{64} << 20});
+  for (const auto& s : shards_) EXPECT_TRUE(s->prefix_cache());
+  const std::vector<int32_t> a = Prompt(20, 3);
+  StepPlanMessage prefill;
+  prefill.step = 1;
+  prefill.entries = {{1, false, a}};
+  for (const StepReplyMessage& r : Run(prefill)) ASSERT_TRUE(r.status().ok()) << r.status();
+
+  // Publishing registers the two whole 8-token pages; only TP rank 0 reports the event.
+  StepPlanMessage publish;
+  publish.step = 2;
+  publish.ops = {StepOp::PublishPrefix(1, a)};
+  auto replies = Run(publish);
+  for (const StepReplyMessage& r : replies) ASSERT_TRUE(r.status().ok()) << r.status();
+  ASSERT_EQ(replies[0].events.size(), 1u);
+  const KvCacheEvent& stored = replies[0].events[0];
+  EXPECT_EQ(stored.kind, KvCacheEvent::Kind::kBlockStored);
+  EXPECT_EQ(stored.block_hashes.size(), 2u);
+  EXPECT_FALSE(stored.parent_block_hash.has_value());
+  EXPECT_EQ(stored.token_ids, std::vector<int32_t>(a.begin(), a.begin() + 16));
+  EXPECT_EQ(stored.block_size, 8);
+  EXPECT_EQ(stored.medium, "CPU");
+  EXPECT_TRUE(replies[1].events.empty());
+  EXPECT_EQ(replies[0].kv_cache_only_bytes, 0);  // sequence 1 still uses the pages
+
+  // A second prompt sharing 16 tokens attaches them, then prefills only its own 4: its
+  // logits equal an unsharded pass over the whole prompt.
+  std::vector<int32_t> b(a.begin(), a.begin() + 16);
+  for (int32_t t : {50, 51, 52, 53}) b.push_back(t);
+  StepPlanMessage match;
+  match.step = 3;
+  match.ops = {StepOp::MatchPrefix(2, b)};
+  match.entries = {{2, false, std::vector<int32_t>(b.begin() + 16, b.end())}};
+  replies = Run(match);
+  std::vector<BatchEntry> whole = {{2, b, false}};
+  std::vector<float> want;
+  ASSERT_TRUE(ref_->Forward(whole, &want).ok());
+  for (const StepReplyMessage& r : replies) {
+    ASSERT_TRUE(r.status().ok()) << r.status();
+    EXPECT_EQ(r.matched, std::vector<int32_t>{16});
+    EXPECT_EQ(r.kv_hash, FingerprintLengths({{1, 20}, {2, 20}}).hash);
+  }
+  ExpectClose(replies[0].logits, want);
+
+  // Both sequences gone: the cached pages stay, held by the cache alone.
+  StepPlanMessage done;
+  done.step = 4;
+  done.ops = {StepOp::Free(1), StepOp::Free(2)};
+  for (const StepReplyMessage& r : Run(done)) {
+    ASSERT_TRUE(r.status().ok()) << r.status();
+    EXPECT_EQ(r.kv_tokens, 0);
+    EXPECT_GT(r.kv_cache_only_bytes, 0);
+  }
+}
+
+TEST_F(ShardExecutorTest, ShardsKeepTheShortestMatchWhenTheirCachesDiffer) {
+  MakeShards({int64_t{64} << 20, int64_t{64} << 20});
+  const std::vector<int32_t> a = Prompt(20, 5);
+  StepPlanMessage prefill;
+  prefill.step = 1;
+  prefill.entries = {{1, false, a}};
+  for (const StepReplyMessage& r : Run(prefill)) ASSERT_TRUE(r.status().ok()) << r.status();
+
+  // Shard 0 alone caches both pages (as when shard 1 evicted them): nothing is shared.
+  shards_[0]->model().PublishPrefix(1, a);
+  StepPlanMessage match;
+  match.step = 2;
+  match.ops = {StepOp::MatchPrefix(2, a)};
+  for (const StepReplyMessage& r : Run(match)) {
+    ASSERT_TRUE(r.status().ok()) << r.status();
+    EXPECT_EQ(r.matched, std::vector<int32_t>{0});
+    EXPECT_EQ(r.kv_hash, FingerprintLengths({{1, 20}}).hash);
+  }
+  // Shard 1 caches the first page: both keep 8 positions.
+  shards_[1]->model().PublishPrefix(1, std::vector<int32_t>(a.begin(), a.begin() + 8));
+  match.step = 3;
+  match.ops = {StepOp::MatchPrefix(3, a)};
+  for (const StepReplyMessage& r : Run(match)) {
+    ASSERT_TRUE(r.status().ok()) << r.status();
+    EXPECT_EQ(r.matched, std::vector<int32_t>{8});
+    EXPECT_EQ(r.kv_hash, FingerprintLengths({{1, 20}, {3, 8}}).hash);
+  }
+  // A sequence that already holds tokens matches nothing.
+  match.step = 4;
+  match.ops = {StepOp::MatchPrefix(1, a)};
+  for (const StepReplyMessage& r : Run(match)) EXPECT_EQ(r.matched, std::vector<int32_t>{0});
+}
+
+TEST_F(ShardExecutorTest, DenseCacheHasNoPrefixCacheAndMatchesNothing) {
+  MakeShards({int64_t{64} << 20, int64_t{64} << 20}, KvMode::kDense);
+  for (const auto& s : shards_) EXPECT_FALSE(s->prefix_cache());
+  const std::vector<int32_t> a = Prompt(20, 9);
+  StepPlanMessage plan;
+  plan.step = 1;
+  plan.entries = {{1, false, a}};
+  for (const StepReplyMessage& r : Run(plan)) ASSERT_TRUE(r.status().ok()) << r.status();
+  plan.step = 2;
+  plan.entries.clear();
+  plan.ops = {StepOp::PublishPrefix(1, a), StepOp::MatchPrefix(2, a)};
+  for (const StepReplyMessage& r : Run(plan)) {
+    ASSERT_TRUE(r.status().ok()) << r.status();
+    EXPECT_EQ(r.matched, std::vector<int32_t>{0});
+    EXPECT_TRUE(r.events.empty());
+    EXPECT_EQ(r.kv_cache_only_bytes, -1);
   }
 }
 

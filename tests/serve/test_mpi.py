@@ -7,7 +7,9 @@ rank 0 = coordinator + front end + n-gram draft, ranks 1..T = tensor-parallel ta
     and the job exits non-zero, quickly;
   * config errors (wrong -np, a TP size the model cannot take, a cuda device on CPU) stop
     every rank with one clear message before any weights load;
-  * a tiny model at TP 2 (always runs; no real model needed).
+  * a tiny model at TP 2 (always runs; no real model needed), with its prefix cache on the
+    shards: a prompt sharing whole pages takes them from the shards' caches and the job
+    publishes the same KV events as one process.
 
 Registered in ctest as serve_mpi_pytest (skipped without mpirun); every wait is bounded.
 """
@@ -346,6 +348,91 @@ def test_tiny_model_tp2_matches_single_process(specnode, tiny_model, tmp_path):
     for w, g, a in zip(want, got, again):
         assert g.token_ids == w.token_ids, (w.text, g.text)
         assert a.token_ids == w.token_ids, (w.text, a.text)
+
+
+def kv_events(rep, array_like=True):
+    """Every event the node published, replayed from seq 0, as comparable tuples."""
+    from kv_events_decode import event_types, replay
+
+    _, stored, removed, _ = event_types(array_like)
+    out = []
+    for _, batch in replay(rep, 0, array_like=array_like):
+        for e in batch.events:
+            if isinstance(e, stored):
+                out.append(("stored", tuple(e.block_hashes), e.parent_block_hash,
+                            tuple(e.token_ids), e.block_size, e.medium))
+            elif isinstance(e, removed):
+                out.append(("removed", tuple(e.block_hashes), e.medium))
+            else:
+                out.append(("cleared",))
+    return out
+
+
+PREFIX = ("The quick brown fox jumps over the lazy dog while the cat watches from a sunny "
+          "windowsill and the birds sing in the old oak tree behind the house")
+PREFIX_PROMPTS = [PREFIX + " and one more thing", PREFIX + " but then something else happens"]
+
+
+def prefix_run(endpoint, rep):
+    """Both prompts in turn, then the events once they stop changing: a TP target's shards
+    publish a finished request's blocks with the next step, at the latest the idle
+    heartbeat's (1 s)."""
+    got = greedy(endpoint, PREFIX_PROMPTS, 8)
+    deadline = time.monotonic() + 30
+    events, since = kv_events(rep), time.monotonic()
+    while time.monotonic() - since < 2.5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = kv_events(rep)
+        if now != events:
+            events, since = now, time.monotonic()
+    return got, events
+
+
+def test_tiny_model_tp2_prefix_cache_and_kv_events(specnode, tiny_model, tmp_path):
+    """The prefix cache on TP shards: the second prompt takes the first's shared whole pages
+    from both shards' caches (cached_tokens as one process has them), the text is the single
+    process's, and the job's KV events (replayed as a vLLM consumer reads them) are the
+    single process's, block for block."""
+    def config(name, topology):
+        pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        text = tp_config(tmp_path, 2, name).read_text()
+        if not topology:
+            text = text[:text.index("topology:")]
+        text = text.replace("version: 1\n", "version: 1\nserve:\n"
+                            f"  kv_events_bind: {pub}\n  kv_events_replay_bind: {rep}\n", 1)
+        text = text.replace("kv:\n", "kv:\n  page_tokens: 8\n", 1)
+        (tmp_path / name).write_text(text)
+        return tmp_path / name, rep
+
+    single_cfg, single_rep = config("single.yaml", False)
+    single = Node(specnode, tiny_model, tmp_path / "single.log",
+                  extra=["--config", str(single_cfg), "--threads", "1"])
+    try:
+        single.wait_ready()
+        want, want_events = prefix_run(single.endpoint, single_rep)
+    finally:
+        single.stop()
+    mpi_cfg, mpi_rep = config("tp2.yaml", True)
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, mpi_cfg)
+    try:
+        node.wait_ready(120)
+        got, events = prefix_run(node.endpoint, mpi_rep)
+        from specnode_client import SpecnodeClient
+        with SpecnodeClient(node.endpoint, timeout_s=30) as c:
+            metrics = c.metrics()
+    finally:
+        node.stop()
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids, (w.text, g.text)
+        assert g.stats["cached_tokens"] == w.stats["cached_tokens"]
+    assert got[0].stats["cached_tokens"] == 0
+    assert got[1].stats["cached_tokens"] >= 16, got[1].stats  # two pages of 8, at least
+    hits = re.search(r"^specnode_prefix_cache_hit_tokens_total (\S+)$", metrics, re.M)
+    assert hits and float(hits.group(1)) == got[1].stats["cached_tokens"], metrics
+    assert events[0] == ("cleared",)
+    stored = [e for e in events if e[0] == "stored"]
+    assert len(stored) >= 2 and stored[0][2] is None and stored[1][2] is not None
+    assert events == want_events
 
 
 def test_tiny_model_tp3_is_refused(specnode, tiny_model, tmp_path):
