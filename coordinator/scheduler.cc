@@ -336,17 +336,24 @@ void Scheduler::RunStep() {
       ev.handle = r.handle;
       ev.kind = GenerationEvent::Kind::kTokens;
       ev.index = static_cast<int32_t>(r.output.size());
-      ev.token_ids = res.tokens;
-      r.output.insert(r.output.end(), res.tokens.begin(), res.tokens.end());
-      for (int32_t t : res.tokens) r.text += r.utf8.Push(tok_->TokenToBytes(t));
-      // Stop strings: search only where a new match can start.
+      // Token by token, so that a stop string ends the output at the token that completes
+      // it: tokens a speculative step accepted past it are not the request's (nor counted
+      // in its usage), exactly as when the step had produced one token at a time.
       size_t stop_at = std::string::npos;
-      const size_t from = r.checked >= r.max_stop ? r.checked - r.max_stop + 1 : 0;
-      for (const std::string& s : r.g.stop) {
-        const size_t p = r.text.find(s, from);
-        if (p != std::string::npos) stop_at = std::min(stop_at, p);
+      for (int32_t t : res.tokens) {
+        r.output.push_back(t);
+        ev.token_ids.push_back(t);
+        r.text += r.utf8.Push(tok_->TokenToBytes(t));
+        if (r.g.stop.empty()) continue;
+        // Search only where a new match can start.
+        const size_t from = r.checked >= r.max_stop ? r.checked - r.max_stop + 1 : 0;
+        for (const std::string& s : r.g.stop) {
+          const size_t p = r.text.find(s, from);
+          if (p != std::string::npos) stop_at = std::min(stop_at, p);
+        }
+        r.checked = r.text.size();
+        if (stop_at != std::string::npos) break;
       }
-      r.checked = r.text.size();
       if (stop_at != std::string::npos) r.text.resize(stop_at);
       // Hold back bytes that could begin a stop string (unless the request ends now).
       const bool ending = stop_at != std::string::npos || res.finish != FinishReason::kNone;

@@ -77,7 +77,7 @@ struct ServeConfig {
   // out of config files.
   std::string http_api_key_env = "SPECNODE_API_KEY";
   int64_t http_max_body_bytes = 4 << 20;  // serve.http_max_body_bytes
-  int http_threads = 32;                  // serve.http_threads: concurrent HTTP requests
+  int http_threads = 512;                 // serve.http_threads: concurrent HTTP requests
   // serve.model_name: the model id of /v1/models (and the `model` requests must name);
   // "" = the model file's name without ".gguf".
   std::string model_name;

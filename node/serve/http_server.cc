@@ -4,13 +4,17 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/request_error.h"
+#include "node/serve/http_handler_pool.h"
 #include "node/serve/openai_api.h"
-#include "node/serve/openai_routes.h"
 
 namespace specnode {
 namespace {
@@ -45,7 +49,120 @@ RequestError CodeOfStatus(int status) {
   }
 }
 
+bool Chunked(const httplib::Request& req) {
+  return absl::StrContains(absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding")),
+                           "chunked");
+}
+
+// A body httplib would read into memory without a bound of its own: chunked (no length up
+// front) or compressed (the length is the compressed one).
+bool Unbounded(const httplib::Request& req) {
+  const std::string encoding = req.get_header_value("Content-Encoding");
+  return Chunked(req) || (!encoding.empty() && !absl::EqualsIgnoreCase(encoding, "identity"));
+}
+
+struct BodyRead {
+  std::string bytes;
+  bool complete = false;   // read to its end (and kept, unless too_large)
+  bool too_large = false;  // more than the limit after decoding
+};
+
+// Reads a body through httplib's reader, keeping up to `max` bytes; the rest of a larger
+// one is read and dropped (so that the connection stays in step) up to kMaxDrainBytes, where
+// reading stops (complete = false: the connection must close).
+BodyRead ReadBody(const httplib::ContentReader& reader, size_t max) {
+  BodyRead b;
+  size_t seen = 0;
+  b.complete = reader([&](const char* data, size_t n) {
+    seen += n;
+    if (seen > max) {
+      if (!b.too_large) std::string().swap(b.bytes);
+      b.too_large = true;
+      return seen <= HttpServer::kMaxDrainBytes;
+    }
+    b.bytes.append(data, n);
+    return true;
+  });
+  return b;
+}
+
 }  // namespace
+
+void SetHttpError(httplib::Response& res, RequestError code, const std::string& message) {
+  res.status = RequestErrorInfoOf(code).http;
+  // The error handler (below) counts the reply under this code.
+  res.set_header("X-Specnode-Error-Code", std::string(WireCode(code)));
+  res.set_content(OpenAiError(code, message), "application/json");
+}
+
+void CloseAfter(httplib::Response& res) {
+  if (res.content_provider_) return;
+  // httplib ends a connection after a response only when the request asked for it or a
+  // write fails: the body goes through a content provider that writes all of it and then
+  // reports a failure.
+  auto body = std::make_shared<std::string>(std::move(res.body));
+  res.body.clear();
+  if (body->empty()) *body = "\n";
+  const std::string type = res.has_header("Content-Type") ? res.get_header_value("Content-Type")
+                                                          : std::string("text/plain");
+  res.headers.erase("Content-Type");
+  res.set_header("Connection", "close");
+  res.set_content_provider(body->size(), type,
+                           [body](size_t offset, size_t length, httplib::DataSink& sink) {
+                             sink.write(body->data() + offset, length);
+                             return false;
+                           });
+}
+
+void HttpRouter::Get(const std::string& path, Handler handler) {
+  HttpServer* s = server_;
+  s->allowed_[path] = "GET";
+  // The key of /v1 routes is checked before routing (HttpServer::Routes).
+  s->server_->Get(path, [handler](const httplib::Request& req, httplib::Response& res) {
+    handler(req, res);
+    if (HttpHandlerPool::OnOverflowThread()) CloseAfter(res);
+  });
+}
+
+void HttpRouter::Post(const std::string& path, BodyHandler handler) {
+  HttpServer* s = server_;
+  s->allowed_[path] = "POST";
+  s->server_->Post(path, [s, handler](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& reader) {
+    const size_t max = s->options_.max_body_bytes;
+    if (req.is_multipart_form_data()) {  // httplib would parse it as form fields
+      SetHttpError(res, RequestError::kBadRequest,
+                   "the body is multipart/form-data; send a JSON object");
+      return CloseAfter(res);
+    }
+    BodyRead b = ReadBody(reader, max);
+    // httplib refuses a Content-Length over the limit itself (413, the body skipped).
+    if (b.too_large || (!b.complete && res.status == 413)) {
+      SetHttpError(
+          res, RequestError::kFrameTooLarge,
+          absl::StrCat("the request body is over ", max, " bytes (serve.http_max_body_bytes)"));
+      if (b.too_large && !b.complete) CloseAfter(res);
+      return;
+    }
+    if (!b.complete) {
+      SetHttpError(res, RequestError::kBadRequest,
+                   res.status == 415 ? absl::StrCat("Content-Encoding '",
+                                                    req.get_header_value("Content-Encoding"),
+                                                    "' is not supported (gzip, deflate)")
+                                     : std::string("the request body could not be read"));
+      return CloseAfter(res);
+    }
+    if (!s->Authorized(req)) return s->Unauthorized(res, false);
+    if (HttpHandlerPool::OnOverflowThread()) {
+      SetHttpError(res, RequestError::kOverloaded,
+                   absl::StrCat("all ", s->options_.threads,
+                                " HTTP handler threads are busy (serve.http_threads); retry"));
+      res.set_header("Retry-After", "1");
+      return CloseAfter(res);
+    }
+    handler(req, b.bytes, res);
+  });
+}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options) {
   // A client that closes its connection mid-response must not kill the node: httplib writes
@@ -55,8 +172,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   std::unique_ptr<HttpServer> s(new HttpServer());
   s->options_ = std::move(options);
   s->server_ = std::make_unique<httplib::Server>();
-  const int threads = s->options_.threads;
-  s->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const size_t threads = static_cast<size_t>(std::max(1, s->options_.threads));
+  s->server_->new_task_queue = [threads] { return new HttpHandlerPool(threads, kOverflowThreads); };
   s->server_->set_payload_max_length(s->options_.max_body_bytes);
   s->server_->set_keep_alive_max_count(1000);
   s->server_->set_read_timeout(5, 0);
@@ -89,54 +206,75 @@ HttpServer::~HttpServer() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool HttpServer::Authorized(const httplib::Request& req) const {
+  return options_.api_key.empty() ||
+         SameSecret(req.get_header_value("Authorization"), "Bearer " + options_.api_key);
+}
+
+void HttpServer::Unauthorized(httplib::Response& res, bool unread_body) const {
+  SetHttpError(res, RequestError::kUnauthorized,
+               "missing or wrong API key (Authorization: Bearer ...)");
+  res.set_header("WWW-Authenticate", "Bearer");
+  if (unread_body) CloseAfter(res);
+}
+
 void HttpServer::Routes() {
   httplib::Server& svr = *server_;
-  HttpServerOptions& o = options_;
-  ErrorCounter* errors = o.errors;
-  // Every error answer (ours and httplib's own: 404, 405, 413, 400 for a malformed request)
+  ErrorCounter* errors = options_.errors;
+  // Every error answer (ours and httplib's own: 404, 413, 400 for a malformed request)
   // becomes OpenAI-style JSON with a code from the one table, counted once.
-  svr.set_error_handler([errors](const httplib::Request&, httplib::Response& res) {
-    // A route's error names its code (openai_routes.cc); httplib's own errors by status.
+  svr.set_error_handler([this, errors](const httplib::Request& req, httplib::Response& res) {
+    // A known path asked with another method: 405 naming the one it takes.
+    if (auto it = allowed_.find(req.path);
+        res.status == 404 && it != allowed_.end() && it->second != req.method) {
+      res.status = 405;
+      res.set_header("Allow", it->second);
+    }
+    // A route's error names its code (SetHttpError); httplib's own errors by status.
     RequestError code = CodeOfStatus(res.status);
     if (res.has_header("X-Specnode-Error-Code")) {
       (void)ParseWireCode(res.get_header_value("X-Specnode-Error-Code"), &code);
     }
     if (errors != nullptr) errors->Add(code);
-    if (!res.body.empty()) return;
+    if (!res.body.empty() || res.content_provider_) return;
     std::string message = res.status == 404   ? "no such route"
                           : res.status == 405 ? "method not allowed on this route"
                           : res.status == 413 ? "request body too large"
                                               : "bad request";
     res.set_content(OpenAiError(code, message), "application/json");
   });
-  const std::string bearer = o.api_key.empty() ? "" : "Bearer " + o.api_key;
-  svr.set_pre_routing_handler([bearer](const httplib::Request& req, httplib::Response& res) {
-    if (bearer.empty() || !absl::StartsWith(req.path, "/v1")) {
+  // Before any body is read. A POST route reads its own (HttpRouter::Post: bounded, then
+  // the key). Any other /v1 request needs the key; a refusal here leaves a body unread, so
+  // its connection closes. Bodies httplib cannot bound are refused on every other route.
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (auto it = allowed_.find(req.path);
+        req.method == "POST" && it != allowed_.end() && it->second == "POST") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    if (SameSecret(req.get_header_value("Authorization"), bearer)) {
-      return httplib::Server::HandlerResponse::Unhandled;
+    const bool body = Chunked(req) || req.get_header_value<uint64_t>("Content-Length") > 0;
+    if (absl::StartsWith(req.path, "/v1") && !Authorized(req)) {
+      Unauthorized(res, body);
+      return httplib::Server::HandlerResponse::Handled;
     }
-    res.status = 401;
-    res.set_header("WWW-Authenticate", "Bearer");
-    res.set_header("X-Specnode-Error-Code", "unauthorized");
-    res.set_content(OpenAiError(RequestError::kUnauthorized,
-                                "missing or wrong API key (Authorization: Bearer ...)"),
-                    "application/json");
+    if (!Unbounded(req)) return httplib::Server::HandlerResponse::Unhandled;
+    SetHttpError(res, RequestError::kBadRequest,
+                 "a chunked or compressed body is accepted by the POST routes only");
+    CloseAfter(res);
     return httplib::Server::HandlerResponse::Handled;
   });
-  MetricsExchange* metrics = o.metrics;
-  svr.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
+  HttpRouter router(this);
+  MetricsExchange* metrics = options_.metrics;
+  router.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics != nullptr ? metrics->Fetch(kRenderWait) : std::string(),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
-  std::function<HealthReply()> health = o.health;
-  svr.Get("/health", [health](const httplib::Request&, httplib::Response& res) {
+  std::function<HealthReply()> health = options_.health;
+  router.Get("/health", [health](const httplib::Request&, httplib::Response& res) {
     const HealthReply h = health ? health() : HealthReply{200, "{\"status\":\"ok\"}"};
     res.status = h.status;
     res.set_content(h.json, "application/json");
   });
-  if (o.api != nullptr) o.api->Register(svr);
+  if (options_.routes) options_.routes(router);
 }
 
 }  // namespace specnode

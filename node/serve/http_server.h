@@ -1,12 +1,22 @@
 // The node's HTTP listener, on cpp-httplib (Debian's libcpp-httplib): GET /metrics (the
 // Prometheus text, through a MetricsExchange) and GET /health on every listener, and, when
-// given an OpenAiService (openai_routes.h), the OpenAI-compatible API under /v1. One
-// server serves serve.http_bind (everything) and, separately, serve.metrics_bind (metrics
-// and health only, for a scrape port kept apart from traffic).
+// given routes (OpenAiService::Register, openai_routes.h), the OpenAI-compatible API under
+// /v1. One server serves serve.http_bind (everything) and, separately, serve.metrics_bind
+// (metrics and health only, for a scrape port kept apart from traffic).
 //
-// Limits: request bodies above max_body_bytes get 413 `frame_too_large` before they are
-// read; headers above 8 KiB 431 (httplib's limit); a client silent for 5 s while sending a
-// request is dropped. Errors, including routing ones (404 `not_found`, 405), are
+// Bodies. A POST route's body is read by the listener (HttpRouter::Post), counted after any
+// Content-Encoding (gzip, deflate) is undone and whatever the Content-Type: beyond
+// max_body_bytes the request gets 413 `frame_too_large` — from the Content-Length before
+// anything is read, else once the limit is passed, a chunked or compressed body included.
+// The rest of an oversized body is read and dropped (up to kMaxDrainBytes) so that the
+// connection can carry the next request; a longer one, and any body a route did not read
+// (a refusal before the body), closes the connection after the answer, so that leftover
+// body bytes are never taken for a request. A body for any other route is refused without
+// being read when httplib could not bound it (chunked, compressed).
+//
+// Other limits: the request line and headers up to 8 KiB each (httplib's; beyond: 400
+// `bad_request`); a client silent for 5 s while sending is dropped. Errors, including
+// routing ones (404 `not_found`; 405 `not_found` with Allow on a known path), are
 // OpenAI-style JSON with the wire code of the one error table (request_error.h), and are
 // counted in `errors`.
 //
@@ -14,29 +24,61 @@
 // (401 `unauthorized` otherwise, compared in constant time); /metrics and /health stay
 // open, as for vLLM's --api-key.
 //
-// Threads: `threads` handler threads (a streaming response holds one for its length), plus
-// the accept thread. The destructor stops accepting and joins every thread: a handler
-// waiting for a request's events returns once the scheduler ends the request (Scheduler::
-// Stop ends them all), so stop the scheduler first.
+// Threads (http_handler_pool.h): `threads` handler threads (a streaming response holds one
+// for its length) and kOverflowThreads more that answer while those are all held: health,
+// metrics and GET routes as usual, POST routes with 429 `overloaded` — each closing its
+// connection after the answer. Plus the accept thread. The destructor stops accepting and
+// joins every thread: a handler waiting for a request's events returns once the scheduler
+// ends the request (Scheduler::Stop ends them all), so stop the scheduler first.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "coordinator/request_error.h"
 #include "node/serve/error_counter.h"
 #include "node/serve/http_address.h"
 #include "node/serve/metrics_http.h"
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
+class ContentReader;
 }  // namespace httplib
 
 namespace specnode {
 
-class OpenAiService;
+class HttpServer;
+
+// An error answer: the status of `code` in the one table (request_error.h), the code in the
+// X-Specnode-Error-Code header (what the listener counts it under) and an OpenAI-style body.
+void SetHttpError(httplib::Response& res, RequestError code, const std::string& message);
+// Makes the listener close the connection once `res` is written (after a refusal that left
+// body bytes unread, say). A streaming response is left as it is.
+void CloseAfter(httplib::Response& res);
+
+// The routes a service adds to the listener (OpenAiService::Register): handlers run on the
+// listener's threads.
+class HttpRouter {
+ public:
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  // `body`: the whole request body, at most max_body_bytes, decoded.
+  using BodyHandler =
+      std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)>;
+  explicit HttpRouter(HttpServer* server) : server_(server) {}
+  void Get(const std::string& path, Handler handler);
+  // The listener reads the body (see Bodies above), then checks the API key, then, on an
+  // overflow thread, answers 429; the handler sees only requests that passed.
+  void Post(const std::string& path, BodyHandler handler);
+
+ private:
+  HttpServer* server_;
+};
 
 // GET /health's answer: 200 while serving, 503 while draining or after a lost target (so a
 // load balancer stops sending), with a JSON body.
@@ -48,13 +90,15 @@ struct HealthReply {
 struct HttpServerOptions {
   HttpAddress address;
   std::string name = "HTTP endpoint";  // in errors: "cannot bind the <name> HOST:PORT"
-  int threads = 32;
+  int threads = 512;
   size_t max_body_bytes = 4 << 20;
   std::string api_key;                  // "" = no auth
   MetricsExchange* metrics = nullptr;   // GET /metrics; borrowed, outlives the server
   std::function<HealthReply()> health;  // GET /health (any thread); empty: 200 {"status":"ok"}
-  OpenAiService* api = nullptr;         // the /v1 routes; null: metrics and health only
-  ErrorCounter* errors = nullptr;       // error replies, by code; may be null
+  // Adds the service routes (the OpenAI API: OpenAiService::Register); empty: metrics and
+  // health only. Called once, before the listener starts.
+  std::function<void(HttpRouter&)> routes;
+  ErrorCounter* errors = nullptr;  // error replies, by code; may be null
 };
 
 class HttpServer {
@@ -68,14 +112,23 @@ class HttpServer {
   int port() const { return port_; }
   const HttpServerOptions& options() const { return options_; }
 
+  static constexpr size_t kOverflowThreads = 4;
+  // The most of an oversized body read (and dropped) to keep its connection usable.
+  static constexpr size_t kMaxDrainBytes = size_t{64} << 20;
+
  private:
+  friend class HttpRouter;
   HttpServer() = default;
   void Routes();
+  bool Authorized(const httplib::Request& req) const;
+  // The 401 answer (closing the connection when `unread_body`).
+  void Unauthorized(httplib::Response& res, bool unread_body) const;
 
   HttpServerOptions options_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;
+  std::map<std::string, std::string> allowed_;  // path -> its method (405 for the others)
 };
 
 }  // namespace specnode

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <set>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/request_error.h"
@@ -20,11 +22,21 @@ absl::Status Bad(const std::string& message) {
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 // A field OpenAI defines that would change the output and the node does not implement:
-// refused when set to anything but its "off" value.
-bool IsOff(const Json& v) {
-  return v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
-         (v.is_number() && v.get<double>() == 0.0) || (v.is_array() && v.empty()) ||
-         (v.is_object() && v.empty());
+// refused when set to anything but an "off" value — null, false, 0, "", [], {}, or the
+// value that means the default for that field (clients such as LiteLLM send those).
+bool IsOff(std::string_view key, const Json& v) {
+  if (v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
+      (v.is_number() && v.get<double>() == 0.0) ||
+      (v.is_string() && v.get<std::string>().empty()) || (v.is_array() && v.empty()) ||
+      (v.is_object() && v.empty())) {
+    return true;
+  }
+  // "auto" with no tools or functions (those are refused themselves) chooses none.
+  if (key == "tool_choice" || key == "function_call") return v == "none" || v == "auto";
+  if (key == "response_format") return v == Json{{"type", "text"}};
+  if (key == "best_of") return v == 1;  // n is 1
+  if (key == "modalities") return v == Json::array({"text"});
+  return false;
 }
 
 // An optional number (int or float); a wrong type is bad_request naming the field. Ranges
@@ -60,7 +72,8 @@ absl::Status OptionalString(const Json& j, const char* key, std::optional<std::s
   return absl::OkStatus();
 }
 
-// A chat message's content: a string, or an array of text parts joined.
+// A chat message's content: a string, or an array of text parts joined by newlines (as vLLM
+// joins them).
 absl::StatusOr<std::string> MessageContent(const Json& c, size_t i) {
   if (c.is_string()) return c.get<std::string>();
   if (c.is_array()) {
@@ -72,6 +85,7 @@ absl::StatusOr<std::string> MessageContent(const Json& c, size_t i) {
                                 "].content: only text parts ({\"type\": \"text\", \"text\": "
                                 "...}) are supported"));
       }
+      if (!text.empty()) text += '\n';
       text += part["text"].get<std::string>();
     }
     return text;
@@ -187,7 +201,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
                                              "modalities",
                                              "prediction"};
   for (const char* key : kUnsupported) {
-    if (j.contains(key) && !IsOff(j[key])) {
+    if (j.contains(key) && !IsOff(key, j[key])) {
       return Bad(absl::StrCat("'", key, "' is not supported by specnode"));
     }
   }
@@ -221,6 +235,12 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   if (absl::Status e = Number(j, "top_p", &top_p); !e.ok()) return e;
   // vLLM's extension; -1 means off there, as 0 does here.
   if (absl::Status e = Integer(j, "top_k", -1, INT32_MAX, &top_k); !e.ok()) return e;
+  // Without a seed every request samples afresh (as OpenAI and vLLM do); the ZeroMQ
+  // protocol's default seed 0 would give identical samples to identical requests.
+  if (!j.contains("seed") || j["seed"].is_null()) {
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    seed = static_cast<int64_t>(rng() >> 1);
+  }
   if (absl::Status e = Integer(j, "seed", INT64_MIN, INT64_MAX, &seed); !e.ok()) return e;
   s.sampling.temperature = static_cast<float>(temperature);
   s.sampling.top_p = static_cast<float>(top_p);

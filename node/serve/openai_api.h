@@ -6,11 +6,14 @@
 // What a request may carry: model (must name the served model when given), messages
 // (chat: role system|user|assistant, content a string or an array of {"type": "text"}
 // parts) or prompt (completions: a string, or an array holding one string), max_tokens /
-// max_completion_tokens, temperature (default 1, as OpenAI's), top_p, top_k, seed, stop
-// (string or array), stream, stream_options.include_usage, n (1 only), user (ignored),
+// max_completion_tokens, temperature (default 1, as OpenAI's), top_p, top_k, seed (absent:
+// a fresh random one per request, so that sampling differs between identical requests),
+// stop (string or array), stream, stream_options.include_usage, n (1 only), user (ignored),
 // and specnode's own `domain` and `sla`. Fields that would change the output and that the
 // node does not implement (logprobs, tools, response_format, logit_bias, penalties other
-// than 0, best_of, echo, suffix) are refused by name, never ignored.
+// than 0, best_of, echo, suffix) are refused by name when set to anything but their "off"
+// value (null, false, 0, "", [], {}, tool_choice "none"/"auto", response_format
+// {"type": "text"}, best_of 1, modalities ["text"]), never ignored.
 #pragma once
 
 #include <cstdint>

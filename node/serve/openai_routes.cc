@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_format.h"
 #include "coordinator/request_error.h"
+#include "node/serve/http_server.h"
 #include "node/serve/openai_api.h"
 #include "node/serve/submit_builder.h"
 
@@ -64,14 +65,11 @@ std::string NewId(const char* prefix) {
 }
 
 void SetError(httplib::Response& res, RequestError code, const std::string& message) {
-  res.status = RequestErrorInfoOf(code).http;
-  // The error handler (http_server.cc) counts the reply under this code.
-  res.set_header("X-Specnode-Error-Code", std::string(WireCode(code)));
-  res.set_content(OpenAiError(code, message), "application/json");
+  SetHttpError(res, code, message);
 }
 
 void SetError(httplib::Response& res, const absl::Status& status) {
-  SetError(res, RequestErrorOf(status), std::string(status.message()));
+  SetHttpError(res, RequestErrorOf(status), std::string(status.message()));
 }
 
 std::string SseData(const std::string& json) { return "data: " + json + "\n\n"; }
@@ -186,15 +184,16 @@ OpenAiService::OpenAiService(OpenAiServiceOptions options, Scheduler* scheduler,
       errors_(errors),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
-void OpenAiService::Register(httplib::Server& server) {
-  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+void OpenAiService::Register(HttpRouter& router) {
+  router.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(OpenAiModelList(options_.model_name, created_, options_.max_positions),
                     "application/json");
   });
   auto route = [this](OpenAiEndpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+    return [this, endpoint](const httplib::Request& req, const std::string& body,
+                            httplib::Response& res) {
       absl::StatusOr<OpenAiRequest> r =
-          ParseOpenAiRequest(endpoint, req.body, options_.limits, options_.model_name);
+          ParseOpenAiRequest(endpoint, body, options_.limits, options_.model_name);
       if (!r.ok()) return SetError(res, r.status());
       absl::StatusOr<GenerationRequest> g =
           BuildGenerationRequest(r->submit, *tokenizer_, *router_);
@@ -264,8 +263,8 @@ void OpenAiService::Register(httplib::Server& server) {
           });
     };
   };
-  server.Post("/v1/chat/completions", route(OpenAiEndpoint::kChatCompletions));
-  server.Post("/v1/completions", route(OpenAiEndpoint::kCompletions));
+  router.Post("/v1/chat/completions", route(OpenAiEndpoint::kChatCompletions));
+  router.Post("/v1/completions", route(OpenAiEndpoint::kCompletions));
 }
 
 }  // namespace specnode

@@ -31,11 +31,9 @@
 #include "node/serve/error_counter.h"
 #include "node/serve/protocol.h"
 
-namespace httplib {
-class Server;
-}  // namespace httplib
-
 namespace specnode {
+
+class HttpRouter;
 
 struct OpenAiServiceOptions {
   std::string model_name;     // the id /v1/models lists and `model` must name
@@ -48,8 +46,9 @@ class OpenAiService {
   OpenAiService(OpenAiServiceOptions options, Scheduler* scheduler, const Tokenizer* tokenizer,
                 const DomainRouter* router, ErrorCounter* errors);
 
-  // Adds the routes to `server` (before it listens).
-  void Register(httplib::Server& server);
+  // Adds the routes to the listener (before it listens): the listener has read and checked
+  // the bodies and the API key (http_server.h).
+  void Register(HttpRouter& router);
 
  private:
   OpenAiServiceOptions options_;

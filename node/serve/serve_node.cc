@@ -262,7 +262,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   HttpServerOptions ho;
   ho.metrics = &metrics_exchange;
   ho.errors = &frontend->errors();
-  ho.health = [&scheduler, started, name = fo.model_name] {
+  ho.health = [&scheduler, started, name = ServedModelName(cfg)] {
     const SchedulerSnapshot s = scheduler.Snapshot();
     const char* status = !scheduler.Failure().ok() ? "failed"
                          : scheduler.Draining()    ? "draining"
@@ -300,7 +300,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
         key != nullptr) {
       ho.api_key = key;
     }
-    ho.api = api.get();
+    ho.routes = [service = api.get()](HttpRouter& router) { service->Register(router); };
     SPECNODE_ASSIGN_OR_RETURN(api_http, HttpServer::Start(ho));
   }
 

@@ -18,7 +18,10 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const SubmitMessage& m,
   std::vector<int32_t> ids;
   std::string routing_text;
   if (m.prompt.has_value()) {
-    auto enc = tok.Encode(*m.prompt, /*parse_special=*/false);
+    // Special tokens written in the text ("<|im_start|>", "<end_of_turn>") are those tokens,
+    // as vLLM's and llama.cpp's servers read raw prompts: clients that apply a chat template
+    // themselves send prompts like that.
+    auto enc = tok.Encode(*m.prompt, /*parse_special=*/true);
     if (!enc.ok()) return bad(enc.status());
     ids = *std::move(enc);
     routing_text = *m.prompt;

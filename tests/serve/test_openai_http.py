@@ -200,6 +200,128 @@ def test_body_over_the_limit_is_413_unread(http_node):
     assert time.monotonic() - t0 < 10
 
 
+def _raw_exchange(port, head, body=b""):
+    """One request over a fresh connection; the whole answer (the server closes after it, or
+    the request says Connection: close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head + body)
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def test_bodies_are_bounded_after_decoding(http_node):
+    """The body limit (4 MiB) holds for what the route reads, not only the Content-Length: a
+    chunked body, a gzip body that inflates past it; a small gzip body and a large body sent
+    as a form (curl -d without a Content-Type) are read as JSON."""
+    import gzip
+
+    limit = 4 << 20
+    big = json.dumps({"prompt": "x " * (limit // 2 + 10), "max_tokens": 1}).encode()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(big[i:i + 65536]), big[i:i + 65536])
+                      for i in range(0, len(big), 65536)) + b"0\r\n\r\n"
+    out = _raw_exchange(http_node.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                        b"Connection: close\r\n\r\n", chunks)
+    assert out.startswith(b"HTTP/1.1 413"), out[:300]
+    assert b'"frame_too_large"' in out
+    bomb = gzip.compress(json.dumps({"prompt": "a" * (64 << 20)}).encode())
+    assert len(bomb) < limit // 8
+    status, _, text = http_node.post("/v1/completions", raw=bomb,
+                                     headers={"Content-Encoding": "gzip"})
+    assert status == 413 and json.loads(text)["error"]["code"] == "frame_too_large", text
+    small = gzip.compress(json.dumps({"prompt": "the cat", "max_tokens": 2,
+                                      "temperature": 0}).encode())
+    status, _, text = http_node.post("/v1/completions", raw=small,
+                                     headers={"Content-Encoding": "gzip"})
+    assert status == 200, text
+    form = json.dumps({"prompt": "the cat", "max_tokens": 1, "user": "u" * 9000}).encode()
+    assert len(form) > 8192  # httplib's own limit for form bodies
+    status, _, text = http_node.post("/v1/completions", raw=form,
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200, text
+
+
+def test_wrong_method_is_405_and_health_names_the_served_model(http_node):
+    status, headers, text = http_node.get("/v1/completions")
+    assert status == 405 and headers["Allow"] == "POST", text
+    assert json.loads(text)["error"]["code"] == "not_found"
+    status, headers, _ = http_node.post("/health", {})
+    assert status == 405 and headers["Allow"] == "GET"
+    assert json.loads(http_node.get("/health")[2])["model"] == http_node.model
+
+
+def test_unseeded_sampling_differs_between_requests(http_node):
+    """No seed: each request samples afresh, as with OpenAI and vLLM (a loop asking for
+    several samples must not get copies); a seed still repeats."""
+    c = http_node.client()
+    texts = {c.completions.create(model=http_node.model, prompt="once upon", max_tokens=16,
+                                  temperature=1.5).choices[0].text for _ in range(4)}
+    assert len(texts) > 1, texts
+
+
+def test_special_tokens_in_a_raw_prompt_are_tokens(http_node):
+    """A prompt with a chat template applied by the client: its special tokens are single
+    tokens (as vLLM's and llama.cpp's servers read them), not their spelling."""
+    c = http_node.client()
+    n = {p: c.completions.create(model=http_node.model, prompt=p, max_tokens=1,
+                                 temperature=0).usage.prompt_tokens
+         for p in ("hi", "<|im_start|>hi", "<|endoftext|>hi")}
+    assert n["<|im_start|>hi"] == n["<|endoftext|>hi"] == n["hi"] + 1, n
+
+
+def test_fields_set_to_their_off_value_are_accepted(http_node):
+    """Clients such as LiteLLM send unimplemented fields at their defaults: accepted; any
+    other value is refused by name."""
+    c = http_node.client()
+    ok = c.chat.completions.create(model=http_node.model, messages=MESSAGES, max_tokens=2,
+                                   temperature=0, response_format={"type": "text"},
+                                   tool_choice="none", tools=[], logprobs=False,
+                                   presence_penalty=0, frequency_penalty=0.0)
+    assert ok.usage.completion_tokens > 0
+    ok = c.completions.create(model=http_node.model, prompt="x", max_tokens=2, temperature=0,
+                              best_of=1, suffix="", echo=False)
+    assert ok.usage.completion_tokens > 0
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=http_node.model, messages=MESSAGES, max_tokens=2,
+                                  response_format={"type": "json_object"})
+    assert "'response_format'" in e.value.body["message"]
+
+
+def test_usage_counts_tokens_through_the_one_that_completes_the_stop(http_node):
+    """completion_tokens after a stop string: exactly the tokens through the one completing
+    it — a greedy run of that many tokens ends with the stop string, one fewer does not —
+    the same whether streamed or not and however speculation stepped."""
+    c = http_node.client()
+    prompt = "The capital of France is Paris. The capital of Spain is"
+    free = c.completions.create(model=http_node.model, prompt=prompt, max_tokens=24,
+                                temperature=0).choices[0].text
+    stop = free[len(free) // 2:len(free) // 2 + 2]
+    assert stop.strip() and len(free) > 6, free
+    counts = set()
+    for _ in range(3):
+        out = c.completions.create(model=http_node.model, prompt=prompt, max_tokens=24,
+                                   temperature=0, stop=[stop])
+        assert out.choices[0].finish_reason == "stop"
+        counts.add(out.usage.completion_tokens)
+    chunks = list(c.completions.create(model=http_node.model, prompt=prompt, max_tokens=24,
+                                       temperature=0, stop=[stop], stream=True,
+                                       stream_options={"include_usage": True}))
+    counts.add(chunks[-1].usage.completion_tokens)
+    assert len(counts) == 1, counts
+    n = counts.pop()
+    upto = lambda k: c.completions.create(model=http_node.model, prompt=prompt, max_tokens=k,
+                                          temperature=0).choices[0].text
+    assert stop in upto(n) and stop not in upto(n - 1), (stop, n)
+
+
 def test_metrics_and_health_on_the_same_port(http_node):
     status, headers, text = http_node.get("/health")
     assert status == 200 and json.loads(text)["status"] == "ok"
