@@ -37,9 +37,9 @@
 #include "absl/status/statusor.h"
 #include "model/llama/kv_cache.h"
 #include "model/llama/kv_cache_events.h"
-#include "runtime/model_runner.h"
 #include "model/llama/llama_forward.h"
 #include "node/cluster/control_protocol.h"
+#include "runtime/model_runner.h"
 #include "tensor-parallel/communicator.h"
 
 namespace specnode {

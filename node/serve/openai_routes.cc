@@ -64,10 +64,6 @@ std::string NewId(const char* prefix) {
   return absl::StrFormat("%s%016x%08x", prefix, rng(), static_cast<uint32_t>(rng()));
 }
 
-void SetError(httplib::Response& res, RequestError code, const std::string& message) {
-  SetHttpError(res, code, message);
-}
-
 void SetError(httplib::Response& res, const absl::Status& status) {
   SetHttpError(res, RequestErrorOf(status), std::string(status.message()));
 }
@@ -224,7 +220,7 @@ void OpenAiService::Register(HttpRouter& router) {
             if (ev.kind == GenerationEvent::Kind::kTokens) continue;
             if (ev.kind == GenerationEvent::Kind::kError) return SetError(res, ev.error);
             if (ev.finish == FinishKind::kCancelled) {
-              return SetError(res, RequestError::kShuttingDown, kDrainCut);
+              return SetHttpError(res, RequestError::kShuttingDown, kDrainCut);
             }
             res.set_content(OpenAiResponse(*r, id, created, ev.text, ev.finish, ev.stats),
                             "application/json");

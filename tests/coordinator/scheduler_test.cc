@@ -1,6 +1,6 @@
 // The scheduler on a tiny model: every request gets its tokens and exactly one terminal
 // event; KV pressure preempts and recomputes without changing greedy output; cancellation,
-// stop strings, the bounded queue and class priority.
+// the bounded queue and class priority (stop strings: scheduler_stop_test.cc).
 #include "coordinator/request_error.h"
 #include "coordinator/scheduler.h"
 
@@ -17,122 +17,20 @@
 #include <thread>
 
 #include "runtime/model_runner.h"
-#include "coordinator/model_drafter.h"
 #include "coordinator/ngram_drafter.h"
-#include "coordinator/spec_controller.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
+#include "tests/coordinator/scheduler_test_util.h"
 
 namespace specnode {
 namespace {
 
-// Collects events per handle; waits for terminal ones.
-class Collector {
- public:
-  void operator()(GenerationEvent ev) {
-    std::lock_guard lock(mu_);
-    auto& r = by_handle_[ev.handle];
-    if (r.terminal) r.after_terminal++;
-    if (ev.kind == GenerationEvent::Kind::kTokens) {
-      EXPECT_EQ(ev.index, static_cast<int32_t>(r.tokens.size()));
-      r.tokens.insert(r.tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
-      r.text += ev.text;
-    } else {
-      r.terminal++;
-      r.last = ev;
-      cv_.notify_all();
-    }
-  }
-  struct Record {
-    std::vector<int32_t> tokens;
-    std::string text;
-    int terminal = 0, after_terminal = 0;
-    GenerationEvent last;
-  };
-  Record Wait(uint64_t handle) {
-    std::unique_lock lock(mu_);
-    EXPECT_TRUE(cv_.wait_for(lock, std::chrono::seconds(60),
-                             [&] { return by_handle_[handle].terminal > 0; }));
-    return by_handle_[handle];
-  }
+using scheduler_test::Collector;
+using scheduler_test::SchedulerTest;
 
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, Record> by_handle_;
-};
-
-class SchedulerTest : public testing::Test {
- protected:
-  void SetUp() override {
-    path_ = (std::filesystem::temp_directory_path() /
-             ("specnode_sched_" + std::to_string(getpid()) + ".gguf"))
-                .string();
-    TinyModelOptions o;
-    o.n_layers = 2;
-    o.seed = 5;
-    ASSERT_TRUE(WriteTinyModel(o, path_).ok());
-    model_ = std::move(LlamaModel::Load(path_)).value();
-    pool_ = std::make_unique<ThreadPool>(2);
-  }
-  void TearDown() override { std::filesystem::remove(path_); }
-
-  std::unique_ptr<LocalModelRunner> Runner(int64_t capacity_bytes,
-                                           int64_t host_capacity_bytes = int64_t{64} << 20) {
-    KvOptions kv;
-    kv.mode = KvMode::kFull;
-    kv.capacity_bytes = capacity_bytes;
-    kv.host_capacity_bytes = host_capacity_bytes;
-    kv.page_tokens = 8;
-    auto cache = MakeKvCache(model_->config(), model_->weights().n_kv_heads_local, kv);
-    EXPECT_TRUE(cache.ok()) << cache.status();
-    return std::make_unique<LocalModelRunner>(model_->config(), model_->weights(), pool_.get(),
-                                              std::move(cache).value());
-  }
-
-  static GenerationRequest Request(int i, int max_tokens) {
-    GenerationRequest g;
-    g.prompt = {static_cast<int32_t>(65 + i), 66, 67, static_cast<int32_t>(100 + 7 * i), 68};
-    g.max_tokens = max_tokens;
-    g.sampling.temperature = 0;
-    return g;
-  }
-
-  // Greedy tokens of each request run alone on a roomy cache.
-  std::vector<std::vector<int32_t>> Reference(int n, int max_tokens) {
-    auto runner = Runner(64 << 20);
-    SpeculativeEngine engine(runner.get(), {}, {});
-    std::vector<std::vector<int32_t>> out;
-    for (int i = 0; i < n; ++i) {
-      SpecRequest r;
-      r.id = i;
-      r.prompt = Request(i, max_tokens).prompt;
-      r.max_new_tokens = max_tokens;
-      EXPECT_TRUE(engine.Start(r).ok());
-      std::vector<int32_t> tokens;
-      std::vector<SeqStepResult> res;
-      const SeqId ids[] = {i};
-      do {
-        EXPECT_TRUE(engine.Step(ids, &res).ok());
-        tokens.insert(tokens.end(), res[0].tokens.begin(), res[0].tokens.end());
-      } while (res[0].finish == FinishReason::kNone);
-      engine.Finish(i);
-      out.push_back(tokens);
-    }
-    return out;
-  }
-
-  std::string path_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<ThreadPool> pool_;
-};
-
-// Under KV pressure every request completes with the tokens it gets alone, whether
-// preemption swaps KV to the host tier (kept work) or frees it for recompute (no host
-// tier); KV-aware admission holds requests back instead of admitting all 8 at once.
 class SchedulerKvPressureTest : public SchedulerTest, public testing::WithParamInterface<bool> {};
 
 TEST_P(SchedulerKvPressureTest, ManyRequestsAllCompleteCorrectly) {
@@ -286,78 +184,6 @@ TEST_F(SchedulerTest, CancelQueuedAndRunning) {
   EXPECT_FALSE(sched.Cancel(running->handle));
   EXPECT_FALSE(sched.Cancel(12345));
   EXPECT_EQ(runner.inner().cache().Length(static_cast<SeqId>(running->handle)), 0);  // KV freed
-}
-
-TEST_F(SchedulerTest, StopStringsCutTheTextAndHoldBackPrefixes) {
-  auto runner = Runner(64 << 20);
-  SpeculativeEngine engine(runner.get(), {}, {});
-  Collector sink;
-  Scheduler sched(&engine, &model_->tokenizer(), {}, std::ref(sink));
-  auto free_run = sched.Submit(Request(3, 30));
-  ASSERT_TRUE(free_run.ok());
-  const std::string text = sink.Wait(free_run->handle).last.text;
-  ASSERT_GT(text.size(), 8u);
-  GenerationRequest g = Request(3, 30);
-  g.stop = {text.substr(5, 3), "never-appears-in-output"};
-  auto stopped = sched.Submit(g);
-  ASSERT_TRUE(stopped.ok());
-  const auto rec = sink.Wait(stopped->handle);
-  EXPECT_EQ(rec.last.finish, FinishKind::kStopString);
-  EXPECT_EQ(rec.text, text.substr(0, text.find(text.substr(5, 3))));
-  EXPECT_EQ(rec.last.text, rec.text);
-}
-
-// A speculative step accepts several tokens at once (here: the draft is the target, K = 4,
-// so every decode step gives 5): a stop string completed by one of them ends the request at
-// that token — the tokens after it are neither sent nor counted, as when decoding one token
-// at a time.
-TEST_F(SchedulerTest, StopStringEndsTheOutputAtTheTokenThatCompletesIt) {
-  auto runner = Runner(64 << 20);
-  KvOptions kv;
-  kv.mode = KvMode::kFull;
-  kv.capacity_bytes = 64 << 20;
-  auto drafter = ModelDrafter::Load(path_, *model_, pool_.get(), kv);
-  ASSERT_TRUE(drafter.ok()) << drafter.status();
-  auto controller = SpecController::Create({});
-  ASSERT_TRUE(controller.ok()) << controller.status();
-  SpecEngineOptions eo;
-  eo.adaptive = false;
-  eo.fixed_k = 4;
-  SpeculativeEngine engine(runner.get(), {{drafter->get(), controller->get()}}, eo);
-  Collector sink;
-  Scheduler sched(&engine, &model_->tokenizer(), {}, std::ref(sink));
-  auto free_run = sched.Submit(Request(3, 30));
-  ASSERT_TRUE(free_run.ok());
-  const auto all = sink.Wait(free_run->handle);
-  ASSERT_EQ(all.tokens.size(), 30u);
-  // Stop at the text of a token inside a speculative step (a one-byte ASCII token, so that
-  // the text is its bytes): the request's tokens are those up to the one whose bytes
-  // complete the stop string's first occurrence.
-  auto ascii = [](const std::string& b) {
-    return !b.empty() && std::all_of(b.begin(), b.end(), [](char c) { return c >= 0; });
-  };
-  size_t pick = 2;
-  while (pick < all.tokens.size() && !ascii(model_->tokenizer().TokenToBytes(all.tokens[pick]))) {
-    ++pick;
-  }
-  ASSERT_LT(pick, all.tokens.size());
-  const std::string stop = model_->tokenizer().TokenToBytes(all.tokens[pick]);
-  std::string text;
-  size_t want = 0;
-  while (text.find(stop) == std::string::npos) {
-    text += model_->tokenizer().TokenToBytes(all.tokens[want++]);
-  }
-  ASSERT_LE(want, pick + 1);
-  GenerationRequest g = Request(3, 30);
-  g.stop = {stop};
-  auto stopped = sched.Submit(g);
-  ASSERT_TRUE(stopped.ok());
-  const auto rec = sink.Wait(stopped->handle);
-  EXPECT_EQ(rec.last.finish, FinishKind::kStopString);
-  EXPECT_EQ(rec.tokens, std::vector<int32_t>(all.tokens.begin(), all.tokens.begin() + want));
-  EXPECT_EQ(rec.last.stats.completion_tokens, static_cast<int32_t>(want));
-  EXPECT_EQ(rec.text.find(stop), std::string::npos);  // cut before it
-  EXPECT_GT(rec.last.stats.accepted, 0);              // the steps really were speculative
 }
 
 // The snapshot's metrics of ended requests: per-class latency histograms (seconds, the
