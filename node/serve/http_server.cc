@@ -1,11 +1,17 @@
 #include "node/serve/http_server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -20,6 +26,7 @@ namespace specnode {
 namespace {
 
 constexpr auto kRenderWait = std::chrono::milliseconds(1000);
+constexpr char kErrorHeader[] = "X-Specnode-Error-Code";
 
 // Constant-time comparison of the Authorization header with the expected one (a timing
 // difference would tell an attacker how much of a guessed key was right).
@@ -61,6 +68,89 @@ bool Unbounded(const httplib::Request& req) {
   return Chunked(req) || (!encoding.empty() && !absl::EqualsIgnoreCase(encoding, "identity"));
 }
 
+// The methods httplib reads a body for (any other leaves it to be parsed as a request).
+bool ReadsBody(const std::string& method) {
+  return method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE" ||
+         method == "PRI";
+}
+
+bool HasBody(const httplib::Request& req) {
+  return Chunked(req) || req.get_header_value<uint64_t>("Content-Length") > 0;
+}
+
+// A Content-Length over `max` (a chunked body's is ignored, as httplib ignores it).
+bool LengthOver(const httplib::Request& req, size_t max) {
+  return !Chunked(req) && req.has_header("Content-Length") &&
+         req.get_header_value<uint64_t>("Content-Length") > max;
+}
+
+void SetTooLarge(httplib::Response& res, size_t max) {
+  SetHttpError(
+      res, RequestError::kFrameTooLarge,
+      absl::StrCat("the request body is over ", max, " bytes (serve.http_max_body_bytes)"));
+}
+
+// The numeric address and port of a socket address (IPv4 or IPv6), as httplib writes them.
+bool AddressOf(const sockaddr_storage& a, std::string* host, int* port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &v4->sin_addr, text, sizeof(text));
+    *port = ntohs(v4->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof(text));
+    *port = ntohs(v6->sin6_port);
+  } else {
+    return false;
+  }
+  *host = text;
+  return true;
+}
+
+// After the answer to a refusal: the write side shut, then what the client sends read and
+// dropped within CloseAfterUnread's bounds (http_server.h).
+void Linger(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  const auto end = std::chrono::steady_clock::now() + HttpServer::kLingerTime;
+  size_t dropped = 0;
+  char buf[16384];
+  while (dropped < HttpServer::kMaxDrainBytes) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(std::min(left, HttpServer::kLingerIdle).count())) <= 0) {
+      break;  // silent (or an error): the client has what it needs
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) break;  // the client closed
+    dropped += static_cast<size_t>(n);
+  }
+}
+
+// Makes `res` close its connection, calling `after` once the answer is written.
+void CloseWith(httplib::Response& res, std::function<void()> after) {
+  if (res.content_provider_) return;
+  // httplib ends a connection after a response only when the request asked for it or a
+  // write fails: the body goes through a content provider that writes all of it and then
+  // reports a failure.
+  auto body = std::make_shared<std::string>(std::move(res.body));
+  res.body.clear();
+  if (body->empty()) *body = "\n";
+  const std::string type = res.has_header("Content-Type") ? res.get_header_value("Content-Type")
+                                                          : std::string("text/plain");
+  res.headers.erase("Content-Type");
+  res.set_header("Connection", "close");
+  res.set_content_provider(
+      body->size(), type,
+      [body, after = std::move(after)](size_t offset, size_t length, httplib::DataSink& sink) {
+        if (sink.write(body->data() + offset, length) && after) after();
+        return false;
+      });
+}
+
 struct BodyRead {
   std::string bytes;
   bool complete = false;   // read to its end (and kept, unless too_large)
@@ -95,23 +185,46 @@ void SetHttpError(httplib::Response& res, RequestError code, const std::string& 
   res.set_content(OpenAiError(code, message), "application/json");
 }
 
-void CloseAfter(httplib::Response& res) {
-  if (res.content_provider_) return;
-  // httplib ends a connection after a response only when the request asked for it or a
-  // write fails: the body goes through a content provider that writes all of it and then
-  // reports a failure.
-  auto body = std::make_shared<std::string>(std::move(res.body));
-  res.body.clear();
-  if (body->empty()) *body = "\n";
-  const std::string type = res.has_header("Content-Type") ? res.get_header_value("Content-Type")
-                                                          : std::string("text/plain");
-  res.headers.erase("Content-Type");
-  res.set_header("Connection", "close");
-  res.set_content_provider(body->size(), type,
-                           [body](size_t offset, size_t length, httplib::DataSink& sink) {
-                             sink.write(body->data() + offset, length);
-                             return false;
-                           });
+void CloseAfter(httplib::Response& res) { CloseWith(res, nullptr); }
+
+void CloseAfterUnread(const httplib::Request& req, httplib::Response& res) {
+  // The descriptor is looked up once the answer is out, by the addresses (kept: `req` does
+  // not outlive the handler).
+  auto who = std::make_shared<httplib::Request>();
+  who->remote_addr = req.remote_addr;
+  who->remote_port = req.remote_port;
+  who->local_port = req.local_port;
+  CloseWith(res, [who] {
+    if (const int fd = FindConnection(*who); fd >= 0) Linger(fd);
+  });
+}
+
+int FindConnection(const httplib::Request& req) {
+  if (req.remote_port < 0 || req.local_port < 0) return -1;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd > 2 && IsConnectionOf(fd, req)) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+bool IsConnectionOf(int fd, const httplib::Request& req) {
+  sockaddr_storage peer{}, self{};
+  socklen_t pl = sizeof(peer), sl = sizeof(self);
+  std::string remote, local;
+  int remote_port = 0, local_port = 0;
+  return getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0 &&
+         getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) == 0 &&
+         AddressOf(peer, &remote, &remote_port) && AddressOf(self, &local, &local_port) &&
+         remote_port == req.remote_port && local_port == req.local_port &&
+         remote == req.remote_addr;
 }
 
 void HttpRouter::Get(const std::string& path, Handler handler) {
@@ -133,15 +246,13 @@ void HttpRouter::Post(const std::string& path, BodyHandler handler) {
     if (req.is_multipart_form_data()) {  // httplib would parse it as form fields
       SetHttpError(res, RequestError::kBadRequest,
                    "the body is multipart/form-data; send a JSON object");
-      return CloseAfter(res);
+      return CloseAfterUnread(req, res);
     }
+    // (A Content-Length over the limit was refused before routing: RefusedBeforeTheBody.)
     BodyRead b = ReadBody(reader, max);
-    // httplib refuses a Content-Length over the limit itself (413, the body skipped).
-    if (b.too_large || (!b.complete && res.status == 413)) {
-      SetHttpError(
-          res, RequestError::kFrameTooLarge,
-          absl::StrCat("the request body is over ", max, " bytes (serve.http_max_body_bytes)"));
-      if (b.too_large && !b.complete) CloseAfter(res);
+    if (b.too_large) {
+      SetTooLarge(res, max);
+      if (!b.complete) CloseAfterUnread(req, res);
       return;
     }
     if (!b.complete) {
@@ -150,9 +261,9 @@ void HttpRouter::Post(const std::string& path, BodyHandler handler) {
                                                     req.get_header_value("Content-Encoding"),
                                                     "' is not supported (gzip, deflate)")
                                      : std::string("the request body could not be read"));
-      return CloseAfter(res);
+      return CloseAfterUnread(req, res);
     }
-    if (!s->Authorized(req)) return s->Unauthorized(res, false);
+    if (!s->Authorized(req)) return s->Unauthorized(req, res, false);
     if (HttpHandlerPool::OnOverflowThread()) {
       SetHttpError(res, RequestError::kOverloaded,
                    absl::StrCat("all ", s->options_.threads,
@@ -211,56 +322,85 @@ bool HttpServer::Authorized(const httplib::Request& req) const {
          SameSecret(req.get_header_value("Authorization"), "Bearer " + options_.api_key);
 }
 
-void HttpServer::Unauthorized(httplib::Response& res, bool unread_body) const {
+void HttpServer::Unauthorized(const httplib::Request& req, httplib::Response& res,
+                              bool unread_body) const {
   SetHttpError(res, RequestError::kUnauthorized,
                "missing or wrong API key (Authorization: Bearer ...)");
   res.set_header("WWW-Authenticate", "Bearer");
-  if (unread_body) CloseAfter(res);
+  if (unread_body) CloseAfterUnread(req, res);
+}
+
+bool HttpServer::RefusedBeforeTheBody(const httplib::Request& req, httplib::Response& res) const {
+  // httplib would read (and drop) a body over the limit to its end before answering, and
+  // keep the connection: refused at once instead, and closed.
+  if (LengthOver(req, options_.max_body_bytes)) {
+    SetTooLarge(res, options_.max_body_bytes);
+    CloseAfterUnread(req, res);
+    return true;
+  }
+  // A POST route reads its own body (HttpRouter::Post: bounded, then the key).
+  if (auto it = allowed_.find(req.path);
+      req.method == "POST" && it != allowed_.end() && it->second == "POST") {
+    return false;
+  }
+  // Any other /v1 request needs the key; a refusal here leaves a body unread.
+  if (absl::StartsWith(req.path, "/v1") && !Authorized(req)) {
+    Unauthorized(req, res, HasBody(req));
+    return true;
+  }
+  if (Unbounded(req)) {
+    SetHttpError(res, RequestError::kBadRequest,
+                 "a chunked or compressed body is accepted by the POST routes only");
+  } else if (!ReadsBody(req.method) && HasBody(req)) {
+    SetHttpError(res, RequestError::kBadRequest,
+                 absl::StrCat("a ", req.method, " request takes no body"));
+  } else {
+    return false;
+  }
+  CloseAfterUnread(req, res);
+  return true;
+}
+
+void HttpServer::FinishError(const httplib::Request& req, httplib::Response& res) const {
+  // A known path asked with another method: 405 naming the one it takes.
+  if (auto it = allowed_.find(req.path);
+      res.status == 404 && it != allowed_.end() && it->second != req.method) {
+    res.status = 405;
+    res.set_header("Allow", it->second);
+  }
+  // A route's error names its code (SetHttpError); httplib's own errors are coded by status.
+  const bool ours = res.has_header(kErrorHeader);
+  RequestError code = CodeOfStatus(res.status);
+  if (ours) {
+    (void)ParseWireCode(res.get_header_value(kErrorHeader), &code);
+  } else {
+    res.set_header(kErrorHeader, std::string(WireCode(code)));
+  }
+  if (options_.errors != nullptr) options_.errors->Add(code);
+  if (res.body.empty() && !res.content_provider_) {
+    const std::string message = res.status == 404   ? "no such route"
+                                : res.status == 405 ? "method not allowed on this route"
+                                : res.status == 413 ? "request body too large"
+                                : res.status == 414 ? "the request line is too long"
+                                                    : "bad request";
+    res.set_content(OpenAiError(code, message), "application/json");
+  }
+  // httplib's other refusals (400, 414, 416, ...) are of a request it could not read or
+  // route: where its bytes end is unknown, so the connection closes. (A 404 or 405 comes
+  // after its body was read, or refused unread before routing.)
+  if (!ours && res.status != 404 && res.status != 405) CloseAfterUnread(req, res);
 }
 
 void HttpServer::Routes() {
   httplib::Server& svr = *server_;
-  ErrorCounter* errors = options_.errors;
   // Every error answer (ours and httplib's own: 404, 413, 400 for a malformed request)
   // becomes OpenAI-style JSON with a code from the one table, counted once.
-  svr.set_error_handler([this, errors](const httplib::Request& req, httplib::Response& res) {
-    // A known path asked with another method: 405 naming the one it takes.
-    if (auto it = allowed_.find(req.path);
-        res.status == 404 && it != allowed_.end() && it->second != req.method) {
-      res.status = 405;
-      res.set_header("Allow", it->second);
-    }
-    // A route's error names its code (SetHttpError); httplib's own errors by status.
-    RequestError code = CodeOfStatus(res.status);
-    if (res.has_header("X-Specnode-Error-Code")) {
-      (void)ParseWireCode(res.get_header_value("X-Specnode-Error-Code"), &code);
-    }
-    if (errors != nullptr) errors->Add(code);
-    if (!res.body.empty() || res.content_provider_) return;
-    std::string message = res.status == 404   ? "no such route"
-                          : res.status == 405 ? "method not allowed on this route"
-                          : res.status == 413 ? "request body too large"
-                                              : "bad request";
-    res.set_content(OpenAiError(code, message), "application/json");
-  });
-  // Before any body is read. A POST route reads its own (HttpRouter::Post: bounded, then
-  // the key). Any other /v1 request needs the key; a refusal here leaves a body unread, so
-  // its connection closes. Bodies httplib cannot bound are refused on every other route.
+  svr.set_error_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { FinishError(req, res); });
+  // Called once the headers are in, before any body is read.
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (auto it = allowed_.find(req.path);
-        req.method == "POST" && it != allowed_.end() && it->second == "POST") {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    const bool body = Chunked(req) || req.get_header_value<uint64_t>("Content-Length") > 0;
-    if (absl::StartsWith(req.path, "/v1") && !Authorized(req)) {
-      Unauthorized(res, body);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (!Unbounded(req)) return httplib::Server::HandlerResponse::Unhandled;
-    SetHttpError(res, RequestError::kBadRequest,
-                 "a chunked or compressed body is accepted by the POST routes only");
-    CloseAfter(res);
-    return httplib::Server::HandlerResponse::Handled;
+    return RefusedBeforeTheBody(req, res) ? httplib::Server::HandlerResponse::Handled
+                                          : httplib::Server::HandlerResponse::Unhandled;
   });
   HttpRouter router(this);
   MetricsExchange* metrics = options_.metrics;

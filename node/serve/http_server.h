@@ -4,21 +4,24 @@
 // /v1. One server serves serve.http_bind (everything) and, separately, serve.metrics_bind
 // (metrics and health only, for a scrape port kept apart from traffic).
 //
-// Bodies. A POST route's body is read by the listener (HttpRouter::Post), counted after any
-// Content-Encoding (gzip, deflate) is undone and whatever the Content-Type: beyond
-// max_body_bytes the request gets 413 `frame_too_large` — from the Content-Length before
-// anything is read, else once the limit is passed, a chunked or compressed body included.
-// The rest of an oversized body is read and dropped (up to kMaxDrainBytes) so that the
-// connection can carry the next request; a longer one, and any body a route did not read
-// (a refusal before the body), closes the connection after the answer, so that leftover
-// body bytes are never taken for a request. A body for any other route is refused without
-// being read when httplib could not bound it (chunked, compressed).
+// Bodies. A Content-Length over max_body_bytes is refused with 413 `frame_too_large` as
+// soon as the headers are in, on any route, the body unread. A POST route's body is read by
+// the listener (HttpRouter::Post), counted after any Content-Encoding (gzip, deflate) is
+// undone and whatever the Content-Type: a chunked or compressed body gets the 413 once the
+// limit is passed, and the rest of it is read and dropped (up to kMaxDrainBytes) so that
+// the connection can carry the next request. A longer one, and any body left unread (a
+// refusal before the body), closes the connection after the answer (CloseAfterUnread), so
+// that leftover body bytes are never taken for a request. A body for any other route is
+// refused unread when httplib could not bound it (chunked, compressed), and on a method
+// httplib reads no body for (GET: it would parse that body as the next request).
 //
-// Other limits: the request line and headers up to 8 KiB each (httplib's; beyond: 400
-// `bad_request`); a client silent for 5 s while sending is dropped. Errors, including
-// routing ones (404 `not_found`; 405 `not_found` with Allow on a known path), are
-// OpenAI-style JSON with the wire code of the one error table (request_error.h), and are
-// counted in `errors`.
+// Other limits: the request line and headers up to 8 KiB each (httplib's; beyond: 414 / 400
+// `bad_request`); a client silent for 5 s while sending is dropped. Every error, httplib's
+// own included (404 `not_found`; 405 `not_found` with Allow on a known path; 400, 414, 416
+// for a request it could not read), is OpenAI-style JSON with the wire code of the one error
+// table (request_error.h) in the body and the X-Specnode-Error-Code header, counted in
+// `errors`. After httplib's refusal of a request it could not read, where that request ends
+// is unknown: the connection closes.
 //
 // Auth: with a non-empty api_key every /v1 route needs `Authorization: Bearer <api_key>`
 // (401 `unauthorized` otherwise, compared in constant time); /metrics and /health stay
@@ -29,9 +32,11 @@
 // metrics and GET routes as usual, POST routes with 429 `overloaded` — each closing its
 // connection after the answer. Plus the accept thread. The destructor stops accepting and
 // joins every thread: a handler waiting for a request's events returns once the scheduler
-// ends the request (Scheduler::Stop ends them all), so stop the scheduler first.
+// ends the request (Scheduler::Stop ends them all), so stop the scheduler first; one closing
+// a connection after a refusal (CloseAfterUnread) holds its thread up to kLingerTime.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -58,9 +63,23 @@ class HttpServer;
 // An error answer: the status of `code` in the one table (request_error.h), the code in the
 // X-Specnode-Error-Code header (what the listener counts it under) and an OpenAI-style body.
 void SetHttpError(httplib::Response& res, RequestError code, const std::string& message);
-// Makes the listener close the connection once `res` is written (after a refusal that left
-// body bytes unread, say). A streaming response is left as it is.
+// Makes the listener close the connection once `res` is written (Connection: close). A
+// streaming response is left as it is.
 void CloseAfter(httplib::Response& res);
+// CloseAfter for a refusal that left (some of) `req`'s body unread. After the answer the
+// write side is shut (the client reads the answer, then the end) and what the client still
+// sends is read and dropped, never parsed, until it stops for kLingerIdle, closes, or
+// kLingerTime or kMaxDrainBytes pass (a lingering close, as nginx's): a client still sending
+// its body reads the answer instead of a reset.
+void CloseAfterUnread(const httplib::Request& req, httplib::Response& res);
+
+// The descriptor of the connection `req` came on: httplib hands handlers no socket, so it
+// is found among the process's descriptors by the connection's two addresses; -1 when none
+// matches (or `req` has no addresses: a request line httplib could not parse).
+int FindConnection(const httplib::Request& req);
+// True while `fd` is the connection `req` came on (a descriptor number is reused once
+// closed).
+bool IsConnectionOf(int fd, const httplib::Request& req);
 
 // The routes a service adds to the listener (OpenAiService::Register): handlers run on the
 // listener's threads.
@@ -113,8 +132,12 @@ class HttpServer {
   const HttpServerOptions& options() const { return options_; }
 
   static constexpr size_t kOverflowThreads = 4;
-  // The most of an oversized body read (and dropped) to keep its connection usable.
+  // The most of an oversized body read (and dropped) to keep its connection usable, or
+  // after a refusal that closes it (CloseAfterUnread).
   static constexpr size_t kMaxDrainBytes = size_t{64} << 20;
+  // CloseAfterUnread's bounds: the longest silence it waits through, its whole time.
+  static constexpr std::chrono::milliseconds kLingerIdle{1000};
+  static constexpr std::chrono::milliseconds kLingerTime{5000};
 
  private:
   friend class HttpRouter;
@@ -122,7 +145,12 @@ class HttpServer {
   void Routes();
   bool Authorized(const httplib::Request& req) const;
   // The 401 answer (closing the connection when `unread_body`).
-  void Unauthorized(httplib::Response& res, bool unread_body) const;
+  void Unauthorized(const httplib::Request& req, httplib::Response& res, bool unread_body) const;
+  // The checks before any body is read (httplib's pre-routing handler): true when `res` is
+  // a refusal.
+  bool RefusedBeforeTheBody(const httplib::Request& req, httplib::Response& res) const;
+  // The error handler: every error answer, ours and httplib's own.
+  void FinishError(const httplib::Request& req, httplib::Response& res) const;
 
   HttpServerOptions options_;
   std::unique_ptr<httplib::Server> server_;

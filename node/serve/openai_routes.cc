@@ -1,16 +1,11 @@
 #include "node/serve/openai_routes.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <ctime>
 #include <deque>
 #include <memory>
@@ -71,52 +66,22 @@ void SetError(httplib::Response& res, const absl::Status& status) {
 std::string SseData(const std::string& json) { return "data: " + json + "\n\n"; }
 
 // The connection a request came on, for a handler that must notice its client leaving
-// before it has anything to write (a non-streaming request): httplib hands handlers no
-// socket, so the socket is found among the process's descriptors by its two addresses, and
-// checked again on every look (a descriptor number is reused once closed).
+// before it has anything to write (a non-streaming request): found by its addresses
+// (FindConnection, http_server.h), and checked again on every look.
 class ClientConnection {
  public:
-  explicit ClientConnection(const httplib::Request& req)
-      : remote_(req.remote_addr), remote_port_(req.remote_port), local_port_(req.local_port) {
-    DIR* dir = opendir("/proc/self/fd");
-    if (dir == nullptr) return;
-    while (dirent* e = readdir(dir)) {
-      const int fd = std::atoi(e->d_name);
-      if (fd > 2 && Matches(fd)) {
-        fd_ = fd;
-        break;
-      }
-    }
-    closedir(dir);
-  }
+  explicit ClientConnection(const httplib::Request& req) : req_(req), fd_(FindConnection(req)) {}
   // True once the client has closed or reset the connection (false when it cannot tell).
   bool Gone() const {
     if (fd_ < 0) return false;
-    if (!Matches(fd_)) return true;  // closed, and the number reused
+    if (!IsConnectionOf(fd_, req_)) return true;  // closed, and the number reused
     pollfd p{fd_, POLLRDHUP, 0};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
   }
 
  private:
-  bool Matches(int fd) const {
-    sockaddr_storage peer{}, self{};
-    socklen_t pl = sizeof(peer), sl = sizeof(self);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) != 0 ||
-        peer.ss_family != AF_INET || self.ss_family != AF_INET) {
-      return false;
-    }
-    const auto* p = reinterpret_cast<const sockaddr_in*>(&peer);
-    const auto* s = reinterpret_cast<const sockaddr_in*>(&self);
-    char host[INET_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET, &p->sin_addr, host, sizeof(host));
-    return ntohs(p->sin_port) == remote_port_ && ntohs(s->sin_port) == local_port_ &&
-           remote_ == host;
-  }
-
-  std::string remote_;
-  int remote_port_, local_port_;
-  int fd_ = -1;
+  const httplib::Request& req_;  // outlives this (both the handler's)
+  int fd_;
 };
 
 constexpr char kDrainCut[] =

@@ -27,9 +27,12 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// Sends `request` to 127.0.0.1:port and returns everything the server answers.
+// Sends `request` to 127.0.0.1:port and returns everything the server answers (until it
+// closes, or 10 s pass).
 std::string Exchange(int port, const std::string& request) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
@@ -309,6 +312,23 @@ class Conversation {
     char c;
     return ::recv(fd_, &c, 1, 0) == 0;
   }
+  // True when all of `bytes` went out (not cut by the server's close or reset).
+  bool Send(const std::string& bytes) {
+    for (size_t done = 0; done < bytes.size();) {
+      const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Whatever else arrives until the connection ends or the timeout passes.
+  std::string Rest() {
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd_, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+    return out;
+  }
 
  private:
   int fd_;
@@ -418,6 +438,102 @@ TEST(HttpServerTest, HealthAnswersAndGenerationIsTurnedAwayWhileEveryWorkerIsHel
   EXPECT_THAT(held, HasSubstr("held"));
   EXPECT_THAT(Exchange(rs.port(), "POST /v1/echo HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}"),
               HasSubstr("size 2"));
+}
+
+TEST(HttpServerTest, ContentLengthOverTheLimitIsRefusedAtOnceAndNothingAfterItIsARequest) {
+  RoutedServer rs(4096);
+  ASSERT_NE(rs.server, nullptr);
+  const std::string head = "POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n";
+  {  // The body's first bytes are a request: refused before they are read, never answered.
+    Conversation c(rs.port());
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string r = c.Ask(head + kHealth);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    EXPECT_THAT(r, StartsWith("HTTP/1.1 413"));
+    EXPECT_THAT(r, HasSubstr("X-Specnode-Error-Code: frame_too_large"));
+    EXPECT_THAT(r, HasSubstr("\"code\":\"frame_too_large\""));
+    EXPECT_THAT(r, HasSubstr("Connection: close"));
+    c.Send(kHealth);  // more body bytes, sent after the answer
+    const std::string rest = c.Rest();
+    EXPECT_EQ(Count(r + rest, "HTTP/1.1 "), 1u) << r << rest;
+  }
+  {  // Only the headers, the body never sent: the answer still comes at once, then the end.
+    Conversation c(rs.port());
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THAT(c.Ask(head), StartsWith("HTTP/1.1 413"));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    EXPECT_TRUE(c.Closed());
+  }
+  {  // A client that sends its whole body (more than the socket buffers hold) before reading
+     // still reads the answer: the rest is read and dropped after it, not met with a reset.
+    const size_t n = size_t{16} << 20;
+    Conversation c(rs.port());
+    EXPECT_TRUE(c.Send("POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(n) +
+                       "\r\n\r\n" + std::string(n, 'x')));
+    const std::string whole = c.Rest();
+    EXPECT_THAT(whole, StartsWith("HTTP/1.1 413"));
+    EXPECT_EQ(Count(whole, "HTTP/1.1 "), 1u);
+  }
+  // The same on a route that reads no body and on one that does not exist.
+  EXPECT_THAT(Exchange(rs.port(), "POST /nope HTTP/1.0\r\nContent-Length: 5000\r\n\r\n"),
+              StartsWith("HTTP/1.1 413"));
+  EXPECT_THAT(Exchange(rs.port(), "GET /health HTTP/1.0\r\n\r\n"), StartsWith("HTTP/1.1 200"));
+  EXPECT_EQ(rs.errors.Counts().at("frame_too_large"), 4);
+}
+
+TEST(HttpServerTest, ABodyOnARouteThatReadsNoneIsNeverReadAsARequest) {
+  RoutedServer rs(4096);
+  ASSERT_NE(rs.server, nullptr);
+  const std::string smuggled = kHealth;
+  Conversation c(rs.port());
+  std::string r = c.Ask("GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                        std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled);
+  EXPECT_THAT(r, StartsWith("HTTP/1.1 400"));
+  EXPECT_THAT(r, HasSubstr("X-Specnode-Error-Code: bad_request"));
+  const std::string rest = c.Rest();
+  EXPECT_EQ(Count(r + rest, "HTTP/1.1 "), 1u) << r << rest;
+  // An empty body (Content-Length: 0, as some clients send on a GET) is no body.
+  EXPECT_THAT(Exchange(rs.port(), "GET /health HTTP/1.0\r\nContent-Length: 0\r\n\r\n"),
+              StartsWith("HTTP/1.1 200"));
+}
+
+// httplib's own refusals (routing, a request it cannot parse) carry the code header too.
+TEST(HttpServerTest, EveryErrorCarriesTheErrorCodeHeader) {
+  RoutedServer rs(4096);
+  ASSERT_NE(rs.server, nullptr);
+  struct Case {
+    std::string request;
+    const char* status;
+    const char* code;
+  };
+  const std::string big(9000, 'a');
+  const Case cases[] = {
+      {"GET /nope HTTP/1.0\r\n\r\n", "HTTP/1.1 404", "not_found"},
+      {"POST /nope HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}", "HTTP/1.1 404", "not_found"},
+      {"GET /v1/echo HTTP/1.0\r\n\r\n", "HTTP/1.1 405", "not_found"},
+      {"POST /health HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}", "HTTP/1.1 405", "not_found"},
+      {"GET /health HTTP/1.0\r\nX-Big: " + big + "\r\n\r\n", "HTTP/1.1 400", "bad_request"},
+      {"GET /" + big + " HTTP/1.0\r\n\r\n", "HTTP/1.1 414", "bad_request"},
+      {"BREW /pot HTTP/1.0\r\n\r\n", "HTTP/1.1 400", "bad_request"},
+      {"GET /health HTTP/1.0\r\nRange: bytes=x\r\n\r\n", "HTTP/1.1 416", "bad_request"},
+      {"POST /nope HTTP/1.0\r\nContent-Length: 5000\r\n\r\n", "HTTP/1.1 413", "frame_too_large"},
+  };
+  for (const Case& k : cases) {
+    const std::string r = Exchange(rs.port(), k.request);
+    EXPECT_THAT(r, StartsWith(k.status)) << k.request.substr(0, 40);
+    EXPECT_THAT(r, HasSubstr(std::string("X-Specnode-Error-Code: ") + k.code))
+        << k.request.substr(0, 40) << "\n"
+        << r;
+    EXPECT_THAT(r, HasSubstr(std::string("\"code\":\"") + k.code + "\""))
+        << k.request.substr(0, 40);
+  }
+  // A header httplib cannot read leaves the connection out of step: it closes, and what
+  // follows is not answered.
+  Conversation c(rs.port());
+  std::string r = c.Ask("GET /health HTTP/1.1\r\nX-Big: " + big + "\r\n\r\n" + kHealth);
+  EXPECT_THAT(r, StartsWith("HTTP/1.1 400"));
+  const std::string rest = c.Rest();
+  EXPECT_EQ(Count(r + rest, "HTTP/1.1 "), 1u) << rest;
 }
 
 TEST(HttpServerTest, StopsPromptly) {

@@ -192,12 +192,89 @@ def test_bad_bodies_and_routes(http_node, path, body, raw, status, code, needle)
 
 
 def test_body_over_the_limit_is_413_unread(http_node):
+    """A client that sends its whole body before reading (urllib) still reads the 413."""
     t0 = time.monotonic()
-    status, _, text = http_node.post("/v1/completions",
-                                     {"prompt": "x" * (5 << 20), "max_tokens": 1})
+    status, headers, text = http_node.post("/v1/completions",
+                                           {"prompt": "x" * (5 << 20), "max_tokens": 1})
     assert status == 413, text
     assert json.loads(text)["error"]["code"] == "frame_too_large"
+    assert headers["X-Specnode-Error-Code"] == "frame_too_large"
     assert time.monotonic() - t0 < 10
+
+
+def _read_response(s):
+    """One response (headers and Content-Length bytes of body) from socket `s`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(l.split(b":", 1)[1]) for l in head.split(b"\r\n")
+                   if l.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def _read_rest(s):
+    """Whatever else arrives until the connection ends (or the socket's timeout)."""
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass
+    return data
+
+
+def test_content_length_over_the_limit_is_refused_at_once_and_closes(http_node):
+    """The 413 comes from the headers, before any body byte, and the connection closes:
+    bytes after the headers (a request here) are never read as a request."""
+    smuggled = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", http_node.port), timeout=10) as s:
+        t0 = time.monotonic()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (5 << 20)
+                  + smuggled)
+        out = _read_response(s)
+        assert time.monotonic() - t0 < 1, out[:300]
+        assert out.startswith(b"HTTP/1.1 413"), out[:300]
+        assert b"X-Specnode-Error-Code: frame_too_large\r\n" in out
+        assert b"Connection: close\r\n" in out
+        try:
+            s.sendall(smuggled)  # more body bytes, after the answer
+        except OSError:
+            pass
+        rest = _read_rest(s)
+    assert (out + rest).count(b"HTTP/1.1 ") == 1, rest[:300]
+    assert http_node.get("/health")[0] == 200
+
+
+@pytest.mark.parametrize("request_bytes,status,code", [
+    (b"GET /v1/nope HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found"),
+    (b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405, "not_found"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 400,
+     "bad_request"),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "bad_request"),
+    (b"BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", 400,
+     "bad_request"),
+])
+def test_errors_httplib_answers_carry_the_code_header(http_node, request_bytes, status, code):
+    """Errors that cpp-httplib produces itself (routing, requests it cannot read) carry the
+    X-Specnode-Error-Code header and the JSON body like the node's own."""
+    with socket.create_connection(("127.0.0.1", http_node.port), timeout=10) as s:
+        s.sendall(request_bytes)
+        out = _read_response(s)
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d" % status), out[:300]
+    assert b"\r\nX-Specnode-Error-Code: " + code.encode() + b"\r\n" in head + b"\r\n", head
+    assert json.loads(body)["error"]["code"] == code
 
 
 def _raw_exchange(port, head, body=b""):
