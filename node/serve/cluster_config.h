@@ -30,7 +30,9 @@ namespace specnode {
 struct RankPlacement {
   int rank = 0;
   Device device;     // parsed where the YAML names it
-  std::string host;  // optional: the node the rank must land on (checked at start)
+  // Optional: the node the rank is meant to run on. mpirun's hostfile and --map-by decide;
+  // `serve --check-config` compares the names with that mapping (gpu_layout.h).
+  std::string host;
 };
 struct GroupTopology {
   std::string name;

@@ -1,11 +1,14 @@
 // specnode serve: the node's command line. Reads the config (--config FILE, else the
 // embedded cluster-configs/local-cpu.yaml) with flags applied on top, then serves: in this
 // process (ServeNode, serve_node.h), or under mpirun with a multi-rank config as the
-// cluster's rank 0 or a shard rank (node/cluster/serve_cluster.h).
+// cluster's rank 0 or a shard rank (node/cluster/serve_cluster.h). --check-config checks
+// instead: the config, the models' GGUF headers and, for GPU ranks, where each rank lands
+// and which GPU it opens (node/serve/gpu_layout.h).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,8 @@
 #include "node/cli/model_flags.h"
 #include "node/cluster/serve_cluster.h"
 #include "node/serve/cluster_config.h"
+#include "node/serve/gpu_inventory.h"
+#include "node/serve/gpu_layout.h"
 #include "node/serve/metrics_http.h"
 #include "node/serve/serve_node.h"
 #include "node/session/model_session.h"
@@ -78,7 +83,19 @@ std::string Help() {
       "  --check-config      check the config as serve would, then the target's (and a draft\n"
       "                      model's) GGUF header: architecture, tensor shapes, vocabulary,\n"
       "                      device, TP fit; print a summary and exit 0, or the error and 1.\n"
-      "                      Loads no weights, binds no socket, needs no mpirun\n",
+      "                      Loads no weights, binds no socket, needs no mpirun. With GPU\n"
+      "                      ranks in topology.groups it also places each rank on its node\n"
+      "                      and GPU as mpirun --map-by ppr:R:node would (rank r on node r / R,\n"
+      "                      local rank r %% R) against the GPUs this host's CUDA runtime shows\n"
+      "                      (CUDA_VISIBLE_DEVICES applied; every node taken to be alike): a\n"
+      "                      missing cuda:N, two ranks of a node on one GPU, or a topology host\n"
+      "                      on the wrong node fails, naming the ranks (docs/serving.md)\n"
+      "  --ranks-per-node R  with --check-config: R ranks per node, as mpirun --map-by\n"
+      "                      ppr:R:node (default: what the config's hosts imply, else every\n"
+      "                      rank on one node)\n"
+      "  --gpus-per-node N   with --check-config: nodes of N GPUs each (CUDA_VISIBLE_DEVICES\n"
+      "                      still applies) instead of this host's: checks a GPU layout from a\n"
+      "                      machine without those GPUs\n",
       d.bind, d.draft.text(), d.k_max, std::string(AcceptanceRuleName(d.acceptance)).c_str(),
       d.max_active, d.max_queue, d.limits.max_tokens, d.limits.max_frame_bytes);
 }
@@ -219,7 +236,89 @@ absl::Status CheckDraft(const ServeConfig& cfg, const ModelHeader& target, std::
   return absl::OkStatus();
 }
 
-absl::Status CheckConfig(const ServeConfig& cfg) {
+// --check-config's GPU layout flags, parsed.
+struct GpuCheckOptions {
+  std::optional<int> ranks_per_node;  // --ranks-per-node R: mpirun --map-by ppr:R:node
+  std::optional<int> gpus_per_node;   // --gpus-per-node N: nodes of N GPUs, not this host's
+};
+
+absl::StatusOr<GpuCheckOptions> GpuCheckOptionsFromArgs(const CliArgs& args) {
+  GpuCheckOptions o;
+  if ((args.Has("ranks-per-node") || args.Has("gpus-per-node")) && !args.Has("check-config")) {
+    return absl::InvalidArgumentError(
+        "--ranks-per-node and --gpus-per-node go with --check-config (serve's ranks run where "
+        "mpirun puts them, on the GPUs their node has)");
+  }
+  if (args.Has("ranks-per-node")) {
+    SPECNODE_ASSIGN_OR_RETURN(const int64_t r, args.GetInt("ranks-per-node", 1, 1, 65536));
+    o.ranks_per_node = static_cast<int>(r);
+  }
+  if (args.Has("gpus-per-node")) {
+    SPECNODE_ASSIGN_OR_RETURN(const int64_t n, args.GetInt("gpus-per-node", 0, 0, 1024));
+    o.gpus_per_node = static_cast<int>(n);
+  }
+  return o;
+}
+
+// The GPU layout of a topology with GPU ranks (node/serve/gpu_layout.h): each rank's node
+// and GPU under the documented mapping, against the GPUs every node shows (this host's, or
+// --gpus-per-node). Returns the summary's text ("" without GPU ranks), or
+// FailedPrecondition naming the ranks that fail, with the whole layout.
+absl::StatusOr<std::string> CheckGpuPlacement(const ServeConfig& cfg, const GpuCheckOptions& o) {
+  const Topology& t = cfg.topology;
+  if (t.single_process() || !UsesGpus(t)) return std::string();
+  int per_node = t.world_size;
+  std::string per_node_origin = "no --ranks-per-node and no hosts in the config: one node";
+  if (o.ranks_per_node.has_value()) {
+    per_node = *o.ranks_per_node;
+    per_node_origin = absl::StrCat("--ranks-per-node ", per_node);
+  } else if (const std::optional<int> r = RanksPerNodeFromHosts(t)) {
+    per_node = *r;
+    per_node_origin = "from the config's hosts";
+  }
+  SPECNODE_ASSIGN_OR_RETURN(const NodeGpus node, o.gpus_per_node.has_value()
+                                                     ? PlannedNodeGpus(*o.gpus_per_node)
+                                                     : ThisHostGpus());
+  const int n_nodes = (t.world_size + per_node - 1) / per_node;
+  SPECNODE_ASSIGN_OR_RETURN(
+      const GpuLayout layout,
+      PlanGpuLayout(t, per_node, per_node_origin, std::vector<NodeGpus>(n_nodes, node)));
+  if (layout.ok()) return DescribeGpuLayout(layout, "             ");
+  const std::vector<int> failing = layout.FailingRanks();
+  std::string message =
+      absl::StrFormat("%s: the GPU layout fails for rank%s %s:\n  %s", cfg.source,
+                      failing.size() == 1 ? "" : "s", RankRanges(failing),
+                      DescribeGpuLayout(layout, "  "));
+  if (!o.gpus_per_node.has_value()) {
+    absl::StrAppend(&message,
+                    "\n  (every node is taken to show what this host shows; --gpus-per-node N "
+                    "checks the layout for nodes of N GPUs each)");
+  }
+  return absl::FailedPreconditionError(message);
+}
+
+// The summary's compute line: one process's device and threads, or the ranks and groups.
+std::string ComputeLine(const ServeConfig& cfg) {
+  if (cfg.topology.single_process()) {
+    return absl::StrFormat(
+        "single process on %s, %d threads, activations %s", cfg.device.name(), cfg.threads,
+        ActivationsName(ComputeOptions{cfg.activations, cfg.device, cfg.chat_template}));
+  }
+  std::string line = absl::StrFormat("%d ranks (mpirun -np %d)", cfg.topology.world_size,
+                                     cfg.topology.world_size);
+  for (const GroupTopology& g : cfg.topology.groups) {
+    std::vector<int> ranks;
+    for (const RankPlacement& p : g.target) ranks.push_back(p.rank);
+    absl::StrAppendFormat(&line, "; group %s: draft rank %d, target ranks %s (TP %d)", g.name,
+                          g.draft.rank, absl::StrJoin(ranks, ","), ranks.size());
+  }
+  return line;
+}
+
+absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_options) {
+  // Where the ranks land needs no model: checked first, so a machine without the model
+  // files still gets the layout's verdict.
+  SPECNODE_ASSIGN_OR_RETURN(const std::string gpus, CheckGpuPlacement(cfg, gpu_options));
   SPECNODE_ASSIGN_OR_RETURN(const ModelHeader target,
                             OpenModelHeader("target", cfg.model, cfg.chat_template));
   const LlamaConfig& mc = target.config;
@@ -273,19 +372,6 @@ absl::Status CheckConfig(const ServeConfig& cfg) {
       cap / (1 << 20), cap / per_token(KvPrecision::kFull), cap / per_token(KvPrecision::kInt4),
       cfg.kv.host_capacity_bytes / double{1 << 20});
   if (cfg.kv.mode == KvMode::kDense) kv = "dense (the f32 reference cache)";
-  std::string layout = absl::StrFormat(
-      "single process on %s, %d threads, activations %s", cfg.device.name(), cfg.threads,
-      ActivationsName(ComputeOptions{cfg.activations, cfg.device, cfg.chat_template}));
-  if (!cfg.topology.single_process()) {
-    layout = absl::StrFormat("%d ranks (mpirun -np %d)", cfg.topology.world_size,
-                             cfg.topology.world_size);
-    for (const GroupTopology& g : cfg.topology.groups) {
-      std::vector<int> ranks;
-      for (const RankPlacement& p : g.target) ranks.push_back(p.rank);
-      absl::StrAppendFormat(&layout, "; group %s: draft rank %d, target ranks %s (TP %d)", g.name,
-                            g.draft.rank, absl::StrJoin(ranks, ","), ranks.size());
-    }
-  }
   // The endpoints serve would open; none is opened here.
   std::string http = "off";
   if (cfg.http_bind.has_value()) {
@@ -302,6 +388,7 @@ absl::Status CheckConfig(const ServeConfig& cfg) {
       "  layers:    %d, context %d tokens, vocabulary %d\n"
       "  tokenizer: %d tokens; chat template: %s\n"
       "  compute:   %s\n"
+      "%s"
       "  kv:        %s\n"
       "  draft:     %s, k_max %d, acceptance %s\n"
       "  router:    %s\n"
@@ -312,8 +399,9 @@ absl::Status CheckConfig(const ServeConfig& cfg) {
       "  limits:    max_active %d, max_queue %d, max_tokens %d; drain %g s after SIGTERM\n",
       cfg.source, cfg.model, mc.name.empty() ? mc.architecture : mc.name, target.file->version(),
       static_cast<int>(target.file->tensors().size()), weight_bytes / double{1 << 20}, mc.Summary(),
-      mc.n_layers, mc.context_length, mc.vocab_size, target.tokenizer->vocab_size(), chat, layout,
-      kv, draft_line, cfg.k_max, std::string(AcceptanceRuleName(cfg.acceptance)), router_line,
+      mc.n_layers, mc.context_length, mc.vocab_size, target.tokenizer->vocab_size(), chat,
+      ComputeLine(cfg), gpus.empty() ? "" : absl::StrCat("  gpus:      ", gpus, "\n"), kv,
+      draft_line, cfg.k_max, std::string(AcceptanceRuleName(cfg.acceptance)), router_line,
       cfg.bind, http,
       cfg.metrics_bind.empty() ? "off" : absl::StrCat("http://", cfg.metrics_bind, "/metrics"),
       cfg.kv_events_bind.empty() ? "off" : cfg.kv_events_bind, cfg.max_active, cfg.max_queue,
@@ -323,7 +411,8 @@ absl::Status CheckConfig(const ServeConfig& cfg) {
 
 absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
-  if (args.Has("check-config")) return CheckConfig(cfg);
+  SPECNODE_ASSIGN_OR_RETURN(const GpuCheckOptions gpu_options, GpuCheckOptionsFromArgs(args));
+  if (args.Has("check-config")) return CheckConfig(cfg, gpu_options);
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
   SPECNODE_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelSession> session,
@@ -341,7 +430,8 @@ int RunServe(int argc, char** argv) {
   return RunModelCommand("serve", Help(), argc, argv,
                          {"config", "model", "bind", "metrics-bind", "http-bind", "kv-events-bind",
                           "threads", "draft", "spec-k", "acceptance", "router-rules", "max-active",
-                          "max-queue", "max-tokens", "max-frame-bytes"},
+                          "max-queue", "max-tokens", "max-frame-bytes", "ranks-per-node",
+                          "gpus-per-node"},
                          {"check-config"}, Run);
 }
 

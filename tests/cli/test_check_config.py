@@ -2,6 +2,10 @@
 model's GGUF header checked (architecture, shapes, vocabulary, draft), a summary printed —
 without loading weights, binding a socket or mpirun. Exit 0 when fine, else 1 with the
 error (file:line: key for config mistakes), 2 for a usage error."""
+import os
+import re
+import shlex
+import shutil
 import socket
 import subprocess
 import time
@@ -85,12 +89,14 @@ def test_shipped_cluster_configs_check_without_mpirun(specnode, real_model, conf
     """Every shipped config passes with the real model (multi-rank ones without mpirun:
     rank layout, devices, TP fit); GPU layouts fail here naming why: no CUDA in the build,
     or (a CUDA build) what they need that this machine lacks — the draft model they name
-    under /models, a target whose KV heads split over their TP width."""
+    under /models, a target whose KV heads split over their TP width — or, first, the GPUs
+    this machine lacks (the layout check)."""
     res = check(specnode, "--config", str(ROOT / "cluster-configs" / config), "--model", real_model)
     if config.startswith("gpu-") and res.returncode != 0:
         assert res.returncode == 1, res.stderr
-        assert any(why in res.stderr for why in ("CUDA", "/models/draft.gguf",
-                                                 "tensor parallelism")), res.stderr
+        assert any(why in res.stderr for why in ("the GPU layout fails", "CUDA",
+                                                 "/models/draft.gguf", "tensor parallelism")), \
+            res.stderr
         return
     assert_ok(res)
     if config.startswith("mpirun-"):
@@ -177,3 +183,195 @@ def test_multi_rank_layout_is_checked_without_mpirun(specnode, tiny_model):
                        str(ROOT / "cluster-configs" / "mpirun-cpu-tp3.yaml"), "--model",
                        tiny_model),
                  "mpirun-cpu-tp3.yaml: group", "does not fit")
+
+
+# --- GPU layout: where each rank of a topology lands and which GPU it opens --------------
+
+TWO_NODES = ROOT / "cluster-configs" / "gpu-2node-16gpu.yaml"
+MAPPING_LINE = ("16 ranks on 2 nodes, 8 per node (from the config's hosts): mpirun --map-by "
+                "ppr:8:node puts rank r on node r / 8 as local rank r % 8")
+
+
+def env_without_cuda_visible_devices(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(extra)
+    return env
+
+
+def two_node_rank_lines(gpu):
+    """The placement lines of cluster-configs/gpu-2node-16gpu.yaml; gpu(rank, node, cuda)
+    gives what follows `cuda:N` on the line."""
+    lines = []
+    for r in range(16):
+        node, local = divmod(r, 8)
+        host = ("nodeA", "nodeB")[node]
+        role = ("coordinator + draft of group nodeA" if r == 0 else
+                "draft of group nodeB" if r == 8 else
+                f"target of group {host} (TP rank {local - 1} of 7)")
+        lines.append(f"rank {r}: node {node} (host {host}), local rank {local}, {role}, "
+                     f"cuda:{local}{gpu(r, node, local)}")
+    return lines
+
+
+def missing(r, node, cuda):
+    return f": does not exist on node {node} (0 GPUs visible)"
+
+
+def assert_no_gpu_layout(res):
+    """The whole message for the 2-node config where each node shows 0 GPUs."""
+    assert_fails(res)
+    lines = res.stderr.splitlines()
+    assert lines[0] == f"specnode serve: {TWO_NODES}: the GPU layout fails for ranks 0-15:"
+    assert lines[1] == "  " + MAPPING_LINE
+    assert lines[2].startswith("  each node: 0 GPUs visible (this host: "), lines[2]
+    assert lines[3:19] == ["  " + line for line in two_node_rank_lines(missing)]
+    assert lines[19:] == ["  (every node is taken to show what this host shows; "
+                          "--gpus-per-node N checks the layout for nodes of N GPUs each)"]
+    return lines[2]
+
+
+@pytest.fixture(scope="module")
+def tp7_models(specnode, tmp_path_factory):
+    """A target whose 7 KV heads split over TP 7 and a draft with its vocabulary."""
+    d = tmp_path_factory.mktemp("tp7")
+    target, draft = d / "tp7.gguf", d / "draft.gguf"
+    subprocess.run([specnode, "tiny-model", "--out", str(target), "--layers", "1", "--d-model",
+                    "224", "--heads", "7", "--kv-heads", "7", "--ff", "448"], check=True,
+                   capture_output=True)
+    subprocess.run([specnode, "tiny-model", "--out", str(draft)], check=True,
+                   capture_output=True)
+    return str(target), str(draft)
+
+
+def test_help_documents_the_layout_flags_as_the_docs_do(specnode):
+    res = subprocess.run([specnode, "serve", "--help"], capture_output=True, text=True)
+    assert res.returncode == 0
+    docs = (ROOT / "docs" / "serving.md").read_text() + (ROOT / "docs" / "configs.md").read_text()
+    for flag in ("--ranks-per-node", "--gpus-per-node"):
+        assert f"  {flag} " in res.stdout, res.stdout
+        assert flag in docs, flag
+    assert "ppr:R:node" in res.stdout
+
+
+def test_two_node_layout_on_a_host_without_gpus(specnode, tiny_model):
+    """Without GPUs every rank of the 2 x 8 config is named with its node, local rank, role
+    and device, and why it fails; nothing crashes, no model is opened."""
+    res = check(specnode, "--config", str(TWO_NODES), "--model", tiny_model,
+                env=env_without_cuda_visible_devices())
+    if "each node: 0 GPUs visible (this host: " not in res.stderr:
+        pytest.skip(f"this host shows GPUs: {res.stderr.splitlines()[2:3]}")
+    origin = assert_no_gpu_layout(res)
+    assert ("no CUDA device" in origin or "built without the CUDA backend" in origin), origin
+
+
+def test_empty_cuda_visible_devices_hides_every_gpu(specnode, tiny_model):
+    res = check(specnode, "--config", str(TWO_NODES), "--model", tiny_model,
+                env=env_without_cuda_visible_devices(CUDA_VISIBLE_DEVICES=""))
+    assert assert_no_gpu_layout(res).endswith(", CUDA_VISIBLE_DEVICES=)")
+
+
+def test_gpus_per_node_plans_the_two_node_layout(specnode, tp7_models):
+    """--gpus-per-node 8: the layout passes on a machine without the GPUs and the summary
+    lists it; a build without CUDA then stops at the devices, after the layout."""
+    target, draft = tp7_models
+    res = check(specnode, "--config", str(TWO_NODES), "--model", target, "--draft", draft,
+                "--gpus-per-node", "8", env=env_without_cuda_visible_devices())
+    if res.returncode != 0:
+        assert_fails(res, "built without the CUDA backend")
+        assert "GPU layout" not in res.stderr
+        return
+    assert_ok(res)
+    lines = res.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  gpus:"))
+    assert lines[at] == "  gpus:      " + MAPPING_LINE
+    assert lines[at + 1] == "             each node: 8 GPUs visible (--gpus-per-node 8)"
+    assert lines[at + 2:at + 18] == [
+        " " * 13 + line for line in two_node_rank_lines(lambda r, n, c: f" = GPU {c}")]
+    assert lines[at + 18].startswith("  kv:")
+
+
+def test_cuda_visible_devices_subset_fails_the_ranks_beyond_it(specnode, tiny_model):
+    res = check(specnode, "--config", str(TWO_NODES), "--model", tiny_model,
+                "--gpus-per-node", "8",
+                env=env_without_cuda_visible_devices(CUDA_VISIBLE_DEVICES="4,5,6,7"))
+    assert_fails(res, f"{TWO_NODES}: the GPU layout fails for ranks 4-7, 12-15:\n",
+                 "\n  each node: 4 GPUs visible: 4,5,6,7 (--gpus-per-node 8, "
+                 "CUDA_VISIBLE_DEVICES=4,5,6,7)\n",
+                 "\n  rank 8: node 1 (host nodeB), local rank 0, draft of group nodeB, "
+                 "cuda:0 = GPU 4\n",
+                 "\n  rank 12: node 1 (host nodeB), local rank 4, target of group nodeB "
+                 "(TP rank 3 of 7), cuda:4: does not exist on node 1 (4 GPUs visible)\n")
+    assert "checks the layout for nodes of N GPUs" not in res.stderr  # N was given
+    # A GPU listed twice is refused as such.
+    res = check(specnode, "--config", str(TWO_NODES), "--model", tiny_model,
+                "--gpus-per-node", "8",
+                env=env_without_cuda_visible_devices(CUDA_VISIBLE_DEVICES="0,1,1"))
+    assert_fails(res, "CUDA_VISIBLE_DEVICES=0,1,1 lists 1 twice")
+
+
+def test_ranks_per_node_against_the_configs_hosts(specnode, tiny_model):
+    """Every rank on one node: nodeB's ranks take nodeA's GPUs and contradict its host."""
+    res = check(specnode, "--config", str(TWO_NODES), "--model", tiny_model,
+                "--ranks-per-node", "16", "--gpus-per-node", "16")
+    assert_fails(res, "the GPU layout fails for ranks 0-15:\n",
+                 "\n  16 ranks on 1 node, 16 per node (--ranks-per-node 16)",
+                 "\n  rank 9: node 0 (host nodeB), local rank 9, target of group nodeB (TP rank "
+                 "0 of 7), cuda:1 = GPU 1: GPU 1 of node 0 is opened by rank 1 too (one GPU per "
+                 "rank); host nodeB, but it lands on node 0, whose rank 0 names host nodeA\n",
+                 "\n  (the config's hosts hold 8 ranks each: check with --ranks-per-node 8 and "
+                 "launch with mpirun --map-by ppr:8:node)\n")
+
+
+def test_layout_flags_go_with_check_config(specnode):
+    res = subprocess.run([specnode, "serve", "--config", str(TWO_NODES), "--gpus-per-node", "8"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert "--ranks-per-node and --gpus-per-node go with --check-config" in res.stderr
+
+
+def documented_launch(config):
+    """The hostfile and mpirun arguments the config's comment gives."""
+    comment = [line[1:].strip() for line in config.read_text().splitlines()
+               if line.startswith("#")]
+    printf = next(line for line in comment if line.startswith("printf "))
+    hostfile = shlex.split(printf)[1].replace("\\n", "\n")
+    start = next(i for i, line in enumerate(comment) if line.startswith("mpirun "))
+    command = []
+    for line in comment[start:]:
+        command.append(line.rstrip("\\").strip())
+        if not line.endswith("\\"):
+            break
+    return hostfile, shlex.split(" ".join(command))
+
+
+def test_documented_launch_places_ranks_as_check_config_does(specnode, tiny_model, tmp_path):
+    """The mpirun line in gpu-2node-16gpu.yaml's comment, run with --display-map
+    --do-not-launch (nothing starts; eth0 swapped for lo, which every host has): OpenMPI's
+    map puts each rank on the host check-config says."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("no mpirun")
+    hostfile, argv = documented_launch(TWO_NODES)
+    assert "--map-by" in argv and argv[argv.index("--map-by") + 1] == "ppr:8:node", argv
+    program = argv.index("specnode")
+    assert argv[program:] == ["specnode", "serve", "--config",
+                              "cluster-configs/gpu-2node-16gpu.yaml"], argv
+    (tmp_path / "hosts").write_text(hostfile)
+    options = [a.replace("eth0", "lo") for a in argv[1:program]]
+    res = subprocess.run([mpirun, *options, "--display-map", "--do-not-launch", "true"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
+                                  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+    mapped, node = {}, None
+    for line in res.stdout.splitlines():
+        if m := re.search(r"Data for node: (\S+)", line):
+            node = m.group(1)
+        elif m := re.search(r"Process rank: (\d+)", line):
+            mapped[int(m.group(1))] = node
+    assert len(mapped) == 16, (res.stdout, res.stderr)
+    # Nodes of 0 GPUs: the layout fails, listing every rank with its host.
+    layout = check(specnode, "--config", str(TWO_NODES), "--model", tiny_model,
+                   "--gpus-per-node", "0", env=env_without_cuda_visible_devices())
+    placed = {int(m.group(1)): m.group(2)
+              for m in re.finditer(r"rank (\d+): node \d+ \(host (\w+)\)", layout.stderr)}
+    assert placed == mapped
