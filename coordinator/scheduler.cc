@@ -30,7 +30,12 @@ Scheduler::Scheduler(SpeculativeEngine* engine, const Tokenizer* tokenizer,
   // any step (the thread that reads them later has not started yet).
   for (const SlaClass& c : options_.classes) stats_.latency[c.name];
   if (options_.gauges) stats_.gauges = options_.gauges();
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    Loop();
+    std::lock_guard lock(mu_);
+    loop_exited_ = true;
+    exited_cv_.notify_all();
+  });
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -130,18 +135,7 @@ void Scheduler::BeginDrain() {
 
 bool Scheduler::Idle() const {
   std::lock_guard lock(mu_);
-  return draining_ && reqs_.empty();
-}
-
-void Scheduler::Stop() {
-  {
-    std::lock_guard lock(mu_);
-    if (stopping_ && !thread_.joinable()) return;
-    stopping_ = true;
-    draining_ = true;
-    cv_.notify_all();
-  }
-  if (thread_.joinable()) thread_.join();
+  return draining_ && (reqs_.empty() || abandoned_);
 }
 
 bool IsTargetLost(const absl::Status& s) {
@@ -442,7 +436,10 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
   Forget(r.handle);
 }
 
-void Scheduler::Emit(const Req& r, GenerationEvent ev) {
+void Scheduler::Emit(Req& r, GenerationEvent ev) {
+  std::lock_guard lock(emit_mu_);
+  if (sinks_closed_ || r.terminal_sent) return;
+  if (ev.kind != GenerationEvent::Kind::kTokens) r.terminal_sent = true;
   if (r.g.sink) {
     r.g.sink(std::move(ev));
   } else {

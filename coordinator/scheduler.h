@@ -20,11 +20,14 @@
 // and queued request fails with that status, admission stops (Submit: Unavailable "the
 // target failed: ...") and Failure() reports it; the scheduler is then Idle().
 //
-// Events go to the sink from the scheduler thread, in order per request: zero or more
+// Events go to the sink from the scheduler thread (the `unavailable` ones of an abandoned
+// StopWithin from its caller), one call at a time, in order per request: zero or more
 // kTokens, then exactly one terminal kDone or kError. The sink must not block for long
 // and must not call back into the scheduler.
 //
-// Thread-safety: Submit, Cancel, BeginDrain and Snapshot may be called from any thread.
+// Thread-safety: Submit, Cancel, BeginDrain, Draining, Idle, Failure and Snapshot may be
+// called from any thread; Stop, StopWithin and the destructor only from the owner's thread,
+// one at a time.
 #pragma once
 
 #include <atomic>
@@ -196,11 +199,23 @@ class Scheduler {
 
   // Stop admitting (Submit returns Unavailable); running and queued requests finish.
   void BeginDrain();
-  // Cancels whatever is left, emits their terminal events and joins the thread.
+  // Cancels whatever is left, emits their terminal events and joins the thread (however
+  // long the engine call the thread is in takes).
   void Stop();
+  // Stop, waiting at most `wait` for the scheduler thread: OK once it has cancelled the rest
+  // and been joined. A thread still inside the engine then (a step or heartbeat that does not
+  // return: a hung kernel or target) is abandoned instead (scheduler_stop.cc): every request
+  // without its terminal event gets exactly one, kError `unavailable` (request_error.h),
+  // through its own sink from the calling thread; nothing the thread emits afterwards reaches
+  // a sink; Idle() turns true; and this (and every later call) returns DeadlineExceeded
+  // saying so. The abandoned thread keeps using the engine, the targets and this scheduler:
+  // destroy them only once it can return (the destructor still joins it, blocking until
+  // then), or end the process without destructors (ServeNode does: serve_node.h).
+  absl::Status StopWithin(std::chrono::duration<double> wait);
   // True after BeginDrain (or Stop).
   bool Draining() const;
-  // True once draining and nothing is queued or running.
+  // True once draining and nothing is queued or running (or StopWithin abandoned the
+  // thread: nothing more will come from it).
   bool Idle() const;
   // OK, or the step error that lost the target (see above); the node should exit.
   absl::Status Failure() const;
@@ -230,8 +245,12 @@ class Scheduler {
   void LoseTarget(const absl::Status& st);
   Req* Lookup(uint64_t handle);  // under mu_ (the map may be growing)
   void Finish(Req& r, FinishKind kind);
-  // Hands one of r's events to its sink (GenerationRequest::sink, else sink_).
-  void Emit(const Req& r, GenerationEvent ev);
+  // Hands one of r's events to its sink (GenerationRequest::sink, else sink_), under
+  // emit_mu_: nothing after r's first terminal event, nothing once the sinks are closed.
+  void Emit(Req& r, GenerationEvent ev);
+  // StopWithin's way out when the thread did not stop in time (scheduler_stop.cc); returns
+  // OK when it had exited after all.
+  absl::Status Abandon(std::chrono::duration<double> waited);
   // Samples options_.gauges into stats_ (scheduler thread; takes mu_ to store).
   void RefreshGauges();
   void Fail(Req& r, absl::Status status);
@@ -252,6 +271,10 @@ class Scheduler {
   std::vector<uint64_t> cancels_;
   uint64_t next_handle_ = 1;
   bool draining_ = false, stopping_ = false;
+  bool loop_exited_ = false;  // the thread has left Loop (exited_cv_ signals it)
+  bool abandoned_ = false;    // StopWithin gave up on the thread
+  absl::Status abandon_status_;
+  std::condition_variable exited_cv_;
   absl::Status failure_;  // set once, when the target is lost
   SchedulerSnapshot stats_;
   Clock::time_point last_arrival_{};
@@ -260,6 +283,10 @@ class Scheduler {
   // had to wait (backlogged: the gap is the time a slot takes to free up); -1 = unknown.
   Clock::time_point last_admit_{};
   double mean_admit_gap_ms_ = -1;
+  // Held while a sink runs; taken before mu_ (never the other way round). Guards
+  // Req::terminal_sent and sinks_closed_ (set when StopWithin abandons the thread).
+  std::mutex emit_mu_;
+  bool sinks_closed_ = false;
   std::thread thread_;
 };
 

@@ -30,6 +30,7 @@ struct Scheduler::Req {
   const SlaClass* cls = nullptr;
   Clock::time_point arrival, scheduled, first_token, last_token;
   bool running = false, scheduled_once = false, done = false;
+  bool terminal_sent = false;  // under Scheduler::emit_mu_: its kDone / kError went out
   std::vector<int32_t> output;  // generated tokens (survive preemption)
   Utf8StreamDecoder utf8;
   std::string text;

@@ -224,6 +224,38 @@ void Frontend::DeliverEvents() {
   }
 }
 
+void Frontend::Drain(const std::atomic<bool>* stop) {
+  if (stop != nullptr && stop->load() && !draining_) {
+    draining_ = true;
+    drain_since_ = std::chrono::steady_clock::now();
+    drain_limit_s_ = options_.drain_timeout_s;
+    stop_wait_s_ = options_.stop_wait_s;
+    if (options_.teardown != nullptr && options_.teardown->load()) {
+      drain_limit_s_ = std::min(drain_limit_s_, options_.teardown_drain_s);
+      stop_wait_s_ = std::min(stop_wait_s_, FrontendOptions::kTeardownStopWaitS);
+      std::fprintf(stderr,
+                   "specnode serve: mpirun is ending the job (SIGKILL in ~%.1f s): draining "
+                   "for up to %g s\n",
+                   options_.teardown_drain_s + 1.0, drain_limit_s_);
+    }
+    scheduler_->BeginDrain();
+  }
+  if (draining_ && !drain_cut_ && !scheduler_->Idle() &&
+      std::chrono::steady_clock::now() - drain_since_ >
+          std::chrono::duration<double>(drain_limit_s_)) {
+    std::fprintf(stderr, "specnode serve: drain limit (%g s) reached; cancelling the rest\n",
+                 drain_limit_s_);
+    // Cancels what is left (their terminal events are queued); a scheduler thread stuck
+    // in the engine is abandoned after stop_wait_s_, its requests answered `unavailable`.
+    stop_status_ = scheduler_->StopWithin(std::chrono::duration<double>(stop_wait_s_));
+    if (!stop_status_.ok()) {
+      std::fprintf(stderr, "specnode serve: %s\n", std::string(stop_status_.message()).c_str());
+    }
+    DeliverEvents();
+    drain_cut_ = true;
+  }
+}
+
 absl::Status Frontend::Run(const std::atomic<bool>* stop) {
   zmq::pollitem_t items[] = {{static_cast<void*>(*sock_), 0, ZMQ_POLLIN, 0},
                              {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
@@ -276,28 +308,7 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
       HandleFrame(peer, frames[1].to_string_view());
     }
     DeliverEvents();
-    if (stop != nullptr && stop->load() && !draining_) {
-      draining_ = true;
-      drain_since_ = std::chrono::steady_clock::now();
-      drain_limit_s_ = options_.drain_timeout_s;
-      if (options_.teardown != nullptr && options_.teardown->load()) {
-        drain_limit_s_ = std::min(drain_limit_s_, options_.teardown_drain_s);
-        std::fprintf(stderr,
-                     "specnode serve: mpirun is ending the job (SIGKILL in ~%.1f s): draining "
-                     "for up to %g s\n",
-                     options_.teardown_drain_s + 1.0, drain_limit_s_);
-      }
-      scheduler_->BeginDrain();
-    }
-    if (draining_ && !drain_cut_ && !scheduler_->Idle() &&
-        std::chrono::steady_clock::now() - drain_since_ >
-            std::chrono::duration<double>(drain_limit_s_)) {
-      std::fprintf(stderr, "specnode serve: drain limit (%g s) reached; cancelling the rest\n",
-                   drain_limit_s_);
-      scheduler_->Stop();  // cancels what is left; their terminal events are queued
-      DeliverEvents();
-      drain_cut_ = true;
-    }
+    Drain(stop);
     if (absl::Status failure = scheduler_->Failure(); !failure.ok() && scheduler_->Idle()) {
       DeliverEvents();  // the error replies of every request
       // Keep the socket open a little so that ZeroMQ's I/O thread writes the replies out
@@ -313,7 +324,7 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
       DeliverEvents();
       const auto now = std::chrono::steady_clock::now();
       if (!idle_since_) idle_since_ = now;
-      if (now - *idle_since_ >= kFailureFlush) return absl::OkStatus();
+      if (now - *idle_since_ >= kFailureFlush) return stop_status_;
     }
   }
 }

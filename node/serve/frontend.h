@@ -56,13 +56,23 @@ struct FrontendOptions {
   // The HTTP metrics endpoint's hand-over (metrics_http.h), or null: Run renders the
   // metrics text into it whenever a scrape waits. Borrowed; must outlive the frontend.
   MetricsExchange* metrics_exchange = nullptr;
-  // After *stop: the longest wait for running requests; then Scheduler::Stop cancels the
-  // rest (each gets its terminal reply) and Run returns OK.
+  // After *stop: the longest wait for running requests; then Scheduler::StopWithin cancels
+  // the rest (each gets its terminal reply) and Run returns OK (see stop_wait_s).
   double drain_timeout_s = 30.0;
   // When *teardown is true at the start of the drain (mpirun is tearing the job down and
-  // will SIGKILL it), the drain is cut to min(drain_timeout_s, teardown_drain_s).
+  // will SIGKILL it), the drain is cut to min(drain_timeout_s, teardown_drain_s), and
+  // stop_wait_s to at most kTeardownStopWaitS.
   const std::atomic<bool>* teardown = nullptr;
   double teardown_drain_s = 0.0;
+  // After the drain limit: the longest wait for the scheduler thread to finish the step it
+  // is in and cancel the rest (Scheduler::StopWithin). A thread still inside the engine
+  // then is abandoned: every request in flight gets `unavailable` (both front doors: the
+  // scheduler answers through each request's sink) and Run returns DeadlineExceeded. The
+  // socket thread waits in StopWithin meanwhile (no frames are read).
+  // A healthy step takes milliseconds to a few hundred; 5 s stays inside the stop timeouts
+  // of docs/operations.md (systemd's TimeoutStopSec 45 s = the 30 s drain + 15 s).
+  double stop_wait_s = 5.0;
+  static constexpr double kTeardownStopWaitS = 0.5;
 };
 
 class Frontend {
@@ -80,7 +90,9 @@ class Frontend {
   // Serves until *stop turns true, then drains: new submits get shutting_down, running
   // requests finish and get their replies; returns kFailureFlush after the scheduler is
   // idle (the last replies written out), the remaining requests cancelled with terminal
-  // replies if drain_timeout_s passed first. If the
+  // replies if drain_timeout_s passed first — or, when the scheduler thread did not stop
+  // within stop_wait_s after that, answered `unavailable`, and then returns
+  // Scheduler::StopWithin's DeadlineExceeded (the thread is abandoned). If the
   // scheduler loses its target (Scheduler::Failure), returns that error once every
   // request has had its error reply (code `unavailable`), plus kFailureFlush for them to
   // leave the socket.
@@ -103,6 +115,9 @@ class Frontend {
   void SendError(const std::string& peer, const std::optional<std::string>& id,
                  RequestError code, const std::string& message);
   void DeliverEvents();
+  // Run's shutdown: starts the drain once *stop turns true; past the drain limit cancels
+  // the rest (Scheduler::StopWithin, its status kept in stop_status_).
+  void Drain(const std::atomic<bool>* stop);
   void PeerGone(const std::string& peer);
 
   FrontendOptions options_;
@@ -117,7 +132,9 @@ class Frontend {
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_since_;
   double drain_limit_s_ = 0.0;
+  double stop_wait_s_ = 0.0;
   bool drain_cut_ = false;  // the drain limit cancelled the rest
+  absl::Status stop_status_;  // Scheduler::StopWithin's, at the drain cut
   // Drained and idle since: Run returns kFailureFlush later, the replies written out.
   std::optional<std::chrono::steady_clock::time_point> idle_since_;
   // When the scheduler lost its target: Run keeps serving (health says "failed", submits

@@ -99,6 +99,21 @@ std::map<std::string, double> KvGauges(const std::vector<ModelRunner*>& targets)
   return g;
 }
 
+// The scheduler thread is stuck in the engine (Scheduler::StopWithin abandoned it, every
+// request answered): it cannot be joined, and the engine, the scheduler and the targets it
+// is inside cannot be destroyed under it, so returning (destructors) could hang or crash.
+// The process ends here instead: std::quick_exit, which runs no destructors and no atexit
+// handlers (only at_quick_exit ones; the node registers none), exit status 1 as for any
+// error (systemd restarts it; under mpirun the job ends: rank 0 left without MPI_Finalize).
+// `logged`: the front end has already logged the status (it abandoned the thread itself).
+[[noreturn]] void ExitWithStuckScheduler(const absl::Status& st, bool logged) {
+  if (!logged) std::fprintf(stderr, "specnode serve: %s\n", std::string(st.message()).c_str());
+  std::fprintf(stderr,
+               "specnode serve: stopped, exiting without joining the stuck scheduler thread\n");
+  std::fflush(nullptr);
+  std::quick_exit(1);
+}
+
 KvCacheEvent AllBlocksCleared() {
   KvCacheEvent e;
   e.kind = KvCacheEvent::Kind::kAllBlocksCleared;
@@ -347,18 +362,26 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   absl::Status st = frontend->Run(&g_stop);
   // The scheduler first: Stop ends every request still running (the drain cut, a lost
   // target), so the HTTP handlers waiting for them return and the servers can join them.
-  scheduler.Stop();
+  // Bounded: a thread stuck in the engine is abandoned, its requests answered `unavailable`
+  // (Run has usually done this already, at the drain cut; then this returns at once).
+  const absl::Status stopped =
+      scheduler.StopWithin(std::chrono::duration<double>(fo.stop_wait_s));
+  const bool run_abandoned = st == stopped;  // Run's drain cut gave up on the thread
+  if (st.ok()) st = stopped;
   metrics_http.reset();  // before the frontend it asks for renders
   api_http.reset();
   if (kv_events != nullptr) {
-    (void)targets[0]->SetKvEventListener(nullptr);
-    detach.target = nullptr;
+    if (stopped.ok()) {  // not under a thread that may still be in the target
+      (void)targets[0]->SetKvEventListener(nullptr);
+      detach.target = nullptr;
+    }
     // The cache goes with the process: routers drop this node's blocks.
     kv_events->OnKvCacheEvent(AllBlocksCleared());
     (void)kv_events->Flush(std::chrono::milliseconds(1000));
-    kv_events.reset();
+    if (stopped.ok()) kv_events.reset();
   }
   frontend.reset();  // closes the socket (lingering up to 0.5 s so the last replies leave)
+  if (!stopped.ok()) ExitWithStuckScheduler(stopped, run_abandoned);
   std::fprintf(stderr, "specnode serve: %s\n", st.ok() ? "drained, exiting" : "stopped");
   return st;
 }

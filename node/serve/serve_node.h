@@ -27,6 +27,10 @@ struct ServeGroup {
 // Front end + scheduler + engine over `groups` (at least one; the router spreads requests
 // over them, see SpeculativeEngine), until SIGINT/SIGTERM (OK after the drain) or until a
 // target is lost (that error). `ranks` (empty for one process) is listed in `health`.
+// Does not return when the scheduler thread is stuck in the engine at the stop (not back
+// within FrontendOptions::stop_wait_s after the drain limit): every request in flight is
+// answered `unavailable` on both front doors, then the process ends with std::quick_exit(1)
+// (no destructors: see ExitWithStuckScheduler in serve_node.cc).
 // `groups` stays owned by the caller (ServeNode adds the drafters it makes to it), so that a
 // remote draft runner outlives ServeNode and can still be shut down afterwards.
 absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,

@@ -29,6 +29,7 @@ namespace specnode {
 namespace {
 
 using scheduler_test::Collector;
+using scheduler_test::GatedRunner;
 using scheduler_test::SchedulerTest;
 
 class SchedulerKvPressureTest : public SchedulerTest, public testing::WithParamInterface<bool> {};
@@ -76,49 +77,6 @@ INSTANTIATE_TEST_SUITE_P(HostTier, SchedulerKvPressureTest, testing::Bool(),
                          [](const testing::TestParamInfo<bool>& i) {
                            return i.param ? "Swap" : "Recompute";
                          });
-
-// Delegates to a local runner; Forward number `hold_at` blocks until Release(), so a test
-// can act while the scheduler is known to be mid-request.
-class GatedRunner final : public ModelRunner {
- public:
-  GatedRunner(std::unique_ptr<LocalModelRunner> inner, int hold_at)
-      : inner_(std::move(inner)), hold_at_(hold_at) {}
-  void WaitHeld() {
-    std::unique_lock lock(mu_);
-    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return held_; }));
-  }
-  void Release() {
-    std::lock_guard lock(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
-  int32_t vocab_size() const override { return inner_->vocab_size(); }
-  int32_t max_positions() const override { return inner_->max_positions(); }
-  absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override {
-    if (++forwards_ == hold_at_) {
-      std::unique_lock lock(mu_);
-      held_ = true;
-      cv_.notify_all();
-      cv_.wait(lock, [&] { return released_; });
-    }
-    return inner_->Forward(batch, logits);
-  }
-  int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
-  absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
-  void Free(SeqId seq) override { inner_->Free(seq); }
-  std::optional<KvRoom> Room(int64_t tokens) const override { return inner_->Room(tokens); }
-  absl::Status SwapOut(SeqId seq) override { return inner_->SwapOut(seq); }
-  absl::Status SwapIn(SeqId seq) override { return inner_->SwapIn(seq); }
-  const LocalModelRunner& inner() const { return *inner_; }
-
- private:
-  std::unique_ptr<LocalModelRunner> inner_;
-  const int hold_at_;
-  int forwards_ = 0;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool held_ = false, released_ = false;
-};
 
 // With the batch full, a waiting interactive request preempts the running batch request
 // (its KV parked in the host tier); the batch request resumes afterwards with exactly

@@ -1,6 +1,7 @@
-// The scheduler tests' fixture, shared by scheduler_test.cc and scheduler_stop_test.cc: a
-// tiny 2-layer model, paged runners of a given KV capacity, a sink collecting each
-// request's events, and the greedy reference of requests run alone.
+// The scheduler tests' fixture, shared by scheduler_test.cc, scheduler_stop_test.cc,
+// scheduler_stuck_test.cc and tests/serve/frontend_stuck_test.cc: a tiny 2-layer model,
+// paged runners of a given KV capacity, a runner that holds a forward until released, a
+// sink collecting each request's events, and the greedy reference of requests run alone.
 #pragma once
 
 #include <unistd.h>
@@ -11,6 +12,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -61,6 +64,48 @@ class Collector {
   std::map<uint64_t, Record> by_handle_;
 };
 
+// Delegates to a local runner; Forward number `hold_at` blocks until Release(), so a test
+// can act while the scheduler is known to be mid-request.
+class GatedRunner final : public ModelRunner {
+ public:
+  GatedRunner(std::unique_ptr<LocalModelRunner> inner, int hold_at)
+      : inner_(std::move(inner)), hold_at_(hold_at) {}
+  void WaitHeld() {
+    std::unique_lock lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return held_; }));
+  }
+  void Release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  int32_t max_positions() const override { return inner_->max_positions(); }
+  absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override {
+    if (++forwards_ == hold_at_) {
+      std::unique_lock lock(mu_);
+      held_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return released_; });
+    }
+    return inner_->Forward(batch, logits);
+  }
+  int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
+  absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
+  void Free(SeqId seq) override { inner_->Free(seq); }
+  std::optional<KvRoom> Room(int64_t tokens) const override { return inner_->Room(tokens); }
+  absl::Status SwapOut(SeqId seq) override { return inner_->SwapOut(seq); }
+  absl::Status SwapIn(SeqId seq) override { return inner_->SwapIn(seq); }
+  const LocalModelRunner& inner() const { return *inner_; }
+
+ private:
+  std::unique_ptr<LocalModelRunner> inner_;
+  const int hold_at_;
+  int forwards_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false, released_ = false;
+};
 class SchedulerTest : public testing::Test {
  protected:
   void SetUp() override {
