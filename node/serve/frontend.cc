@@ -16,6 +16,14 @@
 
 namespace specnode {
 
+double TeardownStopWaitS(const FrontendOptions& options, double drain_limit_s) {
+  // The rest of the window for a step still running (a remote step waiting on a lost rank
+  // ends within its own deadline, and its error names the rank), at least
+  // kTeardownStopWaitS.
+  return std::min(options.stop_wait_s, std::max(FrontendOptions::kTeardownStopWaitS,
+                                                options.teardown_drain_s - drain_limit_s));
+}
+
 Frontend::Frontend(FrontendOptions options, const ModelSession* session, const DomainRouter* router,
                    Scheduler* scheduler, std::function<std::string()> metrics)
     : options_(std::move(options)),
@@ -232,7 +240,7 @@ void Frontend::Drain(const std::atomic<bool>* stop) {
     stop_wait_s_ = options_.stop_wait_s;
     if (options_.teardown != nullptr && options_.teardown->load()) {
       drain_limit_s_ = std::min(drain_limit_s_, options_.teardown_drain_s);
-      stop_wait_s_ = std::min(stop_wait_s_, FrontendOptions::kTeardownStopWaitS);
+      stop_wait_s_ = TeardownStopWaitS(options_, drain_limit_s_);
       std::fprintf(stderr,
                    "specnode serve: mpirun is ending the job (SIGKILL in ~%.1f s): draining "
                    "for up to %g s\n",

@@ -61,7 +61,8 @@ struct FrontendOptions {
   double drain_timeout_s = 30.0;
   // When *teardown is true at the start of the drain (mpirun is tearing the job down and
   // will SIGKILL it), the drain is cut to min(drain_timeout_s, teardown_drain_s), and
-  // stop_wait_s to at most kTeardownStopWaitS.
+  // stop_wait_s to what is left of teardown_drain_s after that, but at least
+  // kTeardownStopWaitS.
   const std::atomic<bool>* teardown = nullptr;
   double teardown_drain_s = 0.0;
   // After the drain limit: the longest wait for the scheduler thread to finish the step it
@@ -74,6 +75,10 @@ struct FrontendOptions {
   double stop_wait_s = 5.0;
   static constexpr double kTeardownStopWaitS = 0.5;
 };
+
+// The scheduler's stop wait in mpirun's teardown, after a drain limited to drain_limit_s:
+// min(stop_wait_s, max(kTeardownStopWaitS, teardown_drain_s - drain_limit_s)).
+double TeardownStopWaitS(const FrontendOptions& options, double drain_limit_s);
 
 class Frontend {
  public:

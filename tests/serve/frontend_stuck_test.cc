@@ -68,6 +68,19 @@ class Client {
 
 class FrontendStuckTest : public SchedulerTest {};
 
+// In mpirun's teardown the scheduler thread gets what is left of the window (a remote step
+// waiting on a lost rank then ends by itself and names the rank), never under 0.5 s.
+TEST(FrontendTeardownTest, StopWaitIsTheRestOfTheWindow) {
+  FrontendOptions fo;  // stop_wait_s 5
+  fo.teardown_drain_s = 5.0;  // odls_base_sigkill_timeout 3: 2 x 3 - 1
+  EXPECT_DOUBLE_EQ(TeardownStopWaitS(fo, 2.0), 3.0);  // drain_timeout_s 2
+  EXPECT_DOUBLE_EQ(TeardownStopWaitS(fo, 5.0), FrontendOptions::kTeardownStopWaitS);
+  fo.teardown_drain_s = 1.0;  // OpenMPI's default T = 1
+  EXPECT_DOUBLE_EQ(TeardownStopWaitS(fo, 1.0), FrontendOptions::kTeardownStopWaitS);
+  fo.teardown_drain_s = 40.0;
+  EXPECT_DOUBLE_EQ(TeardownStopWaitS(fo, 30.0), 5.0);  // never above stop_wait_s
+}
+
 TEST_F(FrontendStuckTest, EveryRequestInFlightGetsOneUnavailableReplyAndRunReturns) {
   auto session = ModelSession::Open(path_, 1, false);
   ASSERT_TRUE(session.ok()) << session.status();
