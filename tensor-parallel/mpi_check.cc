@@ -147,6 +147,16 @@ absl::Status MpiWaitAllWithDeadline(std::span<MPI_Request> requests,
   }
 }
 
+void AbandonRequests(std::span<MPI_Request> requests, size_t receives) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    MPI_Request& r = requests[i];
+    if (r == MPI_REQUEST_NULL) continue;
+    if (i < receives) MPI_Cancel(&r);
+    MPI_Request_free(&r);
+    r = MPI_REQUEST_NULL;
+  }
+}
+
 bool InMpiJob() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
     const char* v = std::getenv(name);

@@ -55,6 +55,16 @@ absl::Status MpiWaitAllWithDeadline(std::span<MPI_Request> requests,
                                     std::span<const std::string> labels, double timeout_s,
                                     std::string_view what);
 
+// Gives up on requests that will not complete (a peer that failed or stopped answering):
+// the first `receives` entries are receives, the rest sends; each pending one becomes
+// MPI_REQUEST_NULL. A receive is cancelled, then freed: that withdraws it from the
+// transport, which lets MPI_Finalize close its endpoints under every layer (OpenMPI's OFI
+// MTL fails fi_close — "Device or resource busy" — when a receive is still posted there).
+// A send is only freed: OpenMPI's OFI MTL crashes in MPI_Cancel of a send, and MPI 4
+// deprecates cancelling sends. MPI may still read or write the requests' buffers
+// afterwards: the caller keeps them alive (leaks them).
+void AbandonRequests(std::span<MPI_Request> requests, size_t receives);
+
 // True when this process was started by mpirun / a PMI launcher (OMPI_COMM_WORLD_SIZE,
 // PMI_SIZE or PMIX_RANK in the environment). Does not initialise MPI; cheap; thread-safe.
 bool InMpiJob();

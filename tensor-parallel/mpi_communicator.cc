@@ -47,9 +47,7 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Request& r : requests_) {
-    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-  }
+  AbandonRequests(requests_, posted_receives_);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -151,9 +149,7 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateFromWorl
     // Leak the buffers of pending requests: a late peer may still write into them.
     auto* leaked = new std::vector<int>(std::move(their_hash));
     (void)leaked;
-    for (MPI_Request& r : requests) {
-      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-    }
+    AbandonRequests(requests, static_cast<size_t>(n - 1));  // the receives come first
     return waited;
   }
   for (int i = 0; i < n; ++i) {
@@ -186,13 +182,9 @@ absl::Status MpiCommunicator::BrokenError() const {
 
 absl::Status MpiCommunicator::Fail(absl::Status status) {
   broken_ = status;
-  bool pending = false;
-  for (MPI_Request& r : requests_) {
-    if (r != MPI_REQUEST_NULL) {
-      MPI_Request_free(&r);
-      pending = true;
-    }
-  }
+  const bool pending = std::any_of(requests_.begin(), requests_.end(),
+                                   [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+  AbandonRequests(requests_, posted_receives_);
   if (pending) {
     // MPI may still deliver a late message into (or read) the staging buffer: give it up.
     // The vector's heap block moves, so MPI's pointers into it stay valid.
@@ -212,6 +204,7 @@ absl::Status MpiCommunicator::Exchange(const char* name, int64_t count, int64_t 
         absl::StrCat("MpiCommunicator ", name, ": ", row_bytes, " bytes exceed one MPI message")));
   }
   requests_.clear();
+  posted_receives_ = 0;
   labels_.clear();
   const auto label = [&](int r) {
     return absl::StrCat("rank ", r, " (world ", world_ranks_[r], ")");
@@ -222,6 +215,7 @@ absl::Status MpiCommunicator::Exchange(const char* name, int64_t count, int64_t 
     const int rc =
         MPI_Irecv(Row(r), static_cast<int>(row_bytes), MPI_BYTE, r, tag, comm_, &requests_.back());
     if (rc != MPI_SUCCESS) return Fail(SPECNODE_MPI_STATUS(rc));
+    ++posted_receives_;
   }
   for (int r : send_to) {
     requests_.emplace_back(MPI_REQUEST_NULL);

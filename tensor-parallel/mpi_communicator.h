@@ -97,7 +97,8 @@ class MpiCommunicator final : public Communicator {
   absl::Status broken_;
   std::vector<char> staging_;  // [size, row_bytes_]
   int64_t row_bytes_ = 0;
-  std::vector<MPI_Request> requests_;
+  std::vector<MPI_Request> requests_;  // the posted receives first, then the sends
+  size_t posted_receives_ = 0;          // how many of requests_ are receives
   std::vector<std::string> labels_;
   int64_t bytes_sent_ = 0;
   int64_t bytes_received_ = 0;

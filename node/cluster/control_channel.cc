@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cassert>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -83,13 +84,26 @@ absl::Status ControlChannel::Send(int dest, const std::string& frame, double tim
 }
 
 absl::StatusOr<bool> ControlChannel::TryRecv(int source, std::string* frame, const Check& check) {
+  assert(source >= 0 && "a frame is received from one known rank (see control_channel.h)");
   int flag = 0;
-  MPI_Message msg = MPI_MESSAGE_NULL;
   MPI_Status st;
-  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Improbe(source, kControlTag, MPI_COMM_WORLD, &flag, &msg, &st));
+  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Iprobe(source, kControlTag, MPI_COMM_WORLD, &flag, &st));
   if (!flag) return false;
+  // A frame from a peer already known dead is not received: libfabric's tcp provider
+  // (OpenMPI's cm layer) crashes in MPI_Irecv for a sender whose connection has closed, and
+  // the channel to a dead peer is broken anyway.
+  if (check) {
+    absl::Status alive = check();
+    if (!alive.ok()) return alive;
+  }
   int count = 0;
   SPECNODE_MPI_RETURN_IF_ERROR(MPI_Get_count(&st, MPI_BYTE, &count));
+  // The receive below matches the probed frame: messages from one sender with one tag are
+  // not overtaken, and no other receive with kControlTag from `source` is posted meanwhile
+  // (one thread uses the channel). Matched probes (MPI_Improbe / MPI_Imrecv) would say the
+  // same, but fail under OpenMPI's cm layer on some RDMA providers (docs/serving.md, "MPI
+  // transports"); a plain probe and receive work under every layer.
+  //
   // Only the envelope has arrived for a large frame: OpenMPI's shared-memory transport then
   // copies the payload out of the sender's memory (process_vm_readv), which fails — and
   // leaves the receive pending forever — when the sender died in between (seen: "Read -1,
@@ -99,11 +113,22 @@ absl::StatusOr<bool> ControlChannel::TryRecv(int source, std::string* frame, con
   // write into it, and the channel to that peer is broken anyway).
   auto buf = std::make_unique<std::string>(static_cast<size_t>(count), '\0');
   MPI_Request req = MPI_REQUEST_NULL;
-  SPECNODE_MPI_RETURN_IF_ERROR(MPI_Imrecv(buf->data(), count, MPI_BYTE, &msg, &req));
+  SPECNODE_MPI_RETURN_IF_ERROR(
+      MPI_Irecv(buf->data(), count, MPI_BYTE, source, kControlTag, MPI_COMM_WORLD, &req));
   absl::Status received = PollUntil(
       [&]() -> absl::StatusOr<bool> {
         int done = 0;
-        absl::Status tested = SPECNODE_MPI_STATUS(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        MPI_Status got;
+        absl::Status tested = SPECNODE_MPI_STATUS(MPI_Test(&req, &done, &got));
+        if (tested.ok() && done) {
+          int n = 0;
+          tested = SPECNODE_MPI_STATUS(MPI_Get_count(&got, MPI_BYTE, &n));
+          if (tested.ok() && n != count) {
+            return absl::InternalError(absl::StrFormat(
+                "a control frame from rank %d was probed at %d bytes but %d arrived", source,
+                count, n));
+          }
+        }
         if (tested.ok()) return done != 0;
         // A failed receive: from a dead sender, say that rather than MPI's text.
         if (check) {

@@ -2,9 +2,9 @@
 // (node/control_protocol.h) between rank 0 and the target shards, over MPI_COMM_WORLD with
 // one reserved tag. Only built with MPI (SPECNODE_HAVE_MPI).
 //
-// Every wait is non-busy and bounded: Send polls MPI_Test and Recv polls MPI_Improbe (then
-// the matched frame's MPI_Imrecv, with MPI_Test: its payload comes from a sender that may
-// die before it is copied), with a
+// Every wait is non-busy and bounded: Send polls MPI_Test and Recv polls MPI_Iprobe (then
+// an MPI_Irecv of the probed size from that sender, polled with MPI_Test: its payload comes
+// from a sender that may die before it is copied), with a
 // sleeping backoff of 20 µs doubling to 1 ms, so an idle rank costs a few percent of one
 // core and a message is noticed within ~1 ms. While waiting, `check` (optional) is called
 // about every 20 ms: a non-OK return ends the wait with that status (used for "is the peer
@@ -15,6 +15,13 @@
 // Peer liveness (PeerAlive): on the same host, a pid that no longer exists (or is a
 // zombie) is a dead peer — noticed in ~20 ms instead of at the deadline. Peers on other
 // hosts are only noticed by the deadline (and by mpirun tearing the job down).
+//
+// Only point-to-point calls every MPI layer implements are used (no matched probes:
+// MPI_Improbe / MPI_Imrecv fail under OpenMPI's cm layer with some RDMA providers), so the
+// channel works under ob1, cm (OFI MTL) and UCX alike; CI runs its tests under each
+// (docs/serving.md, "MPI transports"). A frame is always received from one named rank: the
+// probe-then-receive pair relies on no other receive with kControlTag from that rank being
+// posted in between, which one user thread at a time guarantees.
 //
 // Thread-safety: none; one thread uses a channel at a time (MPI is initialised with
 // MPI_THREAD_SERIALIZED: rank 0 hands the channel from the main thread to the scheduler
@@ -45,8 +52,11 @@ class ControlChannel {
   absl::StatusOr<std::string> Recv(int source, double timeout_s, const std::string& what,
                                    const Check& check = nullptr);
 
-  // Non-blocking: a frame from `source` if one has arrived (nullopt-like: false). A frame
-  // whose envelope has arrived is then received in full, which takes microseconds unless
+  // Non-blocking: a frame from `source` if one has arrived (nullopt-like: false). When an
+  // envelope has arrived, `check` is called first: a failed check returns its status and
+  // leaves the frame unreceived (a dead peer's last frame is dropped; see
+  // control_channel.cc for the libfabric crash this avoids). The frame is then received in
+  // full, which takes microseconds unless
   // the sender died before its payload was copied: that receive never completes, so it is
   // polled with `check` (as the waits above, about every 20 ms) and a failed check ends it
   // with that status. Without a check such a receive waits forever.

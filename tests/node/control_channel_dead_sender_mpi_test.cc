@@ -7,6 +7,14 @@
 // waiting forever (as a blocking MPI_Recv did — what kept a coordinator from answering its
 // clients when a target rank was killed mid-reply).
 //
+// Two ways to notice it, chosen by rank 0's argument:
+//   (none)            the check is asked before the receive is posted and already fails:
+//                     the frame is dropped unreceived (every layer; under cm-ofi posting
+//                     the receive would crash libfabric's tcp provider);
+//   --posted-receive  the check passes on its first call, so the receive is posted and
+//                     its polling must notice the dead sender (ob1, ucx: the shared-memory
+//                     payload copy that never completes).
+//
 // The job itself fails (a rank exited without MPI_Finalize and mpirun tears the job down),
 // so ctest judges rank 0's output: it prints "PASS: ..." (PASS_REGULAR_EXPRESSION) only
 // when Recv returned Unavailable from the check in time.
@@ -43,7 +51,7 @@ int Sender() {
   _exit(0);  // dead before rank 0 asks for the payload
 }
 
-int Receiver() {
+int Receiver(bool posted_receive) {
   // mpirun answers rank 1's exit by tearing the job down (SIGTERM, then SIGKILL): rank 0
   // outlives the SIGTERM to report (the test runs mpirun with a long sigkill timeout).
   signal(SIGTERM, SIG_IGN);
@@ -57,7 +65,9 @@ int Receiver() {
   // Rank 1 is gone by then; its envelope is here.
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   const auto start = std::chrono::steady_clock::now();
+  int checks = 0;
   absl::StatusOr<std::string> frame = channel.Recv(1, 10, "rank 1", [&]() -> absl::Status {
+    if (posted_receive && checks++ == 0) return absl::OkStatus();
     if (PeerAlive(sender, ThisHost())) return absl::OkStatus();
     return absl::UnavailableError("rank 1 exited");
   });
@@ -79,7 +89,9 @@ int Receiver() {
 }  // namespace specnode
 
 int main(int argc, char** argv) {
-  return specnode::testing_support::RunUnderMpirun(argc, argv, 2, [](int rank, int, char**) {
-    return rank == 0 ? specnode::Receiver() : specnode::Sender();
-  });
+  return specnode::testing_support::RunUnderMpirun(
+      argc, argv, 2, [](int rank, int argc, char** argv) {
+        const bool posted_receive = argc > 1 && std::string(argv[1]) == "--posted-receive";
+        return rank == 0 ? specnode::Receiver(posted_receive) : specnode::Sender();
+      });
 }
