@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/model_drafter.h"
 #include "model/gguf/gguf_reader.h"
@@ -25,9 +26,11 @@
 #include "node/cluster/control_channel.h"
 #include "node/cluster/remote_target_runner.h"
 #include "node/cluster/shard_worker.h"
+#include "node/cluster/transport_check.h"
 #include "node/serve/serve_node.h"
 #include "tensor-parallel/mpi_check.h"
 #include "tensor-parallel/mpi_communicator.h"
+#include "tensor-parallel/mpi_layer.h"
 #include "tensor-parallel/shard_plan.h"
 #endif
 
@@ -49,6 +52,10 @@ int LaunchedWorldSize() {
 absl::Status Quiet(const absl::Status& s) { return absl::Status(s.code(), ""); }
 
 std::atomic<bool> g_shard_stop{false};
+
+// The start-up check's bound on each wait: topology.timeout_s, but never less than this
+// (a first contact over a fabric can take a while to set up).
+constexpr double kTransportCheckMinTimeoutS = 30.0;
 void OnShardSignal(int) { g_shard_stop.store(true); }
 
 // A draft spec that runs inside the coordinator (no model file of its own).
@@ -212,6 +219,43 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
   return st;
 }
 
+// SPECNODE_TRANSPORT_CHECK_FAULT=<rank> (testing, transport_check.h): the rank whose echo
+// of the start-up check's large frame comes back changed. -1 when unset.
+absl::StatusOr<int> TransportFaultRank(int world_size) {
+  const char* v = std::getenv("SPECNODE_TRANSPORT_CHECK_FAULT");
+  if (v == nullptr || *v == '\0') return -1;
+  int rank = -1;
+  if (!absl::SimpleAtoi(v, &rank) || rank < 1 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SPECNODE_TRANSPORT_CHECK_FAULT=%s: expected a rank from 1 to %d", v, world_size - 1));
+  }
+  return rank;
+}
+
+// Every rank, before any weights load: the MPI layer's start-up check (transport_check.h).
+// A failure is printed by each rank that sees it, naming the layer and the setting that
+// works, and ends the job at once: its peers may be waiting on it.
+void CheckTransportOrAbort(const ServeConfig& cfg, int rank, int world_size, int fault_rank) {
+  TransportCheckOptions o;
+  o.timeout_s = std::max(cfg.topology.timeout_s, kTransportCheckMinTimeoutS);
+  o.corrupt_echo_rank = fault_rank;
+  ControlChannel channel;
+  const absl::Status st = CheckMpiTransport(&channel, rank, world_size, o);
+  const MpiLayer layer = CurrentMpiLayer();
+  if (st.ok()) {
+    if (rank == 0) {
+      std::fprintf(stderr, "specnode serve: MPI: %s; %s: %d ranks passed the start-up check\n",
+                   layer.library.c_str(), layer.Describe().c_str(), world_size);
+    }
+    return;
+  }
+  const std::string who = rank == 0 ? "" : absl::StrFormat(" (rank %d)", rank);
+  std::fprintf(stderr, "specnode serve%s: %s\n", who.c_str(),
+               std::string(RefuseMpiLayer(st, layer).message()).c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 absl::Status RunShard(const ServeConfig& cfg, int world_rank, const Role& role) {
   struct sigaction sa = {};
   sa.sa_handler = OnShardSignal;
@@ -360,6 +404,9 @@ absl::Status RunServeCluster(const ServeConfig& cfg) {
         "the MPI library does not provide MPI_THREAD_SERIALIZED (rank 0's scheduler thread "
         "talks to the target ranks)");
   }
+  absl::StatusOr<int> fault_rank = TransportFaultRank(env->world_size());
+  if (pre.ok() && !fault_rank.ok()) pre = fault_rank.status();
+  if (pre.ok()) CheckTransportOrAbort(cfg, rank, env->world_size(), *fault_rank);
   absl::Status st = pre;
   if (!pre.ok()) {
     if (rank != 0) st = Quiet(pre);  // every rank failed alike; rank 0 says why

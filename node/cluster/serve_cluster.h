@@ -22,6 +22,9 @@
 //   - every rank's device can do what the config asks (runtime/runner_factory.h's
 //     CheckRunnerOptions: a CUDA build, the KV mode, activations);
 //   - the TP size fits the model (ShardPlan, from the GGUF header only).
+// Then the MPI layer's start-up check (transport_check.h: short and 4 MiB frames to every
+// rank and back, a barrier), which refuses a layer the node cannot work with, naming it and
+// `--mca pml ob1`; every rank that sees the failure prints it and the job ends at once.
 // Then the handshake (Hello / HelloAck: protocol version, model fingerprint, ranks).
 //
 // Faults: when the target is lost (a shard process gone, no answer within

@@ -14,6 +14,12 @@ from pytest_fixtures import (add_specnode_option, gemma_model, real_model, specn
 from serve_helpers import Node, free_port  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "layer_matrix: an mpirun test that ctest also runs under the cm-ofi and ucx "
+                   "MPI layers (tests/support/mpi_layer_run, docs/testing.md)")
+
+
 def pytest_addoption(parser):
     add_specnode_option(parser)
     try:

@@ -117,6 +117,7 @@ def single_process_greedy(specnode, model, tmp_path, cfg, prompts, max_tokens, s
         single.stop()
 
 
+@pytest.mark.layer_matrix
 def test_tp3_greedy_matches_single_process(specnode, real_model, tmp_path):
     want = single_process_greedy(specnode, real_model, tmp_path, TP3, PROMPTS, 24, sampled=True)
     node = MpiNode(specnode, real_model, tmp_path / "mpi.log", 4, TP3)
@@ -181,6 +182,7 @@ def _stream_then_ctrl_c(node, max_tokens):
     return result, late, result.get("at", signalled) - signalled, rc, node.log()
 
 
+@pytest.mark.layer_matrix
 def test_ctrl_c_on_mpirun_drains(specnode, real_model, tmp_path):
     """Issue 16, item 2, with the documented launch line (odls_base_sigkill_timeout 16):
     the running stream finishes with its terminal reply, a submit after the signal gets
@@ -225,6 +227,7 @@ def test_mpirun_without_the_kill_timeout_is_warned(specnode, tiny_model, tmp_pat
     assert "--mca odls_base_sigkill_timeout 16" in log, log  # for drain_timeout_s 30
 
 
+@pytest.mark.layer_matrix
 def test_killed_target_rank_fails_requests_and_ends_the_job(specnode, real_model, tmp_path):
     from specnode_client import SpecnodeClient, SpecnodeError
 
@@ -254,10 +257,10 @@ def test_killed_target_rank_fails_requests_and_ends_the_job(specnode, real_model
         node.stop()
 
 
-def run_job(np_, specnode, args, timeout=90):
+def run_job(np_, specnode, args, timeout=90, env_extra=None):
     t0 = time.monotonic()
     res = subprocess.run(mpirun_cmd(np_, specnode, *args), capture_output=True, text=True,
-                         env=mpi_env(), timeout=timeout)
+                         env={**mpi_env(), **(env_extra or {})}, timeout=timeout)
     return res, time.monotonic() - t0
 
 
@@ -330,6 +333,7 @@ def test_tp2_on_smollm2_is_refused_from_the_header(specnode, real_model, tmp_pat
     assert "specnode serve: " + real_model + " on" not in out  # never served
 
 
+@pytest.mark.layer_matrix
 def test_tiny_model_tp2_matches_single_process(specnode, tiny_model, tmp_path):
     cfg = tp_config(tmp_path, 2)
     prompts = ["hello world", "the the the the the the"]
@@ -691,3 +695,53 @@ def test_draft_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path)
     node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 4, cfg)
     assert_stopped_rank_ends_job(node, lambda ranks: next(r for r in ranks if r["role"] == "draft"),
                                  "draft rank 3 did not answer within 3.0 s")
+
+
+# The MPI layer's start-up check (issue 34; node/cluster/transport_check.h). Under the
+# layer matrix OMPI_MCA_pml names the layer ctest chose (tests/support/mpi_layer_run).
+START_UP_CHECK = re.compile(r"specnode serve: MPI: (Open MPI v[\d.]+)[^;\n]*; pml (\w+)"
+                            r"(?: \(mtl (\w+)\))?[^:\n]*: 3 ranks passed the start-up check")
+
+
+@pytest.mark.layer_matrix
+def test_start_up_says_which_mpi_layer_passed_the_check(specnode, tiny_model, tmp_path):
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, tp_config(tmp_path, 2))
+    try:
+        node.wait_ready(120)
+        log = node.log()
+    finally:
+        node.stop()
+    m = START_UP_CHECK.search(log)
+    assert m, log
+    if os.environ.get("OMPI_MCA_pml"):
+        assert m.group(2) == os.environ["OMPI_MCA_pml"], log
+    if m.group(2) == "cm":
+        assert m.group(3) == os.environ.get("OMPI_MCA_mtl", m.group(3)), log
+
+
+@pytest.mark.layer_matrix
+def test_a_layer_failing_the_start_up_check_is_refused_before_loading(specnode, tiny_model,
+                                                                     tmp_path):
+    """A layer that changes data in flight (here rank 2's echo of the 4 MiB frame, by the
+    testing fault) is refused before any weights load, naming the layer and --mca pml ob1,
+    and the job ends at once instead of serving."""
+    args = ["--config", str(tp_config(tmp_path, 2)), "--model", tiny_model,
+            "--bind", f"tcp://127.0.0.1:{free_port()}", "--threads", "1"]
+    res, elapsed = run_job(3, specnode, args, env_extra={"SPECNODE_TRANSPORT_CHECK_FAULT": "2"})
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert ("failed specnode's start-up check: the frame echoed by rank 2: byte 2097152 of "
+            "4194304 arrived changed") in out, out
+    layer = os.environ.get("OMPI_MCA_pml", "")
+    assert f"specnode serve: the MPI point-to-point layer (pml {layer}" in out, out
+    assert "Relaunch with `mpirun --mca pml ob1 ...` (or OMPI_MCA_pml=ob1" in out, out
+    assert "specnode serve: " + tiny_model + " on" not in out  # never served
+    assert elapsed < 30, (elapsed, out)
+
+
+def test_a_bad_transport_fault_setting_is_refused(specnode, tiny_model, tmp_path):
+    args = ["--config", str(tp_config(tmp_path, 2)), "--model", tiny_model]
+    res, _ = run_job(3, specnode, args, env_extra={"SPECNODE_TRANSPORT_CHECK_FAULT": "x"})
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert out.count("SPECNODE_TRANSPORT_CHECK_FAULT=x: expected a rank from 1 to 2") == 1, out
