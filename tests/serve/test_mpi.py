@@ -5,17 +5,18 @@ rank 0 = coordinator + front end + n-gram draft, ranks 1..T = tensor-parallel ta
     with speculation on;
   * a target rank killed mid-request: the client gets an `unavailable` error naming the rank
     and the job exits non-zero, quickly;
-  * config errors (wrong -np, a TP size the model cannot take, a cuda device on CPU) stop
-    every rank with one clear message before any weights load;
   * a tiny model at TP 2 (always runs; no real model needed), with its prefix cache on the
     shards: a prompt sharing whole pages takes them from the shards' caches and the job
-    publishes the same KV events as one process.
+    publishes the same KV events as one process;
+  * several groups, a draft model on a rank of its own, ranks hung or killed while idle,
+    Ctrl-C on mpirun.
 
-Registered in ctest as serve_mpi_pytest (skipped without mpirun); every wait is bounded.
+Mistakes refused at start and the MPI layer's start-up check: test_mpi_startup.py.
+Registered in ctest with it as serve_mpi_pytest (skipped without mpirun); every wait is
+bounded.
 """
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -23,59 +24,17 @@ from pathlib import Path
 
 import pytest
 
+from mpi_helpers import (DRAIN_MCA, MPIRUN, TP3, MpiNode, groups_config, mpi_env, mpirun_cmd,
+                         tp_config)
 from serve_helpers import ROOT, Node, free_port, health
 
-MPIRUN = shutil.which("mpirun")
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (apt-get install openmpi-bin)")
 
-TP3 = ROOT / "cluster-configs" / "mpirun-cpu-tp3.yaml"
 PROMPTS = [
     "The capital of France is",
     "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
 ]
-
-
-def mpi_env():
-    env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    return env
-
-
-# What the documented launch lines add so that Ctrl-C on mpirun leaves time for the drain
-# (docs/serving.md, "Ctrl-C on mpirun").
-DRAIN_MCA = ["--mca", "odls_base_sigkill_timeout", "16"]
-
-
-def mpirun_cmd(np_, specnode, *args, mpirun_extra=()):
-    return [MPIRUN, "-np", str(np_), "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
-            *mpirun_extra, specnode, "serve", *args]
-
-
-class MpiNode(Node):
-    """`mpirun -np N specnode serve ...` in its own process group, on a free port."""
-
-    def __init__(self, specnode, model, log_path: Path, np_, config, extra=(), mpirun_extra=()):
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.cmd = mpirun_cmd(np_, specnode, "--config", str(config), "--model", model,
-                              "--bind", self.endpoint, "--threads", "1", *extra,
-                              mpirun_extra=mpirun_extra)
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=mpi_env(), start_new_session=True)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 def single_config(tmp_path, source: Path) -> Path:
@@ -217,16 +176,6 @@ def test_ctrl_c_on_plain_mpirun_ends_streams_with_a_reply(specnode, real_model, 
     assert "drained, exiting" in log, log
 
 
-def test_mpirun_without_the_kill_timeout_is_warned(specnode, tiny_model, tmp_path):
-    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, tp_config(tmp_path, 2))
-    try:
-        node.wait_ready(120)
-        log = node.log()
-    finally:
-        node.stop()
-    assert "--mca odls_base_sigkill_timeout 16" in log, log  # for drain_timeout_s 30
-
-
 @pytest.mark.layer_matrix
 def test_killed_target_rank_fails_requests_and_ends_the_job(specnode, real_model, tmp_path):
     from specnode_client import SpecnodeClient, SpecnodeError
@@ -255,82 +204,6 @@ def test_killed_target_rank_fails_requests_and_ends_the_job(specnode, real_model
         assert "the target failed: target rank 2" in log, log
     finally:
         node.stop()
-
-
-def run_job(np_, specnode, args, timeout=90, env_extra=None):
-    t0 = time.monotonic()
-    res = subprocess.run(mpirun_cmd(np_, specnode, *args), capture_output=True, text=True,
-                         env={**mpi_env(), **(env_extra or {})}, timeout=timeout)
-    return res, time.monotonic() - t0
-
-
-def test_wrong_np_is_refused_before_loading(specnode, tmp_path):
-    res, _ = run_job(3, specnode, ["--config", str(TP3), "--model", str(tmp_path / "none.gguf")])
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out
-    assert "needs 4 ranks, mpirun started 3 (use mpirun -np 4)" in out, out
-    assert out.count("needs 4 ranks") == 1, out  # one message, from rank 0
-    assert "none.gguf" not in out
-
-
-def test_bad_device_placements_are_refused_before_loading(specnode, tmp_path):
-    """A TP group mixing cpu and cuda ranks, and an n-gram coordinator on a GPU, are refused
-    by every rank before any file is opened (one message, from rank 0)."""
-    cases = [
-        ("- {rank: 2, device: cpu}", '- {rank: 2, device: "cuda:0"}',
-         ("mixes cpu and cuda target ranks",)),
-        ("draft: {rank: 0, device: cpu}", 'draft: {rank: 0, device: "cuda:0"}',
-         ("places rank 0 on cuda:0",)),
-    ]
-    for i, (old, new, needles) in enumerate(cases):
-        cfg = tmp_path / f"device{i}.yaml"
-        cfg.write_text(TP3.read_text().replace(old, new))
-        res, _ = run_job(4, specnode, ["--config", str(cfg), "--model", str(tmp_path / "none.gguf")])
-        out = res.stdout + res.stderr
-        assert res.returncode != 0, out
-        assert any(n in out for n in needles), out
-        assert "none.gguf" not in out
-
-
-def test_gpu_target_group_without_a_gpu_fails_cleanly(specnode, tiny_model, tmp_path):
-    """A whole TP-2 group on cuda devices: on a machine without a GPU (or a build without
-    CUDA / NCCL) the shards fail to load, rank 0 reports why, and the job ends non-zero
-    without hanging. With GPUs the group serves (docs/gpu.md)."""
-    probe = subprocess.run([specnode, "generate", "--model", tiny_model, "--prompt", "hi",
-                            "--max-tokens", "1", "--device", "cuda:0", "--quiet"],
-                           capture_output=True, text=True, timeout=60)
-    if probe.returncode == 0:
-        pytest.skip("a GPU is usable here: the failure path needs a machine without one")
-    cfg = tp_config(tmp_path, 2)
-    cfg.write_text(cfg.read_text().replace("- {rank: 1, device: cpu}", '- {rank: 1, device: "cuda:0"}')
-                   .replace("- {rank: 2, device: cpu}", '- {rank: 2, device: "cuda:1"}'))
-    assert "cuda:1" in cfg.read_text()
-    res, elapsed = run_job(3, specnode, ["--config", str(cfg), "--model", tiny_model], timeout=120)
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out
-    assert any(why in out for why in ("no CUDA device", "without the CUDA backend",
-                                      "built without it", "not available", "does not exist")), out
-    assert elapsed < 90, elapsed
-
-
-def tp_config(tmp_path, tp, name="tp.yaml"):
-    targets = "\n".join(f"        - {{rank: {r}, device: cpu}}" for r in range(1, tp + 1))
-    cfg = tmp_path / name
-    cfg.write_text("version: 1\nmodel:\n  threads: 1\nspeculation:\n  draft: ngram\n"
-                   "kv:\n  mode: full\n  capacity_mb: 64\n"
-                   "topology:\n  timeout_s: 30\n  groups:\n    - name: cpu\n"
-                   f"      draft: {{rank: 0, device: cpu}}\n      target:\n{targets}\n")
-    return cfg
-
-
-def test_tp2_on_smollm2_is_refused_from_the_header(specnode, real_model, tmp_path):
-    res, elapsed = run_job(3, specnode, ["--config", str(tp_config(tmp_path, 2)),
-                                         "--model", real_model])
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out
-    assert "tensor-parallel target over 2 ranks does not fit" in out, out
-    assert out.count("does not fit") == 1, out
-    assert "specnode serve: " + real_model + " on" not in out  # never served
 
 
 @pytest.mark.layer_matrix
@@ -437,27 +310,6 @@ def test_tiny_model_tp2_prefix_cache_and_kv_events(specnode, tiny_model, tmp_pat
     stored = [e for e in events if e[0] == "stored"]
     assert len(stored) >= 2 and stored[0][2] is None and stored[1][2] is not None
     assert events == want_events
-
-
-def test_tiny_model_tp3_is_refused(specnode, tiny_model, tmp_path):
-    res, _ = run_job(4, specnode, ["--config", str(tp_config(tmp_path, 3)), "--model", tiny_model])
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out
-    assert "tensor-parallel target over 3 ranks does not fit" in out, out
-
-
-def groups_config(tmp_path, groups, draft="ngram", name="groups.yaml"):
-    """groups: [(name, draft_rank, [target ranks])] -> a several-group config."""
-    lines = ["version: 1", "model:", "  threads: 1", "speculation:", f"  draft: {draft}",
-             "kv:", "  mode: full", "  capacity_mb: 64", "topology:", "  timeout_s: 30",
-             "  groups:"]
-    for gname, draft_rank, targets in groups:
-        lines += [f"    - name: {gname}", f"      draft: {{rank: {draft_rank}, device: cpu}}",
-                  "      target:"]
-        lines += [f"        - {{rank: {r}, device: cpu}}" for r in targets]
-    cfg = tmp_path / name
-    cfg.write_text("\n".join(lines) + "\n")
-    return cfg
 
 
 def concurrent_greedy(endpoint, prompts, max_tokens):
@@ -578,15 +430,6 @@ def test_draft_model_on_its_own_rank(specnode, tiny_model, tmp_path):
     assert sum(r.stats["drafted"] for r in got) > 0
 
 
-def test_ngram_draft_off_rank_0_is_refused(specnode, tiny_model, tmp_path):
-    cfg = groups_config(tmp_path, [("a", 0, [1]), ("b", 2, [3])])
-    res, _ = run_job(4, specnode, ["--config", str(cfg), "--model", tiny_model])
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out
-    assert "group b places its draft on rank 2, but the draft 'ngram' runs inside the " \
-           "coordinator" in out, out
-
-
 def test_shipped_two_group_config_serves_smollm2(specnode, real_model, tmp_path):
     """cluster-configs/mpirun-cpu-2groups.yaml: two SmolLM2 replicas behind one front end."""
     cfg = ROOT / "cluster-configs" / "mpirun-cpu-2groups.yaml"
@@ -695,53 +538,3 @@ def test_draft_rank_hung_while_idle_ends_the_job(specnode, tiny_model, tmp_path)
     node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 4, cfg)
     assert_stopped_rank_ends_job(node, lambda ranks: next(r for r in ranks if r["role"] == "draft"),
                                  "draft rank 3 did not answer within 3.0 s")
-
-
-# The MPI layer's start-up check (issue 34; node/cluster/transport_check.h). Under the
-# layer matrix OMPI_MCA_pml names the layer ctest chose (tests/support/mpi_layer_run).
-START_UP_CHECK = re.compile(r"specnode serve: MPI: (Open MPI v[\d.]+)[^;\n]*; pml (\w+)"
-                            r"(?: \(mtl (\w+)\))?[^:\n]*: 3 ranks passed the start-up check")
-
-
-@pytest.mark.layer_matrix
-def test_start_up_says_which_mpi_layer_passed_the_check(specnode, tiny_model, tmp_path):
-    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, tp_config(tmp_path, 2))
-    try:
-        node.wait_ready(120)
-        log = node.log()
-    finally:
-        node.stop()
-    m = START_UP_CHECK.search(log)
-    assert m, log
-    if os.environ.get("OMPI_MCA_pml"):
-        assert m.group(2) == os.environ["OMPI_MCA_pml"], log
-    if m.group(2) == "cm":
-        assert m.group(3) == os.environ.get("OMPI_MCA_mtl", m.group(3)), log
-
-
-@pytest.mark.layer_matrix
-def test_a_layer_failing_the_start_up_check_is_refused_before_loading(specnode, tiny_model,
-                                                                     tmp_path):
-    """A layer that changes data in flight (here rank 2's echo of the 4 MiB frame, by the
-    testing fault) is refused before any weights load, naming the layer and --mca pml ob1,
-    and the job ends at once instead of serving."""
-    args = ["--config", str(tp_config(tmp_path, 2)), "--model", tiny_model,
-            "--bind", f"tcp://127.0.0.1:{free_port()}", "--threads", "1"]
-    res, elapsed = run_job(3, specnode, args, env_extra={"SPECNODE_TRANSPORT_CHECK_FAULT": "2"})
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out
-    assert ("failed specnode's start-up check: the frame echoed by rank 2: byte 2097152 of "
-            "4194304 arrived changed") in out, out
-    layer = os.environ.get("OMPI_MCA_pml", "")
-    assert f"specnode serve: the MPI point-to-point layer (pml {layer}" in out, out
-    assert "Relaunch with `mpirun --mca pml ob1 ...` (or OMPI_MCA_pml=ob1" in out, out
-    assert "specnode serve: " + tiny_model + " on" not in out  # never served
-    assert elapsed < 30, (elapsed, out)
-
-
-def test_a_bad_transport_fault_setting_is_refused(specnode, tiny_model, tmp_path):
-    args = ["--config", str(tp_config(tmp_path, 2)), "--model", tiny_model]
-    res, _ = run_job(3, specnode, args, env_extra={"SPECNODE_TRANSPORT_CHECK_FAULT": "x"})
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out
-    assert out.count("SPECNODE_TRANSPORT_CHECK_FAULT=x: expected a rank from 1 to 2") == 1, out
