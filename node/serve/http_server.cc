@@ -338,6 +338,16 @@ bool HttpServer::RefusedBeforeTheBody(const httplib::Request& req, httplib::Resp
     CloseAfterUnread(req, res);
     return true;
   }
+  // Neither a length nor chunks: httplib would read to the end of the connection (the
+  // client waits for an answer meanwhile, until the read timeout). 411, as nginx answers.
+  if (ReadsBody(req.method) && !Chunked(req) && !req.has_header("Content-Length")) {
+    SetHttpError(res, RequestError::kBadRequest,
+                 absl::StrCat("a ", req.method,
+                              " request needs a Content-Length (or Transfer-Encoding: chunked)"));
+    res.status = 411;  // Length Required
+    CloseAfterUnread(req, res);
+    return true;
+  }
   // A POST route reads its own body (HttpRouter::Post: bounded, then the key).
   if (auto it = allowed_.find(req.path);
       req.method == "POST" && it != allowed_.end() && it->second == "POST") {

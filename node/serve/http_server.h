@@ -5,7 +5,10 @@
 // (metrics and health only, for a scrape port kept apart from traffic).
 //
 // Bodies. A Content-Length over max_body_bytes is refused with 413 `frame_too_large` as
-// soon as the headers are in, on any route, the body unread. A POST route's body is read by
+// soon as the headers are in, on any route, the body unread; a method that takes a body
+// (POST, PUT, PATCH, DELETE) with neither a Content-Length nor chunks gets 411
+// `bad_request` at once (httplib would read to the end of the connection), and the
+// connection closes. A POST route's body is read by
 // the listener (HttpRouter::Post), counted after any Content-Encoding (gzip, deflate) is
 // undone and whatever the Content-Type: a chunked or compressed body gets the 413 once the
 // limit is passed, and the rest of it is read and dropped (up to kMaxDrainBytes) so that

@@ -497,6 +497,34 @@ TEST(HttpServerTest, ABodyOnARouteThatReadsNoneIsNeverReadAsARequest) {
               StartsWith("HTTP/1.1 200"));
 }
 
+// A method that takes a body, with neither a length nor chunks: httplib would wait for the
+// end of the connection. 411 at once instead, and the connection closes: the bytes after
+// the headers are never read as a request.
+TEST(HttpServerTest, ABodyWithoutALengthIs411AtOnce) {
+  RoutedServer rs(4096);
+  ASSERT_NE(rs.server, nullptr);
+  for (const char* method : {"POST", "PUT", "DELETE"}) {
+    Conversation c(rs.port());
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string r = c.Ask(std::string(method) + " /v1/echo HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1)) << method;
+    EXPECT_THAT(r, StartsWith("HTTP/1.1 411")) << method;
+    EXPECT_THAT(r, HasSubstr("X-Specnode-Error-Code: bad_request"));
+    EXPECT_THAT(r, HasSubstr("needs a Content-Length"));
+    EXPECT_THAT(r, HasSubstr("Connection: close"));
+    c.Send(kHealth);
+    const std::string rest = c.Rest();
+    EXPECT_EQ(Count(r + rest, "HTTP/1.1 "), 1u) << r << rest;
+  }
+  // A length of 0 is a length; a chunked body needs none.
+  EXPECT_THAT(Exchange(rs.port(), "POST /nope HTTP/1.0\r\nContent-Length: 0\r\n\r\n"),
+              StartsWith("HTTP/1.1 404"));
+  EXPECT_THAT(Exchange(rs.port(), "POST /v1/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                  "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"),
+              StartsWith("HTTP/1.1 200"));
+  EXPECT_EQ(rs.errors.Counts().at("bad_request"), 3);
+}
+
 // httplib's own refusals (routing, a request it cannot parse) carry the code header too.
 TEST(HttpServerTest, EveryErrorCarriesTheErrorCodeHeader) {
   RoutedServer rs(4096);
