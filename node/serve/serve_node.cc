@@ -120,6 +120,235 @@ KvCacheEvent AllBlocksCleared() {
   return e;
 }
 
+// The engine's groups: a drafter (made here unless the group brought one) and a controller
+// for each group that drafts (a controller learns its own group's costs).
+struct EngineGroups {
+  std::vector<std::unique_ptr<SpecController>> owned;
+  std::vector<DraftGroup> groups;  // empty: one group without a drafter, target-only decoding
+  std::vector<std::pair<std::string, const SpecController*>> controllers;  // for metrics
+  std::string draft_name = "none";
+};
+
+absl::StatusOr<EngineGroups> MakeEngineGroups(const ServeConfig& cfg, ModelSession* session,
+                                              std::vector<ServeGroup>& serve_groups) {
+  EngineGroups e;
+  for (ServeGroup& g : serve_groups) {
+    if (g.drafter == nullptr && !cfg.draft.none()) {
+      SPECNODE_ASSIGN_OR_RETURN(g.drafter,
+                                MakeDrafter(cfg.draft, session->model(), session->pool(), cfg.kv));
+    }
+    if (g.drafter == nullptr) {
+      e.groups.push_back({nullptr, nullptr, g.target});
+      continue;
+    }
+    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> controller,
+                              SpecController::Create(ControllerConfigFor(cfg)));
+    e.groups.push_back({g.drafter.get(), controller.get(), g.target});
+    e.draft_name = g.drafter->name();
+    e.controllers.push_back(
+        {serve_groups.size() == 1 ? e.draft_name : g.name + "/" + e.draft_name, controller.get()});
+    e.owned.push_back(std::move(controller));
+  }
+  if (e.groups.size() == 1 && e.groups[0].drafter == nullptr) e.groups.clear();
+  return e;
+}
+
+SpecEngineOptions EngineOptionsFor(const ServeConfig& cfg, ModelSession* session) {
+  SpecEngineOptions eo;
+  eo.acceptance = cfg.acceptance;
+  const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
+  eo.stop_tokens.insert(eog.begin(), eog.end());
+  eo.pool = session->pool();  // sampling of a batch's sequences in parallel
+  eo.prefix_cache = cfg.kv.prefix_cache;
+  return eo;
+}
+
+// Every group's target, each once.
+std::vector<ModelRunner*> DistinctTargets(const std::vector<ServeGroup>& serve_groups) {
+  std::vector<ModelRunner*> targets;
+  for (const ServeGroup& g : serve_groups) {
+    if (std::find(targets.begin(), targets.end(), g.target) == targets.end()) {
+      targets.push_back(g.target);
+    }
+  }
+  return targets;
+}
+
+// The scheduler's gauges: KV over every target; with several groups, each group's live
+// sequences and sequences started. `engine` must outlive the scheduler.
+std::function<std::map<std::string, double>()> GaugesFor(
+    const std::vector<ServeGroup>& serve_groups, bool per_group, const SpeculativeEngine* engine) {
+  std::vector<std::string> group_names;
+  if (per_group) {
+    for (const ServeGroup& g : serve_groups) group_names.push_back(g.name);
+  }
+  return [group_names, targets = DistinctTargets(serve_groups), engine] {
+    std::map<std::string, double> g = KvGauges(targets);
+    const std::vector<int> live = engine->GroupLoads();
+    const std::vector<int64_t> started = engine->GroupStarts();
+    for (size_t i = 0; i < group_names.size() && i < live.size(); ++i) {
+      const std::string label = absl::StrFormat("{group=\"%s\"}", EscapeLabelValue(group_names[i]));
+      g["specnode_group_active_sequences" + label] = live[i];
+      g["specnode_group_sequences_started_total" + label] = static_cast<double>(started[i]);
+    }
+    return g;
+  };
+}
+
+FrontendOptions FrontendOptionsFor(const ServeConfig& cfg, std::vector<RankInfo> ranks,
+                                   MetricsExchange* metrics_exchange) {
+  FrontendOptions fo;
+  fo.endpoint = cfg.bind;
+  fo.limits = cfg.limits;
+  fo.drain_timeout_s = cfg.drain_timeout_s;
+  fo.teardown = &g_teardown;
+  // Under OpenMPI's mpirun only (0: no teardown handling): the SIGCONT-first teardown is
+  // its own, so not InMpiJob(), which also counts PMI launchers.
+  fo.teardown_drain_s =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? MpirunTeardownWindowS() : 0.0;
+  fo.model_name = cfg.model;
+  fo.curve_secret_key = cfg.curve_secret_key;
+  fo.ranks = std::move(ranks);
+  if (!cfg.metrics_bind.empty() || cfg.http_bind.has_value()) {
+    fo.metrics_exchange = metrics_exchange;
+  }
+  return fo;
+}
+
+// KV events: the target's prefix cache, as vLLM publishes its own (kv_event_publisher.h),
+// listening to `target`'s cache (the caller detaches it before the publisher goes).
+absl::StatusOr<std::unique_ptr<KvEventPublisher>> StartKvEvents(
+    const ServeConfig& cfg, const std::vector<ModelRunner*>& targets) {
+  if (!cfg.kv.prefix_cache) {
+    return absl::InvalidArgumentError(
+        "serve.kv_events_bind reports the prefix cache's events, and kv.prefix_cache is false");
+  }
+  if (targets.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "serve.kv_events_bind: %d groups with distinct targets; KV events describe one "
+        "prefix cache per endpoint",
+        targets.size()));
+  }
+  KvEventPublisherOptions ko;
+  ko.endpoint = cfg.kv_events_bind;
+  ko.replay_endpoint = cfg.kv_events_replay_bind;
+  ko.topic = cfg.kv_events_topic;
+  ko.encoding = cfg.kv_events_encoding;
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvEventPublisher> kv_events,
+                            KvEventPublisher::Start(ko));
+  if (absl::Status st = targets[0]->SetKvEventListener(kv_events.get()); !st.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("serve.kv_events_bind: ", st.message()));
+  }
+  // A (re)started node has an empty cache: a router that knew an earlier one forgets it.
+  kv_events->OnKvCacheEvent(AllBlocksCleared());
+  return kv_events;
+}
+
+// GET /health: 200 "ok", or 503 "draining" / "failed", with the load and the uptime.
+std::function<HealthReply()> HealthFor(const Scheduler* scheduler, std::string name) {
+  const auto started = std::chrono::steady_clock::now();
+  return [scheduler, started, name = std::move(name)] {
+    const SchedulerSnapshot s = scheduler->Snapshot();
+    const char* status = !scheduler->Failure().ok() ? "failed"
+                         : scheduler->Draining()    ? "draining"
+                                                    : "ok";
+    const double uptime =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const nlohmann::json j = {{"status", status},
+                              {"model", name},
+                              {"active", s.active},
+                              {"queued", s.queued},
+                              {"uptime_s", uptime}};
+    return HealthReply{std::string(status) == "ok" ? 200 : 503,
+                       j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+  };
+}
+
+// The HTTP listeners: the metrics port and the OpenAI API (each optional). Members in the
+// order that stops the servers before the service their handlers call.
+struct HttpFrontDoors {
+  std::unique_ptr<OpenAiService> service;
+  std::unique_ptr<HttpServer> metrics;
+  std::unique_ptr<HttpServer> api;
+};
+
+absl::Status StartHttp(const ServeConfig& cfg, HttpServerOptions ho, Scheduler* scheduler,
+                       ModelSession* session, const DomainRouter* router, ErrorCounter* errors,
+                       int64_t max_positions, HttpFrontDoors* doors) {
+  if (!cfg.metrics_bind.empty()) {
+    HttpServerOptions mo = ho;
+    SPECNODE_ASSIGN_OR_RETURN(mo.address, ParseMetricsAddress(cfg.metrics_bind));
+    mo.threads = 2;
+    mo.name = "metrics endpoint";
+    SPECNODE_ASSIGN_OR_RETURN(doors->metrics, HttpServer::Start(mo));
+  }
+  if (!cfg.http_bind.has_value()) return absl::OkStatus();
+  OpenAiServiceOptions ao;
+  ao.model_name = ServedModelName(cfg);
+  ao.limits = cfg.limits;
+  ao.max_positions = max_positions;
+  doors->service = std::make_unique<OpenAiService>(ao, scheduler, &session->model().tokenizer(),
+                                                   router, errors);
+  ho.address = *cfg.http_bind;
+  ho.name = "HTTP API endpoint";
+  ho.threads = cfg.http_threads;
+  ho.max_body_bytes = static_cast<size_t>(cfg.http_max_body_bytes);
+  if (const char* key =
+          cfg.http_api_key_env.empty() ? nullptr : std::getenv(cfg.http_api_key_env.c_str());
+      key != nullptr) {
+    ho.api_key = key;
+  }
+  ho.routes = [service = doors->service.get()](HttpRouter& r) { service->Register(r); };
+  SPECNODE_ASSIGN_OR_RETURN(doors->api, HttpServer::Start(ho));
+  return absl::OkStatus();
+}
+
+// SIGINT/SIGTERM start the drain; under mpirun, its teardown's SIGCONT too (OnTeardown).
+void InstallStopSignals(bool mpirun_teardown) {
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  if (mpirun_teardown) {
+    struct sigaction tear = {};
+    tear.sa_handler = OnTeardown;
+    sigemptyset(&tear.sa_mask);
+    sigaction(SIGCONT, &tear, nullptr);
+  }
+}
+
+// The start-up lines: what serves where, the config, and each optional endpoint.
+void LogServing(const ServeConfig& cfg, const std::string& compute, const std::string& draft_name,
+                const FrontendOptions& fo, size_t n_groups, const HttpFrontDoors& doors,
+                const KvEventPublisher* kv_events) {
+  std::fprintf(
+      stderr, "specnode serve: %s on %s (%s, draft %s%s)\n", cfg.model.c_str(),
+      fo.endpoint.c_str(), compute.c_str(), draft_name.c_str(),
+      fo.ranks.empty() ? ""
+      : n_groups == 1
+          ? absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1).c_str()
+          : absl::StrFormat(", %d groups on %d ranks", n_groups, fo.ranks.size() - 1).c_str());
+  std::fprintf(stderr, "specnode serve: config %s\n", cfg.source.c_str());
+  if (doors.metrics != nullptr) {
+    std::fprintf(stderr, "specnode serve: metrics on http://%s:%d/metrics\n",
+                 doors.metrics->options().address.host.c_str(), doors.metrics->port());
+  }
+  if (doors.api != nullptr) {
+    std::fprintf(stderr,
+                 "specnode serve: OpenAI API on http://%s:%d/v1 (model \"%s\"%s), metrics and "
+                 "health on the same port\n",
+                 doors.api->options().address.host.c_str(), doors.api->port(),
+                 ServedModelName(cfg).c_str(),
+                 doors.api->options().api_key.empty() ? ", no API key" : ", bearer key required");
+  }
+  if (kv_events != nullptr) {
+    std::fprintf(stderr, "specnode serve: KV events on %s%s%s\n", kv_events->endpoint().c_str(),
+                 kv_events->replay_endpoint().empty() ? "" : ", replay on ",
+                 kv_events->replay_endpoint().c_str());
+  }
+}
+
 }  // namespace
 
 std::string ServedModelName(const ServeConfig& cfg) {
@@ -139,110 +368,40 @@ double MpirunTeardownWindowS() { return std::max(0.1, 2.0 * MpirunSigkillTimeout
 absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                        std::vector<ServeGroup>& serve_groups, std::vector<RankInfo> ranks) {
   assert(!serve_groups.empty());
-  RouterConfig rc;
-  rc.default_domain = cfg.default_domain;
   std::unique_ptr<DomainRouter> router;
   if (!cfg.router_rules_file.empty()) {
     SPECNODE_ASSIGN_OR_RETURN(router, LoadRouterRules(cfg.router_rules_file));
   } else {
+    RouterConfig rc;
+    rc.default_domain = cfg.default_domain;
     SPECNODE_ASSIGN_OR_RETURN(router, DomainRouter::Create(rc));
   }
-  const std::string& model_path = cfg.model;
   ModelRunner* target = serve_groups[0].target;
-
-  // One drafter and controller per group (a controller learns its own group's costs).
-  std::vector<std::unique_ptr<SpecController>> controllers_owned;
-  std::vector<DraftGroup> groups;
-  std::vector<std::pair<std::string, const SpecController*>> controllers;  // for metrics
-  std::string draft_name = "none";
-  for (ServeGroup& g : serve_groups) {
-    if (g.drafter == nullptr && !cfg.draft.none()) {
-      SPECNODE_ASSIGN_OR_RETURN(g.drafter,
-                                MakeDrafter(cfg.draft, session->model(), session->pool(), cfg.kv));
-    }
-    if (g.drafter == nullptr) {
-      groups.push_back({nullptr, nullptr, g.target});
-      continue;
-    }
-    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> controller,
-                              SpecController::Create(ControllerConfigFor(cfg)));
-    groups.push_back({g.drafter.get(), controller.get(), g.target});
-    draft_name = g.drafter->name();
-    controllers.push_back(
-        {serve_groups.size() == 1 ? draft_name : g.name + "/" + draft_name, controller.get()});
-    controllers_owned.push_back(std::move(controller));
-  }
-  // One group without a drafter: plain target-only decoding.
-  if (groups.size() == 1 && groups[0].drafter == nullptr) groups.clear();
-  SpecEngineOptions eo;
-  eo.acceptance = cfg.acceptance;
-  const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
-  eo.stop_tokens.insert(eog.begin(), eog.end());
-  eo.pool = session->pool();  // sampling of a batch's sequences in parallel
-  eo.prefix_cache = cfg.kv.prefix_cache;
-  SpeculativeEngine engine(target, groups, eo);
-
+  SPECNODE_ASSIGN_OR_RETURN(EngineGroups groups, MakeEngineGroups(cfg, session, serve_groups));
+  SpeculativeEngine engine(target, groups.groups, EngineOptionsFor(cfg, session));
   SchedulerOptions so = cfg.sla;
   so.max_tokens = cfg.limits.max_tokens;
-  // KV gauges over every group's target (each counted once); with several groups, each
-  // group's live sequences and sequences started.
-  std::vector<std::string> group_names;
-  std::vector<ModelRunner*> targets;
-  for (const ServeGroup& g : serve_groups) {
-    if (groups.size() > 1) group_names.push_back(g.name);
-    if (std::find(targets.begin(), targets.end(), g.target) == targets.end()) {
-      targets.push_back(g.target);
-    }
-  }
-  so.gauges = [group_names, targets, &engine] {
-    std::map<std::string, double> g = KvGauges(targets);
-    const std::vector<int> live = engine.GroupLoads();
-    const std::vector<int64_t> started = engine.GroupStarts();
-    for (size_t i = 0; i < group_names.size() && i < live.size(); ++i) {
-      const std::string label = absl::StrFormat("{group=\"%s\"}", EscapeLabelValue(group_names[i]));
-      g["specnode_group_active_sequences" + label] = live[i];
-      g["specnode_group_sequences_started_total" + label] = static_cast<double>(started[i]);
-    }
-    return g;
-  };
+  so.gauges = GaugesFor(serve_groups, groups.groups.size() > 1, &engine);
 
   // Declared before the frontend and the HTTP servers: both use it until they are gone.
   MetricsExchange metrics_exchange;
-  std::unique_ptr<HttpServer> metrics_http, api_http;
-  std::unique_ptr<OpenAiService> api;
-  FrontendOptions fo;
-  fo.endpoint = cfg.bind;
-  fo.limits = cfg.limits;
-  fo.drain_timeout_s = cfg.drain_timeout_s;
-  fo.teardown = &g_teardown;
-  // Under OpenMPI's mpirun only (0: no teardown handling): the SIGCONT-first teardown is
-  // its own, so not InMpiJob(), which also counts PMI launchers.
-  fo.teardown_drain_s =
-      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? MpirunTeardownWindowS() : 0.0;
-  fo.model_name = model_path;
-  fo.curve_secret_key = cfg.curve_secret_key;
-  fo.ranks = std::move(ranks);
-  if (!cfg.metrics_bind.empty() || cfg.http_bind.has_value()) {
-    fo.metrics_exchange = &metrics_exchange;
-  }
+  HttpFrontDoors doors;
+  const FrontendOptions fo = FrontendOptionsFor(cfg, std::move(ranks), &metrics_exchange);
   std::unique_ptr<Frontend> frontend;
   Scheduler scheduler(&engine, &session->model().tokenizer(), so,
                       [&frontend](GenerationEvent ev) { frontend->OnEvent(std::move(ev)); });
-  frontend = std::make_unique<Frontend>(fo, session, router.get(), &scheduler,
-                                        [&scheduler, &frontend, controllers] {
-                                          SchedulerSnapshot s = scheduler.Snapshot();
-                                          // Error replies of the front end (bad input, overloaded,
-                                          // ...) and of the scheduler.
-                                          for (const auto& [code, n] : frontend->errors().Counts())
-                                            s.errors_by_code[code] += n;
-                                          return PrometheusText(s, controllers);
-                                        });
+  frontend = std::make_unique<Frontend>(
+      fo, session, router.get(), &scheduler, [&scheduler, &frontend, c = groups.controllers] {
+        SchedulerSnapshot s = scheduler.Snapshot();
+        // Error replies of the front end (bad input, overloaded, ...) and of the scheduler.
+        for (const auto& [code, n] : frontend->errors().Counts()) s.errors_by_code[code] += n;
+        return PrometheusText(s, c);
+      });
   SPECNODE_RETURN_IF_ERROR(frontend->Bind());
-  // KV events: the target's prefix cache, as vLLM publishes its own (kv_event_publisher.h).
-  // Declared after the engine (which the targets' caches report through) and reset before
-  // the targets go: the listeners are detached at the end of this function.
+  // Declared after the engine (which the targets' caches report through); `detach` after
+  // it, so that on every way out the listener is detached before the publisher goes.
+  const std::vector<ModelRunner*> targets = DistinctTargets(serve_groups);
   std::unique_ptr<KvEventPublisher> kv_events;
-  // Detaches the listener from the target's cache on every way out (before kv_events goes).
   struct DetachListener {
     ModelRunner* target = nullptr;
     ~DetachListener() {
@@ -250,115 +409,22 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
     }
   } detach;
   if (!cfg.kv_events_bind.empty()) {
-    if (!cfg.kv.prefix_cache) {
-      return absl::InvalidArgumentError(
-          "serve.kv_events_bind reports the prefix cache's events, and kv.prefix_cache is false");
-    }
-    if (targets.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "serve.kv_events_bind: %d groups with distinct targets; KV events describe one "
-          "prefix cache per endpoint",
-          targets.size()));
-    }
-    KvEventPublisherOptions ko;
-    ko.endpoint = cfg.kv_events_bind;
-    ko.replay_endpoint = cfg.kv_events_replay_bind;
-    ko.topic = cfg.kv_events_topic;
-    ko.encoding = cfg.kv_events_encoding;
-    SPECNODE_ASSIGN_OR_RETURN(kv_events, KvEventPublisher::Start(ko));
-    if (absl::Status st = targets[0]->SetKvEventListener(kv_events.get()); !st.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("serve.kv_events_bind: ", st.message()));
-    }
+    SPECNODE_ASSIGN_OR_RETURN(kv_events, StartKvEvents(cfg, targets));
     detach.target = targets[0];
-    // A (re)started node has an empty cache: a router that knew an earlier one forgets it.
-    kv_events->OnKvCacheEvent(AllBlocksCleared());
   }
-  const auto started = std::chrono::steady_clock::now();
   HttpServerOptions ho;
   ho.metrics = &metrics_exchange;
   ho.errors = &frontend->errors();
-  ho.health = [&scheduler, started, name = ServedModelName(cfg)] {
-    const SchedulerSnapshot s = scheduler.Snapshot();
-    const char* status = !scheduler.Failure().ok() ? "failed"
-                         : scheduler.Draining()    ? "draining"
-                                                   : "ok";
-    const double uptime =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    const nlohmann::json j = {{"status", status},
-                              {"model", name},
-                              {"active", s.active},
-                              {"queued", s.queued},
-                              {"uptime_s", uptime}};
-    return HealthReply{std::string(status) == "ok" ? 200 : 503,
-                       j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
-  };
-  if (!cfg.metrics_bind.empty()) {
-    HttpServerOptions mo = ho;
-    SPECNODE_ASSIGN_OR_RETURN(mo.address, ParseMetricsAddress(cfg.metrics_bind));
-    mo.threads = 2;
-    mo.name = "metrics endpoint";
-    SPECNODE_ASSIGN_OR_RETURN(metrics_http, HttpServer::Start(mo));
-  }
-  if (cfg.http_bind.has_value()) {
-    OpenAiServiceOptions ao;
-    ao.model_name = ServedModelName(cfg);
-    ao.limits = cfg.limits;
-    ao.max_positions = target->max_positions();
-    api = std::make_unique<OpenAiService>(ao, &scheduler, &session->model().tokenizer(),
-                                          router.get(), &frontend->errors());
-    ho.address = *cfg.http_bind;
-    ho.name = "HTTP API endpoint";
-    ho.threads = cfg.http_threads;
-    ho.max_body_bytes = static_cast<size_t>(cfg.http_max_body_bytes);
-    if (const char* key =
-            cfg.http_api_key_env.empty() ? nullptr : std::getenv(cfg.http_api_key_env.c_str());
-        key != nullptr) {
-      ho.api_key = key;
-    }
-    ho.routes = [service = api.get()](HttpRouter& router) { service->Register(router); };
-    SPECNODE_ASSIGN_OR_RETURN(api_http, HttpServer::Start(ho));
-  }
+  ho.health = HealthFor(&scheduler, ServedModelName(cfg));
+  SPECNODE_RETURN_IF_ERROR(StartHttp(cfg, ho, &scheduler, session, router.get(),
+                                     &frontend->errors(), target->max_positions(), &doors));
+  InstallStopSignals(fo.teardown_drain_s > 0);
+  // The target's backend when it runs here; a remote target's ranks are listed.
+  LogServing(cfg,
+             target == &session->runner() ? session->kernel_name()
+                                          : session->runner().backend().Describe(),
+             groups.draft_name, fo, serve_groups.size(), doors, kv_events.get());
 
-  struct sigaction sa = {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  if (fo.teardown_drain_s > 0) {
-    struct sigaction tear = {};
-    tear.sa_handler = OnTeardown;
-    sigemptyset(&tear.sa_mask);
-    sigaction(SIGCONT, &tear, nullptr);
-  }
-  // The target's backend when it runs here; a remote target's ranks are listed below.
-  const std::string compute = target == &session->runner() ? session->kernel_name()
-                                                           : session->runner().backend().Describe();
-  std::fprintf(
-      stderr, "specnode serve: %s on %s (%s, draft %s%s)\n", model_path.c_str(),
-      fo.endpoint.c_str(), compute.c_str(), draft_name.c_str(),
-      fo.ranks.empty() ? ""
-      : serve_groups.size() == 1
-          ? absl::StrFormat(", target on %d ranks", fo.ranks.size() - 1).c_str()
-          : absl::StrFormat(", %d groups on %d ranks", serve_groups.size(), fo.ranks.size() - 1)
-                .c_str());
-  std::fprintf(stderr, "specnode serve: config %s\n", cfg.source.c_str());
-  if (metrics_http != nullptr) {
-    std::fprintf(stderr, "specnode serve: metrics on http://%s:%d/metrics\n",
-                 metrics_http->options().address.host.c_str(), metrics_http->port());
-  }
-  if (api_http != nullptr) {
-    std::fprintf(stderr,
-                 "specnode serve: OpenAI API on http://%s:%d/v1 (model \"%s\"%s), metrics and "
-                 "health on the same port\n",
-                 api_http->options().address.host.c_str(), api_http->port(),
-                 ServedModelName(cfg).c_str(),
-                 ho.api_key.empty() ? ", no API key" : ", bearer key required");
-  }
-  if (kv_events != nullptr) {
-    std::fprintf(stderr, "specnode serve: KV events on %s%s%s\n", kv_events->endpoint().c_str(),
-                 kv_events->replay_endpoint().empty() ? "" : ", replay on ",
-                 kv_events->replay_endpoint().c_str());
-  }
   absl::Status st = frontend->Run(&g_stop);
   // The scheduler first: Stop ends every request still running (the drain cut, a lost
   // target), so the HTTP handlers waiting for them return and the servers can join them.
@@ -368,8 +434,8 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
       scheduler.StopWithin(std::chrono::duration<double>(fo.stop_wait_s));
   const bool run_abandoned = st == stopped;  // Run's drain cut gave up on the thread
   if (st.ok()) st = stopped;
-  metrics_http.reset();  // before the frontend it asks for renders
-  api_http.reset();
+  doors.metrics.reset();  // before the frontend it asks for renders
+  doors.api.reset();
   if (kv_events != nullptr) {
     if (stopped.ok()) {  // not under a thread that may still be in the target
       (void)targets[0]->SetKvEventListener(nullptr);
