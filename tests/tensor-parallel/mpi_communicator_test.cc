@@ -82,6 +82,59 @@ void WorldBarrier(double timeout_s) {
   MPI_TEST_CHECK(s.ok(), s);
 }
 
+// Rank 2 skips one AllReduceSum: ranks 0 and 1 get DeadlineExceeded naming rank 2 within
+// the timeout, without spinning, and the communicator stays broken; rank 2 then reads the
+// late rows.
+void CheckDeadline(int world_rank) {
+  constexpr double kTimeout = 1.0;  // generous: ctest may run other tests alongside
+  auto c = MpiCommunicator::Create(MPI_COMM_WORLD, {.timeout_s = kTimeout});
+  MPI_TEST_CHECK(c.ok(), c.status());
+  if (!c.ok()) return;
+  std::vector<float> x(40000, 1.0f);
+  absl::Status s = (*c)->AllReduceSum(x.data(), 64);
+  MPI_TEST_CHECK(s.ok(), s);
+  if (world_rank != 2) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = CpuSeconds();
+    s = (*c)->AllReduceSum(x.data(), 40000);
+    const double cpu = CpuSeconds() - cpu0;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Waiting polls with a sleeping backoff: far from a core's worth of CPU.
+    MPI_TEST_CHECK(cpu < 0.25 * waited, "used " << cpu << " s CPU while waiting " << waited);
+    std::fprintf(stderr, "[rank %d] deadline wait: %.3f s wall, %.3f s CPU\n", world_rank, waited,
+                 cpu);
+    MPI_TEST_CHECK(s.code() == absl::StatusCode::kDeadlineExceeded, s);
+    MPI_TEST_CHECK(std::string(s.message()).find("from rank 2 (world 2)") != std::string::npos,
+                   s);
+    MPI_TEST_CHECK(
+        std::string(s.message()).find("rank 1 (world 1)") == std::string::npos || world_rank == 0,
+        s);
+    MPI_TEST_CHECK(waited >= kTimeout * 0.9 && waited < kTimeout + 2.0, waited << " s");
+    s = (*c)->Barrier();
+    MPI_TEST_CHECK(s.code() == absl::StatusCode::kFailedPrecondition, s);
+    MPI_TEST_CHECK(std::string(s.message()).find("broken") != std::string::npos, s);
+  }
+  WorldBarrier(30);  // rank 2 waits here until ranks 0 and 1 have timed out
+  if (world_rank == 2) {
+    // The late peer finally reads what ranks 0 and 1 sent it for the skipped collective:
+    // their abandoned sends complete from the staging buffers they gave up (intact: the
+    // first AllReduceSum's 64 sums of 1 + 1 + 1, then 1s), and no send is left pending at
+    // MPI_Finalize (under OpenMPI's OFI MTL a pending send fails fi_close there).
+    for (int from : {0, 1}) {
+      std::vector<float> late(40000, 0.0f);
+      MPI_Request req = MPI_REQUEST_NULL;
+      MPI_Irecv(late.data(), 40000, MPI_FLOAT, from, MPI_ANY_TAG, (*c)->comm(), &req);
+      s = MpiWaitWithDeadline(&req, MPI_STATUS_IGNORE, 30, "the late message");
+      MPI_TEST_CHECK(s.ok(), s);
+      int bad = 0;
+      for (int i = 0; i < 40000; ++i) bad += late[i] != (i < 64 ? 3.0f : 1.0f);
+      MPI_TEST_CHECK(bad == 0, bad << " values of rank " << from << "'s late row differ");
+    }
+  }
+  WorldBarrier(30);
+  }
+
 int Main(int argc, char** argv) {
   auto env = MpiEnvironment::Init(&argc, &argv);
   if (!env.ok()) {
@@ -122,55 +175,7 @@ int Main(int argc, char** argv) {
     }
     WorldBarrier(30);
   }
-  {                                   // Deadline: rank 2 skips one AllReduceSum.
-    constexpr double kTimeout = 1.0;  // generous: ctest may run other tests alongside
-    auto c = MpiCommunicator::Create(MPI_COMM_WORLD, {.timeout_s = kTimeout});
-    MPI_TEST_CHECK(c.ok(), c.status());
-    if (!c.ok()) return 1;
-    std::vector<float> x(40000, 1.0f);
-    absl::Status s = (*c)->AllReduceSum(x.data(), 64);
-    MPI_TEST_CHECK(s.ok(), s);
-    if (world_rank != 2) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const double cpu0 = CpuSeconds();
-      s = (*c)->AllReduceSum(x.data(), 40000);
-      const double cpu = CpuSeconds() - cpu0;
-      const double waited =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      // Waiting polls with a sleeping backoff: far from a core's worth of CPU.
-      MPI_TEST_CHECK(cpu < 0.25 * waited, "used " << cpu << " s CPU while waiting " << waited);
-      std::fprintf(stderr, "[rank %d] deadline wait: %.3f s wall, %.3f s CPU\n", world_rank, waited,
-                   cpu);
-      MPI_TEST_CHECK(s.code() == absl::StatusCode::kDeadlineExceeded, s);
-      MPI_TEST_CHECK(std::string(s.message()).find("from rank 2 (world 2)") != std::string::npos,
-                     s);
-      MPI_TEST_CHECK(
-          std::string(s.message()).find("rank 1 (world 1)") == std::string::npos || world_rank == 0,
-          s);
-      MPI_TEST_CHECK(waited >= kTimeout * 0.9 && waited < kTimeout + 2.0, waited << " s");
-      s = (*c)->Barrier();
-      MPI_TEST_CHECK(s.code() == absl::StatusCode::kFailedPrecondition, s);
-      MPI_TEST_CHECK(std::string(s.message()).find("broken") != std::string::npos, s);
-    }
-    WorldBarrier(30);  // rank 2 waits here until ranks 0 and 1 have timed out
-    if (world_rank == 2) {
-      // The late peer finally reads what ranks 0 and 1 sent it for the skipped collective:
-      // their abandoned sends complete from the staging buffers they gave up (intact: the
-      // first AllReduceSum's 64 sums of 1 + 1 + 1, then 1s), and no send is left pending at
-      // MPI_Finalize (under OpenMPI's OFI MTL a pending send fails fi_close there).
-      for (int from : {0, 1}) {
-        std::vector<float> late(40000, 0.0f);
-        MPI_Request req = MPI_REQUEST_NULL;
-        MPI_Irecv(late.data(), 40000, MPI_FLOAT, from, MPI_ANY_TAG, (*c)->comm(), &req);
-        s = MpiWaitWithDeadline(&req, MPI_STATUS_IGNORE, 30, "the late message");
-        MPI_TEST_CHECK(s.ok(), s);
-        int bad = 0;
-        for (int i = 0; i < 40000; ++i) bad += late[i] != (i < 64 ? 3.0f : 1.0f);
-        MPI_TEST_CHECK(bad == 0, bad << " values of rank " << from << "'s late row differ");
-      }
-    }
-    WorldBarrier(30);
-  }
+  CheckDeadline(world_rank);
   {  // Error macro format.
     const absl::Status s = SPECNODE_MPI_STATUS(MPI_ERR_COUNT);
     MPI_TEST_CHECK(s.code() == absl::StatusCode::kInternal, s);
