@@ -4,7 +4,9 @@
 // OpenMPI selected another one (a matrix entry that would silently run under the wrong
 // layer), 1 when MPI did not initialise; with `--any` it prints the layer and exits 0
 // (scripts/device-check: what OpenMPI picks on its own). A layer that cannot open makes
-// MPI_Init fail, and mpirun exits non-zero with OpenMPI's reason.
+// MPI_Init fail, and mpirun exits non-zero with OpenMPI's reason and no "layer:" line; the
+// line is flushed at once, so a failure after MPI opened (a crash, a sanitizer's report at
+// finalize) is told apart from a layer that cannot open.
 #include <cstdio>
 #include <string>
 
@@ -20,6 +22,7 @@ int main(int argc, char** argv) {
     if (rank != 0) return 0;
     const specnode::MpiLayer layer = specnode::CurrentMpiLayer();
     std::printf("layer: %s; %s\n", layer.Describe().c_str(), layer.library.c_str());
+    std::fflush(stdout);
     if (std::string(av[1]) != "--any" && layer.pml != av[1]) {
       std::printf("expected pml %s, OpenMPI selected '%s'\n", av[1], layer.pml.c_str());
       return 3;
