@@ -1,14 +1,21 @@
-// bench_decode_cuda: times the fused Q4_1 matmul (CudaMatMul, kFused) at SmolLM2-135M's
-// projection shapes and prints microseconds per call and effective bandwidth (weight + x + y
-// bytes / time). Decode is weight-bandwidth bound, so GB/s against the GPU's peak (H200:
-// ~4800 GB/s) says how far the kernel is from the limit. Built as a target only; ctest never
-// runs it. Usage: bench_decode_cuda [iterations=200] [type=Q4_1|Q4_0|Q8_0|F16]
+// bench_decode_cuda: the decode matmuls against the device's own limit, measured in the same
+// run. First the copy bandwidth (cudaMemcpyAsync device to device of 512 MiB, read + write
+// bytes / time); then, per weight type and shape (SmolLM2-135M's projections and LM head,
+// Llama-3-8B's), CudaMatMul with kFused and with kQuantAct (its activation rounding
+// included) at n = 1, 4 and 9 tokens, printing microseconds per call, the achieved
+// bandwidth (weight + x + y bytes / time) and that as a fraction of the copy bandwidth.
+// Each shape cycles through enough copies of its weights (>= 256 MiB) that every call reads
+// them from DRAM, as a decode step of a real model does, not from the 50 MB L2.
+// Built as a target only (scripts/device-check runs it); ctest never does.
+// Usage: bench_decode_cuda [iterations=100] [types=Q4_0,Q4_1,Q8_0]
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +24,7 @@
 #include "cuda/cuda_matmul.h"
 #include "cuda/device_buffer.h"
 #include "model/gguf/ggml_types.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 namespace {
@@ -27,16 +35,66 @@ struct BenchShape {
   int64_t cols;
 };
 
-// One SmolLM2-135M layer's projections (GQA: 3 KV heads x 64) and the tied LM head.
+// SmolLM2-135M (GQA: 3 KV heads x 64, tied LM head) and Llama-3-8B (8 KV heads x 128).
 const BenchShape kShapes[] = {
-    {"attn_q / attn_o 576x576", 576, 576}, {"attn_k / attn_v 192x576", 192, 576},
-    {"ffn_gate / up 1536x576", 1536, 576}, {"ffn_down 576x1536", 576, 1536},
-    {"lm_head 49152x576", 49152, 576},
+    {"smollm2 q/o 576x576", 576, 576},      {"smollm2 gate/up 1536x576", 1536, 576},
+    {"smollm2 down 576x1536", 576, 1536},   {"smollm2 head 49152x576", 49152, 576},
+    {"8b q/o 4096x4096", 4096, 4096},       {"8b k/v 1024x4096", 1024, 4096},
+    {"8b gate/up 14336x4096", 14336, 4096}, {"8b down 4096x14336", 4096, 14336},
 };
 
-absl::Status RunShape(GgmlType type, const BenchShape& s, int64_t n, int iterations,
-                      cudaEvent_t start, cudaEvent_t stop) {
-  // Random weights quantised on the host once per shape.
+constexpr size_t kDramBytes = size_t{256} << 20;  // what a shape's copies span at least
+
+class Timer {
+ public:
+  Timer() {
+    cudaEventCreate(&start_);
+    cudaEventCreate(&stop_);
+  }
+  ~Timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  // Microseconds per call of `body(i)` over `iterations` calls on `stream`.
+  template <typename Body>
+  absl::StatusOr<double> Time(cudaStream_t stream, int iterations, Body body) {
+    for (int i = 0; i < 5; ++i) SPECNODE_RETURN_IF_ERROR(body(i));  // warm-up
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start_, stream));
+    for (int i = 0; i < iterations; ++i) SPECNODE_RETURN_IF_ERROR(body(i));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop_, stream));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop_));
+    float ms = 0.0f;
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_));
+    return 1e3 * ms / iterations;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// GB/s of a device-to-device copy (bytes read + bytes written).
+absl::StatusOr<double> CopyBandwidth(Timer& timer, cudaStream_t stream) {
+  constexpr size_t kBytes = size_t{512} << 20;
+  SPECNODE_ASSIGN_OR_RETURN(DeviceBuffer a, DeviceBuffer::Allocate(kBytes));
+  SPECNODE_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(kBytes));
+  SPECNODE_ASSIGN_OR_RETURN(double us, timer.Time(stream, 20, [&](int i) -> absl::Status {
+    void* dst = i % 2 ? a.data() : b.data();
+    const void* src = i % 2 ? b.data() : a.data();
+    SPECNODE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, stream));
+    return absl::OkStatus();
+  }));
+  return 2.0 * static_cast<double>(kBytes) / (us * 1e3);
+}
+
+struct ShapeData {
+  std::vector<DeviceBuffer> copies;  // the same weights, cycled through
+  size_t weight_bytes = 0;
+  DeviceBuffer x, y;
+};
+
+absl::StatusOr<ShapeData> MakeShape(GgmlType type, const BenchShape& s, int64_t n_max) {
+  ShapeData d;
   const size_t row_bytes = GgmlRowBytes(type, s.cols);
   std::vector<uint8_t> w(s.rows * row_bytes);
   std::mt19937 rng(42);
@@ -46,50 +104,68 @@ absl::Status RunShape(GgmlType type, const BenchShape& s, int64_t n, int iterati
     for (float& v : row) v = normal(rng);
     QuantizeRow(type, row.data(), w.data() + r * row_bytes, s.cols);
   }
-  std::vector<float> x(n * s.cols, 0.5f);
-  absl::StatusOr<DeviceBuffer> w_dev = DeviceBuffer::FromHost(w.data(), w.size());
-  if (!w_dev.ok()) return w_dev.status();
-  absl::StatusOr<DeviceBuffer> x_dev = DeviceBuffer::FromHost(x.data(), x.size() * 4);
-  if (!x_dev.ok()) return x_dev.status();
-  absl::StatusOr<DeviceBuffer> y_dev = DeviceBuffer::Allocate(n * s.rows * 4);
-  if (!y_dev.ok()) return y_dev.status();
-  const WeightView view{type, w_dev->data(), s.rows, s.cols, row_bytes};
+  d.weight_bytes = w.size();
+  const size_t copies = std::max<size_t>(2, (kDramBytes + w.size() - 1) / w.size());
+  for (size_t i = 0; i < copies; ++i) {
+    SPECNODE_ASSIGN_OR_RETURN(DeviceBuffer c, DeviceBuffer::FromHost(w.data(), w.size()));
+    d.copies.push_back(std::move(c));
+  }
+  std::vector<float> x(n_max * s.cols);
+  for (float& v : x) v = normal(rng) * 50.0f;
+  SPECNODE_ASSIGN_OR_RETURN(d.x, DeviceBuffer::FromHost(x.data(), x.size() * 4));
+  SPECNODE_ASSIGN_OR_RETURN(d.y, DeviceBuffer::Allocate(n_max * s.rows * 4));
+  return d;
+}
 
-  for (int i = 0; i < 10; ++i) {  // warm-up: clocks, caches, lazy module load
-    absl::Status st = CudaMatMul(nullptr, view, x_dev->as<float>(), n, y_dev->as<float>());
-    if (!st.ok()) return st;
+absl::Status RunShape(Timer& timer, CudaMatMulContext& ctx, GgmlType type, const BenchShape& s,
+                      int iterations, double copy_gbs) {
+  constexpr int64_t kNs[] = {1, 4, 9};
+  SPECNODE_ASSIGN_OR_RETURN(ShapeData d, MakeShape(type, s, 9));
+  const size_t row_bytes = GgmlRowBytes(type, s.cols);
+  for (int64_t n : kNs) {
+    double us[2];
+    const CudaMatMulAlgo algos[2] = {CudaMatMulAlgo::kFused, CudaMatMulAlgo::kQuantAct};
+    for (int a = 0; a < 2; ++a) {
+      SPECNODE_ASSIGN_OR_RETURN(us[a], timer.Time(ctx.stream(), iterations, [&](int i) {
+        const WeightView v{type, d.copies[i % d.copies.size()].data(), s.rows, s.cols, row_bytes};
+        return CudaMatMul(&ctx, v, d.x.as<float>(), n, d.y.as<float>(), algos[a]);
+      }));
+    }
+    const double bytes = static_cast<double>(d.weight_bytes) + 4.0 * n * (s.cols + s.rows);
+    const double fused_gbs = bytes / (us[0] * 1e3), qa_gbs = bytes / (us[1] * 1e3);
+    std::printf(
+        "%-4s %-26s n=%-2lld  fused %8.2f us %7.1f GB/s %5.3f  |  quant-act %8.2f us "
+        "%7.1f GB/s %5.3f  | %5.2fx\n",
+        std::string(GgmlTypeName(static_cast<uint32_t>(type))).c_str(), s.name,
+        static_cast<long long>(n), us[0], fused_gbs, fused_gbs / copy_gbs, us[1], qa_gbs,
+        qa_gbs / copy_gbs, us[0] / us[1]);
   }
-  SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, nullptr));
-  for (int i = 0; i < iterations; ++i) {
-    absl::Status st = CudaMatMul(nullptr, view, x_dev->as<float>(), n, y_dev->as<float>());
-    if (!st.ok()) return st;
-  }
-  SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, nullptr));
-  SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
-  const double us = 1e3 * ms / iterations;
-  const double bytes = static_cast<double>(w.size()) + 4.0 * n * (s.cols + s.rows);
-  std::printf("%-26s n=%-3lld %9.2f us  %8.1f GB/s\n", s.name, static_cast<long long>(n), us,
-              bytes / (us * 1e3));
   return absl::OkStatus();
 }
 
-int Main(int argc, char** argv) {
-  const int iterations = argc > 1 ? std::atoi(argv[1]) : 200;
-  GgmlType type = GgmlType::kQ4_1;
-  if (argc > 2) {
-    const std::string t = argv[2];
-    if (t == "Q4_0")
-      type = GgmlType::kQ4_0;
-    else if (t == "Q8_0")
-      type = GgmlType::kQ8_0;
-    else if (t == "F16")
-      type = GgmlType::kF16;
-    else if (t != "Q4_1") {
-      std::fprintf(stderr, "unknown type %s (Q4_1, Q4_0, Q8_0, F16)\n", t.c_str());
-      return 2;
+bool ParseTypes(const std::string& list, std::vector<GgmlType>* out) {
+  std::stringstream ss(list);
+  std::string t;
+  while (std::getline(ss, t, ',')) {
+    if (t == "Q4_0") {
+      out->push_back(GgmlType::kQ4_0);
+    } else if (t == "Q4_1") {
+      out->push_back(GgmlType::kQ4_1);
+    } else if (t == "Q8_0") {
+      out->push_back(GgmlType::kQ8_0);
+    } else {
+      return false;
     }
+  }
+  return !out->empty();
+}
+
+int Main(int argc, char** argv) {
+  const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 100;
+  std::vector<GgmlType> types;
+  if (!ParseTypes(argc > 2 ? argv[2] : "Q4_0,Q4_1,Q8_0", &types)) {
+    std::fprintf(stderr, "types: a comma-separated list of Q4_0, Q4_1, Q8_0\n");
+    return 2;
   }
   absl::StatusOr<int> devices = CudaDeviceCount();
   if (!devices.ok() || *devices == 0) {
@@ -98,26 +174,38 @@ int Main(int argc, char** argv) {
     return 1;
   }
   cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::printf("device: %s\n", prop.name);
-  std::printf("type %s, %d iterations per shape\n",
-              std::string(GgmlTypeName(static_cast<uint32_t>(type))).c_str(), iterations);
-  cudaEvent_t start = nullptr, stop = nullptr;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
-    std::fprintf(stderr, "cudaEventCreate failed\n");
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+    std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  }
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreate(&stream) != cudaSuccess) return 1;
+  absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = CudaMatMulContext::Create(stream);
+  if (!ctx.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(ctx.status().message()).c_str());
     return 1;
   }
+  Timer timer;
+  absl::StatusOr<double> copy = CopyBandwidth(timer, stream);
+  if (!copy.ok()) {
+    std::fprintf(stderr, "copy: %s\n", std::string(copy.status().message()).c_str());
+    return 1;
+  }
+  std::printf(
+      "copy bandwidth (limit): %.1f GB/s; %d iterations per case; fractions below "
+      "are of the copy bandwidth\n",
+      *copy, iterations);
   int rc = 0;
-  for (int64_t n : {1, 4, 16}) {
+  for (GgmlType type : types) {
     for (const BenchShape& s : kShapes) {
-      absl::Status st = RunShape(type, s, n, iterations, start, stop);
+      absl::Status st = RunShape(timer, **ctx, type, s, iterations, *copy);
       if (!st.ok()) {
         std::fprintf(stderr, "%s: %s\n", s.name, std::string(st.message()).c_str());
         rc = 1;
       }
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  ctx->reset();
+  cudaStreamDestroy(stream);
   return rc;
 }
 

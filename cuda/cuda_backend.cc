@@ -120,6 +120,7 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
     }
     SPECNODE_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::FromHost(host.data(), host.size()));
     weight_bytes_ += static_cast<int64_t>(host.size());
+    max_matmul_cols_ = std::max(max_matmul_cols_, m.cols);
     WeightView v{m.type, buf.data(), m.rows, m.cols, row_bytes};
     d->buffers.push_back(std::move(buf));
     return v;
@@ -163,6 +164,11 @@ absl::Status CudaBackend::BeginPass(std::span<const int32_t> ids,
   positions_ = tables_.Stage(rows_);
   std::copy(ids.begin(), ids.end(), tables_.staged(ids_));
   std::copy(positions.begin(), positions.end(), tables_.staged(positions_));
+  // The int16 activations of the pass's widest matmul, reserved here (outside any graph
+  // capture) so that the matmuls never grow the scratch inside a recorded body.
+  if (max_matmul_cols_ > 0) {
+    SPECNODE_RETURN_IF_ERROR(mm_->ReserveQuantActs(rows_, max_matmul_cols_));
+  }
   return absl::OkStatus();
 }
 
@@ -199,13 +205,33 @@ absl::Status CudaBackend::Add(float* y, const float* x, int64_t count) {
   return CudaAddInPlace(y, x, count, stream_);
 }
 
+namespace {
+
+// kQuantAct for the types it runs (the CPU's int16 activations), kFused for the float types.
+CudaMatMulAlgo AlgoFor(GgmlType type) {
+  const bool quant = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
+  return quant ? CudaMatMulAlgo::kQuantAct : CudaMatMulAlgo::kFused;
+}
+
+}  // namespace
+
 absl::Status CudaBackend::MatMul(const WeightView& w, const float* x, int64_t n, float* y) {
-  return CudaMatMul(mm_.get(), w, x, n, y);
+  return CudaMatMul(mm_.get(), w, x, n, y, AlgoFor(w.type));
 }
 
 absl::Status CudaBackend::MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
                                        std::span<float* const> ys) {
-  return CudaMatMulSharedInput(mm_.get(), ws, x, n, ys);
+  // One algorithm for the call: matrices of mixed types run one CudaMatMul each, each with
+  // its own type's algorithm.
+  for (const WeightView& w : ws) {
+    if (AlgoFor(w.type) != AlgoFor(ws[0].type)) {
+      for (size_t i = 0; i < ws.size(); ++i) {
+        SPECNODE_RETURN_IF_ERROR(MatMul(ws[i], x, n, ys[i]));
+      }
+      return absl::OkStatus();
+    }
+  }
+  return CudaMatMulSharedInput(mm_.get(), ws, x, n, ys, AlgoFor(ws[0].type));
 }
 
 absl::Status CudaBackend::RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
@@ -282,7 +308,9 @@ absl::Status CudaBackend::Record(int64_t rows, uint64_t signature,
   // capturing them would cost more than their launches.
   constexpr int64_t kGraphMaxRows = 64;
   if (graphs_ == nullptr || rows > kGraphMaxRows) return body();
-  const uint64_t sig = MixSignature(signature, reinterpret_cast<uintptr_t>(tables_.device_base()));
+  const uint64_t sig =
+      MixSignature(MixSignature(signature, reinterpret_cast<uintptr_t>(tables_.device_base())),
+                   reinterpret_cast<uintptr_t>(mm_->quant_acts()));
   return graphs_->Run(stream_, rows, sig, body);
 }
 

@@ -1,10 +1,11 @@
 // CudaBackend: the Backend (model/backend.h) on one GPU — today's CUDA kernels behind the
-// ops of the one Llama graph (model/llama_forward.h): fused dequantise-matmuls
-// (cuda_matmul.h, Q/K/V and gate/up in one launch each), RMSNorm with the residual add
-// fused in, the Q/K RoPE pair, SwiGLU, embedding rows (cuda_ops.h, cuda_embedding.h). Every
-// op is batch-invariant as on the CPU, so greedy speculation equals plain decoding here
-// too; results differ from the CPU reference within the tolerances cuda/tests state
-// (activations stay f32 into the matmuls; the CPU rounds them to int16 or int8 blocks).
+// ops of the one Llama graph (model/llama_forward.h): matmuls (cuda_matmul.h: kQuantAct
+// for Q4_0/Q4_1/Q8_0, kFused for float types; Q/K/V and gate/up in one launch each),
+// RMSNorm with the residual add fused in, the Q/K RoPE pair, SwiGLU, embedding rows
+// (cuda_ops.h, cuda_embedding.h). Every op is batch-invariant as on the CPU, so greedy speculation
+// equals plain decoding here too; results differ from the CPU reference within the tolerances
+// cuda/tests state (quantised matmuls round activations to int16 blocks as the CPU does by default;
+// the rest of the arithmetic is f32 on both, summed in other orders).
 //
 // Everything runs on the backend's own stream. Per-step integer tables (token ids,
 // positions, and what the KV page pool stages: cuda_page_pool.h) are packed into one host
@@ -143,6 +144,7 @@ class CudaBackend final : public Backend {
   int64_t ids_ = 0, positions_ = 0;  // the pass's offsets in tables_
   int64_t rows_ = 0;
   int64_t weight_bytes_ = 0;
+  int64_t max_matmul_cols_ = 0;  // widest matrix uploaded (the int16 activations' scratch)
 };
 
 }  // namespace specnode

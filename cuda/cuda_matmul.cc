@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_matmul_kernels.h"
+#include "cuda/cuda_qmatvec_kernels.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 namespace {
@@ -77,6 +79,38 @@ absl::Status ValidateArgs(const WeightView& w, const float* x, int64_t n, const 
   return absl::OkStatus();
 }
 
+// What the algorithm needs beyond ValidateArgs: kQuantAct and kCublas a context and their
+// weight types.
+absl::Status CheckAlgo(CudaMatMulContext* ctx, const WeightView& w, CudaMatMulAlgo algo) {
+  if (algo == CudaMatMulAlgo::kFused) return absl::OkStatus();
+  const bool quant = algo == CudaMatMulAlgo::kQuantAct;
+  const char* name = quant ? "kQuantAct" : "kCublas";
+  if (ctx == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaMatMul: ", name, " needs a CudaMatMulContext"));
+  }
+  if (quant != IsQuantised(w.type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaMatMul: ", name, " supports ", quant ? "Q4_0, Q4_1 and Q8_0" : "F32, F16 and BF16",
+        " weights, not ", TypeName(w.type)));
+  }
+  return absl::OkStatus();
+}
+
+// Rounds x to int16 blocks in ctx's scratch and runs the segments on them.
+absl::Status QuantActMatMul(CudaMatMulContext& ctx, GgmlType type,
+                            const cuda_internal::FusedSegment* segs, int count, int64_t cols,
+                            const float* x, int64_t n) {
+  SPECNODE_RETURN_IF_ERROR(ctx.ReserveQuantActs(n, cols));
+  const cuda_internal::Q16Acts acts =
+      cuda_internal::Q16ActsAt(const_cast<void*>(ctx.quant_acts()), n, cols);
+  SPECNODE_CUDA_RETURN_IF_ERROR(
+      cuda_internal::LaunchQuantizeActs16(x, n, cols, acts, ctx.stream()));
+  SPECNODE_CUDA_RETURN_IF_ERROR(
+      cuda_internal::LaunchQ16MatVec(type, segs, count, cols, acts, n, ctx.stream()));
+  return absl::OkStatus();
+}
+
 absl::Status CublasMatMul(CudaMatMulContext& ctx, const WeightView& w, const float* x, int64_t n,
                           float* y) {
   cudaDataType_t ab_type;
@@ -140,25 +174,24 @@ absl::StatusOr<std::unique_ptr<CudaMatMulContext>> CudaMatMulContext::Create(cud
   return ctx;
 }
 
+absl::Status CudaMatMulContext::ReserveQuantActs(int64_t n, int64_t cols) {
+  return acts_.Grow(cuda_internal::Q16ActsBytes(n, cols));
+}
+
 CudaMatMulContext::~CudaMatMulContext() {
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
 }
 
 absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float* x, int64_t n,
                         float* y, CudaMatMulAlgo algo) {
-  absl::Status valid = ValidateArgs(w, x, n, y);
-  if (!valid.ok()) return valid;
-  if (algo == CudaMatMulAlgo::kCublas) {
-    if (ctx == nullptr) {
-      return absl::InvalidArgumentError("CudaMatMul: kCublas needs a CudaMatMulContext");
-    }
-    if (IsQuantised(w.type)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CudaMatMul: kCublas supports F32, F16 and BF16 weights, not ", TypeName(w.type)));
-    }
-  }
+  SPECNODE_RETURN_IF_ERROR(ValidateArgs(w, x, n, y));
+  SPECNODE_RETURN_IF_ERROR(CheckAlgo(ctx, w, algo));
   if (n == 0 || w.rows == 0) return absl::OkStatus();
   if (algo == CudaMatMulAlgo::kCublas) return CublasMatMul(*ctx, w, x, n, y);
+  if (algo == CudaMatMulAlgo::kQuantAct) {
+    const cuda_internal::FusedSegment one{w.data, w.row_stride, w.rows, y};
+    return QuantActMatMul(*ctx, w.type, &one, 1, w.cols, x, n);
+  }
   SPECNODE_CUDA_RETURN_IF_ERROR(
       cuda_internal::LaunchFusedMatMul(w.type, w.data, w.row_stride, w.rows, w.cols, x, n, y,
                                        ctx != nullptr ? ctx->stream() : nullptr));
@@ -166,7 +199,8 @@ absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float
 }
 
 absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const WeightView> ws,
-                                   const float* x, int64_t n, std::span<float* const> ys) {
+                                   const float* x, int64_t n, std::span<float* const> ys,
+                                   CudaMatMulAlgo algo) {
   if (ws.empty() || ws.size() != ys.size() ||
       ws.size() > static_cast<size_t>(cuda_internal::kFusedMaxSegments)) {
     return absl::InvalidArgumentError(absl::StrCat("CudaMatMulSharedInput: ", ws.size(),
@@ -179,14 +213,14 @@ absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const Weigh
       return absl::InvalidArgumentError(
           absl::StrCat("CudaMatMulSharedInput: cols ", ws[i].cols, " != ", ws[0].cols));
     }
-    absl::Status valid = ValidateArgs(ws[i], x, n, ys[i]);
-    if (!valid.ok()) return valid;
+    SPECNODE_RETURN_IF_ERROR(ValidateArgs(ws[i], x, n, ys[i]));
+    SPECNODE_RETURN_IF_ERROR(CheckAlgo(ctx, ws[i], algo));
     same_type = same_type && ws[i].type == ws[0].type;
   }
   if (n == 0) return absl::OkStatus();
-  if (!same_type) {
+  if (!same_type || algo == CudaMatMulAlgo::kCublas) {
     for (size_t i = 0; i < ws.size(); ++i) {
-      absl::Status s = CudaMatMul(ctx, ws[i], x, n, ys[i]);
+      absl::Status s = CudaMatMul(ctx, ws[i], x, n, ys[i], algo);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -198,6 +232,9 @@ absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const Weigh
     segs[count++] = {ws[i].data, ws[i].row_stride, ws[i].rows, ys[i]};
   }
   if (count == 0) return absl::OkStatus();
+  if (algo == CudaMatMulAlgo::kQuantAct) {
+    return QuantActMatMul(*ctx, ws[0].type, segs, count, ws[0].cols, x, n);
+  }
   SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchFusedMatMulSegments(
       ws[0].type, segs, count, ws[0].cols, x, n, ctx != nullptr ? ctx->stream() : nullptr));
   return absl::OkStatus();

@@ -15,6 +15,14 @@
 //     bit-identical at batch 1 and batch 16 (speculative verification relies on it).
 //     Meant for decode / verification batches (n up to a few dozen); each further 8 tokens
 //     re-read W.
+//   kQuantAct: Q4_0, Q4_1 and Q8_0 only; x is first rounded to int16 blocks exactly as the
+//     CPU rounds it by default (cuda/q16_dot.h), then each weight block's integer dot with
+//     its activation block is one __dp2a per 2 values (cuda_qmatvec_kernels.h: weight rows
+//     staged through shared memory with 16-byte loads). So the GPU sees the CPU's
+//     activations and integer sums; rows differ from the CPU's MatMul only in the order
+//     their block terms are added. Batch-invariant as kFused. Needs a CudaMatMulContext
+//     (the int16 activations live in its scratch; see ReserveQuantActs). What CudaBackend
+//     runs for quantised weights.
 //   kCublas: cublasGemmEx, for plain types only (F32, F16, BF16), meant for prefill. F16 and
 //     BF16 W need x rounded to that type first (cuBLAS has no mixed f16 x f32 GEMM), which
 //     costs precision (≈2^-11 resp. 2^-8 relative per product); accumulation is f32. NOT
@@ -47,8 +55,9 @@
 namespace specnode {
 
 enum class CudaMatMulAlgo {
-  kFused,   // own kernels, every supported type, batch-invariant
-  kCublas,  // cublasGemmEx, F32/F16/BF16 only
+  kFused,     // own kernels, every supported type, batch-invariant
+  kQuantAct,  // int16 activations x Q4_0/Q4_1/Q8_0, batch-invariant
+  kCublas,    // cublasGemmEx, F32/F16/BF16 only
 };
 
 // Per-stream state for CudaMatMul: a cuBLAS handle bound to `stream` and a scratch buffer
@@ -69,12 +78,21 @@ class CudaMatMulContext {
   // kernels still reading it have finished).
   DeviceBuffer& scratch() { return scratch_; }
 
+  // Makes the int16-activation scratch (kQuantAct) hold n tokens of `cols`, growing it to a
+  // power of two when it does not. A growth frees the old buffer (as scratch()), so call it
+  // outside CUDA-graph capture, before a pass whose launches a graph records (CudaBackend
+  // does, in BeginPass); kQuantAct calls it too, where it is a no-op once reserved.
+  absl::Status ReserveQuantActs(int64_t n, int64_t cols);
+  // The int16-activation scratch's device address (part of a recorded pass's signature).
+  const void* quant_acts() const { return acts_.data(); }
+
  private:
   CudaMatMulContext() = default;
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer scratch_;
+  DeviceBuffer acts_;
 };
 
 // y[n, w.rows] = x[n, w.cols] · Wᵀ, all device pointers (W through w.data).
@@ -85,10 +103,14 @@ absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float
 
 // ys[i][n, ws[i].rows] = x[n, cols] · ws[i]ᵀ for 1..3 matrices of the same cols (a layer's
 // Q/K/V or gate/up), kFused: one launch when they share a weight type, one each otherwise.
-// Every output is bit-identical to a separate CudaMatMul call (same per-row instructions);
+// Every output is bit-identical to a separate CudaMatMul call with the same algo (same
+// per-row instructions);
 // the point is fewer launches in a decode step. Each matrix is validated as by CudaMatMul;
 // InvalidArgument for a count or cols mismatch.
+// With kQuantAct (every matrix quantised, ctx given) x is rounded to int16 once for all of
+// them.
 absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const WeightView> ws,
-                                   const float* x, int64_t n, std::span<float* const> ys);
+                                   const float* x, int64_t n, std::span<float* const> ys,
+                                   CudaMatMulAlgo algo = CudaMatMulAlgo::kFused);
 
 }  // namespace specnode

@@ -37,7 +37,7 @@ absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   DeviceBuffer buffer;
   if (bytes == 0) return buffer;
   void* ptr = nullptr;
-  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, bytes));
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, (bytes + 15) & ~size_t{15}));
   buffer.ptr_ = ptr;
   buffer.bytes_ = bytes;
   return buffer;

@@ -29,6 +29,9 @@ class DeviceBuffer {
 
   // `bytes` of uninitialised device memory on the current device (cudaMalloc alignment,
   // at least 256 bytes). bytes == 0 gives an empty buffer without touching the runtime.
+  // The allocation is padded to a multiple of 16 bytes (size() stays `bytes`), so a kernel
+  // may read the 16-byte vector holding a buffer's last byte (cuda_qmatvec_kernels.cu
+  // copies weight rows as 16-byte units aligned down and up).
   static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes);
   // Allocate(bytes) and copy host[0, bytes) into it.
   static absl::StatusOr<DeviceBuffer> FromHost(const void* host, size_t bytes);

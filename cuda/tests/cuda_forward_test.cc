@@ -5,9 +5,9 @@
 // CPU pool's.
 //
 // Tolerance GPU vs CPU, per logit: |gpu - cpu| <= 2e-2 * (1 + max|cpu logit| of the row).
-// The GPU keeps K/V in f16 (relative rounding 2^-11 per value) and f32 activations into the
-// matmuls, the CPU an f32 KV cache and int16 activation blocks (~1e-5); through 2 layers the
-// f16 KV dominates, leaving differences of ~1e-3 of the logit range. Greedy choices must
+// The GPU keeps K/V in f16 (relative rounding 2^-11 per value), the CPU an f32 KV cache;
+// both round activations into quantised matmuls to the same int16 blocks (kQuantAct) and
+// differ there only in summation order (~1e-6); through 2 layers the f16 KV dominates, leaving differences of ~1e-3 of the logit range. Greedy choices must
 // agree wherever the CPU's top-2 gap exceeds 0.05.
 //
 // Without a GPU every test here skips, except the argument checks, which run everywhere.

@@ -6,6 +6,9 @@
 // not of their possibly cancelling sum). rtol per algorithm and type:
 //   kFused, every type   2e-5  W is dequantised exactly (f16 scale x small int is exact in
 //                              f32); only f32 accumulation over <= 1536 terms rounds.
+//   kQuantAct            1e-4  x rounded to int16 blocks (<= 2^-16 of the block's max per
+//                              value), as the CPU's MatMul rounds it; against the CPU's
+//                              MatMul itself (same activations, same integer sums) 1e-5.
 //   kCublas F32          2e-5  f32 GEMM (no TF32).
 //   kCublas F16          1e-3  x rounded to f16 first: 2^-11 relative per product.
 //   kCublas BF16         8e-3  x rounded to bf16 first: 2^-8 relative per product.
@@ -138,9 +141,11 @@ absl::Status MakeProblem(GgmlType type, const Shape& s, int64_t n_max, Problem* 
   return absl::OkStatus();
 }
 
-// Runs n tokens and compares with the first n rows of the reference.
+// Runs n tokens and compares with the first n rows of `ref` (the problem's reference when
+// null).
 void ExpectMatchesReference(CudaMatMulContext* ctx, Problem& p, int64_t n, CudaMatMulAlgo algo,
-                            double rtol) {
+                            double rtol, const std::vector<float>* ref = nullptr) {
+  const std::vector<float>& want_rows = ref != nullptr ? *ref : p.ref;
   const WeightView& v = p.view_dev;
   SPECNODE_ASSERT_OK(p.y_dev.Zero());
   SPECNODE_ASSERT_OK(CudaMatMul(ctx, v, p.x_dev.as<float>(), n, p.y_dev.as<float>(), algo));
@@ -153,7 +158,7 @@ void ExpectMatchesReference(CudaMatMulContext* ctx, Problem& p, int64_t n, CudaM
       xs += static_cast<double>(p.x[t * v.cols + j]) * p.x[t * v.cols + j];
     const double x_norm = std::sqrt(xs);
     for (int64_t r = 0; r < v.rows; ++r) {
-      const double want = p.ref[t * v.rows + r];
+      const double want = want_rows[t * v.rows + r];
       const double got = (*y)[t * v.rows + r];
       const double tol = rtol * p.host.row_norm[r] * x_norm + 1e-6;
       if (!(std::abs(got - want) <= tol) && ++failures <= 5) {
@@ -278,6 +283,141 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, CudaSharedInputTest,
                            return Name(info.param);
                          });
 
+absl::StatusOr<std::unique_ptr<CudaMatMulContext>> NewContext() {
+  return CudaMatMulContext::Create(nullptr);
+}
+
+// Shapes beyond SmolLM2's for kQuantAct: Llama-3-8B's row lengths (4096: one stage of 128
+// blocks; 14336: three and a half stages), short rows (4 lanes a row), a 2-byte-aligned slice.
+const Shape kQuantActShapes[] = {
+    {"q_576x576", 576, 576, 576, 0},
+    {"down_576x1536", 576, 1536, 1536, 0},
+    {"head_49152x576", 49152, 576, 576, 0},
+    {"odd_37x96", 37, 96, 96, 0},
+    {"odd_1x32", 1, 32, 32, 0},
+    {"rows_33x4096", 33, 4096, 4096, 0},
+    {"down_70x14336", 70, 14336, 14336, 0},
+    {"slice_300x768_of_1536_at_32", 300, 768, 1536, 32},
+    {"slice_576x512_of_1536_at_1024", 576, 512, 1536, 1024},
+};
+
+class CudaQuantActMatMulTest : public CudaTestWithParam<MatMulParam> {};
+
+TEST_P(CudaQuantActMatMulTest, MatchesReferenceAndTheCpu) {
+  const auto& [type, shape] = GetParam();
+  absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = NewContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  Problem p;
+  SPECNODE_ASSERT_OK(MakeProblem(type, shape, 17, &p));
+  // The CPU's own product with int16 activations (its default).
+  std::vector<float> cpu(17 * shape.rows);
+  MatMulScratch scratch;
+  MatMul(p.host.view, p.x.data(), 17, cpu.data(), nullptr, &scratch, ActQuant::kInt16);
+  for (int64_t n : {1, 8, 9, 17}) {
+    ExpectMatchesReference(ctx->get(), p, n, CudaMatMulAlgo::kQuantAct, 1e-4);
+    ExpectMatchesReference(ctx->get(), p, n, CudaMatMulAlgo::kQuantAct, 1e-5, &cpu);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(QuantTypes, CudaQuantActMatMulTest,
+                         ::testing::Combine(::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                                              GgmlType::kQ8_0),
+                                            ::testing::ValuesIn(kQuantActShapes)),
+                         ParamName);
+
+using QuantActInvarianceParam = std::tuple<GgmlType, Shape>;
+class CudaQuantActInvarianceTest : public CudaTestWithParam<QuantActInvarianceParam> {};
+
+// As CudaFusedInvarianceTest, for kQuantAct: a token's output is bit-identical alone, in a
+// batch of 16 (two token tiles) or in a batch of 4 starting mid-tile.
+TEST_P(CudaQuantActInvarianceTest, BatchInvariant) {
+  const auto& [type, shape] = GetParam();
+  absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = NewContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  Problem p;
+  SPECNODE_ASSERT_OK(MakeProblem(type, shape, 16, &p));
+  const int64_t rows = shape.rows, cols = shape.cols;
+  const auto algo = CudaMatMulAlgo::kQuantAct;
+  const float* x = p.x_dev.as<float>();
+  SPECNODE_ASSERT_OK(CudaMatMul(ctx->get(), p.view_dev, x, 16, p.y_dev.as<float>(), algo));
+  absl::StatusOr<std::vector<float>> batch = Download<float>(p.y_dev, 16 * rows);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  absl::StatusOr<DeviceBuffer> part = DeviceBuffer::Allocate(4 * rows * sizeof(float));
+  ASSERT_TRUE(part.ok()) << part.status();
+  for (int64_t t : {0, 5, 9, 15}) {
+    SPECNODE_ASSERT_OK(
+        CudaMatMul(ctx->get(), p.view_dev, x + t * cols, 1, part->as<float>(), algo));
+    absl::StatusOr<std::vector<float>> alone = Download<float>(*part, rows);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(0, std::memcmp(alone->data(), batch->data() + t * rows, rows * sizeof(float)))
+        << "token " << t << " differs between batch 1 and batch 16";
+  }
+  SPECNODE_ASSERT_OK(CudaMatMul(ctx->get(), p.view_dev, x + 9 * cols, 4, part->as<float>(), algo));
+  absl::StatusOr<std::vector<float>> four = Download<float>(*part, 4 * rows);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(0, std::memcmp(four->data(), batch->data() + 9 * rows, 4 * rows * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    QuantTypes, CudaQuantActInvarianceTest,
+    ::testing::Combine(::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0),
+                       ::testing::Values(Shape{"up_1536x576", 1536, 576, 576, 0},
+                                         Shape{"down_70x14336", 70, 14336, 14336, 0})),
+    ParamName);
+
+class CudaQuantActSharedTest : public CudaTestWithParam<GgmlType> {};
+
+// Q/K/V-like matrices in one kQuantAct launch equal one kQuantAct CudaMatMul each.
+TEST_P(CudaQuantActSharedTest, OneLaunchEqualsSeparateCalls) {
+  const GgmlType type = GetParam();
+  absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = NewContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  const auto algo = CudaMatMulAlgo::kQuantAct;
+  const Shape shapes[] = {{"q", 576, 576, 576, 0}, {"k", 190, 576, 576, 0}, {"v", 5, 576, 576, 0}};
+  Problem p[3];
+  for (int i = 0; i < 3; ++i) SPECNODE_ASSERT_OK(MakeProblem(type, shapes[i], 17, &p[i]));
+  const float* x = p[0].x_dev.as<float>();
+  for (int64_t n : {1, 9, 17}) {
+    std::vector<std::vector<float>> separate(3);
+    for (int i = 0; i < 3; ++i) {
+      SPECNODE_ASSERT_OK(CudaMatMul(ctx->get(), p[i].view_dev, x, n, p[i].y_dev.as<float>(), algo));
+      absl::StatusOr<std::vector<float>> y = Download<float>(p[i].y_dev, n * shapes[i].rows);
+      ASSERT_TRUE(y.ok()) << y.status();
+      separate[i] = *y;
+      SPECNODE_ASSERT_OK(p[i].y_dev.Zero());
+    }
+    const WeightView ws[] = {p[0].view_dev, p[1].view_dev, p[2].view_dev};
+    float* const ys[] = {p[0].y_dev.as<float>(), p[1].y_dev.as<float>(), p[2].y_dev.as<float>()};
+    SPECNODE_ASSERT_OK(CudaMatMulSharedInput(ctx->get(), ws, x, n, ys, algo));
+    for (int i = 0; i < 3; ++i) {
+      absl::StatusOr<std::vector<float>> y = Download<float>(p[i].y_dev, n * shapes[i].rows);
+      ASSERT_TRUE(y.ok()) << y.status();
+      EXPECT_EQ(*y, separate[i]) << "matrix " << i << " n=" << n;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(QuantTypes, CudaQuantActSharedTest,
+                         ::testing::Values(GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return Name(info.param);
+                         });
+
+class CudaQuantActArgsTest : public cuda_test::CudaTest {};
+
+// Float weights are kFused's or kCublas's, and kCublas takes no quantised ones: refused.
+TEST_F(CudaQuantActArgsTest, EachAlgorithmRefusesTheOthersTypes) {
+  absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = NewContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto* fake = reinterpret_cast<float*>(uintptr_t{1} << 20);  // never read
+  const WeightView f16{GgmlType::kF16, fake, 4, 64, GgmlRowBytes(GgmlType::kF16, 64)};
+  const WeightView q80{GgmlType::kQ8_0, fake, 4, 64, GgmlRowBytes(GgmlType::kQ8_0, 64)};
+  EXPECT_EQ(CudaMatMul(ctx->get(), f16, fake, 1, fake, CudaMatMulAlgo::kQuantAct).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaMatMul(ctx->get(), q80, fake, 1, fake, CudaMatMulAlgo::kCublas).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 class CudaCublasMatMulTest : public CudaTestWithParam<MatMulParam> {};
 
 TEST_P(CudaCublasMatMulTest, MatchesReference) {
@@ -328,8 +468,14 @@ TEST(CudaMatMulArgs, RejectsBadArgumentsBeforeTouchingTheDevice) {
   EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake + 1, 1, fake)), kInvalid);  // x not 16-aligned
   EXPECT_EQ(code(CudaMatMul(nullptr, q41, nullptr, 1, fake)), kInvalid);
   EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake, -1, fake)), kInvalid);
-  // kCublas needs a context and a plain type.
+  // kCublas and kQuantAct need a context (and their types: checked once one exists).
   EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake, 1, fake, CudaMatMulAlgo::kCublas)), kInvalid);
+  EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake, 1, fake, CudaMatMulAlgo::kQuantAct)), kInvalid);
+  const float* const one_x = fake;
+  float* const one_y[] = {fake};
+  EXPECT_EQ(code(CudaMatMulSharedInput(nullptr, std::span<const WeightView>(&q41, 1), one_x, 1,
+                                       one_y, CudaMatMulAlgo::kQuantAct)),
+            kInvalid);
   // Nothing to do: OK without touching the pointers or the device.
   EXPECT_TRUE(CudaMatMul(nullptr, q41, nullptr, 0, nullptr).ok());
 }

@@ -1,0 +1,341 @@
+// The quantised-activation matmul (see cuda_qmatvec_kernels.h for the work layout and
+// q16_dot.h for the arithmetic).
+//
+// Why staging through shared memory: GGUF blocks are 18 (Q4_0), 20 (Q4_1) or 34 (Q8_0) bytes,
+// so a lane reading its own blocks gets 2- or 4-byte loads, and a decode step of small
+// matrices keeps too few bytes in flight to approach DRAM bandwidth (measured on an H200:
+// the per-row-warp kernel reached 48 GB/s at SmolLM2's shapes, 491 GB/s at 8B's). Here a
+// thread block copies R rows x (4 G blocks) as 16-byte vectors, every load issued before
+// the first is used, and several thread blocks per SM keep tens of KB in flight each.
+#include <cuda_fp16.h>
+
+#include "cuda/cuda_qmatvec_kernels.h"
+#include "cuda/q16_dot.h"
+
+namespace specnode::cuda_internal {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTile = kQ16TokenTile;
+constexpr int kBlocksPerLane = 4;  // blocks a lane dots per stage
+// Weight blocks one thread block stages per stage: R rows x 4 G blocks with R G = kThreads.
+constexpr int kStageBlocks = kThreads * kBlocksPerLane;
+
+// A launch's matrices by value (as cuda_matmul_kernels.cu): thread block b of grid.x
+// belongs to the last segment whose first_block <= b.
+struct Segments {
+  const uint8_t* w[kFusedMaxSegments];
+  size_t row_stride[kFusedMaxSegments];
+  int64_t rows[kFusedMaxSegments];
+  float* y[kFusedMaxSegments];
+  unsigned first_block[kFusedMaxSegments];
+  int count;
+};
+
+struct Slab {
+  const uint8_t* w;
+  size_t row_stride;
+  int64_t rows;
+  float* y;
+  int64_t row0;  // the thread block's first row
+};
+
+__device__ __forceinline__ Slab SelectSlab(const Segments& s, int rows_per_block) {
+  Slab r{s.w[0], s.row_stride[0], s.rows[0], s.y[0], 0};
+  unsigned first = 0;
+#pragma unroll
+  for (int i = 1; i < kFusedMaxSegments; ++i) {
+    if (i < s.count && blockIdx.x >= s.first_block[i]) {
+      r = Slab{s.w[i], s.row_stride[i], s.rows[i], s.y[i], 0};
+      first = s.first_block[i];
+    }
+  }
+  r.row0 = static_cast<int64_t>(blockIdx.x - first) * rows_per_block;
+  return r;
+}
+
+__device__ __forceinline__ float HalfAt(const uint8_t* p) {
+  return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
+}
+
+// 2 bytes at a time: blocks of 18 and 34 bytes keep only 2-byte alignment.
+__device__ __forceinline__ uint32_t WordOfHalves(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const unsigned short*>(p);
+  return static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
+}
+
+// Each weight type: kBytes per block, kWords quant words, Load(block in shared memory) ->
+// quant words, scale d, min m; Dot(quant words, activation words) -> the integer sum.
+struct Q4_0 {
+  static constexpr int kBytes = 18;  // f16 d; u8 qs[16]
+  static constexpr int kWords = 4;
+  static constexpr bool kHasMin = false;
+  __device__ static void Load(const uint8_t* blk, uint32_t* qw, float& d, float& m) {
+    d = HalfAt(blk);
+    m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) qw[k] = WordOfHalves(blk + 2 + 4 * k);
+  }
+  __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) {
+    return q16::DotQ4<8>(qw, xw);
+  }
+};
+
+struct Q4_1 {
+  static constexpr int kBytes = 20;  // f16 d; f16 m; u8 qs[16] (4-byte aligned)
+  static constexpr int kWords = 4;
+  static constexpr bool kHasMin = true;
+  __device__ static void Load(const uint8_t* blk, uint32_t* qw, float& d, float& m) {
+    d = HalfAt(blk);
+    m = HalfAt(blk + 2);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) qw[k] = *reinterpret_cast<const uint32_t*>(blk + 4 + 4 * k);
+  }
+  __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) {
+    return q16::DotQ4<0>(qw, xw);
+  }
+};
+
+struct Q8_0 {
+  static constexpr int kBytes = 34;  // f16 d; i8 qs[32]
+  static constexpr int kWords = 8;
+  static constexpr bool kHasMin = false;
+  __device__ static void Load(const uint8_t* blk, uint32_t* qw, float& d, float& m) {
+    d = HalfAt(blk);
+    m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) qw[k] = WordOfHalves(blk + 2 + 4 * k);
+  }
+  __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) { return q16::DotQ8(qw, xw); }
+};
+
+// The 16-byte units of one stage: R rows of at most 4 G kBytes / 16 + 2 units each (the
+// start aligned down to 16 adds one), R G = kThreads, R <= 32; and the loads per thread.
+template <typename Q>
+struct StageShape {
+  static constexpr int kUnits = kStageBlocks * Q::kBytes / 16 + 2 * 32;
+  static constexpr int kSlots = (kUnits + kThreads - 1) / kThreads;
+};
+
+// Copies rows [row0, row0 + R) ∩ [0, rows), blocks [c0, c0 + cb) of each, into `stage`:
+// row r's bytes start at r * upr * 16 + (their global address mod 16). All loads are issued
+// before the first store.
+template <typename Q>
+__device__ __forceinline__ void StageRows(const Slab& slab, int rows_here, int64_t c0, int cb,
+                                          int upr, uint8_t* stage) {
+  uint4 v[StageShape<Q>::kSlots];
+  const size_t chunk_off = static_cast<size_t>(c0) * Q::kBytes;
+  const size_t chunk_bytes = static_cast<size_t>(cb) * Q::kBytes;
+#pragma unroll
+  for (int k = 0; k < StageShape<Q>::kSlots; ++k) {
+    const int u = threadIdx.x + k * kThreads;
+    const int r = u / upr;
+    const int uu = u - r * upr;
+    v[k] = make_uint4(0, 0, 0, 0);
+    if (r < rows_here) {
+      const uintptr_t start =
+          reinterpret_cast<uintptr_t>(slab.w + (slab.row0 + r) * slab.row_stride + chunk_off);
+      const uintptr_t base = start & ~uintptr_t{15};
+      const int units = static_cast<int>((start - base + chunk_bytes + 15) / 16);
+      if (uu < units) v[k] = __ldg(reinterpret_cast<const uint4*>(base) + uu);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < StageShape<Q>::kSlots; ++k) {
+    const int u = threadIdx.x + k * kThreads;
+    if (u < rows_here * upr) reinterpret_cast<uint4*>(stage)[u] = v[k];
+  }
+}
+
+// Sum over the G lanes of a row's group (aligned sub-warp; symmetric butterfly, so every
+// lane ends with the same value).
+__device__ __forceinline__ float GroupSum(float v, int lanes) {
+  for (int offset = lanes >> 1; offset > 0; offset >>= 1) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+template <typename Q>
+__global__ void __launch_bounds__(kThreads)
+    Q16MatVecKernel(const Segments segs, int64_t cols, int lanes_log2,
+                    const int16_t* __restrict__ xq, const float* __restrict__ xd,
+                    const float* __restrict__ xs, int64_t n) {
+  __shared__ __align__(16) uint8_t stage[StageShape<Q>::kUnits * 16];
+  const int lanes = 1 << lanes_log2;
+  const int rows_per_block = kThreads >> lanes_log2;
+  const int local_row = threadIdx.x >> lanes_log2;
+  const int lane = threadIdx.x & (lanes - 1);
+  const Slab slab = SelectSlab(segs, rows_per_block);
+  const int rows_here =
+      static_cast<int>(min(static_cast<int64_t>(rows_per_block), slab.rows - slab.row0));
+  const int64_t row = slab.row0 + local_row;
+  const bool active = local_row < rows_here;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int nt = static_cast<int>(min(static_cast<int64_t>(kTile), n - t0));
+  const int64_t n_blocks = cols / 32;
+  const int chunk = kBlocksPerLane * lanes;
+  const int upr = (chunk * Q::kBytes + 15) / 16 + 1;
+
+  float acc[kTile], acc_min[kTile];
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) acc[t] = acc_min[t] = 0.0f;
+
+  for (int64_t c0 = 0; c0 < n_blocks; c0 += chunk) {
+    const int cb = static_cast<int>(min(static_cast<int64_t>(chunk), n_blocks - c0));
+    StageRows<Q>(slab, rows_here, c0, cb, upr, stage);
+    __syncthreads();
+    if (active) {
+      const uintptr_t start = reinterpret_cast<uintptr_t>(slab.w + row * slab.row_stride +
+                                                          static_cast<size_t>(c0) * Q::kBytes);
+      const uint8_t* srow = stage + local_row * upr * 16 + (start & 15);
+#pragma unroll
+      for (int i = 0; i < kBlocksPerLane; ++i) {
+        const int b = lane + i * lanes;
+        if (b >= cb) break;
+        uint32_t qw[Q::kWords];
+        float dw, mw;
+        Q::Load(srow + b * Q::kBytes, qw, dw, mw);
+        const int64_t blk = c0 + b;
+#pragma unroll
+        for (int t = 0; t < kTile; ++t) {
+          if (t < nt) {
+            const uint4* xv = reinterpret_cast<const uint4*>(xq + (t0 + t) * cols + blk * 32);
+            uint32_t xw[16];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const uint4 q = __ldg(xv + k);
+              xw[4 * k] = q.x;
+              xw[4 * k + 1] = q.y;
+              xw[4 * k + 2] = q.z;
+              xw[4 * k + 3] = q.w;
+            }
+            const int isum = Q::Dot(qw, xw);
+            const int64_t di = (t0 + t) * n_blocks + blk;
+            // As the CPU's RowDot: the integer sum times d_w d_b; Q4_1's m_w s_b apart.
+            acc[t] = fmaf(static_cast<float>(isum), dw * __ldg(xd + di), acc[t]);
+            if constexpr (Q::kHasMin) acc_min[t] = fmaf(mw, __ldg(xs + di), acc_min[t]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the stage is overwritten by the next chunk
+  }
+  // Every thread takes part in the shuffles (inactive rows hold zeros).
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    if (t >= nt) break;  // block-uniform
+    float sum = GroupSum(acc[t], lanes);
+    if constexpr (Q::kHasMin) sum += GroupSum(acc_min[t], lanes);
+    if (active && lane == 0) slab.y[(t0 + t) * slab.rows + row] = sum;
+  }
+}
+
+// One warp per 32-value block: lane j quantises value j; max and sum are exact, so the warp
+// reductions give QuantizeBlock16's values.
+__global__ void QuantizeActs16Kernel(const float* __restrict__ x, int64_t n_blocks_total,
+                                     int16_t* __restrict__ qs, float* __restrict__ d,
+                                     float* __restrict__ s) {
+  const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (blk >= n_blocks_total) return;  // whole warps leave together
+  const int lane = threadIdx.x & 31;
+  const float v = x[blk * 32 + lane];
+  float amax = fabsf(v);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = o > amax ? o : amax;
+  }
+  const float db = q16::Scale(amax);
+  const int q = q16::Level(v, q16::InverseScale(db));
+  qs[blk * 32 + lane] = static_cast<int16_t>(q);
+  const int sum = __reduce_add_sync(0xffffffffu, q);
+  if (lane == 0) {
+    d[blk] = db;
+    s[blk] = q16::Sum(db, sum);
+  }
+}
+
+template <typename Q>
+void Launch(const dim3& grid, const Segments& segs, int64_t cols, int lanes_log2,
+            const Q16Acts& acts, int64_t n, cudaStream_t stream) {
+  Q16MatVecKernel<Q>
+      <<<grid, kThreads, 0, stream>>>(segs, cols, lanes_log2, acts.qs, acts.d, acts.s, n);
+}
+
+size_t Align16(size_t v) { return (v + 15) & ~size_t{15}; }
+
+}  // namespace
+
+int Q16LanesPerRow(int64_t blocks) {
+  int lanes = 4;
+  while (lanes < 32 && kBlocksPerLane * lanes < blocks) lanes *= 2;
+  return lanes;
+}
+
+size_t Q16ActsBytes(int64_t n, int64_t cols) {
+  const size_t values = static_cast<size_t>(n) * static_cast<size_t>(cols);
+  const size_t blocks = values / 32;
+  return Align16(values * sizeof(int16_t)) + 2 * Align16(blocks * sizeof(float));
+}
+
+Q16Acts Q16ActsAt(void* scratch, int64_t n, int64_t cols) {
+  const size_t values = static_cast<size_t>(n) * static_cast<size_t>(cols);
+  const size_t blocks = values / 32;
+  auto* base = static_cast<uint8_t*>(scratch);
+  const size_t d_off = Align16(values * sizeof(int16_t));
+  const size_t s_off = d_off + Align16(blocks * sizeof(float));
+  return Q16Acts{reinterpret_cast<int16_t*>(base), reinterpret_cast<float*>(base + d_off),
+                 reinterpret_cast<float*>(base + s_off)};
+}
+
+cudaError_t LaunchQuantizeActs16(const float* x, int64_t n, int64_t cols, const Q16Acts& acts,
+                                 cudaStream_t stream) {
+  const int64_t blocks = n * (cols / 32);
+  if (blocks <= 0) return cudaSuccess;
+  constexpr int kWarps = 8;
+  const int64_t grid = (blocks + kWarps - 1) / kWarps;
+  if (grid > 0x7fffffff) return cudaErrorInvalidValue;
+  QuantizeActs16Kernel<<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(x, blocks, acts.qs,
+                                                                                acts.d, acts.s);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int count, int64_t cols,
+                            const Q16Acts& acts, int64_t n, cudaStream_t stream) {
+  if (count < 1 || count > kFusedMaxSegments || n < 1 || n > kQ16MaxTokens) {
+    return cudaErrorInvalidValue;
+  }
+  const int lanes = Q16LanesPerRow(cols / 32);
+  int lanes_log2 = 0;
+  while ((1 << lanes_log2) < lanes) ++lanes_log2;
+  const int rows_per_block = kThreads / lanes;
+  Segments segs{};
+  unsigned blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    segs.w[i] = static_cast<const uint8_t*>(segments[i].w);
+    segs.row_stride[i] = segments[i].row_stride;
+    segs.rows[i] = segments[i].rows;
+    segs.y[i] = segments[i].y;
+    segs.first_block[i] = blocks;
+    blocks += static_cast<unsigned>((segments[i].rows + rows_per_block - 1) / rows_per_block);
+  }
+  segs.count = count;
+  const dim3 grid(blocks, static_cast<unsigned>((n + kTile - 1) / kTile));
+  switch (type) {
+    case GgmlType::kQ4_0:
+      Launch<Q4_0>(grid, segs, cols, lanes_log2, acts, n, stream);
+      break;
+    case GgmlType::kQ4_1:
+      Launch<Q4_1>(grid, segs, cols, lanes_log2, acts, n, stream);
+      break;
+    case GgmlType::kQ8_0:
+      Launch<Q8_0>(grid, segs, cols, lanes_log2, acts, n, stream);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace specnode::cuda_internal

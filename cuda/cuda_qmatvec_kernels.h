@@ -1,0 +1,58 @@
+// Internal to cuda/: launchers for the quantised-activation matmul (cuda_qmatvec_kernels.cu),
+// CudaMatMulAlgo::kQuantAct in cuda_matmul.h. Arguments are validated by CudaMatMul; these
+// only launch and return cudaGetLastError(). Kept free of absl so nvcc sees a small header.
+//
+// Two kernels per product:
+//   1. QuantizeActs16: x [n, cols] f32 -> int16 blocks (q16_dot.h: the CPU's default
+//      activation rounding), one warp per 32-value block;
+//   2. Q16MatVec: y [n, rows] = Σ over blocks of the weight block's integer dot with the
+//      activation block (q16_dot.h), for Q4_0, Q4_1 and Q8_0 weights in their GGUF layout.
+//      Each thread block stages a slab of weight rows into shared memory with 16-byte loads
+//      (whatever the 18/20/34-byte block layout: rows are copied as byte ranges, aligned down
+//      to 16 bytes), then a group of G lanes dots each row, G from the row length only.
+//      Every (row, token) result is the same instruction sequence whatever n, the token tile
+//      or the rows per thread block, which keeps it batch-invariant.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/cuda_matmul_kernels.h"
+#include "model/gguf/ggml_types.h"
+
+namespace specnode::cuda_internal {
+
+// Tokens per pass over the staged weights (each further tile re-reads W).
+inline constexpr int kQ16TokenTile = 8;
+// Largest n one launch handles (gridDim.y <= 65535).
+inline constexpr int64_t kQ16MaxTokens = int64_t{65535} * kQ16TokenTile;
+
+// Where one call's quantised activations live (device pointers): qs [n, cols] int16,
+// d and s [n, cols / 32] f32. qs 16-byte aligned (rows of x are read as 16-byte vectors).
+struct Q16Acts {
+  int16_t* qs;
+  float* d;
+  float* s;
+};
+
+// Bytes of scratch Q16Acts needs for n tokens of `cols` (qs, then d and s, each 16-byte
+// aligned from a 16-byte aligned base); Q16ActsAt lays them out in that scratch.
+size_t Q16ActsBytes(int64_t n, int64_t cols);
+Q16Acts Q16ActsAt(void* scratch, int64_t n, int64_t cols);
+
+// acts = x [n, cols] rounded to int16 blocks; cols a multiple of 32.
+cudaError_t LaunchQuantizeActs16(const float* x, int64_t n, int64_t cols, const Q16Acts& acts,
+                                 cudaStream_t stream);
+
+// segments[i].y [n, rows_i] = acts · W_iᵀ for 1..kFusedMaxSegments matrices of `type`
+// (kQ4_0, kQ4_1 or kQ8_0) sharing the activations, in one launch.
+cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int count, int64_t cols,
+                            const Q16Acts& acts, int64_t n, cudaStream_t stream);
+
+// Lanes that dot one row (4, 8, 16 or 32) for rows of `blocks` 32-value blocks: the fewest
+// whose 4 blocks each cover the row, at most 32. Fixed by the row length alone.
+int Q16LanesPerRow(int64_t blocks);
+
+}  // namespace specnode::cuda_internal

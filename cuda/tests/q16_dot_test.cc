@@ -1,0 +1,214 @@
+// cuda/q16_dot.h, the arithmetic of CudaMatMulAlgo::kQuantAct, on the host against the
+// CPU's scalar kernels (model/cpu/cpu_kernels_scalar.cc), byte for byte. No GPU needed: the
+// kernels in cuda_qmatvec_kernels.cu call these same functions (on the GPU the dp2a
+// instructions replace Dp2aLo / Dp2aHi, whose sums are exact either way).
+#include "cuda/q16_dot.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_qmatvec_kernels.h"
+#include "gtest/gtest.h"
+#include "model/cpu/cpu_kernels.h"
+#include "model/gguf/ggml_types.h"
+
+namespace specnode {
+namespace {
+
+constexpr int kB = q16::kBlock;
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Blocks that exercise the rounding: random normals with outliers, an all-zero block,
+// values exactly halfway between levels (amax 32767 makes d = 1), subnormals, a block whose
+// max is negative, and huge values.
+std::vector<float> TrickyBlocks(int random_blocks) {
+  std::vector<float> x;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int b = 0; b < random_blocks; ++b) {
+    for (int j = 0; j < kB; ++j) x.push_back(normal(rng) * (j % 11 == 0 ? 30.0f : 1.0f));
+  }
+  for (int j = 0; j < kB; ++j) x.push_back(0.0f);
+  for (int j = 0; j < kB; ++j) x.push_back(j == 0 ? 32767.0f : static_cast<float>(j) + 0.5f);
+  for (int j = 0; j < kB; ++j) x.push_back(j == 0 ? 32767.0f : -(static_cast<float>(j) + 0.5f));
+  for (int j = 0; j < kB; ++j) x.push_back(1e-40f * static_cast<float>(j - 16));
+  for (int j = 0; j < kB; ++j) x.push_back(j == 5 ? -3.0f : 0.25f * static_cast<float>(j % 3));
+  for (int j = 0; j < kB; ++j) x.push_back(3e38f * static_cast<float>(j - 16) / 16.0f);
+  return x;
+}
+
+TEST(Q16Dot, QuantizeBlockMatchesTheCpuByteForByte) {
+  const std::vector<float> x = TrickyBlocks(500);
+  const int64_t blocks = static_cast<int64_t>(x.size()) / kB;
+  // The CPU quantiser may write up to 128 values past the last block.
+  std::vector<int16_t> cpu_qs(blocks * kB + 128, 0);
+  std::vector<float> cpu_d(blocks + 16, 0.0f), cpu_s(blocks + 16, 0.0f);
+  cpu_kernels::kScalarKernels.quantize(x.data(), blocks, GgmlType::kQ4_0, cpu_qs.data(),
+                                       cpu_d.data(), cpu_s.data());
+  for (int64_t b = 0; b < blocks; ++b) {
+    int16_t qs[kB];
+    float d, s;
+    q16::QuantizeBlock16(x.data() + b * kB, qs, &d, &s);
+    ASSERT_EQ(0, std::memcmp(qs, cpu_qs.data() + b * kB, sizeof(qs))) << "block " << b;
+    ASSERT_EQ(Bits(d), Bits(cpu_d[b])) << "block " << b;
+    ASSERT_EQ(Bits(s), Bits(cpu_s[b])) << "block " << b;
+  }
+}
+
+TEST(Q16Dot, Dp2aSpellsTheSignedProducts) {
+  std::mt19937 rng(3);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t a = rng(), b = rng();
+    const int acc = static_cast<int>(rng() % 2001) - 1000;
+    const auto a0 = static_cast<int16_t>(a & 0xffff), a1 = static_cast<int16_t>(a >> 16);
+    int8_t bb[4];
+    std::memcpy(bb, &b, 4);
+    ASSERT_EQ(q16::Dp2aLo(a, b, acc), acc + a0 * bb[0] + a1 * bb[1]);
+    ASSERT_EQ(q16::Dp2aHi(a, b, acc), acc + a0 * bb[2] + a1 * bb[3]);
+  }
+}
+
+TEST(Q16Dot, MinusEightIsBytewise) {
+  for (uint32_t v = 0; v < 16; ++v) {
+    for (uint32_t w = 0; w < 16; ++w) {
+      const uint32_t nib = v | (w << 8) | ((15 - v) << 16) | ((v ^ w) << 24);
+      const uint32_t got = q16::MinusEight(nib);
+      for (int k = 0; k < 4; ++k) {
+        const int want = static_cast<int>((nib >> (8 * k)) & 0xff) - 8;
+        ASSERT_EQ(static_cast<int8_t>((got >> (8 * k)) & 0xff), want) << v << " " << w;
+      }
+    }
+  }
+}
+
+// The words the kernel loads from a weight block and an activation block.
+void Words(const uint8_t* quants, int n_words, uint32_t* qw) {
+  std::memcpy(qw, quants, 4 * static_cast<size_t>(n_words));
+}
+
+// One row's result spelled as the scalar table's RowDot spells it (block after block, the
+// float terms in its order) from q16's integer dots: equal to the CPU bit for bit, which
+// checks the dots and the word layouts against the CPU's own kernel.
+float RowFromQ16(GgmlType type, const uint8_t* row, int64_t blocks, const int16_t* qs,
+                 const float* d, const float* s) {
+  float acc = 0.0f, acc_min = 0.0f;
+  const size_t bytes = type == GgmlType::kQ4_0 ? 18 : type == GgmlType::kQ4_1 ? 20 : 34;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * bytes;
+    uint32_t xw[16], qw[8];
+    std::memcpy(xw, qs + b * kB, sizeof(xw));
+    uint16_t dh;
+    std::memcpy(&dh, blk, 2);
+    const float dd = Fp16ToFp32(dh) * d[b];
+    int isum;
+    if (type == GgmlType::kQ8_0) {
+      Words(blk + 2, 8, qw);
+      isum = q16::DotQ8(qw, xw);
+    } else if (type == GgmlType::kQ4_0) {
+      Words(blk + 2, 4, qw);
+      isum = q16::DotQ4<8>(qw, xw);
+    } else {
+      Words(blk + 4, 4, qw);
+      isum = q16::DotQ4<0>(qw, xw);
+      uint16_t mh;
+      std::memcpy(&mh, blk + 2, 2);
+      acc_min += Fp16ToFp32(mh) * s[b];
+    }
+    acc += static_cast<float>(isum) * dd;
+  }
+  return acc + acc_min;
+}
+
+class Q16RowTest : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(Q16RowTest, RowsEqualTheCpuScalarKernel) {
+  const GgmlType type = GetParam();
+  constexpr int64_t kRows = 9, kCols = 512, kTokens = 3;
+  const int64_t blocks = kCols / kB;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t row_bytes = GgmlRowBytes(type, kCols);
+  std::vector<uint8_t> w(kRows * row_bytes);
+  std::vector<float> row(kCols);
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (float& v : row) v = normal(rng) * 0.05f + (r % 2 ? 0.01f : 0.0f);
+    QuantizeRow(type, row.data(), w.data() + r * row_bytes, kCols);
+  }
+  std::vector<float> x(kTokens * kCols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 37 == 0 ? 25.0f : 1.0f);
+  const int64_t qs_stride = (kCols + 127) / 128 * 128, ds_stride = (blocks + 15) / 16 * 16;
+  std::vector<int16_t> qs(kTokens * qs_stride + 128, 0);
+  std::vector<float> d(kTokens * ds_stride + 16, 0.0f), s(kTokens * ds_stride + 16, 0.0f);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    cpu_kernels::kScalarKernels.quantize(x.data() + t * kCols, blocks, type,
+                                         qs.data() + t * qs_stride, d.data() + t * ds_stride,
+                                         s.data() + t * ds_stride);
+  }
+  cpu_kernels::QuantMatMulArgs args;
+  args.type = type;
+  args.w = w.data();
+  args.row_stride = row_bytes;
+  args.blocks = blocks;
+  args.x = {qs.data(), nullptr, d.data(), s.data(), nullptr, qs_stride, ds_stride};
+  args.n = kTokens;
+  std::vector<float> y(kTokens * kRows);
+  args.y = y.data();
+  args.ldy = kRows;
+  cpu_kernels::kScalarKernels.matmul_quant(args, 0, kRows);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float got =
+          RowFromQ16(type, w.data() + r * row_bytes, blocks, qs.data() + t * qs_stride,
+                     d.data() + t * ds_stride, s.data() + t * ds_stride);
+      ASSERT_EQ(Bits(got), Bits(y[t * kRows + r])) << "token " << t << " row " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, Q16RowTest,
+                         ::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
+                         });
+
+// The launch-shape and scratch arithmetic the host side of the kernels uses.
+TEST(Q16Launch, LanesPerRowDependOnTheRowLengthOnly) {
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(1), 4);
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(16), 4);
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(18), 8);    // SmolLM2's 576 columns
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(48), 16);   // 1536
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(128), 32);  // 4096
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(448), 32);  // 14336
+}
+
+TEST(Q16Launch, ScratchLayoutIsAlignedAndDisjoint) {
+  for (int64_t n : {1, 3, 17}) {
+    for (int64_t cols : {32, 96, 576, 14336}) {
+      const uintptr_t base = uintptr_t{1} << 20;  // never dereferenced
+      const cuda_internal::Q16Acts a =
+          cuda_internal::Q16ActsAt(reinterpret_cast<void*>(base), n, cols);
+      const auto off = [&](const void* p) {
+        return static_cast<size_t>(reinterpret_cast<uintptr_t>(p) - base);
+      };
+      EXPECT_EQ(off(a.qs), 0u);
+      EXPECT_EQ(off(a.d) % 16, 0u);
+      EXPECT_EQ(off(a.s) % 16, 0u);
+      EXPECT_GE(off(a.d), static_cast<size_t>(n * cols) * 2);
+      EXPECT_GE(off(a.s), off(a.d) + static_cast<size_t>(n * cols / 32) * 4);
+      EXPECT_GE(cuda_internal::Q16ActsBytes(n, cols),
+                off(a.s) + static_cast<size_t>(n * cols / 32) * 4);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specnode
