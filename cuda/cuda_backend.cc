@@ -59,6 +59,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
   const char* env = std::getenv("SPECNODE_CUDA_GRAPHS");
   const bool env_off = env != nullptr && std::string(env) == "0";
   if (o.cuda_graphs && !env_off) b->graphs_ = std::make_unique<CudaGraphCache>();
+  const char* qa_env = std::getenv("SPECNODE_CUDA_QUANT_ACT");
+  b->quant_act_ = o.quant_act && !(qa_env != nullptr && std::string(qa_env) == "0");
   return b;
 }
 
@@ -166,7 +168,7 @@ absl::Status CudaBackend::BeginPass(std::span<const int32_t> ids,
   std::copy(positions.begin(), positions.end(), tables_.staged(positions_));
   // The int16 activations of the pass's widest matmul, reserved here (outside any graph
   // capture) so that the matmuls never grow the scratch inside a recorded body.
-  if (max_matmul_cols_ > 0) {
+  if (quant_act_ && max_matmul_cols_ > 0) {
     SPECNODE_RETURN_IF_ERROR(mm_->ReserveQuantActs(rows_, max_matmul_cols_));
   }
   return absl::OkStatus();
@@ -205,15 +207,12 @@ absl::Status CudaBackend::Add(float* y, const float* x, int64_t count) {
   return CudaAddInPlace(y, x, count, stream_);
 }
 
-namespace {
-
-// kQuantAct for the types it runs (the CPU's int16 activations), kFused for the float types.
-CudaMatMulAlgo AlgoFor(GgmlType type) {
+// kQuantAct for the types it runs (the CPU's int16 activations) unless turned off, kFused
+// for the float types.
+CudaMatMulAlgo CudaBackend::AlgoFor(GgmlType type) const {
   const bool quant = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
-  return quant ? CudaMatMulAlgo::kQuantAct : CudaMatMulAlgo::kFused;
+  return quant && quant_act_ ? CudaMatMulAlgo::kQuantAct : CudaMatMulAlgo::kFused;
 }
-
-}  // namespace
 
 absl::Status CudaBackend::MatMul(const WeightView& w, const float* x, int64_t n, float* y) {
   return CudaMatMul(mm_.get(), w, x, n, y, AlgoFor(w.type));

@@ -42,6 +42,11 @@ struct CudaBackendOptions {
   int device = 0;
   // Replay recurring pass shapes as CUDA graphs (see above).
   bool cuda_graphs = true;
+  // Quantised matmuls with int16 activations (CudaMatMulAlgo::kQuantAct); false runs
+  // kFused (f32 activations) instead, as does SPECNODE_CUDA_QUANT_ACT=0 in the environment:
+  // for A/B measurements and diagnosis. Fixed for the backend's life, so a row's result
+  // does not depend on the batch.
+  bool quant_act = true;
 };
 
 // One step's integer tables: staged on the host by the backend and the KV page pool, then
@@ -123,6 +128,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   CudaStepTables& tables() { return tables_; }
   absl::Status UploadTables() { return tables_.Upload(stream_); }
+  // Whether quantised matmuls run kQuantAct (CudaBackendOptions::quant_act).
+  bool quant_act() const { return quant_act_; }
   // Null when graphs are off.
   const CudaGraphCache* graphs() const { return graphs_.get(); }
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -132,6 +139,7 @@ class CudaBackend final : public Backend {
   // Grows `buf` to hold `bytes`, to a power of two so that a growing batch reallocates (and
   // invalidates captured graphs) only log(n) times; contents discarded when it grows.
   static absl::Status Ensure(DeviceBuffer& buf, size_t bytes);
+  CudaMatMulAlgo AlgoFor(GgmlType type) const;
 
   int device_ = 0;
   std::string device_name_;
@@ -144,6 +152,7 @@ class CudaBackend final : public Backend {
   int64_t ids_ = 0, positions_ = 0;  // the pass's offsets in tables_
   int64_t rows_ = 0;
   int64_t weight_bytes_ = 0;
+  bool quant_act_ = true;
   int64_t max_matmul_cols_ = 0;  // widest matrix uploaded (the int16 activations' scratch)
 };
 

@@ -38,11 +38,10 @@ absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool p
 #ifdef SPECNODE_HAVE_CUDA
   // What the request asks of any GPU first (answers the same with or without one), then
   // whether this one is there.
-  if (o.activations.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dev, " computes matmuls with f32 activations; activations ",
-                     *o.activations == ActQuant::kInt8 ? "int8" : "int16",
-                     " is a CPU option (leave it unset on a GPU)"));
+  if (o.activations == ActQuant::kInt8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dev, " rounds matmul activations to int16 blocks (the CPU's default); activations int8 ",
+        "is a CPU option (leave it unset or int16 on a GPU)"));
   }
   if (o.kv.mode == KvMode::kDense) {
     return absl::InvalidArgumentError(

@@ -32,8 +32,8 @@ struct RunnerOptions {
   Device device;
   KvOptions kv;
   // How CPU matmuls round activations (cpu_matmul.h). Unset: the weights' own
-  // (LoadOptions::activations, int16 by default). A GPU computes with f32 activations and
-  // refuses a set value.
+  // (LoadOptions::activations, int16 by default). A GPU rounds them to int16 blocks as the
+  // CPU does by default (cuda/cuda_matmul.h, kQuantAct) and refuses int8.
   std::optional<ActQuant> activations;
   ThreadPool* pool = nullptr;            // the CPU's host threads (borrowed; null: one thread)
   PartialSumReducer* reducer = nullptr;  // a TP shard's all-reduce (device buffers on a GPU)

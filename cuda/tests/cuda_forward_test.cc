@@ -7,8 +7,9 @@
 // Tolerance GPU vs CPU, per logit: |gpu - cpu| <= 2e-2 * (1 + max|cpu logit| of the row).
 // The GPU keeps K/V in f16 (relative rounding 2^-11 per value), the CPU an f32 KV cache;
 // both round activations into quantised matmuls to the same int16 blocks (kQuantAct) and
-// differ there only in summation order (~1e-6); through 2 layers the f16 KV dominates, leaving differences of ~1e-3 of the logit range. Greedy choices must
-// agree wherever the CPU's top-2 gap exceeds 0.05.
+// differ there only in summation order (~1e-6); through 2 layers the f16 KV dominates, leaving
+// differences of ~1e-3 of the logit range. Greedy choices must agree wherever the CPU's top-2 gap
+// exceeds 0.05.
 //
 // Without a GPU every test here skips, except the argument checks, which run everywhere.
 #include <unistd.h>
@@ -71,15 +72,16 @@ struct GpuPass {
   static absl::StatusOr<std::unique_ptr<GpuPass>> Create(const LlamaModel& m, int64_t kv_bytes,
                                                          int page_tokens, bool cuda_graphs,
                                                          PartialSumReducer* reducer = nullptr,
-                                                         KvMode mode = KvMode::kFull) {
+                                                         KvMode mode = KvMode::kFull,
+                                                         bool quant_act = true) {
     auto g = std::make_unique<GpuPass>();
     CudaBackendOptions bo;
     bo.cuda_graphs = cuda_graphs;
+    bo.quant_act = quant_act;
     SPECNODE_ASSIGN_OR_RETURN(g->backend, CudaBackend::Create(bo));
-    SPECNODE_ASSIGN_OR_RETURN(
-        std::shared_ptr<const LlamaWeights> w,
-        g->backend->UploadWeights(std::shared_ptr<const LlamaWeights>(
-            &m.weights(), [](const LlamaWeights*) {})));
+    SPECNODE_ASSIGN_OR_RETURN(std::shared_ptr<const LlamaWeights> w,
+                              g->backend->UploadWeights(std::shared_ptr<const LlamaWeights>(
+                                  &m.weights(), [](const LlamaWeights*) {})));
     const LlamaConfig& c = m.config();
     KvStoreConfig kc;
     kc.mode = mode;
@@ -117,7 +119,7 @@ struct Pair {
   std::unique_ptr<GpuPass> gpu;
 
   explicit Pair(const std::string& path, int64_t kv_bytes = int64_t{64} << 20,
-                bool cuda_graphs = true) {
+                bool cuda_graphs = true, bool quant_act = true) {
     auto m = LlamaModel::Load(path);
     EXPECT_TRUE(m.ok()) << m.status();
     model = std::move(m).value();
@@ -127,7 +129,8 @@ struct Pair {
     cpu_cache = std::make_unique<DenseKvCache>(c.n_layers, model->weights().n_kv_heads_local,
                                                c.head_dim, c.gqa_group(), c.context_length, 4096);
     // Small pages: sequences span several, tails are partial.
-    auto g = GpuPass::Create(*model, kv_bytes, /*page_tokens=*/4, cuda_graphs);
+    auto g = GpuPass::Create(*model, kv_bytes, /*page_tokens=*/4, cuda_graphs, nullptr,
+                             KvMode::kFull, quant_act);
     EXPECT_TRUE(g.ok()) << g.status();
     if (g.ok()) gpu = std::move(g).value();
   }
@@ -190,6 +193,23 @@ TEST_P(CudaForwardTest, LogitsMatchTheCpuPass) {
                     "decode " + std::to_string(i));
   }
   EXPECT_EQ(p.gpu->cache().Length(1), static_cast<int32_t>(prompt.size() + more.size()));
+}
+
+// The kFused matmuls (f32 activations, CudaBackendOptions::quant_act = false) stay a
+// working choice: the same comparison, prefill and a few decode steps.
+TEST_P(CudaForwardTest, FusedMatmulOptionMatchesTheCpuPassToo) {
+  Pair p(Path(), int64_t{64} << 20, /*cuda_graphs=*/true, /*quant_act=*/false);
+  ASSERT_NE(p.gpu, nullptr);
+  EXPECT_FALSE(p.gpu->backend->quant_act());
+  const int vocab = p.model->config().vocab_size;
+  const auto prompt = Tokens(9, 1);
+  ExpectCloseRows(p.Gpu({{1, prompt, true}}), p.Cpu({{1, prompt, true}}), vocab, "prefill");
+  const auto more = Tokens(3, 40);
+  for (size_t i = 0; i < more.size(); ++i) {
+    const std::span<const int32_t> one(&more[i], 1);
+    ExpectCloseRows(p.Gpu({{1, one, false}}), p.Cpu({{1, one, false}}), vocab,
+                    "decode " + std::to_string(i));
+  }
 }
 
 // K + 1 tokens in one pass give bit-identical logits to one at a time, for every pass size.

@@ -34,7 +34,7 @@ std::string KvFlagsHelp() {
 const char kComputeFlagsHelp[] =
     "  --activations MODE  CPU matmuls: int16 (default: follows a float reference's greedy\n"
     "                      path) or int8 (llama.cpp's rounding; faster batched matmuls on\n"
-    "                      AVX-512 VNNI, a little on AVX2); refused on a GPU (f32 activations)\n"
+    "                      AVX-512 VNNI, a little on AVX2); a GPU runs int16, refuses int8\n"
     "  --device DEV        cpu (default) or cuda:N: the target's forward pass and KV store on\n"
     "                      that GPU (every kv mode but dense; builds with CUDA)\n"
     "  --chat-template NAME  format chat prompts as chatml, llama3, zephyr, gemma, mistral\n"
@@ -74,7 +74,8 @@ absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args) {
 }
 
 std::string ActivationsName(const ComputeOptions& compute) {
-  if (!compute.device.is_cpu()) return "f32";
+  // Quantised matmuls on a GPU round to int16 blocks (cuda/cuda_matmul.h, kQuantAct).
+  if (!compute.device.is_cpu()) return "int16";
   return ActQuantName(compute.activations.value_or(ActQuant::kInt16));
 }
 

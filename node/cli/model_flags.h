@@ -38,7 +38,7 @@ absl::StatusOr<std::optional<ActQuant>> ActQuantFromArgs(const CliArgs& args);
 absl::StatusOr<std::string> ChatTemplateFromArgs(const CliArgs& args);
 absl::StatusOr<ComputeOptions> ComputeOptionsFromArgs(const CliArgs& args);
 // What the matmuls round activations to: "int16" / "int8" on the CPU (what its kernels
-// run), "f32" on a GPU.
+// run), "int16" on a GPU (its quantised matmuls; float weights multiply f32 there).
 std::string ActivationsName(const ComputeOptions& compute);
 
 // --temperature T --top-k K --top-p P --seed S over `defaults` (each validated where read;

@@ -25,7 +25,7 @@ const char* RequestedActivations(std::optional<ActQuant> a) {
 
 // The stack's switches in their "off" position: what the baseline runs and what the tuned
 // YAML states for every one of them the tuner did not keep. Activations are a CPU option (a
-// GPU computes with f32 activations and refuses the setting).
+// GPU always runs int16 and refuses int8).
 std::vector<TuneOption> OffSettings(const ServeConfig& base) {
   std::vector<TuneOption> off = {{"speculation.draft", "none"}, {"kv.mode", "full"}};
   if (base.device.is_cpu()) off.push_back({"model.activations", "int16"});

@@ -160,7 +160,7 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(specnode, tiny_model):
 @pytest.mark.parametrize("args,needles", [
     # What no GPU does: refused naming the device.
     (["--kv-mode", "dense"], ("dense is the CPU's f32 reference cache", "without the CUDA backend")),
-    (["--activations", "int8"], ("f32 activations", "without the CUDA backend")),
+    (["--activations", "int8"], ("int16 blocks", "without the CUDA backend")),
 ])
 def test_gpu_refusals_come_before_the_model_is_read(specnode, args, needles, tmp_path):
     """What a device cannot do is refused before any weight is read: the model path does

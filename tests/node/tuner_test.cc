@@ -70,7 +70,7 @@ TEST(TuneStackTest, DefaultStackOnCpuAndGpu) {
               ::testing::ElementsAre("speculation.draft=ngram", "speculation.draft=self:20",
                                      "speculation.k_max=8", "speculation.disable_threshold=0.2",
                                      "model.activations=int8", "kv.mode=mixed"));
-  base.device = Device::Cuda(0);           // the GPU runner keeps f16 KV and f32 activations
+  base.device = Device::Cuda(0);           // the GPU runner: f16 KV, int16 activations
   base.k_max = 8;                     // nothing larger to try
   base.draft = ParseDraftSpec("/models/draft.gguf").value();  // the user's own drafter is tried first
   names.clear();

@@ -149,7 +149,7 @@ TEST(RunnerFactoryTest, GpuRefusalsNameTheDevice) {
   };
   const Case cases[] = {
       {"dense", KvMode::kDense, {}, "dense is the CPU's f32 reference cache"},
-      {"activations", KvMode::kAuto, ActQuant::kInt16, "f32 activations"},
+      {"activations", KvMode::kAuto, ActQuant::kInt8, "int16 blocks"},
   };
   for (const Case& c : cases) {
     o.kv = KvOptions{};
@@ -159,8 +159,9 @@ TEST(RunnerFactoryTest, GpuRefusalsNameTheDevice) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
     EXPECT_NE(s.message().find(c.needle), std::string_view::npos) << c.what << ": " << s;
   }
-  // What it can do passes the static checks; then the device itself must be there.
-  o.activations.reset();
+  // What it can do passes the static checks (int16 activations are what it runs); then the
+  // device itself must be there.
+  o.activations = ActQuant::kInt16;
   LlamaConfig config;
   config.head_dim = 64;
   for (KvMode mode : {KvMode::kAuto, KvMode::kFull, KvMode::kInt8, KvMode::kInt4, KvMode::kMixed}) {
