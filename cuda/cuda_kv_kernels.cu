@@ -1,8 +1,9 @@
 // The GPU page pool's kernels (contracts in cuda_kv_kernels.h).
 //
-// Encoding, demotion and slot copies are one thread (or block) per row or slot: rows are
-// at most 256 values, and kv_codec's serial code is what the host test checks byte for byte
-// against the CPU pool. Attention is the hot loop: one block of kWarps warps per (query
+// Encoding and demotion are one warp per row (kv_codec's per-value steps, the row's
+// extremes reduced across lanes: the plan cuda/tests/kv_pool_host_test.cc simulates against
+// kv_codec's serial EncodeRow, which is checked byte for byte against the CPU pool); slot
+// copies one block per slot. Attention is the hot loop: one block of kWarps warps per (query
 // head, row), warp w walking positions w, w + kWarps, ... with a running maximum,
 // denominator and weighted V sum (lane holds values lane + 32 i), warps combined in shared
 // memory at the end. A token's class is uniform across its warp, so decoding branches per
@@ -30,15 +31,21 @@ __device__ __forceinline__ int64_t Offset(const int32_t* e) {
   return static_cast<int64_t>(static_cast<uint32_t>(e[0])) | (static_cast<int64_t>(e[1]) << 32);
 }
 
+// f.row_bytes[cls] by selects: indexing the kernel parameter's array with a run-time cls
+// would copy it to local memory in every thread (and read it from there per position).
+__device__ __forceinline__ int RowBytesOf(const KvDeviceFormat& f, int cls) {
+  return cls == 0 ? f.row_bytes[0] : (cls == 1 ? f.row_bytes[1] : f.row_bytes[2]);
+}
+
 __device__ __forceinline__ int64_t LayerStride(const KvDeviceFormat& f, int cls) {
-  return static_cast<int64_t>(f.page_tokens) * 2 * f.n_kv_heads * f.row_bytes[cls];
+  return static_cast<int64_t>(f.page_tokens) * 2 * f.n_kv_heads * RowBytesOf(f, cls);
 }
 
 // Row (layer, kv head, K or V) of the token whose layer-0 base is `base`.
 __device__ __forceinline__ uint8_t* RowAt(const KvDeviceFormat& f, int64_t base, int cls, int layer,
                                           int kv_head, int value) {
   return f.arena + base + layer * LayerStride(f, cls) +
-         static_cast<int64_t>(2 * kv_head + value) * f.row_bytes[cls];
+         static_cast<int64_t>(2 * kv_head + value) * RowBytesOf(f, cls);
 }
 
 // An f16 from two bytes: an int4 row is 4 + head_dim / 2 bytes, odd when head_dim % 4 == 2,
@@ -92,14 +99,80 @@ __device__ __forceinline__ void WarpHadamard(float (&x)[kPerLane], int n, float 
   for (int i = 0; i < kPerLane; ++i) x[i] *= norm;
 }
 
+// Row i's stored form of value d = lane + 32 r (x[r] on that lane), every class: the bytes
+// kv_codec::EncodeRow writes. The whole warp calls it (it shuffles).
+__device__ __forceinline__ void WarpEncodeRow(int cls, const float (&x)[kPerLane], int hd, int lane,
+                                              uint8_t* row) {
+  if (cls == codec::kFull) {
+#pragma unroll
+    for (int r = 0; r < kPerLane; ++r) {
+      const int d = lane + 32 * r;
+      if (d < hd) codec::StoreU16(row + 2 * d, codec::FloatToHalf(x[r]));
+    }
+    return;
+  }
+  if (cls == codec::kInt8) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kPerLane; ++r) {
+      if (lane + 32 * r < hd) amax = codec::AbsMaxStep(amax, x[r]);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      amax = codec::AbsMaxStep(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    }
+    const codec::Int8Params p = codec::Int8ParamsFor(amax);
+    if (lane == 0) codec::StoreF32(row, p.scale);
+#pragma unroll
+    for (int r = 0; r < kPerLane; ++r) {
+      const int d = lane + 32 * r;
+      if (d < hd) row[4 + d] = codec::Int8Byte(x[r], p.inv);
+    }
+    return;
+  }
+  // int4: the extremes with their indices (lanes without values hold +inf / -inf at an index
+  // past every value, which any value beats).
+  codec::Extremes e{INFINITY, 1 << 30, -INFINITY, 1 << 30};
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    const int d = lane + 32 * r;
+    if (d < hd) e = codec::Combine(e, codec::ExtremesOf(x[r], d));
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    codec::Extremes o;
+    o.lo = __shfl_xor_sync(0xffffffffu, e.lo, offset);
+    o.lo_at = __shfl_xor_sync(0xffffffffu, e.lo_at, offset);
+    o.hi = __shfl_xor_sync(0xffffffffu, e.hi, offset);
+    o.hi_at = __shfl_xor_sync(0xffffffffu, e.hi_at, offset);
+    e = codec::Combine(e, o);
+  }
+  const codec::Int4Params p = codec::Int4ParamsFor(e.lo, e.hi);
+  if (lane == 0) {
+    codec::StoreU16(row, p.scale_h);
+    codec::StoreU16(row + 2, p.min_h);
+  }
+  // Values d (even lane) and d + 1 (the next lane, same register) share byte d / 2.
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    const int d = lane + 32 * r;
+    const int q = d < hd ? codec::Int4Level(x[r], p) : 0;
+    const int q_next = __shfl_down_sync(0xffffffffu, q, 1);
+    if (d < hd && (lane & 1) == 0) row[4 + d / 2] = static_cast<uint8_t>(q | (q_next << 4));
+  }
+}
+
+// One warp per (token, KV head, K or V) row: loads it (value lane + 32 r in x[r]), rotates
+// it in shuffles, encodes it in its token's class. Was one thread per row with the row in
+// local memory: 27-42 us a call on an H200 (~30% of a SmolLM2 step).
 __global__ void __launch_bounds__(kRowThreads)
     KvEncodeKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ k,
                    const float* __restrict__ v) {
   const int64_t total = p.n * f.n_kv_heads * 2;
   const int hd = f.head_dim;
-  float x[codec::kMaxHeadDim];
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  // i is the same on every lane of a warp: the loop and its shuffles are warp-uniform.
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       i < total; i += warps) {
     const int value = static_cast<int>(i % 2);
     const int h = static_cast<int>((i / 2) % f.n_kv_heads);
     const int64_t t = i / (2 * f.n_kv_heads);
@@ -107,9 +180,14 @@ __global__ void __launch_bounds__(kRowThreads)
     const int32_t* e = p.tok + 3 * (static_cast<int64_t>(r[0]) + r[1] - 1);
     const int cls = e[2];
     const float* src = (value ? v : k) + (t * f.n_kv_heads + h) * hd;
-    for (int d = 0; d < hd; ++d) x[d] = src[d];
-    if (f.rotate) codec::Hadamard(x, hd);
-    codec::EncodeRow(cls, x, hd, RowAt(f, Offset(e), cls, layer, h, value));
+    float x[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + 32 * j;
+      x[j] = d < hd ? src[d] : 0.0f;
+    }
+    if (f.rotate) WarpHadamard(x, hd, f.hadamard_norm, lane);
+    WarpEncodeRow(cls, x, hd, lane, RowAt(f, Offset(e), cls, layer, h, value));
   }
 }
 
@@ -158,7 +236,7 @@ __global__ void __launch_bounds__(kThreads)
     const int cls = e[2];
     if (cls < 0) continue;  // evicted
     const uint8_t* kr = RowAt(f, Offset(e), cls, layer, kv_head, 0);
-    const uint8_t* vr = kr + f.row_bytes[cls];
+    const uint8_t* vr = kr + RowBytesOf(f, cls);
     const float s = Score(f, kr, cls, qr, lane);
     const float m_new = fmaxf(m, s);
     const float correction = expf(m - m_new);  // 0 on the first position (m = -inf)
@@ -239,22 +317,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One warp per row (job, layer, KV head, K or V): decoded value by value, re-encoded as
+// KvEncodeKernel encodes. Both rows are in the stored (rotated) basis: no rotation here, as
+// on the CPU.
 __global__ void __launch_bounds__(kRowThreads)
     KvRecodeKernel(KvDeviceFormat f, int n_layers, const int32_t* __restrict__ jobs,
                    int64_t n_jobs) {
   const int64_t per_job = static_cast<int64_t>(n_layers) * f.n_kv_heads * 2;
   const int64_t total = n_jobs * per_job;
-  float x[codec::kMaxHeadDim];
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const int hd = f.head_dim;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       i < total; i += warps) {
     const int32_t* job = jobs + 6 * (i / per_job);
     const int64_t rest = i % per_job;
     const int value = static_cast<int>(rest % 2);
     const int h = static_cast<int>((rest / 2) % f.n_kv_heads);
     const int layer = static_cast<int>(rest / (2 * f.n_kv_heads));
-    // Both rows are in the stored (rotated) basis: no rotation here, as on the CPU.
-    codec::DecodeRow(job[2], RowAt(f, Offset(job), job[2], layer, h, value), f.head_dim, x);
-    codec::EncodeRow(job[5], x, f.head_dim, RowAt(f, Offset(job + 3), job[5], layer, h, value));
+    const uint8_t* from = RowAt(f, Offset(job), job[2], layer, h, value);
+    float x[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + 32 * j;
+      x[j] = d < hd ? codec::DecodeAt(job[2], from, d) : 0.0f;
+    }
+    WarpEncodeRow(job[5], x, hd, lane, RowAt(f, Offset(job + 3), job[5], layer, h, value));
   }
 }
 
@@ -266,7 +354,7 @@ __global__ void __launch_bounds__(kRowThreads)
     const int32_t* job = jobs + 5 * (b / n_layers);
     const int layer = static_cast<int>(b % n_layers);
     const int cls = job[2];
-    const int64_t stride = 2 * static_cast<int64_t>(f.n_kv_heads) * f.row_bytes[cls];
+    const int64_t stride = 2 * static_cast<int64_t>(f.n_kv_heads) * RowBytesOf(f, cls);
     uint16_t* slot = reinterpret_cast<uint16_t*>(RowAt(f, Offset(job), cls, layer, 0, 0));
     uint16_t* host = reinterpret_cast<uint16_t*>(staging + Offset(job + 3) + layer * stride);
     for (int64_t i = threadIdx.x; i < stride / 2; i += blockDim.x) {
@@ -289,7 +377,8 @@ unsigned Blocks(int64_t threads, int per_block) {
 
 cudaError_t LaunchKvEncode(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
                            const float* k, const float* v, cudaStream_t stream) {
-  KvEncodeKernel<<<Blocks(p.n * f.n_kv_heads * 2, kRowThreads), kRowThreads, 0, stream>>>(
+  // One warp per row.
+  KvEncodeKernel<<<Blocks(p.n * f.n_kv_heads * 2 * 32, kRowThreads), kRowThreads, 0, stream>>>(
       f, p, layer, k, v);
   return cudaGetLastError();
 }
@@ -303,9 +392,9 @@ cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, in
 
 cudaError_t LaunchKvRecode(const KvDeviceFormat& f, int n_layers, const int32_t* jobs,
                            int64_t n_jobs, cudaStream_t stream) {
-  const int64_t threads = n_jobs * n_layers * f.n_kv_heads * 2;
-  KvRecodeKernel<<<Blocks(threads, kRowThreads), kRowThreads, 0, stream>>>(f, n_layers, jobs,
-                                                                           n_jobs);
+  const int64_t rows = n_jobs * n_layers * f.n_kv_heads * 2;
+  KvRecodeKernel<<<Blocks(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
+      f, n_layers, jobs, n_jobs);  // one warp per row
   return cudaGetLastError();
 }
 

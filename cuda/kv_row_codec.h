@@ -113,6 +113,66 @@ SPECNODE_HD int RowBytes(int cls, int head_dim) {
   return cls == kFull ? 2 * head_dim : (cls == kInt8 ? 4 + head_dim : 4 + head_dim / 2);
 }
 
+// The steps of EncodeRow's int8 and int4 classes, one value at a time, so that the GPU's
+// warp-per-row encoder (cuda_kv_kernels.cu, KvEncodeKernel) runs the same arithmetic with
+// the row spread over lanes. Its cross-lane reductions give EncodeRow's max / min / max
+// because each picks one element: AbsMaxStep's result is the largest |x| whatever the order,
+// and Extremes keeps, like EncodeRow's sequential scan (std::min / std::max's choices), the
+// first index attaining the minimum (resp. maximum) under <, which fixes the sign of a zero
+// extreme: a lexicographic choice over (value, index), the same in any order (rows without
+// NaN; a NaN row's bytes may differ).
+SPECNODE_HD float AbsMaxStep(float amax, float x) {
+  const float a = fabsf(x);
+  return amax < a ? a : amax;
+}
+struct Int8Params {
+  float scale, inv;
+};
+SPECNODE_HD Int8Params Int8ParamsFor(float amax) {
+  const float scale = amax / 127.0f;
+  return Int8Params{scale, scale > 0.0f ? 1.0f / scale : 0.0f};
+}
+SPECNODE_HD uint8_t Int8Byte(float x, float inv) {
+  return static_cast<uint8_t>(
+      static_cast<int8_t>(ClampInt(static_cast<int>(RoundEven(x * inv)), -127, 127)));
+}
+
+struct Extremes {
+  float lo;
+  int lo_at;
+  float hi;
+  int hi_at;
+};
+SPECNODE_HD Extremes ExtremesOf(float x, int at) { return Extremes{x, at, x, at}; }
+SPECNODE_HD Extremes Combine(const Extremes& a, const Extremes& b) {
+  Extremes r = a;
+  if (b.lo < a.lo || (!(a.lo < b.lo) && b.lo_at < a.lo_at)) {
+    r.lo = b.lo;
+    r.lo_at = b.lo_at;
+  }
+  if (a.hi < b.hi || (!(b.hi < a.hi) && b.hi_at < a.hi_at)) {
+    r.hi = b.hi;
+    r.hi_at = b.hi_at;
+  }
+  return r;
+}
+
+// Quantise against the stored (f16-rounded) scale and min, which decoding uses.
+struct Int4Params {
+  uint16_t scale_h, min_h;
+  float min, inv;
+};
+SPECNODE_HD Int4Params Int4ParamsFor(float lo, float hi) {
+  const uint16_t scale_h = FloatToHalf((hi - lo) / 15.0f);
+  const uint16_t min_h = FloatToHalf(lo);
+  const float scale = HalfToFloat(scale_h);
+  return Int4Params{scale_h, min_h, HalfToFloat(min_h), scale > 0.0f ? 1.0f / scale : 0.0f};
+}
+SPECNODE_HD int Int4Level(float x, const Int4Params& p) {
+  const float d = x - p.min;
+  return ClampInt(static_cast<int>(RoundEven(d * p.inv)), 0, 15);
+}
+
 // Encodes x[head_dim] into row (KvEncodeRow's bytes).
 SPECNODE_HD void EncodeRow(int cls, const float* x, int head_dim, uint8_t* row) {
   if (cls == kFull) {
@@ -121,38 +181,19 @@ SPECNODE_HD void EncodeRow(int cls, const float* x, int head_dim, uint8_t* row) 
   }
   if (cls == kInt8) {
     float amax = 0.0f;
-    for (int i = 0; i < head_dim; ++i) {
-      const float a = fabsf(x[i]);
-      amax = amax < a ? a : amax;  // std::max's choice (signed zeros, as the CPU's)
-    }
-    const float scale = amax / 127.0f;
-    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    StoreF32(row, scale);
-    for (int i = 0; i < head_dim; ++i) {
-      const int q = ClampInt(static_cast<int>(RoundEven(x[i] * inv)), -127, 127);
-      row[4 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
-    }
+    for (int i = 0; i < head_dim; ++i) amax = AbsMaxStep(amax, x[i]);
+    const Int8Params p = Int8ParamsFor(amax);
+    StoreF32(row, p.scale);
+    for (int i = 0; i < head_dim; ++i) row[4 + i] = Int8Byte(x[i], p.inv);
     return;
   }
-  float lo = x[0], hi = x[0];
-  for (int i = 1; i < head_dim; ++i) {
-    lo = x[i] < lo ? x[i] : lo;  // std::min / std::max's choices (the sign of a zero min)
-    hi = hi < x[i] ? x[i] : hi;
-  }
-  // Quantise against the stored (f16-rounded) scale and min, which decoding uses.
-  const uint16_t scale_h = FloatToHalf((hi - lo) / 15.0f);
-  const uint16_t min_h = FloatToHalf(lo);
-  const float scale = HalfToFloat(scale_h);
-  const float min = HalfToFloat(min_h);
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  StoreU16(row, scale_h);
-  StoreU16(row + 2, min_h);
+  Extremes e = ExtremesOf(x[0], 0);
+  for (int i = 1; i < head_dim; ++i) e = Combine(e, ExtremesOf(x[i], i));
+  const Int4Params p = Int4ParamsFor(e.lo, e.hi);
+  StoreU16(row, p.scale_h);
+  StoreU16(row + 2, p.min_h);
   for (int i = 0; i < head_dim; i += 2) {
-    const float d0 = x[i] - min;
-    const float d1 = x[i + 1] - min;
-    const int q0 = ClampInt(static_cast<int>(RoundEven(d0 * inv)), 0, 15);
-    const int q1 = ClampInt(static_cast<int>(RoundEven(d1 * inv)), 0, 15);
-    row[4 + i / 2] = static_cast<uint8_t>(q0 | (q1 << 4));
+    row[4 + i / 2] = static_cast<uint8_t>(Int4Level(x[i], p) | (Int4Level(x[i + 1], p) << 4));
   }
 }
 

@@ -107,7 +107,76 @@ std::vector<std::vector<float>> Rows(int hd, uint32_t seed) {
   std::vector<float> mixed(hd);
   for (int i = 0; i < hd; ++i) mixed[i] = i % 3 == 0 ? -0.0f : (i % 3 == 1 ? 0.0f : -2.0f);
   rows.push_back(mixed);
+  // Zero extremes of both signs at several indices (the sign EncodeRow keeps is that of the
+  // first), and a repeated maximum spread over lanes and registers.
+  std::vector<float> zeros(hd, 1.5f);
+  for (int i = 0; i < hd; i += 5) zeros[i] = (i / 5) % 2 ? 0.0f : -0.0f;
+  rows.push_back(zeros);
+  for (float& z : zeros) z = -z;
+  rows.push_back(zeros);
+  std::vector<float> ties(hd, -1.0f);
+  for (int i = 1; i < hd; i += 7) ties[i] = 3.0f;
+  rows.push_back(ties);
   return rows;
+}
+
+// The GPU's warp-per-row encoder (cuda_kv_kernels.cu, WarpEncodeRow) simulated lane by lane
+// on the host: value lane + 32 r on each lane, per-lane steps, xor-butterfly reductions of
+// the max |x| and of the Extremes, int4 pairs from neighbouring lanes. What it checks is the
+// plan's arithmetic (order of the reductions, their neutral values, the pairing), with the
+// same kv_codec functions the kernel calls.
+std::vector<uint8_t> WarpPlanEncode(int cls, const std::vector<float>& x, int hd) {
+  constexpr int kLanes = 32, kRegs = codec::kMaxHeadDim / 32;
+  std::vector<uint8_t> row(codec::RowBytes(cls, hd), 0xab);
+  const auto valid = [&](int lane, int r) { return lane + 32 * r < hd; };
+  if (cls == codec::kFull) {
+    codec::EncodeRow(cls, x.data(), hd, row.data());  // per value, no reduction
+    return row;
+  }
+  if (cls == codec::kInt8) {
+    float amax[kLanes];
+    for (int l = 0; l < kLanes; ++l) {
+      amax[l] = 0.0f;
+      for (int r = 0; r < kRegs; ++r) {
+        if (valid(l, r)) amax[l] = codec::AbsMaxStep(amax[l], x[l + 32 * r]);
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      float next[kLanes];
+      for (int l = 0; l < kLanes; ++l) next[l] = codec::AbsMaxStep(amax[l], amax[l ^ off]);
+      std::copy(next, next + kLanes, amax);
+    }
+    for (int l = 1; l < kLanes; ++l)
+      EXPECT_EQ(codec::FloatBits(amax[l]), codec::FloatBits(amax[0]));
+    const codec::Int8Params p = codec::Int8ParamsFor(amax[0]);
+    codec::StoreF32(row.data(), p.scale);
+    for (int d = 0; d < hd; ++d) row[4 + d] = codec::Int8Byte(x[d], p.inv);
+    return row;
+  }
+  codec::Extremes e[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    e[l] = codec::Extremes{INFINITY, 1 << 30, -INFINITY, 1 << 30};
+    for (int r = 0; r < kRegs; ++r) {
+      if (valid(l, r)) e[l] = codec::Combine(e[l], codec::ExtremesOf(x[l + 32 * r], l + 32 * r));
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    codec::Extremes next[kLanes];
+    for (int l = 0; l < kLanes; ++l) next[l] = codec::Combine(e[l], e[l ^ off]);
+    std::copy(next, next + kLanes, e);
+  }
+  const codec::Int4Params p = codec::Int4ParamsFor(e[0].lo, e[0].hi);
+  codec::StoreU16(row.data(), p.scale_h);
+  codec::StoreU16(row.data() + 2, p.min_h);
+  for (int l = 0; l < kLanes; l += 2) {
+    for (int r = 0; r < kRegs; ++r) {
+      if (!valid(l, r)) continue;
+      const int d = l + 32 * r;
+      const int q_next = valid(l + 1, r) ? codec::Int4Level(x[d + 1], p) : 0;
+      row[4 + d / 2] = static_cast<uint8_t>(codec::Int4Level(x[d], p) | (q_next << 4));
+    }
+  }
+  return row;
 }
 
 class KvRowCodecShapes : public ::testing::TestWithParam<int> {};
@@ -122,6 +191,8 @@ TEST_P(KvRowCodecShapes, EncodeIsTheCpuEncodingAndDecodeItsValues) {
       KvEncodeRow(p, x.data(), hd, want.data());
       codec::EncodeRow(cls, x.data(), hd, got.data());
       ASSERT_EQ(got, want) << KvPrecisionName(p) << " hd " << hd;
+      ASSERT_EQ(WarpPlanEncode(cls, x, hd), want)
+          << "warp plan, " << KvPrecisionName(p) << " hd " << hd;
       std::vector<float> a(hd), b(hd);
       KvDecodeRow(p, want.data(), hd, a.data());
       codec::DecodeRow(cls, got.data(), hd, b.data());
