@@ -73,7 +73,8 @@ TEST_P(CudaRmsNormTest, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRmsNormTest,
                          ::testing::Values(std::make_tuple(1, 576), std::make_tuple(16, 576),
                                            std::make_tuple(3, 1), std::make_tuple(5, 7),
-                                           std::make_tuple(2, 1000), std::make_tuple(4, 8192)));
+                                           std::make_tuple(2, 1000), std::make_tuple(4, 8192),
+                                           std::make_tuple(1, 4096), std::make_tuple(2, 10001)));
 
 struct RopeCase {
   const char* name;
