@@ -5,8 +5,9 @@
 // kv_codec's serial EncodeRow, which is checked byte for byte against the CPU pool); slot
 // copies one block per slot. Attention is the hot loop: one block of kWarps warps per (query
 // head, row), warp w walking positions w, w + kWarps, ... with a running maximum,
-// denominator and weighted V sum (lane holds values lane + 32 i), warps combined in shared
-// memory at the end. A token's class is uniform across its warp, so decoding branches per
+// denominator and weighted V sum (lane holds values lane + 32 i), kGroup positions' loads
+// in flight at a time (one DRAM latency per position was what a short context's
+// 10-16 us a call on the H200 measured), warps combined in shared memory at the end. A token's class is uniform across its warp, so decoding branches per
 // token, not per lane. Each row's block does the same work whatever else is in the pass:
 // batch-invariant, as on the CPU.
 #include <cuda_fp16.h>
@@ -48,25 +49,33 @@ __device__ __forceinline__ uint8_t* RowAt(const KvDeviceFormat& f, int64_t base,
          static_cast<int64_t>(2 * kv_head + value) * RowBytesOf(f, cls);
 }
 
-// An f16 from two bytes: an int4 row is 4 + head_dim / 2 bytes, odd when head_dim % 4 == 2,
-// so its V row (and every later row of the slot) may start at an odd address.
-__device__ __forceinline__ float HalfAt(const uint8_t* p) {
-  return __half2float(__ushort_as_half(codec::LoadU16(p)));
+// Decoding in two steps, so that a warp can issue the loads of several rows before it
+// uses any (KvAttentionKernel): RawHeader / RawAt load a row's header (bytes 0..3: int8's
+// f32 scale, int4's f16 scale and min; nothing for f16) and value d's storage word (f16
+// bits; the int8 byte; the int4 byte holding it), DecodeRaw turns them into the value
+// (kv_codec::DecodeAt with the hardware's f16 conversion). The int4 header and every later
+// row of the slot may start at an odd address (a row is 4 + head_dim / 2 bytes, odd when
+// head_dim % 4 == 2): headers are read byte-wise; f16 rows (2 head_dim bytes at even
+// offsets) load their values as aligned 16-bit words.
+__device__ __forceinline__ uint32_t RawHeader(int cls, const uint8_t* row) {
+  if (cls == codec::kFull) return 0;
+  return static_cast<uint32_t>(row[0]) | (static_cast<uint32_t>(row[1]) << 8) |
+         (static_cast<uint32_t>(row[2]) << 16) | (static_cast<uint32_t>(row[3]) << 24);
 }
-
-// Value d of a row (kv_codec::DecodeAt with the hardware's f16 conversion). f16 rows
-// (2 head_dim bytes at even offsets) load their values as aligned 16-bit words; the int8
-// and int4 headers are read byte-wise.
-__device__ __forceinline__ float Decode(int cls, const uint8_t* row, int d) {
-  if (cls == codec::kFull) {
-    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(row + 2 * d)));
-  }
+__device__ __forceinline__ uint32_t RawAt(int cls, const uint8_t* row, int d) {
+  if (cls == codec::kFull) return *reinterpret_cast<const uint16_t*>(row + 2 * d);
+  return cls == codec::kInt8 ? row[4 + d] : row[4 + d / 2];
+}
+__device__ __forceinline__ float HalfBits(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
+}
+__device__ __forceinline__ float DecodeRaw(int cls, uint32_t header, uint32_t raw, int d) {
+  if (cls == codec::kFull) return HalfBits(raw);
   if (cls == codec::kInt8) {
-    return codec::LoadF32(row) * static_cast<float>(static_cast<int8_t>(row[4 + d]));
+    return codec::BitsFloat(header) * static_cast<float>(static_cast<int8_t>(raw & 0xffu));
   }
-  const uint8_t b = row[4 + d / 2];
-  const float q = static_cast<float>((d & 1) ? (b >> 4) : (b & 15));
-  return HalfAt(row + 2) + HalfAt(row) * q;
+  const float q = static_cast<float>((d & 1) ? (raw >> 4) : (raw & 15u));
+  return HalfBits(header >> 16) + HalfBits(header) * q;  // min + scale * q
 }
 
 // The Walsh-Hadamard transform of a row held by a warp (value lane + 32 i in x[i]): the
@@ -191,19 +200,43 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// Softmax score of position j's key for one warp (every lane returns the same value).
-__device__ __forceinline__ float Score(const KvDeviceFormat& f, const uint8_t* kr, int cls,
-                                       const float (&q)[kPerLane], int lane) {
+// One row's raw words on a warp (value lane + 32 i in w[i]), loaded before use.
+struct RawRow {
+  uint32_t header;
+  uint32_t w[kPerLane];
+};
+__device__ __forceinline__ void LoadRaw(int cls, const uint8_t* row, int hd, int lane, RawRow& r) {
+  r.header = RawHeader(cls, row);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    r.w[i] = d < hd ? RawAt(cls, row, d) : 0u;
+  }
+}
+
+// Softmax score of a key row for one warp (every lane returns the same value).
+__device__ __forceinline__ float ScoreRaw(int cls, const RawRow& k, int hd,
+                                          const float (&q)[kPerLane], int lane) {
   float dot = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int d = lane + 32 * i;
-    if (d < f.head_dim) dot = fmaf(q[i], Decode(cls, kr, d), dot);
+    if (d < hd) dot = fmaf(q[i], DecodeRaw(cls, k.header, k.w[i], d), dot);
   }
   // xor butterfly: every lane ends with the same sum, in the same order on each lane.
   for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
   return dot;
 }
+
+__device__ __forceinline__ float Score(const KvDeviceFormat& f, const uint8_t* kr, int cls,
+                                       const float (&q)[kPerLane], int lane) {
+  RawRow k;
+  LoadRaw(cls, kr, f.head_dim, lane, k);
+  return ScoreRaw(cls, k, f.head_dim, q, lane);
+}
+
+// Positions a warp loads before it uses any (KvAttentionKernel).
+constexpr int kGroup = 4;
 
 __global__ void __launch_bounds__(kThreads)
     KvAttentionKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ q,
@@ -231,23 +264,49 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) qr[i] *= scale;
   float m = -INFINITY, l = 0.0f;
-  for (int j = warp; j < length; j += kWarps) {
-    const int32_t* e = tok + 3 * j;
-    const int cls = e[2];
-    if (cls < 0) continue;  // evicted
-    const uint8_t* kr = RowAt(f, Offset(e), cls, layer, kv_head, 0);
-    const uint8_t* vr = kr + RowBytesOf(f, cls);
-    const float s = Score(f, kr, cls, qr, lane);
-    const float m_new = fmaxf(m, s);
-    const float correction = expf(m - m_new);  // 0 on the first position (m = -inf)
-    const float w = expf(s - m_new);
-    l = l * correction + w;
+  // Warp w takes positions w, w + kWarps, ... in that order, kGroup at a time: first the
+  // group's table entries, then its K and V rows' raw words, all loads in flight together;
+  // then the online softmax over them in position order (the arithmetic of one position at
+  // a time, so the result does not depend on the grouping).
+  for (int j0 = warp; j0 < length; j0 += kWarps * kGroup) {
+    int cls[kGroup];
+    int64_t base[kGroup];
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int d = lane + 32 * i;
-      if (d < hd) acc[i] = fmaf(w, Decode(cls, vr, d), acc[i] * correction);
+    for (int u = 0; u < kGroup; ++u) {
+      const int j = j0 + u * kWarps;
+      cls[u] = -1;
+      base[u] = 0;
+      if (j < length) {
+        cls[u] = tok[3 * j + 2];  // < 0: evicted
+        base[u] = Offset(tok + 3 * j);
+      }
     }
-    m = m_new;
+    RawRow kraw[kGroup], vraw[kGroup];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      if (cls[u] >= 0) {
+        const uint8_t* kr = RowAt(f, base[u], cls[u], layer, kv_head, 0);
+        LoadRaw(cls[u], kr, hd, lane, kraw[u]);
+        LoadRaw(cls[u], kr + RowBytesOf(f, cls[u]), hd, lane, vraw[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      if (cls[u] < 0) continue;
+      const float s = ScoreRaw(cls[u], kraw[u], hd, qr, lane);
+      const float m_new = fmaxf(m, s);
+      const float correction = expf(m - m_new);  // 0 on the first position (m = -inf)
+      const float w = expf(s - m_new);
+      l = l * correction + w;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < hd) {
+          acc[i] = fmaf(w, DecodeRaw(cls[u], vraw[u].header, vraw[u].w[i], d), acc[i] * correction);
+        }
+      }
+      m = m_new;
+    }
   }
   __shared__ float warp_m[kWarps], warp_l[kWarps];
   __shared__ float warp_acc[kWarps][codec::kMaxHeadDim];
