@@ -16,6 +16,10 @@ namespace specnode::cuda_internal {
 namespace {
 
 constexpr int kThreads = 128;
+// Thread blocks an SM must hold at once (caps registers at 65536 / (128 * 6) = 85): with
+// 10-19 KB staged each, 6 keep 60-110 KB of weights in flight per SM, above the ~30 KB
+// Little's law asks of HBM3e (../shared/GPU.md).
+constexpr int kMinBlocksPerSm = 6;
 constexpr int kTile = kQ16TokenTile;
 constexpr int kBlocksPerLane = 4;  // blocks a lane dots per stage
 // Weight blocks one thread block stages per stage: R rows x 4 G blocks with R G = kThreads.
@@ -156,11 +160,15 @@ __device__ __forceinline__ float GroupSum(float v, int lanes) {
   return v;
 }
 
+// Thread block (blockIdx.x: a slab of rows; blockIdx.y: token tiles blockIdx.y *
+// tiles_per_block + k). With tiles_per_block > 1 (a decode or verification pass whose rows
+// fit one stage) the slab is staged once and every tile reuses it; otherwise each tile
+// stages the row chunk by chunk. A token's arithmetic is the same either way.
 template <typename Q>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     Q16MatVecKernel(const Segments segs, int64_t cols, int lanes_log2,
                     const int16_t* __restrict__ xq, const float* __restrict__ xd,
-                    const float* __restrict__ xs, int64_t n) {
+                    const float* __restrict__ xs, int64_t n, int tiles_per_block) {
   __shared__ __align__(16) uint8_t stage[StageShape<Q>::kUnits * 16];
   const int lanes = 1 << lanes_log2;
   const int rows_per_block = kThreads >> lanes_log2;
@@ -171,63 +179,69 @@ __global__ void __launch_bounds__(kThreads)
       static_cast<int>(min(static_cast<int64_t>(rows_per_block), slab.rows - slab.row0));
   const int64_t row = slab.row0 + local_row;
   const bool active = local_row < rows_here;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTile;
-  const int nt = static_cast<int>(min(static_cast<int64_t>(kTile), n - t0));
   const int64_t n_blocks = cols / 32;
   const int chunk = kBlocksPerLane * lanes;
   const int upr = (chunk * Q::kBytes + 15) / 16 + 1;
+  const bool one_chunk = n_blocks <= chunk;
 
-  float acc[kTile], acc_min[kTile];
+  for (int tile = 0; tile < tiles_per_block; ++tile) {
+    const int64_t t0 = (static_cast<int64_t>(blockIdx.y) * tiles_per_block + tile) * kTile;
+    if (t0 >= n) break;  // block-uniform
+    const int nt = static_cast<int>(min(static_cast<int64_t>(kTile), n - t0));
+    float acc[kTile], acc_min[kTile];
 #pragma unroll
-  for (int t = 0; t < kTile; ++t) acc[t] = acc_min[t] = 0.0f;
+    for (int t = 0; t < kTile; ++t) acc[t] = acc_min[t] = 0.0f;
 
-  for (int64_t c0 = 0; c0 < n_blocks; c0 += chunk) {
-    const int cb = static_cast<int>(min(static_cast<int64_t>(chunk), n_blocks - c0));
-    StageRows<Q>(slab, rows_here, c0, cb, upr, stage);
-    __syncthreads();
-    if (active) {
-      const uintptr_t start = reinterpret_cast<uintptr_t>(slab.w + row * slab.row_stride +
-                                                          static_cast<size_t>(c0) * Q::kBytes);
-      const uint8_t* srow = stage + local_row * upr * 16 + (start & 15);
+    for (int64_t c0 = 0; c0 < n_blocks; c0 += chunk) {
+      const int cb = static_cast<int>(min(static_cast<int64_t>(chunk), n_blocks - c0));
+      if (!(one_chunk && tile > 0)) {  // else the row's only chunk is still staged
+        StageRows<Q>(slab, rows_here, c0, cb, upr, stage);
+        __syncthreads();
+      }
+      if (active) {
+        const uintptr_t start = reinterpret_cast<uintptr_t>(slab.w + row * slab.row_stride +
+                                                            static_cast<size_t>(c0) * Q::kBytes);
+        const uint8_t* srow = stage + local_row * upr * 16 + (start & 15);
 #pragma unroll
-      for (int i = 0; i < kBlocksPerLane; ++i) {
-        const int b = lane + i * lanes;
-        if (b >= cb) break;
-        uint32_t qw[Q::kWords];
-        float dw, mw;
-        Q::Load(srow + b * Q::kBytes, qw, dw, mw);
-        const int64_t blk = c0 + b;
+        for (int i = 0; i < kBlocksPerLane; ++i) {
+          const int b = lane + i * lanes;
+          if (b >= cb) break;
+          uint32_t qw[Q::kWords];
+          float dw, mw;
+          Q::Load(srow + b * Q::kBytes, qw, dw, mw);
+          const int64_t blk = c0 + b;
 #pragma unroll
-        for (int t = 0; t < kTile; ++t) {
-          if (t < nt) {
-            const uint4* xv = reinterpret_cast<const uint4*>(xq + (t0 + t) * cols + blk * 32);
-            uint32_t xw[16];
+          for (int t = 0; t < kTile; ++t) {
+            if (t < nt) {
+              const uint4* xv = reinterpret_cast<const uint4*>(xq + (t0 + t) * cols + blk * 32);
+              uint32_t xw[16];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const uint4 q = __ldg(xv + k);
-              xw[4 * k] = q.x;
-              xw[4 * k + 1] = q.y;
-              xw[4 * k + 2] = q.z;
-              xw[4 * k + 3] = q.w;
+              for (int k = 0; k < 4; ++k) {
+                const uint4 q = __ldg(xv + k);
+                xw[4 * k] = q.x;
+                xw[4 * k + 1] = q.y;
+                xw[4 * k + 2] = q.z;
+                xw[4 * k + 3] = q.w;
+              }
+              const int isum = Q::Dot(qw, xw);
+              const int64_t di = (t0 + t) * n_blocks + blk;
+              // As the CPU's RowDot: the integer sum times d_w d_b; Q4_1's m_w s_b apart.
+              acc[t] = fmaf(static_cast<float>(isum), dw * __ldg(xd + di), acc[t]);
+              if constexpr (Q::kHasMin) acc_min[t] = fmaf(mw, __ldg(xs + di), acc_min[t]);
             }
-            const int isum = Q::Dot(qw, xw);
-            const int64_t di = (t0 + t) * n_blocks + blk;
-            // As the CPU's RowDot: the integer sum times d_w d_b; Q4_1's m_w s_b apart.
-            acc[t] = fmaf(static_cast<float>(isum), dw * __ldg(xd + di), acc[t]);
-            if constexpr (Q::kHasMin) acc_min[t] = fmaf(mw, __ldg(xs + di), acc_min[t]);
           }
         }
       }
+      if (!one_chunk) __syncthreads();  // the stage is overwritten by the next chunk
     }
-    __syncthreads();  // the stage is overwritten by the next chunk
-  }
-  // Every thread takes part in the shuffles (inactive rows hold zeros).
+    // Every thread takes part in the shuffles (inactive rows hold zeros).
 #pragma unroll
-  for (int t = 0; t < kTile; ++t) {
-    if (t >= nt) break;  // block-uniform
-    float sum = GroupSum(acc[t], lanes);
-    if constexpr (Q::kHasMin) sum += GroupSum(acc_min[t], lanes);
-    if (active && lane == 0) slab.y[(t0 + t) * slab.rows + row] = sum;
+    for (int t = 0; t < kTile; ++t) {
+      if (t >= nt) break;  // block-uniform
+      float sum = GroupSum(acc[t], lanes);
+      if constexpr (Q::kHasMin) sum += GroupSum(acc_min[t], lanes);
+      if (active && lane == 0) slab.y[(t0 + t) * slab.rows + row] = sum;
+    }
   }
 }
 
@@ -258,9 +272,9 @@ __global__ void QuantizeActs16Kernel(const float* __restrict__ x, int64_t n_bloc
 
 template <typename Q>
 void Launch(const dim3& grid, const Segments& segs, int64_t cols, int lanes_log2,
-            const Q16Acts& acts, int64_t n, cudaStream_t stream) {
-  Q16MatVecKernel<Q>
-      <<<grid, kThreads, 0, stream>>>(segs, cols, lanes_log2, acts.qs, acts.d, acts.s, n);
+            const Q16Acts& acts, int64_t n, int tiles_per_block, cudaStream_t stream) {
+  Q16MatVecKernel<Q><<<grid, kThreads, 0, stream>>>(segs, cols, lanes_log2, acts.qs, acts.d, acts.s,
+                                                    n, tiles_per_block);
 }
 
 size_t Align16(size_t v) { return (v + 15) & ~size_t{15}; }
@@ -321,16 +335,21 @@ cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int cou
     blocks += static_cast<unsigned>((segments[i].rows + rows_per_block - 1) / rows_per_block);
   }
   segs.count = count;
-  const dim3 grid(blocks, static_cast<unsigned>((n + kTile - 1) / kTile));
+  // Decode and verification passes (n <= kQ16StagedTokens) over rows that fit one stage
+  // reuse the staged rows for every token tile; larger passes spread tiles over blocks.
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  const bool one_chunk = cols / 32 <= kBlocksPerLane * lanes;
+  const int per_block = one_chunk && n <= kQ16StagedTokens ? static_cast<int>(tiles) : 1;
+  const dim3 grid(blocks, static_cast<unsigned>((tiles + per_block - 1) / per_block));
   switch (type) {
     case GgmlType::kQ4_0:
-      Launch<Q4_0>(grid, segs, cols, lanes_log2, acts, n, stream);
+      Launch<Q4_0>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
       break;
     case GgmlType::kQ4_1:
-      Launch<Q4_1>(grid, segs, cols, lanes_log2, acts, n, stream);
+      Launch<Q4_1>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
       break;
     case GgmlType::kQ8_0:
-      Launch<Q8_0>(grid, segs, cols, lanes_log2, acts, n, stream);
+      Launch<Q8_0>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
       break;
     default:
       return cudaErrorInvalidValue;

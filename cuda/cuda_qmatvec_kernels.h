@@ -28,6 +28,9 @@ namespace specnode::cuda_internal {
 inline constexpr int kQ16TokenTile = 8;
 // Largest n one launch handles (gridDim.y <= 65535).
 inline constexpr int64_t kQ16MaxTokens = int64_t{65535} * kQ16TokenTile;
+// Passes of up to this many tokens whose rows fit one stage (cols <= 4096) stage the weights
+// once for all their token tiles (a verification pass of K = 8 is 2 tiles).
+inline constexpr int64_t kQ16StagedTokens = 32;
 
 // Where one call's quantised activations live (device pointers): qs [n, cols] int16,
 // d and s [n, cols / 32] f32. qs 16-byte aligned (rows of x are read as 16-byte vectors).
