@@ -308,12 +308,13 @@ TEST_P(CudaQuantActMatMulTest, MatchesReferenceAndTheCpu) {
   absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = NewContext();
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   Problem p;
-  SPECNODE_ASSERT_OK(MakeProblem(type, shape, 17, &p));
+  SPECNODE_ASSERT_OK(MakeProblem(type, shape, 40, &p));
   // The CPU's own product with int16 activations (its default).
-  std::vector<float> cpu(17 * shape.rows);
+  std::vector<float> cpu(40 * shape.rows);
   MatMulScratch scratch;
-  MatMul(p.host.view, p.x.data(), 17, cpu.data(), nullptr, &scratch, ActQuant::kInt16);
-  for (int64_t n : {1, 8, 9, 17}) {
+  MatMul(p.host.view, p.x.data(), 40, cpu.data(), nullptr, &scratch, ActQuant::kInt16);
+  // 17: three tiles from one staging (n <= 32); 40: tiles spread over thread blocks.
+  for (int64_t n : {1, 8, 9, 17, 40}) {
     ExpectMatchesReference(ctx->get(), p, n, CudaMatMulAlgo::kQuantAct, 1e-4);
     ExpectMatchesReference(ctx->get(), p, n, CudaMatMulAlgo::kQuantAct, 1e-5, &cpu);
   }
