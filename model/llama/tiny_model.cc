@@ -1,13 +1,16 @@
 #include "model/llama/tiny_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "model/cpu/thread_pool.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/gguf_writer.h"
 #include "model/llama/llama_arch.h"
@@ -84,6 +87,11 @@ class Rng {
     double sum = 0.0;
     for (int i = 0; i < 12; ++i) sum += static_cast<double>(SplitMix64(state_) >> 11) * 0x1p-53;
     return static_cast<float>(sum - 6.0);
+  }
+  // Moves to where `values` Normal() calls from here would leave the stream: SplitMix64's
+  // state advances by a constant per draw, 12 draws a value.
+  void SkipNormals(int64_t values) {
+    state_ += static_cast<uint64_t>(values) * 12u * 0x9e3779b97f4a7c15ull;
   }
 
  private:
@@ -304,6 +312,7 @@ absl::Status Validate(const TinyModelOptions& o) {
   if (!std::isfinite(o.perturb) || o.perturb < 0.0f || o.perturb > 100.0f) {
     return bad("perturb ", o.perturb, " not in [0, 100]");
   }
+  if (o.threads < 0 || o.threads > 1024) return bad("threads ", o.threads, " not in [0, 1024]");
   const int64_t d = o.d_model, q = int64_t{o.n_heads} * head_dim,
                 kv = int64_t{o.n_kv_heads} * head_dim, ff = o.d_ff;
   const int64_t vocab = 256 + o.n_merges + 3;
@@ -317,16 +326,22 @@ absl::Status Validate(const TinyModelOptions& o) {
 
 class TensorMaker {
  public:
-  TensorMaker(const TinyModelOptions& o, GgufWriter& w) : o_(o), w_(w) {}
+  TensorMaker(const TinyModelOptions& o, GgufWriter& w, ThreadPool& pool)
+      : o_(o), w_(w), pool_(pool) {}
 
-  // values ~ mean + stddev * N(0,1), then the optional perturbation, then encoded.
+  // values ~ mean + stddev * N(0,1), then the optional perturbation, then encoded; the
+  // values and the rows' encoding split over the pool (the same bytes as one thread).
   absl::Status Add(const std::string& name, GgmlType type, std::vector<int64_t> dims, float mean,
                    float stddev) {
     int64_t n = 1;
     for (int64_t d : dims) n *= d;
     std::vector<float> values(static_cast<size_t>(n));
-    Rng rng(o_.seed, name);
-    for (float& v : values) v = mean + stddev * rng.Normal();
+    const uint64_t seed = o_.seed;
+    pool_.ParallelFor(n, kGrain, [&](int64_t begin, int64_t end, int) {
+      Rng rng(seed, name);
+      rng.SkipNormals(begin);
+      for (int64_t i = begin; i < end; ++i) values[i] = mean + stddev * rng.Normal();
+    });
     if (o_.perturb > 0.0f) {
       // Noise relative to the tensor's own spread, from a stream independent of `seed`.
       double sum = 0.0, sum_sq = 0.0;
@@ -335,8 +350,12 @@ class TensorMaker {
       for (float v : values) sum_sq += (v - avg) * (v - avg);
       const float scale =
           o_.perturb * static_cast<float>(std::sqrt(sum_sq / static_cast<double>(n)));
-      Rng noise(o_.perturb_seed ^ 0x5bd1e9955bd1e995ull, name);
-      for (float& v : values) v += scale * noise.Normal();
+      const uint64_t noise_seed = o_.perturb_seed ^ 0x5bd1e9955bd1e995ull;
+      pool_.ParallelFor(n, kGrain, [&](int64_t begin, int64_t end, int) {
+        Rng noise(noise_seed, name);
+        noise.SkipNormals(begin);
+        for (int64_t i = begin; i < end; ++i) values[i] += scale * noise.Normal();
+      });
     }
     // As llama.cpp's quantiser: a K-quant needs rows of whole 256-value blocks; narrower
     // matrices fall back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).
@@ -345,12 +364,26 @@ class TensorMaker {
       if (type == GgmlType::kQ5_K) type = GgmlType::kQ5_1;
       if (type == GgmlType::kQ6_K) type = GgmlType::kQ8_0;
     }
-    return w_.AddTensorF32(name, type, dims, values);
+    if (dims[0] % GgmlBlockSize(type) != 0) return w_.AddTensorF32(name, type, dims, values);
+    // As GgufWriter::AddTensorF32, row by row over the pool.
+    const int64_t cols = dims[0], rows = n / cols;
+    const size_t row_bytes = GgmlRowBytes(type, cols);
+    std::string data(row_bytes * static_cast<size_t>(rows), '\0');
+    pool_.ParallelFor(
+        rows, std::max<int64_t>(1, kGrain / cols), [&](int64_t begin, int64_t end, int) {
+          for (int64_t r = begin; r < end; ++r) {
+            QuantizeRow(type, values.data() + r * cols, data.data() + r * row_bytes, cols);
+          }
+        });
+    return w_.AddTensor(name, type, dims, std::move(data));
   }
 
  private:
+  static constexpr int64_t kGrain = int64_t{1} << 16;  // values a chunk at least
+
   const TinyModelOptions& o_;
   GgufWriter& w_;
+  ThreadPool& pool_;
 };
 
 }  // namespace
@@ -445,7 +478,11 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
   const float depth = 1.0f;
   const float head_scale = 2.5f * in_scale;
   const GgmlType wt = o.weight_type;
-  TensorMaker m(o, w);
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  TensorMaker m(o, w, pool);
   SPECNODE_RETURN_IF_ERROR(m.Add("token_embd.weight", wt, {d, n_vocab}, 0.0f, head_scale));
   SPECNODE_RETURN_IF_ERROR(m.Add("output_norm.weight", GgmlType::kF32, {d}, 1.0f, 0.05f));
   if (o.rope_freqs) {

@@ -29,13 +29,13 @@ struct TinyModelOptions {
   int n_layers = 2;
   int d_model = 64;  // multiple of 32 (and of n_heads unless head_dim is set)
   int n_heads = 4;
-  int n_kv_heads = 2;     // divides n_heads
+  int n_kv_heads = 2;  // divides n_heads
   // Width of a head; 0: d_model / n_heads. Another width (Qwen3 and Gemma files have them)
   // is written as <arch>.attention.key_length / value_length; n_heads * head_dim must be a
   // multiple of 32.
   int head_dim = 0;
-  int d_ff = 128;         // multiple of 32
-  int n_merges = 64;      // vocabulary = 256 + n_merges + 3 control tokens
+  int d_ff = 128;     // multiple of 32
+  int n_merges = 64;  // vocabulary = 256 + n_merges + 3 control tokens
   int context_length = 512;
   // > 0: written as <arch>.attention.sliding_window (Mistral-style windowed attention).
   int sliding_window = 0;
@@ -46,11 +46,15 @@ struct TinyModelOptions {
   bool rope_freqs = false;
   // > 1: written as rope.scaling.type linear with this rope.scaling.factor.
   float rope_scale = 0.0f;
-  bool tied_embeddings = true;  // no output.weight; the head reuses token_embd
+  bool tied_embeddings = true;            // no output.weight; the head reuses token_embd
   GgmlType weight_type = GgmlType::kF32;  // matrices; norms are always F32
   uint64_t seed = 1;
   float perturb = 0.0f;
   uint64_t perturb_seed = 7;
+  // Threads that generate and encode each tensor (0: one per hardware thread). The file's
+  // bytes do not depend on it: value i of a tensor comes from its own position in the
+  // tensor's random stream, and rows are encoded independently.
+  int threads = 0;
 };
 
 absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& path);

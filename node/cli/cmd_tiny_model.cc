@@ -21,7 +21,7 @@ constexpr char kUsage[] =
     "         [--kv-heads N] [--head-dim N] [--ff N] [--merges N] [--context N]\n"
     "         [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n"
     "         [--perturb EPS] [--perturb-seed S] [--untied] [--sliding-window N]\n"
-    "         [--rope-freqs] [--rope-scale F]\n"
+    "         [--rope-freqs] [--rope-scale F] [--threads N]\n"
     "K-quant types apply to matrices whose rows are whole 256-value blocks; narrower ones\n"
     "fall back as in llama.cpp's quantiser (q4_k to q5_0, q5_k to q5_1, q6_k to q8_0).\n"
     "--head-dim (default d_model / heads) other than that quotient is written as\n"
@@ -34,7 +34,9 @@ constexpr char kUsage[] =
     "--rope-scale F linear RoPE scaling (gemma3: its global layers only).\n"
     "--shape llama3-8b|llama3-70b-layer: real shapes with random weights (Q4_0 unless\n"
     "--type says otherwise; 4.5 / 1.7 GB, minutes to write) for speed and memory benchmarks\n"
-    "(bench/README.md); other options override single fields.\n";
+    "(bench/README.md); other options override single fields.\n"
+    "--threads N generates and encodes each tensor on N threads (default: every hardware\n"
+    "thread); the file's bytes do not depend on it.\n";
 
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "specnode tiny-model: %s\n", message.c_str());
@@ -78,7 +80,7 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
         std::tuple{"heads", &o.n_heads, 1}, std::tuple{"kv-heads", &o.n_kv_heads, 1},
         std::tuple{"head-dim", &o.head_dim, 0}, std::tuple{"ff", &o.d_ff, 1},
         std::tuple{"merges", &o.n_merges, 0}, std::tuple{"context", &o.context_length, 1},
-        std::tuple{"sliding-window", &o.sliding_window, 0}}) {
+        std::tuple{"sliding-window", &o.sliding_window, 0}, std::tuple{"threads", &o.threads, 0}}) {
     if (absl::Status s = get_int(key, *field, lo); !s.ok()) return s;
   }
   absl::StatusOr<int64_t> seed = args.GetInt("seed", static_cast<int64_t>(o.seed), 0, kSeedMax);
@@ -108,11 +110,12 @@ absl::Status ReadOptions(const CliArgs& args, TinyModelOptions& o) {
 }  // namespace
 
 int RunTinyModel(int argc, char** argv) {
-  absl::StatusOr<CliArgs> args = CliArgs::Parse(
-      argc, argv,
-      {"out", "shape", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim", "ff", "merges",
-       "context", "sliding-window", "rope-scale", "type", "seed", "perturb", "perturb-seed"},
-      {"untied", "rope-freqs", "help"});
+  absl::StatusOr<CliArgs> args =
+      CliArgs::Parse(argc, argv,
+                     {"out", "shape", "arch", "layers", "d-model", "heads", "kv-heads", "head-dim",
+                      "ff", "merges", "context", "sliding-window", "rope-scale", "type", "seed",
+                      "perturb", "perturb-seed", "threads"},
+                     {"untied", "rope-freqs", "help"});
   if (!args.ok()) {
     Fail(2, std::string(args.status().message()));
     std::fputs(kUsage, stderr);

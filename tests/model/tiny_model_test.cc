@@ -74,6 +74,29 @@ TEST(TinyModelTest, SameOptionsGiveIdenticalBytes) {
   std::remove(TempPath("det_b").c_str());
 }
 
+// Tensors large enough to split into several chunks (token_embd: 512 x 1259 values) give
+// the same bytes on 3 threads as on 1 (one thread is the sequential writer).
+TEST(TinyModelTest, ThreadsDoNotChangeTheBytes) {
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_1}) {
+    TinyModelOptions o;
+    o.weight_type = type;
+    o.d_model = 512;
+    o.n_heads = 8;
+    o.d_ff = 1024;
+    o.n_merges = 1000;
+    o.perturb = 0.05f;
+    o.threads = 1;
+    ASSERT_TRUE(WriteTinyModel(o, TempPath("thr_a")).ok());
+    o.threads = 3;
+    ASSERT_TRUE(WriteTinyModel(o, TempPath("thr_b")).ok());
+    const std::string a = ReadAll(TempPath("thr_a")), b = ReadAll(TempPath("thr_b"));
+    EXPECT_GT(a.size(), 500000u);
+    EXPECT_TRUE(a == b) << "1 and 3 threads differ for type " << static_cast<int>(type);
+  }
+  std::remove(TempPath("thr_a").c_str());
+  std::remove(TempPath("thr_b").c_str());
+}
+
 TEST(TinyModelTest, MetadataDescribesACompleteLlama) {
   TinyModelOptions o;
   auto f = WriteAndOpen(o, "meta");
@@ -255,6 +278,7 @@ TEST(TinyModelTest, BadOptionsAreRejected) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what << ": " << s;
   };
   rejected([](TinyModelOptions& o) { o.n_layers = 0; }, "zero layers");
+  rejected([](TinyModelOptions& o) { o.threads = -1; }, "negative threads");
   rejected([](TinyModelOptions& o) { o.d_model = 48; }, "d_model not multiple of 32");
   rejected([](TinyModelOptions& o) { o.d_model = 0; }, "zero d_model");
   rejected([](TinyModelOptions& o) { o.n_heads = 3; }, "n_heads does not divide d_model");
