@@ -9,6 +9,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_embedding.h"
 #include "cuda/cuda_ops.h"
+#include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
 #include "model/status_macros.h"
 
@@ -109,10 +110,13 @@ absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
   }
   auto d = std::make_shared<DeviceWeights>();
   auto matrix = [&](const WeightView& stored) -> absl::StatusOr<WeightView> {
-    // The device kernels take compute types only: storage-only types (Q5_0 / Q5_1, the
-    // K-quants) are converted on the host first (the copy lives until the upload is done).
+    // kQuantAct runs the K-quants as stored; other storage-only types (Q5_0 / Q5_1), the
+    // K-quants under kFused and a K-quant embedding table (its row lookup has no K-quant
+    // kernel; a tied head shares it) are converted to their compute type on the host first
+    // (the copy lives until the upload is done).
     std::vector<std::unique_ptr<std::vector<uint8_t>>> converted;
-    const WeightView m = ConvertToComputeType(stored, &converted);
+    const bool native = quant_act_ && IsKQuantType(stored.type) && stored.data != w.token_embd.data;
+    const WeightView m = native ? stored : ConvertToComputeType(stored, &converted);
     // Compact: each row's own bytes only (a column slice's row_stride spans the whole row).
     const size_t row_bytes = GgmlRowBytes(m.type, m.cols);
     std::vector<uint8_t> host(row_bytes * static_cast<size_t>(m.rows));
@@ -210,7 +214,8 @@ absl::Status CudaBackend::Add(float* y, const float* x, int64_t count) {
 // kQuantAct for the types it runs (the CPU's int16 activations) unless turned off, kFused
 // for the float types.
 CudaMatMulAlgo CudaBackend::AlgoFor(GgmlType type) const {
-  const bool quant = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
+  const bool quant = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 ||
+                     type == GgmlType::kQ8_0 || IsKQuantType(type);
   return quant && quant_act_ ? CudaMatMulAlgo::kQuantAct : CudaMatMulAlgo::kFused;
 }
 

@@ -37,7 +37,7 @@ std::string TypeName(GgmlType type) {
 }
 
 absl::Status ValidateArgs(const WeightView& w, const float* x, int64_t n, const float* y) {
-  if (!IsComputeGgmlType(w.type)) {
+  if (!IsComputeGgmlType(w.type) && !cuda_internal::Q16Runs(w.type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaMatMul: unsupported weight type ", TypeName(w.type)));
   }
@@ -70,7 +70,7 @@ absl::Status ValidateArgs(const WeightView& w, const float* x, int64_t n, const 
                                                    " weight data and row_stride must be ", w_align,
                                                    "-byte aligned"));
   }
-  const size_t x_align = IsQuantised(w.type) ? 16 : 4;
+  const size_t x_align = IsQuantised(w.type) || cuda_internal::Q16Runs(w.type) ? 16 : 4;
   if (!Aligned(x, x_align) || !Aligned(y, 4)) {
     return absl::InvalidArgumentError(absl::StrCat("CudaMatMul: x must be ", x_align,
                                                    "-byte aligned and y 4-byte aligned for ",
@@ -82,17 +82,25 @@ absl::Status ValidateArgs(const WeightView& w, const float* x, int64_t n, const 
 // What the algorithm needs beyond ValidateArgs: kQuantAct and kCublas a context and their
 // weight types.
 absl::Status CheckAlgo(CudaMatMulContext* ctx, const WeightView& w, CudaMatMulAlgo algo) {
-  if (algo == CudaMatMulAlgo::kFused) return absl::OkStatus();
+  if (algo == CudaMatMulAlgo::kFused) {
+    if (IsComputeGgmlType(w.type)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaMatMul: kFused supports Q4_0, Q4_1, Q8_0, F16, BF16 and F32 weights, not ",
+        TypeName(w.type), " (kQuantAct runs the K-quants)"));
+  }
   const bool quant = algo == CudaMatMulAlgo::kQuantAct;
   const char* name = quant ? "kQuantAct" : "kCublas";
   if (ctx == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaMatMul: ", name, " needs a CudaMatMulContext"));
   }
-  if (quant != IsQuantised(w.type)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CudaMatMul: ", name, " supports ", quant ? "Q4_0, Q4_1 and Q8_0" : "F32, F16 and BF16",
-        " weights, not ", TypeName(w.type)));
+  const bool runs = quant ? cuda_internal::Q16Runs(w.type)
+                          : !IsQuantised(w.type) && !cuda_internal::Q16Runs(w.type);
+  if (!runs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaMatMul: ", name, " supports ",
+                     quant ? "Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K" : "F32, F16 and BF16",
+                     " weights, not ", TypeName(w.type)));
   }
   return absl::OkStatus();
 }

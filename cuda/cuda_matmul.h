@@ -15,8 +15,10 @@
 //     bit-identical at batch 1 and batch 16 (speculative verification relies on it).
 //     Meant for decode / verification batches (n up to a few dozen); each further 8 tokens
 //     re-read W.
-//   kQuantAct: Q4_0, Q4_1 and Q8_0 only; x is first rounded to int16 blocks exactly as the
-//     CPU rounds it by default (cuda/q16_dot.h), then each weight block's integer dot with
+//   kQuantAct: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K (natively, in the
+//     file's layout, with the CPU's K-quant arithmetic: cuda/q16_kquant.h; cols a multiple
+//     of 256). x is first rounded to int16 blocks exactly as the CPU rounds it by default
+//     (cuda/q16_dot.h), then each weight block's integer dot with
 //     its activation block is one __dp2a per 2 values (cuda_qmatvec_kernels.h: weight rows
 //     staged through shared memory with 16-byte loads). So the GPU sees the CPU's
 //     activations and integer sums; rows differ from the CPU's MatMul only in the order
@@ -30,7 +32,7 @@
 //
 // Alignment (checked; InvalidArgument otherwise): x 16-byte aligned for quantised W (rows of
 // x are read as float4), 4-byte otherwise; y 4-byte; W data and row_stride a multiple of 4
-// for Q4_1 and F32, of 2 for Q4_0, Q8_0, F16, BF16. cudaMalloc'd buffers and whole-block
+// for Q4_1 and F32, of 2 for the other types. cudaMalloc'd buffers and whole-block
 // column slices of ggml rows always satisfy this.
 //
 // Errors: argument problems return InvalidArgument before any CUDA call (so they are

@@ -11,6 +11,7 @@
 
 #include "cuda/cuda_qmatvec_kernels.h"
 #include "cuda/q16_dot.h"
+#include "cuda/q16_kquant.h"
 
 namespace specnode::cuda_internal {
 namespace {
@@ -21,9 +22,6 @@ constexpr int kThreads = 128;
 // Little's law asks of HBM3e (../shared/GPU.md).
 constexpr int kMinBlocksPerSm = 6;
 constexpr int kTile = kQ16TokenTile;
-constexpr int kBlocksPerLane = 4;  // blocks a lane dots per stage
-// Weight blocks one thread block stages per stage: R rows x 4 G blocks with R G = kThreads.
-constexpr int kStageBlocks = kThreads * kBlocksPerLane;
 
 // A launch's matrices by value (as cuda_matmul_kernels.cu): thread block b of grid.x
 // belongs to the last segment whose first_block <= b.
@@ -71,6 +69,9 @@ __device__ __forceinline__ uint32_t WordOfHalves(const uint8_t* p) {
 // Each weight type: kBytes per block, kWords quant words, Load(block in shared memory) ->
 // quant words, scale d, min m; Dot(quant words, activation words) -> the integer sum.
 struct Q4_0 {
+  static constexpr int kValues = 32;  // values per block
+  static constexpr int kPerLane = 4;  // blocks a lane dots per stage
+  static constexpr bool kSuper = false;
   static constexpr int kBytes = 18;  // f16 d; u8 qs[16]
   static constexpr int kWords = 4;
   static constexpr bool kHasMin = false;
@@ -86,6 +87,9 @@ struct Q4_0 {
 };
 
 struct Q4_1 {
+  static constexpr int kValues = 32;  // values per block
+  static constexpr int kPerLane = 4;  // blocks a lane dots per stage
+  static constexpr bool kSuper = false;
   static constexpr int kBytes = 20;  // f16 d; f16 m; u8 qs[16] (4-byte aligned)
   static constexpr int kWords = 4;
   static constexpr bool kHasMin = true;
@@ -101,6 +105,9 @@ struct Q4_1 {
 };
 
 struct Q8_0 {
+  static constexpr int kValues = 32;  // values per block
+  static constexpr int kPerLane = 4;  // blocks a lane dots per stage
+  static constexpr bool kSuper = false;
   static constexpr int kBytes = 34;  // f16 d; i8 qs[32]
   static constexpr int kWords = 8;
   static constexpr bool kHasMin = false;
@@ -113,11 +120,26 @@ struct Q8_0 {
   __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) { return q16::DotQ8(qw, xw); }
 };
 
-// The 16-byte units of one stage: R rows of at most 4 G kBytes / 16 + 2 units each (the
-// start aligned down to 16 adds one), R G = kThreads, R <= 32; and the loads per thread.
+// The K-quants: 256-value super-blocks in the file's layout (q16_kquant.h), one a lane per
+// stage; kType is GgmlType's value.
+template <int kTypeValue, int kBlockBytes>
+struct KQuant {
+  static constexpr int kBytes = kBlockBytes;
+  static constexpr int kValues = 256;
+  static constexpr int kPerLane = 1;
+  static constexpr bool kSuper = true;
+  static constexpr bool kHasMin = false;
+  static constexpr int kType = kTypeValue;
+};
+using Q4_K = KQuant<12, 144>;
+using Q5_K = KQuant<13, 176>;
+using Q6_K = KQuant<14, 210>;
+
+// The 16-byte units of one stage: R rows of at most kPerLane G kBytes / 16 + 2 units each
+// (the start aligned down to 16 adds one), R G = kThreads, R <= 32; and the loads per thread.
 template <typename Q>
 struct StageShape {
-  static constexpr int kUnits = kStageBlocks * Q::kBytes / 16 + 2 * 32;
+  static constexpr int kUnits = kThreads * Q::kPerLane * Q::kBytes / 16 + 2 * 32;
   static constexpr int kSlots = (kUnits + kThreads - 1) / kThreads;
 };
 
@@ -160,6 +182,80 @@ __device__ __forceinline__ float GroupSum(float v, int lanes) {
   return v;
 }
 
+// One token's activation block (32 int16 values as 16 words), 4 vector loads.
+__device__ __forceinline__ void LoadActs(const int16_t* x, uint32_t (&xw)[16]) {
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint4 q = __ldg(xv + k);
+    xw[4 * k] = q.x;
+    xw[4 * k + 1] = q.y;
+    xw[4 * k + 2] = q.z;
+    xw[4 * k + 3] = q.w;
+  }
+}
+
+// A lane's 32-value blocks of the staged chunk (lane, lane + G, ...) dotted with the tile's
+// tokens, block by block in order.
+template <typename Q>
+__device__ __forceinline__ void Blocks(const uint8_t* srow, int lane, int lanes, int cb, int64_t c0,
+                                       int64_t cols, int64_t t0, int nt,
+                                       const int16_t* __restrict__ xq, const float* __restrict__ xd,
+                                       const float* __restrict__ xs, float (&acc)[kTile],
+                                       float (&acc_min)[kTile]) {
+  const int64_t n_blocks = cols / 32;
+#pragma unroll
+  for (int i = 0; i < Q::kPerLane; ++i) {
+    const int b = lane + i * lanes;
+    if (b >= cb) break;
+    uint32_t qw[Q::kWords];
+    float dw, mw;
+    Q::Load(srow + b * Q::kBytes, qw, dw, mw);
+    const int64_t blk = c0 + b;
+#pragma unroll
+    for (int t = 0; t < kTile; ++t) {
+      if (t < nt) {
+        uint32_t xw[16];
+        LoadActs(xq + (t0 + t) * cols + blk * 32, xw);
+        const int isum = Q::Dot(qw, xw);
+        const int64_t di = (t0 + t) * n_blocks + blk;
+        // As the CPU's RowDot: the integer sum times d_w d_b; Q4_1's m_w s_b apart.
+        acc[t] = fmaf(static_cast<float>(isum), dw * __ldg(xd + di), acc[t]);
+        if constexpr (Q::kHasMin) acc_min[t] = fmaf(mw, __ldg(xs + di), acc_min[t]);
+      }
+    }
+  }
+}
+
+// A lane's K-quant super-block of the staged chunk: its 8 sub-blocks in order, each one's
+// codes and factors read once for every token of the tile (q16_kquant.h).
+template <typename Q>
+__device__ __forceinline__ void SuperBlocks(const uint8_t* srow, int lane, int lanes, int cb,
+                                            int64_t c0, int64_t cols, int64_t t0, int nt,
+                                            const int16_t* __restrict__ xq,
+                                            const float* __restrict__ xd,
+                                            const float* __restrict__ xs, float (&acc)[kTile]) {
+  const int64_t n_blocks = cols / 32;
+  if (lane >= cb) return;
+  const uint8_t* blk = srow + lane * Q::kBytes;
+  const int64_t first = (c0 + lane) * q16::kSubBlocks;  // its first 32-value block
+  for (int j = 0; j < q16::kSubBlocks; ++j) {
+    uint32_t cw[8];
+    float f1, f2;
+    q16::KSubBlockCodes<Q::kType>(blk, j, cw, &f1, &f2);
+#pragma unroll
+    for (int t = 0; t < kTile; ++t) {
+      if (t < nt) {
+        uint32_t xw[16];
+        LoadActs(xq + (t0 + t) * cols + (first + j) * 32, xw);
+        const int64_t di = (t0 + t) * n_blocks + first + j;
+        acc[t] =
+            q16::KSubBlockApply<Q::kType>(cw, f1, f2, xw, __ldg(xd + di), __ldg(xs + di), acc[t]);
+      }
+    }
+  }
+}
+
 // Thread block (blockIdx.x: a slab of rows; blockIdx.y: token tiles blockIdx.y *
 // tiles_per_block + k). With tiles_per_block > 1 (a decode or verification pass whose rows
 // fit one stage) the slab is staged once and every tile reuses it; otherwise each tile
@@ -179,8 +275,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       static_cast<int>(min(static_cast<int64_t>(rows_per_block), slab.rows - slab.row0));
   const int64_t row = slab.row0 + local_row;
   const bool active = local_row < rows_here;
-  const int64_t n_blocks = cols / 32;
-  const int chunk = kBlocksPerLane * lanes;
+  const int64_t n_blocks = cols / Q::kValues;
+  const int chunk = Q::kPerLane * lanes;
   const int upr = (chunk * Q::kBytes + 15) / 16 + 1;
   const bool one_chunk = n_blocks <= chunk;
 
@@ -202,34 +298,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         const uintptr_t start = reinterpret_cast<uintptr_t>(slab.w + row * slab.row_stride +
                                                             static_cast<size_t>(c0) * Q::kBytes);
         const uint8_t* srow = stage + local_row * upr * 16 + (start & 15);
-#pragma unroll
-        for (int i = 0; i < kBlocksPerLane; ++i) {
-          const int b = lane + i * lanes;
-          if (b >= cb) break;
-          uint32_t qw[Q::kWords];
-          float dw, mw;
-          Q::Load(srow + b * Q::kBytes, qw, dw, mw);
-          const int64_t blk = c0 + b;
-#pragma unroll
-          for (int t = 0; t < kTile; ++t) {
-            if (t < nt) {
-              const uint4* xv = reinterpret_cast<const uint4*>(xq + (t0 + t) * cols + blk * 32);
-              uint32_t xw[16];
-#pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                const uint4 q = __ldg(xv + k);
-                xw[4 * k] = q.x;
-                xw[4 * k + 1] = q.y;
-                xw[4 * k + 2] = q.z;
-                xw[4 * k + 3] = q.w;
-              }
-              const int isum = Q::Dot(qw, xw);
-              const int64_t di = (t0 + t) * n_blocks + blk;
-              // As the CPU's RowDot: the integer sum times d_w d_b; Q4_1's m_w s_b apart.
-              acc[t] = fmaf(static_cast<float>(isum), dw * __ldg(xd + di), acc[t]);
-              if constexpr (Q::kHasMin) acc_min[t] = fmaf(mw, __ldg(xs + di), acc_min[t]);
-            }
-          }
+        if constexpr (Q::kSuper) {
+          SuperBlocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xq, xd, xs, acc);
+        } else {
+          Blocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xq, xd, xs, acc, acc_min);
         }
       }
       if (!one_chunk) __syncthreads();  // the stage is overwritten by the next chunk
@@ -281,10 +353,24 @@ size_t Align16(size_t v) { return (v + 15) & ~size_t{15}; }
 
 }  // namespace
 
-int Q16LanesPerRow(int64_t blocks) {
+int Q16LanesPerRow(int64_t blocks, int per_lane) {
   int lanes = 4;
-  while (lanes < 32 && kBlocksPerLane * lanes < blocks) lanes *= 2;
+  while (lanes < 32 && per_lane * lanes < blocks) lanes *= 2;
   return lanes;
+}
+
+bool Q16Runs(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
 }
 
 size_t Q16ActsBytes(int64_t n, int64_t cols) {
@@ -320,7 +406,10 @@ cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int cou
   if (count < 1 || count > kFusedMaxSegments || n < 1 || n > kQ16MaxTokens) {
     return cudaErrorInvalidValue;
   }
-  const int lanes = Q16LanesPerRow(cols / 32);
+  const bool super = type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+  const int per_lane = super ? 1 : 4;  // each type's kPerLane
+  const int64_t n_blocks = cols / (super ? 256 : 32);
+  const int lanes = Q16LanesPerRow(n_blocks, per_lane);
   int lanes_log2 = 0;
   while ((1 << lanes_log2) < lanes) ++lanes_log2;
   const int rows_per_block = kThreads / lanes;
@@ -338,7 +427,7 @@ cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int cou
   // Decode and verification passes (n <= kQ16StagedTokens) over rows that fit one stage
   // reuse the staged rows for every token tile; larger passes spread tiles over blocks.
   const int64_t tiles = (n + kTile - 1) / kTile;
-  const bool one_chunk = cols / 32 <= kBlocksPerLane * lanes;
+  const bool one_chunk = n_blocks <= per_lane * lanes;
   const int per_block = one_chunk && n <= kQ16StagedTokens ? static_cast<int>(tiles) : 1;
   const dim3 grid(blocks, static_cast<unsigned>((tiles + per_block - 1) / per_block));
   switch (type) {
@@ -350,6 +439,15 @@ cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int cou
       break;
     case GgmlType::kQ8_0:
       Launch<Q8_0>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      break;
+    case GgmlType::kQ4_K:
+      Launch<Q4_K>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      break;
+    case GgmlType::kQ5_K:
+      Launch<Q5_K>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      break;
+    case GgmlType::kQ6_K:
+      Launch<Q6_K>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
       break;
     default:
       return cudaErrorInvalidValue;

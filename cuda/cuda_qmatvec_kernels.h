@@ -6,7 +6,9 @@
 //   1. QuantizeActs16: x [n, cols] f32 -> int16 blocks (q16_dot.h: the CPU's default
 //      activation rounding), one warp per 32-value block;
 //   2. Q16MatVec: y [n, rows] = Σ over blocks of the weight block's integer dot with the
-//      activation block (q16_dot.h), for Q4_0, Q4_1 and Q8_0 weights in their GGUF layout.
+//      activation block (q16_dot.h), for Q4_0, Q4_1 and Q8_0 weights in their GGUF layout,
+//      and for Q4_K, Q5_K and Q6_K super-blocks in theirs with the CPU's K-quant arithmetic
+//      (q16_kquant.h: each 32-value sub-block's codes against its activation block).
 //      Each thread block stages a slab of weight rows into shared memory with 16-byte loads
 //      (whatever the 18/20/34-byte block layout: rows are copied as byte ranges, aligned down
 //      to 16 bytes), then a group of G lanes dots each row, G from the row length only.
@@ -50,12 +52,16 @@ cudaError_t LaunchQuantizeActs16(const float* x, int64_t n, int64_t cols, const 
                                  cudaStream_t stream);
 
 // segments[i].y [n, rows_i] = acts · W_iᵀ for 1..kFusedMaxSegments matrices of `type`
-// (kQ4_0, kQ4_1 or kQ8_0) sharing the activations, in one launch.
+// (Q16Runs) sharing the activations, in one launch; cols a multiple of the type's block.
 cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int count, int64_t cols,
                             const Q16Acts& acts, int64_t n, cudaStream_t stream);
 
-// Lanes that dot one row (4, 8, 16 or 32) for rows of `blocks` 32-value blocks: the fewest
-// whose 4 blocks each cover the row, at most 32. Fixed by the row length alone.
-int Q16LanesPerRow(int64_t blocks);
+// Lanes that dot one row (4, 8, 16 or 32) for rows of `blocks` blocks (32 values; 256 for
+// the K-quants), `per_lane` blocks a lane per stage (4; 1 for the K-quants): the fewest that
+// cover the row in one stage, at most 32. Fixed by the row length alone.
+int Q16LanesPerRow(int64_t blocks, int per_lane);
+
+// Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K: the weight types LaunchQ16MatVec takes.
+bool Q16Runs(GgmlType type);
 
 }  // namespace specnode::cuda_internal

@@ -341,6 +341,49 @@ INSTANTIATE_TEST_SUITE_P(Types, CudaForwardTest,
                            return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
                          });
 
+// K-quant files run natively under kQuantAct (rows of whole 256-value super-blocks; the
+// embedding table alone is converted for its row lookup): logits against the CPU's own
+// K-quant kernels, and a verification pass bit-identical to one token at a time.
+class CudaKQuantForwardTest : public CudaTestWithParam<GgmlType> {
+ protected:
+  std::string Path() {
+    TinyModelOptions o;
+    o.n_layers = 2;
+    o.d_model = 256;
+    o.n_heads = 4;
+    o.n_kv_heads = 2;
+    o.d_ff = 512;
+    o.tied_embeddings = false;  // the head runs natively too
+    o.weight_type = GetParam();
+    return TinyModel(o, "k" + std::string(GgmlTypeName(static_cast<uint32_t>(GetParam()))));
+  }
+};
+
+TEST_P(CudaKQuantForwardTest, LogitsMatchTheCpuAndVerificationIsInvariant) {
+  Pair p(Path());
+  ASSERT_NE(p.gpu, nullptr);
+  const int vocab = p.model->config().vocab_size;
+  const auto prompt = Tokens(9, 1);
+  ExpectCloseRows(p.Gpu({{1, prompt, true}}), p.Cpu({{1, prompt, true}}), vocab, "prefill");
+  const auto drafts = Tokens(5, 40);
+  std::vector<float> one_at_a_time;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    const std::span<const int32_t> one(&drafts[i], 1);
+    auto g = p.Gpu({{1, one, false}});
+    ExpectCloseRows(g, p.Cpu({{1, one, false}}), vocab, "decode " + std::to_string(i));
+    one_at_a_time.insert(one_at_a_time.end(), g.begin(), g.end());
+  }
+  ASSERT_TRUE(p.gpu->cache().Truncate(1, static_cast<int32_t>(prompt.size())).ok());
+  auto pass = p.Gpu({{1, drafts, true}});
+  EXPECT_EQ(pass, one_at_a_time) << "a 5-token pass differs from 5 single steps";
+}
+
+INSTANTIATE_TEST_SUITE_P(KQuants, CudaKQuantForwardTest,
+                         ::testing::Values(GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K),
+                         [](const auto& info) {
+                           return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
+                         });
+
 // Shards of one device's tensor-parallel group in lockstep on threads: AllReduceSum copies
 // each shard's DEVICE partial sums to the host, adds them in rank order, and copies the sum
 // back (what NCCL does across GPUs, here on the one GPU a test machine has).

@@ -27,6 +27,7 @@
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_matmul.h"
+#include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
 
 namespace specnode {
@@ -78,7 +79,8 @@ void PrintTo(const Shape& s, std::ostream* os) { *os << s.name; }
 // values (for the tolerance).
 struct HostWeights {
   std::vector<uint8_t> bytes;
-  WeightView view;  // host pointer
+  std::vector<uint8_t> packed;  // K-quants: the CPU's packed copy (its MatMul needs it)
+  WeightView view;              // host pointer
   std::vector<double> row_norm;
 };
 
@@ -95,6 +97,10 @@ HostWeights MakeWeights(GgmlType type, const Shape& s, uint32_t seed) {
     QuantizeRow(type, row.data(), w.bytes.data() + r * row_bytes, s.full_cols);
   }
   w.view = {type, w.bytes.data() + GgmlRowBytes(type, s.col_offset), s.rows, s.cols, row_bytes};
+  if (IsKQuantType(type)) {
+    w.packed = PackWeights(w.view);
+    w.view.packed = w.packed.data();
+  }
   w.row_norm.resize(s.rows);
   for (int64_t r = 0; r < s.rows; ++r) {
     EmbeddingRow(w.view, r, row.data());
@@ -137,6 +143,7 @@ absl::Status MakeProblem(GgmlType type, const Shape& s, int64_t n_max, Problem* 
   if (!y.ok()) return y.status();
   p->y_dev = std::move(*y);
   p->view_dev = p->host.view;
+  p->view_dev.packed = nullptr;
   p->view_dev.data = p->w_dev.as<uint8_t>() + GgmlRowBytes(type, s.col_offset);
   return absl::OkStatus();
 }
@@ -320,6 +327,20 @@ TEST_P(CudaQuantActMatMulTest, MatchesReferenceAndTheCpu) {
   }
 }
 
+// The K-quants natively (rows of whole 256-value super-blocks; a slice on a super-block).
+const Shape kKQuantShapes[] = {
+    {"odd_5x256", 5, 256, 256, 0},
+    {"rows_33x4096", 33, 4096, 4096, 0},
+    {"down_70x14336", 70, 14336, 14336, 0},
+    {"slice_300x768_of_1536_at_512", 300, 768, 1536, 512},
+};
+
+INSTANTIATE_TEST_SUITE_P(KQuants, CudaQuantActMatMulTest,
+                         ::testing::Combine(::testing::Values(GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                                              GgmlType::kQ6_K),
+                                            ::testing::ValuesIn(kKQuantShapes)),
+                         ParamName);
+
 INSTANTIATE_TEST_SUITE_P(QuantTypes, CudaQuantActMatMulTest,
                          ::testing::Combine(::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1,
                                                               GgmlType::kQ8_0),
@@ -363,6 +384,13 @@ INSTANTIATE_TEST_SUITE_P(
     QuantTypes, CudaQuantActInvarianceTest,
     ::testing::Combine(::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0),
                        ::testing::Values(Shape{"up_1536x576", 1536, 576, 576, 0},
+                                         Shape{"down_70x14336", 70, 14336, 14336, 0})),
+    ParamName);
+
+INSTANTIATE_TEST_SUITE_P(
+    KQuants, CudaQuantActInvarianceTest,
+    ::testing::Combine(::testing::Values(GgmlType::kQ4_K, GgmlType::kQ6_K),
+                       ::testing::Values(Shape{"rows_33x4096", 33, 4096, 4096, 0},
                                          Shape{"down_70x14336", 70, 14336, 14336, 0})),
     ParamName);
 
@@ -477,6 +505,9 @@ TEST(CudaMatMulArgs, RejectsBadArgumentsBeforeTouchingTheDevice) {
   EXPECT_EQ(code(CudaMatMulSharedInput(nullptr, std::span<const WeightView>(&q41, 1), one_x, 1,
                                        one_y, CudaMatMulAlgo::kQuantAct)),
             kInvalid);
+  // K-quants run under kQuantAct only.
+  const WeightView q4k{GgmlType::kQ4_K, fake, 4, 256, GgmlRowBytes(GgmlType::kQ4_K, 256)};
+  EXPECT_EQ(code(CudaMatMul(nullptr, q4k, fake, 1, fake)), kInvalid);
   // Nothing to do: OK without touching the pointers or the device.
   EXPECT_TRUE(CudaMatMul(nullptr, q41, nullptr, 0, nullptr).ok());
 }

@@ -12,8 +12,11 @@
 #include <vector>
 
 #include "cuda/cuda_qmatvec_kernels.h"
+#include "cuda/q16_kquant.h"
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_kernels.h"
+#include "model/cpu/cpu_repack_kquant.h"
+#include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
 
 namespace specnode {
@@ -180,14 +183,129 @@ INSTANTIATE_TEST_SUITE_P(Types, Q16RowTest,
                            return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
                          });
 
+// K-quant rows (ggml's layout) of `rows` x `cols` random values.
+std::vector<uint8_t> KQuantRows(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t row_bytes = GgmlRowBytes(type, cols);
+  std::vector<uint8_t> w(rows * row_bytes);
+  std::vector<float> row(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      row[i] = normal(rng) * 0.05f * (1.0f + static_cast<float>(i % 7)) + (r % 2 ? 0.02f : 0.0f);
+    }
+    QuantizeConvertedRow(type, row.data(), w.data() + r * row_bytes, cols);
+  }
+  return w;
+}
+
+uint32_t CodesOf(GgmlType type, const uint8_t* blk, int j, int w) {
+  uint32_t cw[8];
+  if (type == GgmlType::kQ4_K) q16::Q4KCodes(blk, j, cw);
+  if (type == GgmlType::kQ5_K) q16::Q5KCodes(blk, j, cw);
+  if (type == GgmlType::kQ6_K) q16::Q6KCodes(blk, j, cw);
+  return cw[w];
+}
+
+class Q16KQuantTest : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(Q16KQuantTest, CodesAndFactorsAreTheDecodedBlocks) {
+  const GgmlType type = GetParam();
+  const std::vector<uint8_t> w = KQuantRows(type, 3, 1024, 5);
+  const size_t bytes = GgmlRowBytes(type, q16::kSuperValues);
+  for (size_t off = 0; off < w.size(); off += bytes) {
+    KQuantCodes want;
+    DecodeKQuantBlock(type, w.data() + off, &want);
+    for (int j = 0; j < q16::kSubBlocks; ++j) {
+      for (int v = 0; v < 32; ++v) {
+        const uint32_t word = CodesOf(type, w.data() + off, j, v / 4);
+        const auto got = static_cast<uint8_t>((word >> (8 * (v % 4))) & 0xffu);
+        const int q = want.q[32 * j + v];
+        if (type == GgmlType::kQ6_K) {
+          ASSERT_EQ(static_cast<int8_t>(got), q - 32) << off << " " << j << " " << v;
+        } else {
+          ASSERT_EQ(got, q) << off << " " << j << " " << v;
+        }
+      }
+      if (type != GgmlType::kQ6_K) {
+        int sc, m;
+        q16::KScaleMin(w.data() + off + 4, j, &sc, &m);
+        ASSERT_EQ(sc, want.sc[j]);
+        ASSERT_EQ(m, want.m[j]);
+      }
+    }
+  }
+}
+
+// One lane going through every super-block of a row in order is the CPU's K-quant
+// reference kernel, bit for bit.
+TEST_P(Q16KQuantTest, SequentialRowsEqualTheCpuReference) {
+  const GgmlType type = GetParam();
+  constexpr int64_t kRows = 8, kCols = 768, kTokens = 2;
+  const int64_t blocks = kCols / 32;
+  const std::vector<uint8_t> w = KQuantRows(type, kRows, kCols, 9);
+  const size_t row_bytes = GgmlRowBytes(type, kCols);
+  const WeightView view{type, w.data(), kRows, kCols, row_bytes};
+  const std::vector<uint8_t> packed = cpu_kernels::PackKQuantRows(view);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(kTokens * kCols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 41 == 0 ? 20.0f : 1.0f);
+  const int64_t qs_stride = (kCols + 127) / 128 * 128, ds_stride = (blocks + 15) / 16 * 16;
+  std::vector<int16_t> qs(kTokens * qs_stride + 128, 0);
+  std::vector<float> d(kTokens * ds_stride + 16, 0.0f), sx(kTokens * ds_stride + 16, 0.0f);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    cpu_kernels::kScalarKernels.quantize(x.data() + t * kCols, blocks, type,
+                                         qs.data() + t * qs_stride, d.data() + t * ds_stride,
+                                         sx.data() + t * ds_stride);
+  }
+  cpu_kernels::QuantMatMulArgs args;
+  args.type = type;
+  args.w = packed.data();
+  args.row_stride = (kCols / q16::kSuperValues) * cpu_kernels::PackedKSuperBytes(type);
+  args.blocks = blocks;
+  args.x = {qs.data(), nullptr, d.data(), sx.data(), nullptr, qs_stride, ds_stride};
+  args.n = kTokens;
+  std::vector<float> y(kTokens * kRows);
+  args.y = y.data();
+  args.ldy = kRows;
+  cpu_kernels::PackedKQuantReference(args, 0, kRows);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* blk = w.data() + r * row_bytes + (b / 8) * GgmlRowBytes(type, 256);
+        uint32_t xw[16];
+        std::memcpy(xw, qs.data() + t * qs_stride + b * 32, sizeof(xw));
+        const float dt = d[t * ds_stride + b], st = sx[t * ds_stride + b];
+        const int j = static_cast<int>(b % 8);
+        if (type == GgmlType::kQ4_K) acc = q16::KSubBlock<12>(blk, j, xw, dt, st, acc);
+        if (type == GgmlType::kQ5_K) acc = q16::KSubBlock<13>(blk, j, xw, dt, st, acc);
+        if (type == GgmlType::kQ6_K) acc = q16::KSubBlock<14>(blk, j, xw, dt, st, acc);
+      }
+      ASSERT_EQ(Bits(acc), Bits(y[t * kRows + r])) << "token " << t << " row " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(KQuants, Q16KQuantTest,
+                         ::testing::Values(GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
+                         });
+
 // The launch-shape and scratch arithmetic the host side of the kernels uses.
 TEST(Q16Launch, LanesPerRowDependOnTheRowLengthOnly) {
-  EXPECT_EQ(cuda_internal::Q16LanesPerRow(1), 4);
-  EXPECT_EQ(cuda_internal::Q16LanesPerRow(16), 4);
-  EXPECT_EQ(cuda_internal::Q16LanesPerRow(18), 8);    // SmolLM2's 576 columns
-  EXPECT_EQ(cuda_internal::Q16LanesPerRow(48), 16);   // 1536
-  EXPECT_EQ(cuda_internal::Q16LanesPerRow(128), 32);  // 4096
-  EXPECT_EQ(cuda_internal::Q16LanesPerRow(448), 32);  // 14336
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(1, 4), 4);
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(16, 4), 4);
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(18, 4), 8);    // SmolLM2's 576 columns
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(48, 4), 16);   // 1536
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(128, 4), 32);  // 4096
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(448, 4), 32);  // 14336
+  // K-quant super-blocks, one a lane per stage.
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(16, 1), 16);  // 4096
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(56, 1), 32);  // 14336: two stages
+  EXPECT_EQ(cuda_internal::Q16LanesPerRow(3, 1), 4);
 }
 
 TEST(Q16Launch, ScratchLayoutIsAlignedAndDisjoint) {
