@@ -7,7 +7,8 @@
 // Each shape cycles through enough copies of its weights (>= 256 MiB) that every call reads
 // them from DRAM, as a decode step of a real model does, not from the 50 MB L2.
 // Built as a target only (scripts/device-check runs it); ctest never does.
-// Usage: bench_decode_cuda [iterations=100] [types=Q4_0,Q4_1,Q8_0]
+// K-quants run kQuantAct only (fused: 0) at the shapes of whole 256-value super-blocks.
+// Usage: bench_decode_cuda [iterations=100] [types=Q4_0,Q4_1,Q8_0,Q4_K,Q6_K]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_matmul.h"
 #include "cuda/device_buffer.h"
+#include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
 #include "model/status_macros.h"
 
@@ -123,22 +125,24 @@ absl::Status RunShape(Timer& timer, CudaMatMulContext& ctx, GgmlType type, const
   SPECNODE_ASSIGN_OR_RETURN(ShapeData d, MakeShape(type, s, 9));
   const size_t row_bytes = GgmlRowBytes(type, s.cols);
   for (int64_t n : kNs) {
-    double us[2];
+    double us[2] = {0.0, 0.0};
     const CudaMatMulAlgo algos[2] = {CudaMatMulAlgo::kFused, CudaMatMulAlgo::kQuantAct};
-    for (int a = 0; a < 2; ++a) {
+    // kFused has no K-quant kernel (they were converted at upload before kQuantAct).
+    for (int a = IsKQuantType(type) ? 1 : 0; a < 2; ++a) {
       SPECNODE_ASSIGN_OR_RETURN(us[a], timer.Time(ctx.stream(), iterations, [&](int i) {
         const WeightView v{type, d.copies[i % d.copies.size()].data(), s.rows, s.cols, row_bytes};
         return CudaMatMul(&ctx, v, d.x.as<float>(), n, d.y.as<float>(), algos[a]);
       }));
     }
     const double bytes = static_cast<double>(d.weight_bytes) + 4.0 * n * (s.cols + s.rows);
-    const double fused_gbs = bytes / (us[0] * 1e3), qa_gbs = bytes / (us[1] * 1e3);
+    const double fused_gbs = us[0] > 0 ? bytes / (us[0] * 1e3) : 0.0;
+    const double qa_gbs = bytes / (us[1] * 1e3);
     std::printf(
         "%-4s %-26s n=%-2lld  fused %8.2f us %7.1f GB/s %5.3f  |  quant-act %8.2f us "
         "%7.1f GB/s %5.3f  | %5.2fx\n",
         std::string(GgmlTypeName(static_cast<uint32_t>(type))).c_str(), s.name,
         static_cast<long long>(n), us[0], fused_gbs, fused_gbs / copy_gbs, us[1], qa_gbs,
-        qa_gbs / copy_gbs, us[0] / us[1]);
+        qa_gbs / copy_gbs, us[0] > 0 ? us[0] / us[1] : 0.0);
   }
   return absl::OkStatus();
 }
@@ -153,6 +157,12 @@ bool ParseTypes(const std::string& list, std::vector<GgmlType>* out) {
       out->push_back(GgmlType::kQ4_1);
     } else if (t == "Q8_0") {
       out->push_back(GgmlType::kQ8_0);
+    } else if (t == "Q4_K") {
+      out->push_back(GgmlType::kQ4_K);
+    } else if (t == "Q5_K") {
+      out->push_back(GgmlType::kQ5_K);
+    } else if (t == "Q6_K") {
+      out->push_back(GgmlType::kQ6_K);
     } else {
       return false;
     }
@@ -163,8 +173,8 @@ bool ParseTypes(const std::string& list, std::vector<GgmlType>* out) {
 int Main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 100;
   std::vector<GgmlType> types;
-  if (!ParseTypes(argc > 2 ? argv[2] : "Q4_0,Q4_1,Q8_0", &types)) {
-    std::fprintf(stderr, "types: a comma-separated list of Q4_0, Q4_1, Q8_0\n");
+  if (!ParseTypes(argc > 2 ? argv[2] : "Q4_0,Q4_1,Q8_0,Q4_K,Q6_K", &types)) {
+    std::fprintf(stderr, "types: a comma-separated list of Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K\n");
     return 2;
   }
   absl::StatusOr<int> devices = CudaDeviceCount();
@@ -197,6 +207,7 @@ int Main(int argc, char** argv) {
   int rc = 0;
   for (GgmlType type : types) {
     for (const BenchShape& s : kShapes) {
+      if (s.cols % GgmlBlockSize(type) != 0) continue;  // K-quants: whole super-blocks only
       absl::Status st = RunShape(timer, **ctx, type, s, iterations, *copy);
       if (!st.ok()) {
         std::fprintf(stderr, "%s: %s\n", s.name, std::string(st.message()).c_str());
