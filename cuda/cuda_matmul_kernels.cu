@@ -20,16 +20,7 @@ namespace {
 constexpr int kTile = kFusedTokenTile;
 constexpr int kThreads = kFusedWarpsPerBlock * 32;
 
-// A launch's matrices, passed by value: block b of grid.x belongs to the last segment whose
-// first_block <= b.
-struct Segments {
-  const uint8_t* w[kFusedMaxSegments];
-  size_t row_stride[kFusedMaxSegments];
-  int64_t rows[kFusedMaxSegments];
-  float* y[kFusedMaxSegments];
-  unsigned first_block[kFusedMaxSegments];
-  int count;
-};
+using Segments = SegmentTable;
 
 // This block's matrix: (w, row_stride, rows, y) and its row for this warp, by selects (no
 // dynamic indexing of the parameter struct).
@@ -248,22 +239,29 @@ __global__ void ConvertToBf16Kernel(const float* __restrict__ src, __nv_bfloat16
 
 }  // namespace
 
+SegmentTable MakeSegmentTable(const FusedSegment* segments, int count, int rows_per_block,
+                              unsigned* blocks) {
+  SegmentTable t{};
+  unsigned first = 0;
+  for (int i = 0; i < count; ++i) {
+    t.w[i] = static_cast<const uint8_t*>(segments[i].w);
+    t.row_stride[i] = segments[i].row_stride;
+    t.rows[i] = segments[i].rows;
+    t.y[i] = segments[i].y;
+    t.first_block[i] = first;
+    first += static_cast<unsigned>((segments[i].rows + rows_per_block - 1) / rows_per_block);
+  }
+  t.count = count;
+  *blocks = first;
+  return t;
+}
+
 cudaError_t LaunchFusedMatMulSegments(GgmlType type, const FusedSegment* segments, int count,
                                       int64_t cols, const float* x, int64_t n,
                                       cudaStream_t stream) {
   if (count < 1 || count > kFusedMaxSegments) return cudaErrorInvalidValue;
-  Segments segs{};
   unsigned blocks = 0;
-  for (int i = 0; i < count; ++i) {
-    segs.w[i] = static_cast<const uint8_t*>(segments[i].w);
-    segs.row_stride[i] = segments[i].row_stride;
-    segs.rows[i] = segments[i].rows;
-    segs.y[i] = segments[i].y;
-    segs.first_block[i] = blocks;
-    blocks +=
-        static_cast<unsigned>((segments[i].rows + kFusedWarpsPerBlock - 1) / kFusedWarpsPerBlock);
-  }
-  segs.count = count;
+  const Segments segs = MakeSegmentTable(segments, count, kFusedWarpsPerBlock, &blocks);
   const dim3 grid(blocks, static_cast<unsigned>((n + kTile - 1) / kTile));
   const dim3 block(kThreads);
   switch (type) {

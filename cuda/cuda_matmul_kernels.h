@@ -31,6 +31,23 @@ struct FusedSegment {
   float* y;
 };
 
+// A launch's matrices as a kernel parameter (by value): thread block b of grid.x belongs to
+// the last segment whose first_block <= b. Shared by the fused and the quantised-activation
+// kernels (cuda_qmatvec_kernels.cu).
+struct SegmentTable {
+  const uint8_t* w[kFusedMaxSegments];
+  size_t row_stride[kFusedMaxSegments];
+  int64_t rows[kFusedMaxSegments];
+  float* y[kFusedMaxSegments];
+  unsigned first_block[kFusedMaxSegments];
+  int count;
+};
+
+// The table of segments[0, count) (1..kFusedMaxSegments) with `rows_per_block` output rows
+// per thread block; *blocks: the thread blocks they take (grid.x).
+SegmentTable MakeSegmentTable(const FusedSegment* segments, int count, int rows_per_block,
+                              unsigned* blocks);
+
 // y[n, rows] = x[n, cols] · Wᵀ; w: rows of `cols` values of `type`, `row_stride` bytes
 // apart; x: [n, cols]; y: [n, rows]. All device pointers; n >= 1, rows >= 1.
 cudaError_t LaunchFusedMatMul(GgmlType type, const void* w, size_t row_stride, int64_t rows,

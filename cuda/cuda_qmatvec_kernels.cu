@@ -23,16 +23,7 @@ constexpr int kThreads = 128;
 constexpr int kMinBlocksPerSm = 6;
 constexpr int kTile = kQ16TokenTile;
 
-// A launch's matrices by value (as cuda_matmul_kernels.cu): thread block b of grid.x
-// belongs to the last segment whose first_block <= b.
-struct Segments {
-  const uint8_t* w[kFusedMaxSegments];
-  size_t row_stride[kFusedMaxSegments];
-  int64_t rows[kFusedMaxSegments];
-  float* y[kFusedMaxSegments];
-  unsigned first_block[kFusedMaxSegments];
-  int count;
-};
+using Segments = SegmentTable;  // cuda_matmul_kernels.h
 
 struct Slab {
   const uint8_t* w;
@@ -413,17 +404,8 @@ cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int cou
   int lanes_log2 = 0;
   while ((1 << lanes_log2) < lanes) ++lanes_log2;
   const int rows_per_block = kThreads / lanes;
-  Segments segs{};
   unsigned blocks = 0;
-  for (int i = 0; i < count; ++i) {
-    segs.w[i] = static_cast<const uint8_t*>(segments[i].w);
-    segs.row_stride[i] = segments[i].row_stride;
-    segs.rows[i] = segments[i].rows;
-    segs.y[i] = segments[i].y;
-    segs.first_block[i] = blocks;
-    blocks += static_cast<unsigned>((segments[i].rows + rows_per_block - 1) / rows_per_block);
-  }
-  segs.count = count;
+  const Segments segs = MakeSegmentTable(segments, count, rows_per_block, &blocks);
   // Decode and verification passes (n <= kQ16StagedTokens) over rows that fit one stage
   // reuse the staged rows for every token tile; larger passes spread tiles over blocks.
   const int64_t tiles = (n + kTile - 1) / kTile;
