@@ -75,7 +75,11 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::device() const { return absl::StrCat("cuda:", device_); }
 
 std::string CudaBackend::Describe() const {
-  return absl::StrCat("cuda:", device_, device_name_.empty() ? "" : " (" + device_name_ + ")");
+  // Which matmuls run, so that a log or a bench record says which path it measured.
+  return absl::StrCat(
+      "cuda:", device_, device_name_.empty() ? "" : " (" + device_name_ + ")",
+      quant_act_ ? ", int16-activation matmuls (kQuantAct)" : ", f32-activation matmuls (kFused)",
+      graphs_ != nullptr ? ", CUDA graphs" : ", eager");
 }
 
 namespace {

@@ -52,7 +52,7 @@ class ModelSession {
   absl::Status RequireCpu(const char* command) const;
   ThreadPool* pool() { return pool_.get(); }
   // The backend's description: "cpu (avx2 kernels, int16 activations, 2 threads)",
-  // "cuda:0 (NVIDIA H200)".
+  // "cuda:0 (NVIDIA H200), int16-activation matmuls (kQuantAct), CUDA graphs".
   std::string kernel_name() const;
 
   // Text -> ids; with chat, the text becomes one user turn in the model's chat template
