@@ -12,11 +12,12 @@
 #include "cuda/cuda_qmatvec_kernels.h"
 #include "cuda/q16_dot.h"
 #include "cuda/q16_kquant.h"
+#include "cuda/q16_stage.h"
 
 namespace specnode::cuda_internal {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = q16::kStageThreads;
 // Thread blocks an SM must hold at once (caps registers at 65536 / (128 * 6) = 85): with
 // 10-19 KB staged each, 6 keep 60-110 KB of weights in flight per SM, above the ~30 KB
 // Little's law asks of HBM3e (../shared/GPU.md).
@@ -126,17 +127,15 @@ using Q4_K = KQuant<12, 144>;
 using Q5_K = KQuant<13, 176>;
 using Q6_K = KQuant<14, 210>;
 
-// The 16-byte units of one stage: R rows of at most kPerLane G kBytes / 16 + 2 units each
-// (the start aligned down to 16 adds one), R G = kThreads, R <= 32; and the loads per thread.
+// The 16-byte units of one stage (q16_stage.h) and the loads per thread.
 template <typename Q>
 struct StageShape {
-  static constexpr int kUnits = kThreads * Q::kPerLane * Q::kBytes / 16 + 2 * 32;
+  static constexpr int kUnits = q16::StageUnits(Q::kPerLane, Q::kBytes);
   static constexpr int kSlots = (kUnits + kThreads - 1) / kThreads;
 };
 
-// Copies rows [row0, row0 + R) ∩ [0, rows), blocks [c0, c0 + cb) of each, into `stage`:
-// row r's bytes start at r * upr * 16 + (their global address mod 16). All loads are issued
-// before the first store.
+// Copies rows [row0, row0 + R) ∩ [0, rows), blocks [c0, c0 + cb) of each, into `stage` as
+// q16_stage.h lays them out. All loads are issued before the first store.
 template <typename Q>
 __device__ __forceinline__ void StageRows(const Slab& slab, int rows_here, int64_t c0, int cb,
                                           int upr, uint8_t* stage) {
@@ -146,15 +145,16 @@ __device__ __forceinline__ void StageRows(const Slab& slab, int rows_here, int64
 #pragma unroll
   for (int k = 0; k < StageShape<Q>::kSlots; ++k) {
     const int u = threadIdx.x + k * kThreads;
-    const int r = u / upr;
-    const int uu = u - r * upr;
+    int r, uu;
+    q16::StageSlot(u, upr, &r, &uu);
     v[k] = make_uint4(0, 0, 0, 0);
     if (r < rows_here) {
       const uintptr_t start =
           reinterpret_cast<uintptr_t>(slab.w + (slab.row0 + r) * slab.row_stride + chunk_off);
       const uintptr_t base = start & ~uintptr_t{15};
-      const int units = static_cast<int>((start - base + chunk_bytes + 15) / 16);
-      if (uu < units) v[k] = __ldg(reinterpret_cast<const uint4*>(base) + uu);
+      if (uu < q16::UnitsCovering(start, chunk_bytes)) {
+        v[k] = __ldg(reinterpret_cast<const uint4*>(base) + uu);
+      }
     }
   }
 #pragma unroll
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const bool active = local_row < rows_here;
   const int64_t n_blocks = cols / Q::kValues;
   const int chunk = Q::kPerLane * lanes;
-  const int upr = (chunk * Q::kBytes + 15) / 16 + 1;
+  const int upr = q16::UnitsPerRow(chunk, Q::kBytes);
   const bool one_chunk = n_blocks <= chunk;
 
   for (int tile = 0; tile < tiles_per_block; ++tile) {
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       if (active) {
         const uintptr_t start = reinterpret_cast<uintptr_t>(slab.w + row * slab.row_stride +
                                                             static_cast<size_t>(c0) * Q::kBytes);
-        const uint8_t* srow = stage + local_row * upr * 16 + (start & 15);
+        const uint8_t* srow = stage + q16::StagedRowOffset(local_row, upr, start);
         if constexpr (Q::kSuper) {
           SuperBlocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xq, xd, xs, acc);
         } else {

@@ -4,6 +4,7 @@
 // instructions replace Dp2aLo / Dp2aHi, whose sums are exact either way).
 #include "cuda/q16_dot.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include "cuda/cuda_qmatvec_kernels.h"
 #include "cuda/q16_kquant.h"
+#include "cuda/q16_stage.h"
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_kernels.h"
 #include "model/cpu/cpu_repack_kquant.h"
@@ -293,6 +295,87 @@ INSTANTIATE_TEST_SUITE_P(KQuants, Q16KQuantTest,
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
                          });
+
+// The staging of Q16MatVecKernel replayed on the host (q16_stage.h): every thread's 16-byte
+// copies into a stage of StageUnits bytes, then every lane's reads of its blocks, for
+// each type's block size, row lengths that take one stage or several, column slices and
+// data 2 or 4 bytes past a 16-byte boundary. Each block must read back the bytes of global
+// memory, every copy must stay inside the stage and inside the (16-byte padded) buffer.
+struct StageCase {
+  int block_bytes, values, per_lane;
+};
+
+void ReplayStages(const StageCase& c, int64_t rows, int64_t full_blocks, int64_t col_block,
+                  int64_t blocks, size_t misalign) {
+  const size_t full_row = static_cast<size_t>(full_blocks) * c.block_bytes;
+  const size_t bytes = (misalign + rows * full_row + 15) / 16 * 16;  // padded as DeviceBuffer
+  std::vector<uint8_t> store(bytes + 16);
+  std::mt19937 rng(static_cast<uint32_t>(rows * 131 + blocks));
+  for (uint8_t& b : store) b = static_cast<uint8_t>(rng());
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(store.data()) + 15) & ~uintptr_t{15};
+  const uintptr_t hi = lo + bytes;
+  const uintptr_t data = lo + misalign + static_cast<size_t>(col_block) * c.block_bytes;
+  const int lanes = cuda_internal::Q16LanesPerRow(blocks, c.per_lane);
+  const int rows_per_block = q16::kStageThreads / lanes;
+  const int chunk = c.per_lane * lanes;
+  const int upr = q16::UnitsPerRow(chunk, c.block_bytes);
+  const int stage_units = q16::StageUnits(c.per_lane, c.block_bytes);
+  ASSERT_LE(rows_per_block * upr, stage_units) << "lanes " << lanes;
+  const int slots = (stage_units + q16::kStageThreads - 1) / q16::kStageThreads;
+  std::vector<uint8_t> stage(static_cast<size_t>(stage_units) * 16);
+  for (int64_t row0 = 0; row0 < rows; row0 += rows_per_block) {
+    const int rows_here = static_cast<int>(std::min<int64_t>(rows_per_block, rows - row0));
+    for (int64_t c0 = 0; c0 < blocks; c0 += chunk) {
+      const int cb = static_cast<int>(std::min<int64_t>(chunk, blocks - c0));
+      const size_t chunk_bytes = static_cast<size_t>(cb) * c.block_bytes;
+      std::fill(stage.begin(), stage.end(), 0xee);
+      for (int t = 0; t < q16::kStageThreads; ++t) {
+        for (int k = 0; k < slots; ++k) {
+          const int u = t + k * q16::kStageThreads;
+          int r, unit;
+          q16::StageSlot(u, upr, &r, &unit);
+          if (r >= rows_here || u >= rows_here * upr) continue;
+          const uintptr_t start = data + (row0 + r) * full_row + c0 * c.block_bytes;
+          if (unit >= q16::UnitsCovering(start, chunk_bytes)) continue;
+          const uintptr_t src = (start & ~uintptr_t{15}) + 16 * static_cast<uintptr_t>(unit);
+          ASSERT_GE(src, lo);
+          ASSERT_LE(src + 16, hi) << "reads past the buffer";
+          ASSERT_LE(static_cast<size_t>(u + 1) * 16, stage.size());
+          std::memcpy(stage.data() + static_cast<size_t>(u) * 16,
+                      reinterpret_cast<const void*>(src), 16);
+        }
+      }
+      for (int r = 0; r < rows_here; ++r) {
+        const uintptr_t start = data + (row0 + r) * full_row + c0 * c.block_bytes;
+        const size_t off = q16::StagedRowOffset(r, upr, start);
+        ASSERT_LE(off + chunk_bytes, stage.size());
+        ASSERT_EQ(
+            0, std::memcmp(stage.data() + off, reinterpret_cast<const void*>(start), chunk_bytes))
+            << "row " << row0 + r << " chunk " << c0 << " blocks " << blocks;
+      }
+    }
+  }
+}
+
+TEST(Q16Stage, EveryBlockReadsBackItsBytes) {
+  const StageCase cases[] = {{18, 32, 4},   {20, 32, 4},   {34, 32, 4},
+                             {144, 256, 1}, {176, 256, 1}, {210, 256, 1}};
+  for (const StageCase& c : cases) {
+    const int64_t per_4096 = 4096 / c.values;
+    for (int64_t blocks : {int64_t{1}, int64_t{3}, per_4096 / 8 + 1, per_4096, 3 * per_4096 + 2}) {
+      for (int64_t rows : {1, 5, 37, 70}) {
+        for (size_t misalign : {size_t{0}, size_t{2}, size_t{4}, size_t{6}}) {
+          if (c.block_bytes % 4 == 0 && misalign % 4 != 0) continue;  // 4-byte aligned types
+          SCOPED_TRACE(::testing::Message() << "block " << c.block_bytes << " blocks " << blocks
+                                            << " rows " << rows << " misalign " << misalign);
+          ReplayStages(c, rows, blocks, 0, blocks, misalign);
+          ReplayStages(c, rows, blocks + 3, 2, blocks, misalign);  // a column slice
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
 
 // The launch-shape and scratch arithmetic the host side of the kernels uses.
 TEST(Q16Launch, LanesPerRowDependOnTheRowLengthOnly) {
