@@ -215,16 +215,20 @@ absl::Status CudaBackend::Add(float* y, const float* x, int64_t count) {
   return CudaAddInPlace(y, x, count, stream_);
 }
 
-// kQuantAct for the types it runs (the CPU's int16 activations) unless turned off, kFused
-// for the float types.
-CudaMatMulAlgo CudaBackend::AlgoFor(GgmlType type) const {
+// kQuantAct for the types it runs (the CPU's int16 activations), kStaged for F16 / BF16,
+// kFused for F32 — or kFused for everything when turned off.
+CudaMatMulAlgo CudaBackend::AlgoFor(const WeightView& w) const {
+  const GgmlType type = w.type;
   const bool quant = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 ||
                      type == GgmlType::kQ8_0 || IsKQuantType(type);
-  return quant && quant_act_ ? CudaMatMulAlgo::kQuantAct : CudaMatMulAlgo::kFused;
+  if (!quant_act_) return CudaMatMulAlgo::kFused;
+  if (quant) return CudaMatMulAlgo::kQuantAct;
+  const bool plain16 = type == GgmlType::kF16 || type == GgmlType::kBF16;
+  return plain16 && w.cols % 32 == 0 ? CudaMatMulAlgo::kStaged : CudaMatMulAlgo::kFused;
 }
 
 absl::Status CudaBackend::MatMul(const WeightView& w, const float* x, int64_t n, float* y) {
-  return CudaMatMul(mm_.get(), w, x, n, y, AlgoFor(w.type));
+  return CudaMatMul(mm_.get(), w, x, n, y, AlgoFor(w));
 }
 
 absl::Status CudaBackend::MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
@@ -232,14 +236,14 @@ absl::Status CudaBackend::MatMulShared(std::span<const WeightView> ws, const flo
   // One algorithm for the call: matrices of mixed types run one CudaMatMul each, each with
   // its own type's algorithm.
   for (const WeightView& w : ws) {
-    if (AlgoFor(w.type) != AlgoFor(ws[0].type)) {
+    if (AlgoFor(w) != AlgoFor(ws[0])) {
       for (size_t i = 0; i < ws.size(); ++i) {
         SPECNODE_RETURN_IF_ERROR(MatMul(ws[i], x, n, ys[i]));
       }
       return absl::OkStatus();
     }
   }
-  return CudaMatMulSharedInput(mm_.get(), ws, x, n, ys, AlgoFor(ws[0].type));
+  return CudaMatMulSharedInput(mm_.get(), ws, x, n, ys, AlgoFor(ws[0]));
 }
 
 absl::Status CudaBackend::RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,

@@ -1,6 +1,7 @@
 // CudaBackend: the Backend (model/backend.h) on one GPU — today's CUDA kernels behind the
 // ops of the one Llama graph (model/llama_forward.h): matmuls (cuda_matmul.h: kQuantAct
-// for Q4_0/Q4_1/Q8_0, kFused for float types; Q/K/V and gate/up in one launch each),
+// for Q4_0/Q4_1/Q8_0 and the K-quants, kStaged for F16/BF16, kFused for F32; Q/K/V and
+// gate/up in one launch each),
 // RMSNorm with the residual add fused in, the Q/K RoPE pair, SwiGLU, embedding rows
 // (cuda_ops.h, cuda_embedding.h). Every op is batch-invariant as on the CPU, so greedy speculation
 // equals plain decoding here too; results differ from the CPU reference within the tolerances
@@ -42,8 +43,9 @@ struct CudaBackendOptions {
   int device = 0;
   // Replay recurring pass shapes as CUDA graphs (see above).
   bool cuda_graphs = true;
-  // Quantised matmuls with int16 activations (CudaMatMulAlgo::kQuantAct); false runs
-  // kFused (f32 activations) instead, as does SPECNODE_CUDA_QUANT_ACT=0 in the environment:
+  // Quantised matmuls with int16 activations (CudaMatMulAlgo::kQuantAct, K-quants as
+  // stored) and F16/BF16 ones staged (kStaged); false runs kFused for every type (K-quants
+  // converted at upload), as does SPECNODE_CUDA_QUANT_ACT=0 in the environment:
   // for A/B measurements and diagnosis. Fixed for the backend's life, so a row's result
   // does not depend on the batch.
   bool quant_act = true;
@@ -139,7 +141,7 @@ class CudaBackend final : public Backend {
   // Grows `buf` to hold `bytes`, to a power of two so that a growing batch reallocates (and
   // invalidates captured graphs) only log(n) times; contents discarded when it grows.
   static absl::Status Ensure(DeviceBuffer& buf, size_t bytes);
-  CudaMatMulAlgo AlgoFor(GgmlType type) const;
+  CudaMatMulAlgo AlgoFor(const WeightView& w) const;
 
   int device_ = 0;
   std::string device_name_;

@@ -81,12 +81,25 @@ absl::Status ValidateArgs(const WeightView& w, const float* x, int64_t n, const 
 
 // What the algorithm needs beyond ValidateArgs: kQuantAct and kCublas a context and their
 // weight types.
-absl::Status CheckAlgo(CudaMatMulContext* ctx, const WeightView& w, CudaMatMulAlgo algo) {
+absl::Status CheckAlgo(CudaMatMulContext* ctx, const WeightView& w, const float* x,
+                       CudaMatMulAlgo algo) {
   if (algo == CudaMatMulAlgo::kFused) {
     if (IsComputeGgmlType(w.type)) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "CudaMatMul: kFused supports Q4_0, Q4_1, Q8_0, F16, BF16 and F32 weights, not ",
         TypeName(w.type), " (kQuantAct runs the K-quants)"));
+  }
+  if (algo == CudaMatMulAlgo::kStaged) {
+    if (w.type != GgmlType::kF16 && w.type != GgmlType::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CudaMatMul: kStaged supports F16 and BF16 weights, not ", TypeName(w.type)));
+    }
+    if (w.cols % 32 != 0 || (x != nullptr && !Aligned(x, 16))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CudaMatMul: kStaged needs cols a multiple of 32 (", w.cols,
+                       ") and x 16-byte aligned (rows of x are read as float4)"));
+    }
+    return absl::OkStatus();
   }
   const bool quant = algo == CudaMatMulAlgo::kQuantAct;
   const char* name = quant ? "kQuantAct" : "kCublas";
@@ -193,12 +206,18 @@ CudaMatMulContext::~CudaMatMulContext() {
 absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float* x, int64_t n,
                         float* y, CudaMatMulAlgo algo) {
   SPECNODE_RETURN_IF_ERROR(ValidateArgs(w, x, n, y));
-  SPECNODE_RETURN_IF_ERROR(CheckAlgo(ctx, w, algo));
+  SPECNODE_RETURN_IF_ERROR(CheckAlgo(ctx, w, x, algo));
   if (n == 0 || w.rows == 0) return absl::OkStatus();
   if (algo == CudaMatMulAlgo::kCublas) return CublasMatMul(*ctx, w, x, n, y);
   if (algo == CudaMatMulAlgo::kQuantAct) {
     const cuda_internal::FusedSegment one{w.data, w.row_stride, w.rows, y};
     return QuantActMatMul(*ctx, w.type, &one, 1, w.cols, x, n);
+  }
+  if (algo == CudaMatMulAlgo::kStaged) {
+    const cuda_internal::FusedSegment one{w.data, w.row_stride, w.rows, y};
+    SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchStaged16(
+        w.type, &one, 1, w.cols, x, n, ctx != nullptr ? ctx->stream() : nullptr));
+    return absl::OkStatus();
   }
   SPECNODE_CUDA_RETURN_IF_ERROR(
       cuda_internal::LaunchFusedMatMul(w.type, w.data, w.row_stride, w.rows, w.cols, x, n, y,
@@ -222,7 +241,7 @@ absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const Weigh
           absl::StrCat("CudaMatMulSharedInput: cols ", ws[i].cols, " != ", ws[0].cols));
     }
     SPECNODE_RETURN_IF_ERROR(ValidateArgs(ws[i], x, n, ys[i]));
-    SPECNODE_RETURN_IF_ERROR(CheckAlgo(ctx, ws[i], algo));
+    SPECNODE_RETURN_IF_ERROR(CheckAlgo(ctx, ws[i], x, algo));
     same_type = same_type && ws[i].type == ws[0].type;
   }
   if (n == 0) return absl::OkStatus();
@@ -242,6 +261,11 @@ absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const Weigh
   if (count == 0) return absl::OkStatus();
   if (algo == CudaMatMulAlgo::kQuantAct) {
     return QuantActMatMul(*ctx, ws[0].type, segs, count, ws[0].cols, x, n);
+  }
+  if (algo == CudaMatMulAlgo::kStaged) {
+    SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchStaged16(
+        ws[0].type, segs, count, ws[0].cols, x, n, ctx != nullptr ? ctx->stream() : nullptr));
+    return absl::OkStatus();
   }
   SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchFusedMatMulSegments(
       ws[0].type, segs, count, ws[0].cols, x, n, ctx != nullptr ? ctx->stream() : nullptr));

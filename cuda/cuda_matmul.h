@@ -25,13 +25,16 @@
 //     their block terms are added. Batch-invariant as kFused. Needs a CudaMatMulContext
 //     (the int16 activations live in its scratch; see ReserveQuantActs). What CudaBackend
 //     runs for quantised weights.
+//   kStaged: F16 and BF16 only: rows staged through shared memory as kQuantAct stages them,
+//     each lane's values multiplied by the f32 activations with fmaf in order (no
+//     rounding of x); batch-invariant. What CudaBackend runs for 16-bit float weights.
 //   kCublas: cublasGemmEx, for plain types only (F32, F16, BF16), meant for prefill. F16 and
 //     BF16 W need x rounded to that type first (cuBLAS has no mixed f16 x f32 GEMM), which
 //     costs precision (≈2^-11 resp. 2^-8 relative per product); accumulation is f32. NOT
 //     batch-invariant (cuBLAS picks kernels by shape). Needs a CudaMatMulContext.
 //
-// Alignment (checked; InvalidArgument otherwise): x 16-byte aligned for quantised W (rows of
-// x are read as float4), 4-byte otherwise; y 4-byte; W data and row_stride a multiple of 4
+// Alignment (checked; InvalidArgument otherwise): x 16-byte aligned for quantised W and for
+// kStaged (rows of x are read as 16-byte vectors), 4-byte otherwise; y 4-byte; W data and row_stride a multiple of 4
 // for Q4_1 and F32, of 2 for the other types. cudaMalloc'd buffers and whole-block
 // column slices of ggml rows always satisfy this.
 //
@@ -58,7 +61,8 @@ namespace specnode {
 
 enum class CudaMatMulAlgo {
   kFused,     // own kernels, every supported type, batch-invariant
-  kQuantAct,  // int16 activations x Q4_0/Q4_1/Q8_0, batch-invariant
+  kQuantAct,  // int16 activations x Q4_0/Q4_1/Q8_0/K-quants, batch-invariant
+  kStaged,    // F16/BF16 rows staged as kQuantAct's, f32 activations, batch-invariant
   kCublas,    // cublasGemmEx, F32/F16/BF16 only
 };
 

@@ -61,6 +61,7 @@ __device__ __forceinline__ uint32_t WordOfHalves(const uint8_t* p) {
 // Each weight type: kBytes per block, kWords quant words, Load(block in shared memory) ->
 // quant words, scale d, min m; Dot(quant words, activation words) -> the integer sum.
 struct Q4_0 {
+  static constexpr bool kPlain = false;
   static constexpr int kValues = 32;  // values per block
   static constexpr int kPerLane = 4;  // blocks a lane dots per stage
   static constexpr bool kSuper = false;
@@ -79,6 +80,7 @@ struct Q4_0 {
 };
 
 struct Q4_1 {
+  static constexpr bool kPlain = false;
   static constexpr int kValues = 32;  // values per block
   static constexpr int kPerLane = 4;  // blocks a lane dots per stage
   static constexpr bool kSuper = false;
@@ -97,6 +99,7 @@ struct Q4_1 {
 };
 
 struct Q8_0 {
+  static constexpr bool kPlain = false;
   static constexpr int kValues = 32;  // values per block
   static constexpr int kPerLane = 4;  // blocks a lane dots per stage
   static constexpr bool kSuper = false;
@@ -120,12 +123,32 @@ struct KQuant {
   static constexpr int kValues = 256;
   static constexpr int kPerLane = 1;
   static constexpr bool kSuper = true;
+  static constexpr bool kPlain = false;
   static constexpr bool kHasMin = false;
   static constexpr int kType = kTypeValue;
 };
 using Q4_K = KQuant<12, 144>;
 using Q5_K = KQuant<13, 176>;
 using Q6_K = KQuant<14, 210>;
+
+// F16 / BF16 rows, staged the same way, multiplied by f32 activations (CudaMatMulAlgo::
+// kStaged): a "block" is 32 values (64 bytes), read from the stage as 16-bit words (rows
+// keep only 2-byte alignment).
+template <bool kBf16>
+struct Plain16 {
+  static constexpr int kBytes = 64;
+  static constexpr int kValues = 32;
+  static constexpr int kPerLane = 2;  // a 16 KB stage: 4 would spill registers
+  static constexpr bool kSuper = false;
+  static constexpr bool kPlain = true;
+  static constexpr bool kHasMin = false;
+  __device__ static float ToFloat(unsigned short v) {
+    return kBf16 ? __uint_as_float(static_cast<unsigned int>(v) << 16)
+                 : __half2float(__ushort_as_half(v));
+  }
+};
+using F16 = Plain16<false>;
+using BF16 = Plain16<true>;
 
 // The 16-byte units of one stage (q16_stage.h) and the loads per thread.
 template <typename Q>
@@ -247,6 +270,40 @@ __device__ __forceinline__ void SuperBlocks(const uint8_t* srow, int lane, int l
   }
 }
 
+// A lane's 16-bit blocks of the staged chunk dotted with the tile's f32 activations, value
+// by value in order (fmaf), block by block.
+template <typename Q>
+__device__ __forceinline__ void PlainBlocks(const uint8_t* srow, int lane, int lanes, int cb,
+                                            int64_t c0, int64_t cols, int64_t t0, int nt,
+                                            const float* __restrict__ xf, float (&acc)[kTile]) {
+#pragma unroll
+  for (int i = 0; i < Q::kPerLane; ++i) {
+    const int b = lane + i * lanes;
+    if (b >= cb) break;
+    const auto* wv = reinterpret_cast<const unsigned short*>(srow + b * Q::kBytes);
+    float w[32];
+#pragma unroll
+    for (int k = 0; k < 32; ++k) w[k] = Q::ToFloat(wv[k]);
+    const int64_t col = (c0 + b) * 32;
+#pragma unroll
+    for (int t = 0; t < kTile; ++t) {
+      if (t < nt) {
+        const float4* xv = reinterpret_cast<const float4*>(xf + (t0 + t) * cols + col);
+        float a = acc[t];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float4 q = __ldg(xv + k);
+          a = fmaf(w[4 * k], q.x, a);
+          a = fmaf(w[4 * k + 1], q.y, a);
+          a = fmaf(w[4 * k + 2], q.z, a);
+          a = fmaf(w[4 * k + 3], q.w, a);
+        }
+        acc[t] = a;
+      }
+    }
+  }
+}
+
 // Thread block (blockIdx.x: a slab of rows; blockIdx.y: token tiles blockIdx.y *
 // tiles_per_block + k). With tiles_per_block > 1 (a decode or verification pass whose rows
 // fit one stage) the slab is staged once and every tile reuses it; otherwise each tile
@@ -255,7 +312,8 @@ template <typename Q>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     Q16MatVecKernel(const Segments segs, int64_t cols, int lanes_log2,
                     const int16_t* __restrict__ xq, const float* __restrict__ xd,
-                    const float* __restrict__ xs, int64_t n, int tiles_per_block) {
+                    const float* __restrict__ xs, const float* __restrict__ xf, int64_t n,
+                    int tiles_per_block) {
   __shared__ __align__(16) uint8_t stage[StageShape<Q>::kUnits * 16];
   const int lanes = 1 << lanes_log2;
   const int rows_per_block = kThreads >> lanes_log2;
@@ -289,7 +347,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         const uintptr_t start = reinterpret_cast<uintptr_t>(slab.w + row * slab.row_stride +
                                                             static_cast<size_t>(c0) * Q::kBytes);
         const uint8_t* srow = stage + q16::StagedRowOffset(local_row, upr, start);
-        if constexpr (Q::kSuper) {
+        if constexpr (Q::kPlain) {
+          PlainBlocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xf, acc);
+        } else if constexpr (Q::kSuper) {
           SuperBlocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xq, xd, xs, acc);
         } else {
           Blocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xq, xd, xs, acc, acc_min);
@@ -333,11 +393,38 @@ __global__ void QuantizeActs16Kernel(const float* __restrict__ x, int64_t n_bloc
   }
 }
 
+// One launch's shape: lanes per row, its log2, the segment table and grid (token tiles
+// spread over grid.y, or looped inside a block: tiles_per_block).
+struct StagedLaunch {
+  int lanes_log2 = 0;
+  int tiles_per_block = 1;
+  Segments segs{};
+  dim3 grid;
+};
+
+StagedLaunch PlanLaunch(int per_lane, int64_t n_blocks, const FusedSegment* segments, int count,
+                        int64_t n) {
+  StagedLaunch l;
+  const int lanes = Q16LanesPerRow(n_blocks, per_lane);
+  while ((1 << l.lanes_log2) < lanes) ++l.lanes_log2;
+  unsigned blocks = 0;
+  l.segs = MakeSegmentTable(segments, count, kThreads / lanes, &blocks);
+  // Decode and verification passes (n <= kQ16StagedTokens) over rows that fit one stage
+  // reuse the staged rows for every token tile; larger passes spread tiles over blocks.
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  const bool one_chunk = n_blocks <= per_lane * lanes;
+  l.tiles_per_block = one_chunk && n <= kQ16StagedTokens ? static_cast<int>(tiles) : 1;
+  l.grid = dim3(blocks, static_cast<unsigned>((tiles + l.tiles_per_block - 1) / l.tiles_per_block));
+  return l;
+}
+
 template <typename Q>
-void Launch(const dim3& grid, const Segments& segs, int64_t cols, int lanes_log2,
-            const Q16Acts& acts, int64_t n, int tiles_per_block, cudaStream_t stream) {
-  Q16MatVecKernel<Q><<<grid, kThreads, 0, stream>>>(segs, cols, lanes_log2, acts.qs, acts.d, acts.s,
-                                                    n, tiles_per_block);
+void Launch(const StagedLaunch& l, int64_t cols, const Q16Acts* acts, const float* xf, int64_t n,
+            cudaStream_t stream) {
+  Q16MatVecKernel<Q><<<l.grid, kThreads, 0, stream>>>(
+      l.segs, cols, l.lanes_log2, acts != nullptr ? acts->qs : nullptr,
+      acts != nullptr ? acts->d : nullptr, acts != nullptr ? acts->s : nullptr, xf, n,
+      l.tiles_per_block);
 }
 
 size_t Align16(size_t v) { return (v + 15) & ~size_t{15}; }
@@ -398,38 +485,45 @@ cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int cou
     return cudaErrorInvalidValue;
   }
   const bool super = type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
-  const int per_lane = super ? 1 : 4;  // each type's kPerLane
-  const int64_t n_blocks = cols / (super ? 256 : 32);
-  const int lanes = Q16LanesPerRow(n_blocks, per_lane);
-  int lanes_log2 = 0;
-  while ((1 << lanes_log2) < lanes) ++lanes_log2;
-  const int rows_per_block = kThreads / lanes;
-  unsigned blocks = 0;
-  const Segments segs = MakeSegmentTable(segments, count, rows_per_block, &blocks);
-  // Decode and verification passes (n <= kQ16StagedTokens) over rows that fit one stage
-  // reuse the staged rows for every token tile; larger passes spread tiles over blocks.
-  const int64_t tiles = (n + kTile - 1) / kTile;
-  const bool one_chunk = n_blocks <= per_lane * lanes;
-  const int per_block = one_chunk && n <= kQ16StagedTokens ? static_cast<int>(tiles) : 1;
-  const dim3 grid(blocks, static_cast<unsigned>((tiles + per_block - 1) / per_block));
+  const StagedLaunch l =
+      PlanLaunch(super ? 1 : 4, cols / (super ? 256 : 32), segments, count, n);  // kPerLane
   switch (type) {
     case GgmlType::kQ4_0:
-      Launch<Q4_0>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      Launch<Q4_0>(l, cols, &acts, nullptr, n, stream);
       break;
     case GgmlType::kQ4_1:
-      Launch<Q4_1>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      Launch<Q4_1>(l, cols, &acts, nullptr, n, stream);
       break;
     case GgmlType::kQ8_0:
-      Launch<Q8_0>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      Launch<Q8_0>(l, cols, &acts, nullptr, n, stream);
       break;
     case GgmlType::kQ4_K:
-      Launch<Q4_K>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      Launch<Q4_K>(l, cols, &acts, nullptr, n, stream);
       break;
     case GgmlType::kQ5_K:
-      Launch<Q5_K>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      Launch<Q5_K>(l, cols, &acts, nullptr, n, stream);
       break;
     case GgmlType::kQ6_K:
-      Launch<Q6_K>(grid, segs, cols, lanes_log2, acts, n, per_block, stream);
+      Launch<Q6_K>(l, cols, &acts, nullptr, n, stream);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchStaged16(GgmlType type, const FusedSegment* segments, int count, int64_t cols,
+                           const float* x, int64_t n, cudaStream_t stream) {
+  if (count < 1 || count > kFusedMaxSegments || n < 1 || n > kQ16MaxTokens) {
+    return cudaErrorInvalidValue;
+  }
+  const StagedLaunch l = PlanLaunch(F16::kPerLane, cols / 32, segments, count, n);
+  switch (type) {
+    case GgmlType::kF16:
+      Launch<F16>(l, cols, nullptr, x, n, stream);
+      break;
+    case GgmlType::kBF16:
+      Launch<BF16>(l, cols, nullptr, x, n, stream);
       break;
     default:
       return cudaErrorInvalidValue;

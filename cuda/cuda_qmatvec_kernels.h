@@ -56,6 +56,12 @@ cudaError_t LaunchQuantizeActs16(const float* x, int64_t n, int64_t cols, const 
 cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int count, int64_t cols,
                             const Q16Acts& acts, int64_t n, cudaStream_t stream);
 
+// segments[i].y [n, rows_i] = x · W_iᵀ for F16 / BF16 matrices (CudaMatMulAlgo::kStaged):
+// the same staging, with f32 activations x [n, cols] (16-byte aligned; cols a multiple of
+// 32), each row's values summed by fmaf in order within a lane's blocks.
+cudaError_t LaunchStaged16(GgmlType type, const FusedSegment* segments, int count, int64_t cols,
+                           const float* x, int64_t n, cudaStream_t stream);
+
 // Lanes that dot one row (4, 8, 16 or 32) for rows of `blocks` blocks (32 values; 256 for
 // the K-quants), `per_lane` blocks a lane per stage (4; 1 for the K-quants): the fewest that
 // cover the row in one stage, at most 32. Fixed by the row length alone.

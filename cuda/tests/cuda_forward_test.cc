@@ -336,7 +336,8 @@ TEST_P(CudaForwardTest, FailedPassChangesNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaForwardTest,
-                         ::testing::Values(GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_1),
+                         ::testing::Values(GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_1,
+                                           GgmlType::kF16, GgmlType::kBF16),
                          [](const auto& info) {
                            return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
                          });

@@ -290,6 +290,13 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, CudaSharedInputTest,
                            return Name(info.param);
                          });
 
+// The staged algorithm for a type: kStaged for F16 / BF16 (f32 activations, tolerance as
+// kFused), kQuantAct for the quantised types.
+CudaMatMulAlgo StagedAlgo(GgmlType t) {
+  return t == GgmlType::kF16 || t == GgmlType::kBF16 ? CudaMatMulAlgo::kStaged
+                                                     : CudaMatMulAlgo::kQuantAct;
+}
+
 absl::StatusOr<std::unique_ptr<CudaMatMulContext>> NewContext() {
   return CudaMatMulContext::Create(nullptr);
 }
@@ -322,8 +329,9 @@ TEST_P(CudaQuantActMatMulTest, MatchesReferenceAndTheCpu) {
   MatMul(p.host.view, p.x.data(), 40, cpu.data(), nullptr, &scratch, ActQuant::kInt16);
   // 17: three tiles from one staging (n <= 32); 40: tiles spread over thread blocks.
   for (int64_t n : {1, 8, 9, 17, 40}) {
-    ExpectMatchesReference(ctx->get(), p, n, CudaMatMulAlgo::kQuantAct, 1e-4);
-    ExpectMatchesReference(ctx->get(), p, n, CudaMatMulAlgo::kQuantAct, 1e-5, &cpu);
+    const CudaMatMulAlgo algo = StagedAlgo(type);
+    ExpectMatchesReference(ctx->get(), p, n, algo, algo == CudaMatMulAlgo::kStaged ? 2e-5 : 1e-4);
+    ExpectMatchesReference(ctx->get(), p, n, algo, 1e-5, &cpu);
   }
 }
 
@@ -339,6 +347,12 @@ INSTANTIATE_TEST_SUITE_P(KQuants, CudaQuantActMatMulTest,
                          ::testing::Combine(::testing::Values(GgmlType::kQ4_K, GgmlType::kQ5_K,
                                                               GgmlType::kQ6_K),
                                             ::testing::ValuesIn(kKQuantShapes)),
+                         ParamName);
+
+// F16 / BF16 under kStaged (rows staged as kQuantAct's, f32 activations).
+INSTANTIATE_TEST_SUITE_P(Plain16, CudaQuantActMatMulTest,
+                         ::testing::Combine(::testing::Values(GgmlType::kF16, GgmlType::kBF16),
+                                            ::testing::ValuesIn(kQuantActShapes)),
                          ParamName);
 
 INSTANTIATE_TEST_SUITE_P(QuantTypes, CudaQuantActMatMulTest,
@@ -359,7 +373,7 @@ TEST_P(CudaQuantActInvarianceTest, BatchInvariant) {
   Problem p;
   SPECNODE_ASSERT_OK(MakeProblem(type, shape, 16, &p));
   const int64_t rows = shape.rows, cols = shape.cols;
-  const auto algo = CudaMatMulAlgo::kQuantAct;
+  const auto algo = StagedAlgo(type);
   const float* x = p.x_dev.as<float>();
   SPECNODE_ASSERT_OK(CudaMatMul(ctx->get(), p.view_dev, x, 16, p.y_dev.as<float>(), algo));
   absl::StatusOr<std::vector<float>> batch = Download<float>(p.y_dev, 16 * rows);
@@ -394,6 +408,13 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{"down_70x14336", 70, 14336, 14336, 0})),
     ParamName);
 
+INSTANTIATE_TEST_SUITE_P(
+    Plain16, CudaQuantActInvarianceTest,
+    ::testing::Combine(::testing::Values(GgmlType::kF16, GgmlType::kBF16),
+                       ::testing::Values(Shape{"up_1536x576", 1536, 576, 576, 0},
+                                         Shape{"down_70x14336", 70, 14336, 14336, 0})),
+    ParamName);
+
 class CudaQuantActSharedTest : public CudaTestWithParam<GgmlType> {};
 
 // Q/K/V-like matrices in one kQuantAct launch equal one kQuantAct CudaMatMul each.
@@ -401,7 +422,7 @@ TEST_P(CudaQuantActSharedTest, OneLaunchEqualsSeparateCalls) {
   const GgmlType type = GetParam();
   absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = NewContext();
   ASSERT_TRUE(ctx.ok()) << ctx.status();
-  const auto algo = CudaMatMulAlgo::kQuantAct;
+  const auto algo = StagedAlgo(type);
   const Shape shapes[] = {{"q", 576, 576, 576, 0}, {"k", 190, 576, 576, 0}, {"v", 5, 576, 576, 0}};
   Problem p[3];
   for (int i = 0; i < 3; ++i) SPECNODE_ASSERT_OK(MakeProblem(type, shapes[i], 17, &p[i]));
@@ -427,7 +448,8 @@ TEST_P(CudaQuantActSharedTest, OneLaunchEqualsSeparateCalls) {
 }
 
 INSTANTIATE_TEST_SUITE_P(QuantTypes, CudaQuantActSharedTest,
-                         ::testing::Values(GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0),
+                         ::testing::Values(GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0,
+                                           GgmlType::kF16, GgmlType::kBF16),
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return Name(info.param);
                          });
@@ -505,6 +527,10 @@ TEST(CudaMatMulArgs, RejectsBadArgumentsBeforeTouchingTheDevice) {
   EXPECT_EQ(code(CudaMatMulSharedInput(nullptr, std::span<const WeightView>(&q41, 1), one_x, 1,
                                        one_y, CudaMatMulAlgo::kQuantAct)),
             kInvalid);
+  // kStaged: F16 / BF16 only, whole 32-value blocks.
+  EXPECT_EQ(code(CudaMatMul(nullptr, q41, fake, 1, fake, CudaMatMulAlgo::kStaged)), kInvalid);
+  const WeightView f16_48{GgmlType::kF16, fake, 4, 48, GgmlRowBytes(GgmlType::kF16, 48)};
+  EXPECT_EQ(code(CudaMatMul(nullptr, f16_48, fake, 1, fake, CudaMatMulAlgo::kStaged)), kInvalid);
   // K-quants run under kQuantAct only.
   const WeightView q4k{GgmlType::kQ4_K, fake, 4, 256, GgmlRowBytes(GgmlType::kQ4_K, 256)};
   EXPECT_EQ(code(CudaMatMul(nullptr, q4k, fake, 1, fake)), kInvalid);

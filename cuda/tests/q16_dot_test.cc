@@ -298,9 +298,10 @@ INSTANTIATE_TEST_SUITE_P(KQuants, Q16KQuantTest,
 
 // The staging of Q16MatVecKernel replayed on the host (q16_stage.h): every thread's 16-byte
 // copies into a stage of StageUnits bytes, then every lane's reads of its blocks, for
-// each type's block size, row lengths that take one stage or several, column slices and
-// data 2 or 4 bytes past a 16-byte boundary. Each block must read back the bytes of global
-// memory, every copy must stay inside the stage and inside the (16-byte padded) buffer.
+// each type's block size (F16 / BF16's 64-byte blocks too), row lengths that take one stage or
+// several, column slices and data 2 or 4 bytes past a 16-byte boundary. Each block must read back
+// the bytes of global memory, every copy must stay inside the stage and inside the (16-byte padded)
+// buffer.
 struct StageCase {
   int block_bytes, values, per_lane;
 };
@@ -358,14 +359,16 @@ void ReplayStages(const StageCase& c, int64_t rows, int64_t full_blocks, int64_t
 }
 
 TEST(Q16Stage, EveryBlockReadsBackItsBytes) {
-  const StageCase cases[] = {{18, 32, 4},   {20, 32, 4},   {34, 32, 4},
+  const StageCase cases[] = {{18, 32, 4},   {20, 32, 4},   {34, 32, 4},  {64, 32, 2},
                              {144, 256, 1}, {176, 256, 1}, {210, 256, 1}};
   for (const StageCase& c : cases) {
     const int64_t per_4096 = 4096 / c.values;
     for (int64_t blocks : {int64_t{1}, int64_t{3}, per_4096 / 8 + 1, per_4096, 3 * per_4096 + 2}) {
       for (int64_t rows : {1, 5, 37, 70}) {
         for (size_t misalign : {size_t{0}, size_t{2}, size_t{4}, size_t{6}}) {
-          if (c.block_bytes % 4 == 0 && misalign % 4 != 0) continue;  // 4-byte aligned types
+          // Q4_1 and the 4-byte K-quant blocks are 4-byte aligned; the rest 2.
+          const bool four = c.block_bytes == 20 || c.block_bytes == 144 || c.block_bytes == 176;
+          if (four && misalign % 4 != 0) continue;
           SCOPED_TRACE(::testing::Message() << "block " << c.block_bytes << " blocks " << blocks
                                             << " rows " << rows << " misalign " << misalign);
           ReplayStages(c, rows, blocks, 0, blocks, misalign);
