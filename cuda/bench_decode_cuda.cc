@@ -7,8 +7,9 @@
 // Each shape cycles through enough copies of its weights (>= 256 MiB) that every call reads
 // them from DRAM, as a decode step of a real model does, not from the 50 MB L2.
 // Built as a target only (scripts/device-check runs it); ctest never does.
-// K-quants run kQuantAct only (fused: 0) at the shapes of whole 256-value super-blocks.
-// Usage: bench_decode_cuda [iterations=100] [types=Q4_0,Q4_1,Q8_0,Q4_K,Q6_K]
+// K-quants run kQuantAct only (fused: 0) at the shapes of whole 256-value super-blocks;
+// F16 / BF16 compare kFused with kStaged (the "quant-act" columns).
+// Usage: bench_decode_cuda [iterations=100] [types=Q4_0,Q4_1,Q8_0,Q4_K,Q6_K,BF16]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -126,7 +127,10 @@ absl::Status RunShape(Timer& timer, CudaMatMulContext& ctx, GgmlType type, const
   const size_t row_bytes = GgmlRowBytes(type, s.cols);
   for (int64_t n : kNs) {
     double us[2] = {0.0, 0.0};
-    const CudaMatMulAlgo algos[2] = {CudaMatMulAlgo::kFused, CudaMatMulAlgo::kQuantAct};
+    // The staged algorithm: kStaged for 16-bit floats, kQuantAct for the quantised types.
+    const bool plain16 = type == GgmlType::kF16 || type == GgmlType::kBF16;
+    const CudaMatMulAlgo algos[2] = {CudaMatMulAlgo::kFused,
+                                     plain16 ? CudaMatMulAlgo::kStaged : CudaMatMulAlgo::kQuantAct};
     // kFused has no K-quant kernel (they were converted at upload before kQuantAct).
     for (int a = IsKQuantType(type) ? 1 : 0; a < 2; ++a) {
       SPECNODE_ASSIGN_OR_RETURN(us[a], timer.Time(ctx.stream(), iterations, [&](int i) {
@@ -157,6 +161,10 @@ bool ParseTypes(const std::string& list, std::vector<GgmlType>* out) {
       out->push_back(GgmlType::kQ4_1);
     } else if (t == "Q8_0") {
       out->push_back(GgmlType::kQ8_0);
+    } else if (t == "F16") {
+      out->push_back(GgmlType::kF16);
+    } else if (t == "BF16") {
+      out->push_back(GgmlType::kBF16);
     } else if (t == "Q4_K") {
       out->push_back(GgmlType::kQ4_K);
     } else if (t == "Q5_K") {
@@ -173,8 +181,9 @@ bool ParseTypes(const std::string& list, std::vector<GgmlType>* out) {
 int Main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 100;
   std::vector<GgmlType> types;
-  if (!ParseTypes(argc > 2 ? argv[2] : "Q4_0,Q4_1,Q8_0,Q4_K,Q6_K", &types)) {
-    std::fprintf(stderr, "types: a comma-separated list of Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K\n");
+  if (!ParseTypes(argc > 2 ? argv[2] : "Q4_0,Q4_1,Q8_0,Q4_K,Q6_K,BF16", &types)) {
+    std::fprintf(
+        stderr, "types: a comma-separated list of Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16\n");
     return 2;
   }
   absl::StatusOr<int> devices = CudaDeviceCount();
