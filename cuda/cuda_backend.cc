@@ -164,6 +164,7 @@ absl::Status CudaBackend::BeginPass(std::span<const int32_t> ids,
   if (ids.size() != positions.size()) {
     return absl::InvalidArgumentError("CudaBackend::BeginPass: ids and positions differ in length");
   }
+  ForgetQ16();
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   rows_ = static_cast<int64_t>(ids.size());
   // First in the step's tables, so that their offsets depend on the rows only (a recorded
@@ -182,36 +183,62 @@ absl::Status CudaBackend::BeginPass(std::span<const int32_t> ids,
   return absl::OkStatus();
 }
 
+const cuda_internal::Q16Acts* CudaBackend::ProduceQ16(const float* y, int64_t values,
+                                                      int64_t row_len) {
+  q16_of_ = nullptr;
+  if (!quant_act_ || row_len % 32 != 0 || values <= 0 || values % 32 != 0) return nullptr;
+  // n x row_len values lay out as 1 x values (Q16ActsAt depends on the product only).
+  if (!mm_->ReserveQuantActs(1, values).ok()) return nullptr;  // the matmul rounds x then
+  q16_acts_ = cuda_internal::Q16ActsAt(const_cast<void*>(mm_->quant_acts()), 1, values);
+  q16_of_ = y;
+  q16_values_ = values;
+  return &q16_acts_;
+}
+
+bool CudaBackend::TakeQ16(const float* x, int64_t values) {
+  const bool ready = q16_of_ != nullptr && q16_of_ == x && q16_values_ == values;
+  q16_of_ = nullptr;
+  return ready;
+}
+
 absl::Status CudaBackend::EmbeddingRows(const WeightView& table, float* out) {
+  ForgetQ16();
   SPECNODE_RETURN_IF_ERROR(UploadTables());
   return CudaEmbeddingRows(table, tables_.device(ids_), rows_, out, stream_);
 }
 
 absl::Status CudaBackend::RmsNorm(const float* x, const float* weight, int64_t n, int dim,
                                   float eps, float* y) {
-  return CudaRmsNorm(x, weight, n, dim, eps, y, stream_);
+  return CudaRmsNorm(x, weight, n, dim, eps, y, stream_, ProduceQ16(y, n * dim, dim));
 }
 
 absl::Status CudaBackend::AddRmsNorm(float* x, const float* h, const float* weight, int64_t n,
                                      int dim, float eps, float* y) {
-  return CudaAddRmsNorm(x, h, weight, n, dim, eps, y, stream_);
+  return CudaAddRmsNorm(x, h, weight, n, dim, eps, y, stream_, ProduceQ16(y, n * dim, dim));
 }
 
 absl::Status CudaBackend::RmsNormRows(const float* x, std::span<const int64_t> rows,
                                       const float* weight, int dim, float eps, float* y) {
-  // One launch per run of consecutive rows (a decode batch or a verification pass is one).
+  // One launch per run of consecutive rows (a decode batch or a verification pass is one);
+  // output row r's int16 blocks at r's place in the scratch.
   const int64_t n = static_cast<int64_t>(rows.size());
+  const cuda_internal::Q16Acts* all = ProduceQ16(y, n * dim, dim);
   for (int64_t r = 0; r < n;) {
     int64_t run = 1;
     while (r + run < n && rows[r + run] == rows[r] + run) ++run;
-    SPECNODE_RETURN_IF_ERROR(
-        CudaRmsNorm(x + rows[r] * dim, weight, run, dim, eps, y + r * dim, stream_));
+    cuda_internal::Q16Acts part{};
+    if (all != nullptr) {
+      part = {all->qs + r * dim, all->d + r * dim / 32, all->s + r * dim / 32};
+    }
+    SPECNODE_RETURN_IF_ERROR(CudaRmsNorm(x + rows[r] * dim, weight, run, dim, eps, y + r * dim,
+                                         stream_, all != nullptr ? &part : nullptr));
     r += run;
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Add(float* y, const float* x, int64_t count) {
+  ForgetQ16();
   return CudaAddInPlace(y, x, count, stream_);
 }
 
@@ -228,27 +255,33 @@ CudaMatMulAlgo CudaBackend::AlgoFor(const WeightView& w) const {
 }
 
 absl::Status CudaBackend::MatMul(const WeightView& w, const float* x, int64_t n, float* y) {
-  return CudaMatMul(mm_.get(), w, x, n, y, AlgoFor(w));
+  const CudaMatMulAlgo algo = AlgoFor(w);
+  const bool ready = TakeQ16(x, n * w.cols) && algo == CudaMatMulAlgo::kQuantAct;
+  return CudaMatMul(mm_.get(), w, x, n, y, algo, ready);
 }
 
 absl::Status CudaBackend::MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
                                        std::span<float* const> ys) {
   // One algorithm for the call: matrices of mixed types run one CudaMatMul each, each with
-  // its own type's algorithm.
+  // its own type's algorithm (x rounded by each kQuantAct call itself).
+  const bool ready = !ws.empty() && TakeQ16(x, n * ws[0].cols);
   for (const WeightView& w : ws) {
     if (AlgoFor(w) != AlgoFor(ws[0])) {
       for (size_t i = 0; i < ws.size(); ++i) {
-        SPECNODE_RETURN_IF_ERROR(MatMul(ws[i], x, n, ys[i]));
+        SPECNODE_RETURN_IF_ERROR(CudaMatMul(mm_.get(), ws[i], x, n, ys[i], AlgoFor(ws[i])));
       }
       return absl::OkStatus();
     }
   }
-  return CudaMatMulSharedInput(mm_.get(), ws, x, n, ys, AlgoFor(ws[0]));
+  const CudaMatMulAlgo algo = AlgoFor(ws[0]);
+  return CudaMatMulSharedInput(mm_.get(), ws, x, n, ys, algo,
+                               ready && algo == CudaMatMulAlgo::kQuantAct);
 }
 
 absl::Status CudaBackend::RopePair(float* q, float* k, int64_t n, int n_heads, int n_kv_heads,
                                    int head_dim, int rope_dim, float base, RopeMode mode,
                                    const float* freq_factors) {
+  ForgetQ16();
   if (n != rows_) {
     return absl::InvalidArgumentError("CudaBackend::RopePair: n is not the pass's row count");
   }
@@ -272,7 +305,9 @@ absl::Status CudaBackend::AddBias(float* y, const float* bias, int64_t n, int di
 }
 
 absl::Status CudaBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
-  return CudaSwiGlu(gate, up, count, out, stream_);
+  // The down projection's input: blocks of 32 consecutive values stay inside its rows when
+  // d_ff is a multiple of 32 (its matmul takes them only if n x cols == count).
+  return CudaSwiGlu(gate, up, count, out, stream_, ProduceQ16(out, count, 32));
 }
 
 absl::Status CudaBackend::GeGlu(const float* gate, const float* up, int64_t count, float* out) {
@@ -284,6 +319,7 @@ absl::Status CudaBackend::Scale(float* x, int64_t count, float s) {
 }
 
 absl::Status CudaBackend::AllReduce(PartialSumReducer* reducer, float* data, int64_t count) {
+  ForgetQ16();
   if (reducer == nullptr) return absl::OkStatus();
   // The reducer runs on its own stream and returns when the sum is in place: the partial
   // sums must be complete first, and later kernels on stream_ start after it returned.
@@ -298,6 +334,7 @@ absl::StatusOr<float*> CudaBackend::LogitsBuffer(int64_t floats, std::vector<flo
 
 absl::Status CudaBackend::FinishLogits(const float* logits, int64_t floats,
                                        std::vector<float>* host) {
+  ForgetQ16();
   host->resize(static_cast<size_t>(floats));
   if (floats > 0) {
     SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host->data(), logits, floats * sizeof(float),

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "cuda/cuda_graph_cache.h"
 #include "cuda/cuda_matmul.h"
+#include "cuda/cuda_qmatvec_kernels.h"
 #include "cuda/device_buffer.h"
 #include "model/llama/backend.h"
 
@@ -143,6 +144,17 @@ class CudaBackend final : public Backend {
   static absl::Status Ensure(DeviceBuffer& buf, size_t bytes);
   CudaMatMulAlgo AlgoFor(const WeightView& w) const;
 
+  // The hand-off of int16 activations from a producer to the next matmul: a norm or SwiGLU
+  // (ProduceQ16) also writes its output y, `values` floats in rows of `row_len`, rounded to
+  // int16 blocks into the matmul scratch, and notes it; the matmul that comes next
+  // (TakeQ16: the very next backend call, on x == y with n x cols == values) skips its own
+  // rounding. Every other backend call forgets it (ForgetQ16), so no op can change y in
+  // between; the KV page pool's calls come between RopePair and the output projection only.
+  // Null (nothing produced) when kQuantAct is off or the rows are not whole blocks.
+  const cuda_internal::Q16Acts* ProduceQ16(const float* y, int64_t values, int64_t row_len);
+  bool TakeQ16(const float* x, int64_t values);
+  void ForgetQ16() { q16_of_ = nullptr; }
+
   int device_ = 0;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
@@ -155,6 +167,9 @@ class CudaBackend final : public Backend {
   int64_t rows_ = 0;
   int64_t weight_bytes_ = 0;
   bool quant_act_ = true;
+  const float* q16_of_ = nullptr;  // see ProduceQ16
+  int64_t q16_values_ = 0;
+  cuda_internal::Q16Acts q16_acts_{};
   int64_t max_matmul_cols_ = 0;  // widest matrix uploaded (the int16 activations' scratch)
 };
 

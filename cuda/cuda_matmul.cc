@@ -119,14 +119,17 @@ absl::Status CheckAlgo(CudaMatMulContext* ctx, const WeightView& w, const float*
 }
 
 // Rounds x to int16 blocks in ctx's scratch and runs the segments on them.
+// `quantised`: the scratch already holds them (CudaMatMul's x_quantised).
 absl::Status QuantActMatMul(CudaMatMulContext& ctx, GgmlType type,
                             const cuda_internal::FusedSegment* segs, int count, int64_t cols,
-                            const float* x, int64_t n) {
+                            const float* x, int64_t n, bool quantised) {
   SPECNODE_RETURN_IF_ERROR(ctx.ReserveQuantActs(n, cols));
   const cuda_internal::Q16Acts acts =
       cuda_internal::Q16ActsAt(const_cast<void*>(ctx.quant_acts()), n, cols);
-  SPECNODE_CUDA_RETURN_IF_ERROR(
-      cuda_internal::LaunchQuantizeActs16(x, n, cols, acts, ctx.stream()));
+  if (!quantised) {
+    SPECNODE_CUDA_RETURN_IF_ERROR(
+        cuda_internal::LaunchQuantizeActs16(x, n, cols, acts, ctx.stream()));
+  }
   SPECNODE_CUDA_RETURN_IF_ERROR(
       cuda_internal::LaunchQ16MatVec(type, segs, count, cols, acts, n, ctx.stream()));
   return absl::OkStatus();
@@ -204,14 +207,17 @@ CudaMatMulContext::~CudaMatMulContext() {
 }
 
 absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float* x, int64_t n,
-                        float* y, CudaMatMulAlgo algo) {
+                        float* y, CudaMatMulAlgo algo, bool x_quantised) {
+  if (x_quantised && algo != CudaMatMulAlgo::kQuantAct) {
+    return absl::InvalidArgumentError("CudaMatMul: x_quantised goes with kQuantAct only");
+  }
   SPECNODE_RETURN_IF_ERROR(ValidateArgs(w, x, n, y));
   SPECNODE_RETURN_IF_ERROR(CheckAlgo(ctx, w, x, algo));
   if (n == 0 || w.rows == 0) return absl::OkStatus();
   if (algo == CudaMatMulAlgo::kCublas) return CublasMatMul(*ctx, w, x, n, y);
   if (algo == CudaMatMulAlgo::kQuantAct) {
     const cuda_internal::FusedSegment one{w.data, w.row_stride, w.rows, y};
-    return QuantActMatMul(*ctx, w.type, &one, 1, w.cols, x, n);
+    return QuantActMatMul(*ctx, w.type, &one, 1, w.cols, x, n, x_quantised);
   }
   if (algo == CudaMatMulAlgo::kStaged) {
     const cuda_internal::FusedSegment one{w.data, w.row_stride, w.rows, y};
@@ -227,7 +233,11 @@ absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float
 
 absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const WeightView> ws,
                                    const float* x, int64_t n, std::span<float* const> ys,
-                                   CudaMatMulAlgo algo) {
+                                   CudaMatMulAlgo algo, bool x_quantised) {
+  if (x_quantised && algo != CudaMatMulAlgo::kQuantAct) {
+    return absl::InvalidArgumentError(
+        "CudaMatMulSharedInput: x_quantised goes with kQuantAct only");
+  }
   if (ws.empty() || ws.size() != ys.size() ||
       ws.size() > static_cast<size_t>(cuda_internal::kFusedMaxSegments)) {
     return absl::InvalidArgumentError(absl::StrCat("CudaMatMulSharedInput: ", ws.size(),
@@ -247,7 +257,7 @@ absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const Weigh
   if (n == 0) return absl::OkStatus();
   if (!same_type || algo == CudaMatMulAlgo::kCublas) {
     for (size_t i = 0; i < ws.size(); ++i) {
-      absl::Status s = CudaMatMul(ctx, ws[i], x, n, ys[i], algo);
+      absl::Status s = CudaMatMul(ctx, ws[i], x, n, ys[i], algo, x_quantised);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -260,7 +270,7 @@ absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const Weigh
   }
   if (count == 0) return absl::OkStatus();
   if (algo == CudaMatMulAlgo::kQuantAct) {
-    return QuantActMatMul(*ctx, ws[0].type, segs, count, ws[0].cols, x, n);
+    return QuantActMatMul(*ctx, ws[0].type, segs, count, ws[0].cols, x, n, x_quantised);
   }
   if (algo == CudaMatMulAlgo::kStaged) {
     SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchStaged16(

@@ -34,9 +34,9 @@
 //     batch-invariant (cuBLAS picks kernels by shape). Needs a CudaMatMulContext.
 //
 // Alignment (checked; InvalidArgument otherwise): x 16-byte aligned for quantised W and for
-// kStaged (rows of x are read as 16-byte vectors), 4-byte otherwise; y 4-byte; W data and row_stride a multiple of 4
-// for Q4_1 and F32, of 2 for the other types. cudaMalloc'd buffers and whole-block
-// column slices of ggml rows always satisfy this.
+// kStaged (rows of x are read as 16-byte vectors), 4-byte otherwise; y 4-byte; W data and
+// row_stride a multiple of 4 for Q4_1 and F32, of 2 for the other types. cudaMalloc'd buffers and
+// whole-block column slices of ggml rows always satisfy this.
 //
 // Errors: argument problems return InvalidArgument before any CUDA call (so they are
 // reported the same with or without a GPU); launch / cuBLAS failures return Internal with
@@ -104,8 +104,12 @@ class CudaMatMulContext {
 // y[n, w.rows] = x[n, w.cols] · Wᵀ, all device pointers (W through w.data).
 // `ctx` may be nullptr for kFused (launches on the legacy default stream); kCublas needs it.
 // n == 0 or w.rows == 0 is a no-op. The input is validated as described above.
+// x_quantised (kQuantAct only): ctx's int16 scratch already holds x [n, w.cols] rounded to
+// int16 blocks (an RMSNorm or SwiGLU wrote it there: cuda_ops.h), so the rounding is skipped;
+// x itself is not read. InvalidArgument with another algorithm.
 absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float* x, int64_t n,
-                        float* y, CudaMatMulAlgo algo = CudaMatMulAlgo::kFused);
+                        float* y, CudaMatMulAlgo algo = CudaMatMulAlgo::kFused,
+                        bool x_quantised = false);
 
 // ys[i][n, ws[i].rows] = x[n, cols] · ws[i]ᵀ for 1..3 matrices of the same cols (a layer's
 // Q/K/V or gate/up), kFused: one launch when they share a weight type, one each otherwise.
@@ -117,6 +121,7 @@ absl::Status CudaMatMul(CudaMatMulContext* ctx, const WeightView& w, const float
 // them.
 absl::Status CudaMatMulSharedInput(CudaMatMulContext* ctx, std::span<const WeightView> ws,
                                    const float* x, int64_t n, std::span<float* const> ys,
-                                   CudaMatMulAlgo algo = CudaMatMulAlgo::kFused);
+                                   CudaMatMulAlgo algo = CudaMatMulAlgo::kFused,
+                                   bool x_quantised = false);
 
 }  // namespace specnode

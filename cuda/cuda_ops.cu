@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_check.h"
+#include "cuda/q16_dot.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 namespace {
@@ -37,7 +39,7 @@ int NormThreads(int64_t dim) {
 template <bool kAdd>
 __global__ void __launch_bounds__(kNormMaxThreads)
     RmsNormKernel(float* x, const float* h, const float* __restrict__ weight, int64_t dim,
-                  float eps, float* y) {
+                  float eps, float* y, int16_t* qs, float* qd, float* qsum) {
   float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   const int64_t step = blockDim.x;
@@ -87,7 +89,17 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 #pragma unroll
     for (int j = 0; j < kNormUnroll; ++j) {
       const int64_t i = base + j * step;
-      if (i < dim) yr[i] = xv[j] * s * wv[j];
+      if (i < dim) {
+        const float yv = xv[j] * s * wv[j];
+        yr[i] = yv;
+        // With int16 outputs dim % 32 == 0, so a warp's 32 values are one whole block
+        // (i % 32 is the lane): the branch above is warp-uniform.
+        if (qs != nullptr) {
+          const int64_t at = static_cast<int64_t>(blockIdx.x) * dim + i;
+          q16::WarpQuantizeBlock16(yv, static_cast<int>(i & 31), qs + (at - (i & 31)), qd + at / 32,
+                                   qsum + at / 32);
+        }
+      }
     }
   }
 }
@@ -125,11 +137,19 @@ __global__ void RopeNormKernel(float* x, float* x2, const int32_t* __restrict__ 
   }
 }
 
-__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, float* out) {
+// With int16 outputs (qs non-null) n % 32 == 0: a warp's 32 values are one block and the
+// loop is warp-uniform (block and grid sizes are multiples of 32).
+__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, float* out, int16_t* qs,
+                             float* qd, float* qsum) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    const float o = g / (1.0f + expf(-g)) * up[i];
+    out[i] = o;
+    if (qs != nullptr) {
+      q16::WarpQuantizeBlock16(o, static_cast<int>(i & 31), qs + (i - (i & 31)), qd + i / 32,
+                               qsum + i / 32);
+    }
   }
 }
 
@@ -142,8 +162,30 @@ __global__ void AddInPlaceKernel(float* y, const float* x, int64_t n) {
 
 }  // namespace
 
+namespace {
+
+// The int16 outputs' pointers, or nulls; InvalidArgument when `block_multiple` (a row's or
+// the whole count of values) is not whole 32-value blocks.
+absl::Status Q16Outputs(const cuda_internal::Q16Acts* q16, int64_t block_multiple, const char* what,
+                        int16_t** qs, float** qd, float** qsum) {
+  *qs = nullptr;
+  *qd = *qsum = nullptr;
+  if (q16 == nullptr) return absl::OkStatus();
+  if (block_multiple % 32 != 0 || q16->qs == nullptr || q16->d == nullptr || q16->s == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": int16 outputs need rows of whole 32-value blocks (", block_multiple,
+                     ") and three buffers"));
+  }
+  *qs = q16->qs;
+  *qd = q16->d;
+  *qsum = q16->s;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CudaRmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
-                         float* y, cudaStream_t stream) {
+                         float* y, cudaStream_t stream, const cuda_internal::Q16Acts* q16) {
   if (n < 0 || dim <= 0 || n > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("CudaRmsNorm: bad shape n=", n, " dim=", dim));
   }
@@ -151,15 +193,19 @@ absl::Status CudaRmsNorm(const float* x, const float* weight, int64_t n, int64_t
   if (x == nullptr || weight == nullptr || y == nullptr) {
     return absl::InvalidArgumentError("CudaRmsNorm: null pointer");
   }
+  int16_t* qs;
+  float *qd, *qsum;
+  SPECNODE_RETURN_IF_ERROR(Q16Outputs(q16, dim, "CudaRmsNorm", &qs, &qd, &qsum));
   // The plain norm never writes x (kAdd is false); the cast only shares the kernel.
   RmsNormKernel<false><<<static_cast<unsigned>(n), NormThreads(dim), 0, stream>>>(
-      const_cast<float*>(x), nullptr, weight, dim, eps, y);
+      const_cast<float*>(x), nullptr, weight, dim, eps, y, qs, qd, qsum);
   SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RmsNormKernel");
   return absl::OkStatus();
 }
 
 absl::Status CudaAddRmsNorm(float* x, const float* h, const float* weight, int64_t n, int64_t dim,
-                            float eps, float* y, cudaStream_t stream) {
+                            float eps, float* y, cudaStream_t stream,
+                            const cuda_internal::Q16Acts* q16) {
   if (n < 0 || dim <= 0 || n > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaAddRmsNorm: bad shape n=", n, " dim=", dim));
@@ -171,8 +217,11 @@ absl::Status CudaAddRmsNorm(float* x, const float* h, const float* weight, int64
   if (x == h || x == y) {
     return absl::InvalidArgumentError("CudaAddRmsNorm: x may not alias h or y");
   }
-  RmsNormKernel<true>
-      <<<static_cast<unsigned>(n), NormThreads(dim), 0, stream>>>(x, h, weight, dim, eps, y);
+  int16_t* qs;
+  float *qd, *qsum;
+  SPECNODE_RETURN_IF_ERROR(Q16Outputs(q16, dim, "CudaAddRmsNorm", &qs, &qd, &qsum));
+  RmsNormKernel<true><<<static_cast<unsigned>(n), NormThreads(dim), 0, stream>>>(
+      x, h, weight, dim, eps, y, qs, qd, qsum);
   SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RmsNormKernel<add>");
   return absl::OkStatus();
 }
@@ -205,13 +254,17 @@ absl::Status CudaRopeNormPair(float* x, float* x2, const int32_t* positions, int
 }
 
 absl::Status CudaSwiGlu(const float* gate, const float* up, int64_t n, float* out,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const cuda_internal::Q16Acts* q16) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("CudaSwiGlu: bad n=", n));
   if (n == 0) return absl::OkStatus();
   if (gate == nullptr || up == nullptr || out == nullptr) {
     return absl::InvalidArgumentError("CudaSwiGlu: null pointer");
   }
-  SwiGluKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(gate, up, n, out);
+  int16_t* qs;
+  float *qd, *qsum;
+  SPECNODE_RETURN_IF_ERROR(Q16Outputs(q16, n, "CudaSwiGlu", &qs, &qd, &qsum));
+  SwiGluKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(gate, up, n, out, qs, qd,
+                                                                         qsum);
   SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("SwiGluKernel");
   return absl::OkStatus();
 }

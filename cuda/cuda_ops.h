@@ -21,19 +21,26 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "cuda/cuda_qmatvec_kernels.h"
 
 namespace specnode {
 
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for n rows of dim values.
 // x, y: [n, dim] (may alias exactly); weight: [dim]. One thread block per row.
+// q16 (optional; dim a multiple of 32): also writes y rounded to int16 blocks there, as
+// LaunchQuantizeActs16 would (the same bytes: q16_dot.h's WarpQuantizeBlock16), so a
+// kQuantAct matmul of y can skip its own rounding (CudaMatMul's x_quantised).
 absl::Status CudaRmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
-                         float* y, cudaStream_t stream = nullptr);
+                         float* y, cudaStream_t stream = nullptr,
+                         const cuda_internal::Q16Acts* q16 = nullptr);
 
 // The residual add and the next norm in one launch: x += h, then y = RmsNorm(x) * weight,
 // bit-identical to CudaAddInPlace(x, h) followed by CudaRmsNorm(x, weight, ..., y).
 // x: [n, dim] (updated in place); h, y: [n, dim], y may alias h exactly (not x).
+// q16 as CudaRmsNorm's.
 absl::Status CudaAddRmsNorm(float* x, const float* h, const float* weight, int64_t n, int64_t dim,
-                            float eps, float* y, cudaStream_t stream = nullptr);
+                            float eps, float* y, cudaStream_t stream = nullptr,
+                            const cuda_internal::Q16Acts* q16 = nullptr);
 
 // Rotary position embedding in ggml "NORM" mode (adjacent pairs), in place.
 // x: [n, n_heads, head_dim]; positions: [n] (device int32). Pair (2i, 2i+1) of each head is
@@ -50,9 +57,10 @@ absl::Status CudaRopeNormPair(float* x, float* x2, const int32_t* positions, int
                               cudaStream_t stream = nullptr);
 
 // out[i] = silu(gate[i]) * up[i] for n values; silu(g) = g / (1 + exp(-g)).
-// gate, up, out: [n]; out may alias gate or up exactly.
+// gate, up, out: [n]; out may alias gate or up exactly. q16 (optional; n a multiple of 32):
+// out rounded to int16 blocks of 32 consecutive values, as CudaRmsNorm's.
 absl::Status CudaSwiGlu(const float* gate, const float* up, int64_t n, float* out,
-                        cudaStream_t stream = nullptr);
+                        cudaStream_t stream = nullptr, const cuda_internal::Q16Acts* q16 = nullptr);
 
 // y[i] += x[i] for n values. x, y: [n].
 absl::Status CudaAddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);

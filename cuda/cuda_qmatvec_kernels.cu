@@ -376,21 +376,7 @@ __global__ void QuantizeActs16Kernel(const float* __restrict__ x, int64_t n_bloc
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (blk >= n_blocks_total) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
-  const float v = x[blk * 32 + lane];
-  float amax = fabsf(v);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, amax, offset);
-    amax = o > amax ? o : amax;
-  }
-  const float db = q16::Scale(amax);
-  const int q = q16::Level(v, q16::InverseScale(db));
-  qs[blk * 32 + lane] = static_cast<int16_t>(q);
-  const int sum = __reduce_add_sync(0xffffffffu, q);
-  if (lane == 0) {
-    d[blk] = db;
-    s[blk] = q16::Sum(db, sum);
-  }
+  q16::WarpQuantizeBlock16(x[blk * 32 + lane], lane, qs + blk * 32, d + blk, s + blk);
 }
 
 // One launch's shape: lanes per row, its log2, the segment table and grid (token tiles

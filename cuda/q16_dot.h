@@ -80,6 +80,30 @@ SPECNODE_Q16_HD void QuantizeBlock16(const float* x, int16_t* qs, float* d, floa
   *s = Sum(db, sum);
 }
 
+#if defined(__CUDACC__)
+// One block of 32 values on a warp, lane j holding value j (every lane calls it): the
+// block's max |x| and level sum are warp reductions, exact, so qs[j], *d and *s are
+// QuantizeBlock16's. Used by every kernel that writes int16 activations
+// (cuda_qmatvec_kernels.cu's QuantizeActs16Kernel, the RMSNorm and SwiGLU of cuda_ops.cu).
+__device__ __forceinline__ void WarpQuantizeBlock16(float v, int lane, int16_t* qs, float* d,
+                                                    float* s) {
+  float amax = fabsf(v);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = o > amax ? o : amax;
+  }
+  const float db = Scale(amax);
+  const int q = Level(v, InverseScale(db));
+  qs[lane] = static_cast<int16_t>(q);
+  const int sum = __reduce_add_sync(0xffffffffu, q);
+  if (lane == 0) {
+    *d = db;
+    *s = Sum(db, sum);
+  }
+}
+#endif
+
 // acc + a.lo16 * b.byte0 + a.hi16 * b.byte1 (signed), and the same with bytes 2, 3.
 SPECNODE_Q16_HD int Dp2aLo(uint32_t a, uint32_t b, int acc) {
 #if defined(__CUDA_ARCH__)

@@ -76,6 +76,51 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaRmsNormTest,
                                            std::make_tuple(2, 1000), std::make_tuple(4, 8192),
                                            std::make_tuple(1, 4096), std::make_tuple(2, 10001)));
 
+// The producers' int16 outputs (q16) are the bytes LaunchQuantizeActs16 makes of what they
+// wrote: the RMSNorm's (with and without the residual add) and SwiGLU's.
+std::vector<uint8_t> ScratchBytes(const DeviceBuffer& b, size_t bytes) {
+  absl::StatusOr<std::vector<uint8_t>> v = Download<uint8_t>(b, bytes);
+  EXPECT_TRUE(v.ok()) << v.status();
+  return v.ok() ? *v : std::vector<uint8_t>();
+}
+
+class CudaQ16OutputTest : public CudaTestWithParam<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(CudaQ16OutputTest, ProducersWriteTheStandaloneRounding) {
+  const auto [n, dim] = GetParam();
+  const size_t bytes = cuda_internal::Q16ActsBytes(n, dim);
+  absl::StatusOr<DeviceBuffer> fused = DeviceBuffer::Allocate(bytes);
+  absl::StatusOr<DeviceBuffer> alone = DeviceBuffer::Allocate(bytes);
+  absl::StatusOr<DeviceBuffer> x = Upload(RandomVector(n * dim, 3, 2.0f));
+  absl::StatusOr<DeviceBuffer> h = Upload(RandomVector(n * dim, 4, 0.5f));
+  absl::StatusOr<DeviceBuffer> w = Upload(RandomVector(dim, 5));
+  absl::StatusOr<DeviceBuffer> y = DeviceBuffer::Allocate(n * dim * sizeof(float));
+  ASSERT_TRUE(fused.ok() && alone.ok() && x.ok() && h.ok() && w.ok() && y.ok());
+  const cuda_internal::Q16Acts qf = cuda_internal::Q16ActsAt(fused->data(), n, dim);
+  const cuda_internal::Q16Acts qa = cuda_internal::Q16ActsAt(alone->data(), n, dim);
+  for (int op = 0; op < 3; ++op) {
+    SPECNODE_ASSERT_OK(fused->Zero());
+    SPECNODE_ASSERT_OK(alone->Zero());
+    if (op == 0) {
+      SPECNODE_ASSERT_OK(
+          CudaRmsNorm(x->as<float>(), w->as<float>(), n, dim, 1e-5f, y->as<float>(), nullptr, &qf));
+    } else if (op == 1) {
+      SPECNODE_ASSERT_OK(CudaAddRmsNorm(x->as<float>(), h->as<float>(), w->as<float>(), n, dim,
+                                        1e-5f, y->as<float>(), nullptr, &qf));
+    } else {
+      SPECNODE_ASSERT_OK(
+          CudaSwiGlu(x->as<float>(), h->as<float>(), n * dim, y->as<float>(), nullptr, &qf));
+    }
+    ASSERT_EQ(cuda_internal::LaunchQuantizeActs16(y->as<float>(), n, dim, qa, nullptr),
+              cudaSuccess);
+    EXPECT_EQ(ScratchBytes(*fused, bytes), ScratchBytes(*alone, bytes)) << "op " << op;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaQ16OutputTest,
+                         ::testing::Values(std::make_tuple(1, 576), std::make_tuple(9, 576),
+                                           std::make_tuple(1, 4096), std::make_tuple(3, 1536)));
+
 struct RopeCase {
   const char* name;
   int64_t n;
@@ -244,6 +289,10 @@ TEST(CudaOpsArgs, RejectBadArgumentsAndAcceptEmptyWork) {
   EXPECT_TRUE(CudaRopeNorm(nullptr, nullptr, 0, 2, 8, 8, 1e4f).ok());
   EXPECT_TRUE(CudaSwiGlu(nullptr, nullptr, 0, nullptr).ok());
   EXPECT_TRUE(CudaAddInPlace(nullptr, nullptr, 0).ok());
+  // int16 outputs need whole 32-value blocks.
+  const cuda_internal::Q16Acts q{reinterpret_cast<int16_t*>(fake), fake, fake};
+  EXPECT_EQ(CudaRmsNorm(fake, fake, 1, 48, 1e-5f, fake + 64, nullptr, &q).code(), kInvalid);
+  EXPECT_EQ(CudaSwiGlu(fake, fake, 40, fake, nullptr, &q).code(), kInvalid);
 }
 
 }  // namespace
