@@ -133,6 +133,46 @@ float RowFromQ16(GgmlType type, const uint8_t* row, int64_t blocks, const int16_
   return acc + acc_min;
 }
 
+// `tokens` rows of `cols` random activations (outliers every `outlier_every` values) rounded
+// by the CPU's scalar quantiser, in the strides its kernels take, and the CPU's matmul
+// arguments over them (w, row_stride and blocks for the caller to set).
+struct ScalarActs {
+  int64_t qs_stride = 0, ds_stride = 0;
+  std::vector<int16_t> qs;
+  std::vector<float> d, s;
+  std::vector<float> y;
+  cpu_kernels::QuantMatMulArgs args;
+};
+
+void QuantizeTokens(GgmlType type, int64_t tokens, int64_t cols, int64_t rows, uint32_t seed,
+                    int outlier_every, ScalarActs* a) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(tokens * cols);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = normal(rng) * (i % outlier_every == 0 ? 25.0f : 1.0f);
+  }
+  const int64_t blocks = cols / kB;
+  a->qs_stride = (cols + 127) / 128 * 128;
+  a->ds_stride = (blocks + 15) / 16 * 16;
+  a->qs.assign(tokens * a->qs_stride + 128, 0);
+  a->d.assign(tokens * a->ds_stride + 16, 0.0f);
+  a->s.assign(tokens * a->ds_stride + 16, 0.0f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    cpu_kernels::kScalarKernels.quantize(
+        x.data() + t * cols, blocks, type, a->qs.data() + t * a->qs_stride,
+        a->d.data() + t * a->ds_stride, a->s.data() + t * a->ds_stride);
+  }
+  a->y.assign(tokens * rows, 0.0f);
+  a->args.type = type;
+  a->args.blocks = blocks;
+  a->args.x = {a->qs.data(), nullptr,      a->d.data(), a->s.data(),
+               nullptr,      a->qs_stride, a->ds_stride};
+  a->args.n = tokens;
+  a->args.y = a->y.data();
+  a->args.ldy = rows;
+}
+
 class Q16RowTest : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(Q16RowTest, RowsEqualTheCpuScalarKernel) {
@@ -148,26 +188,14 @@ TEST_P(Q16RowTest, RowsEqualTheCpuScalarKernel) {
     for (float& v : row) v = normal(rng) * 0.05f + (r % 2 ? 0.01f : 0.0f);
     QuantizeRow(type, row.data(), w.data() + r * row_bytes, kCols);
   }
-  std::vector<float> x(kTokens * kCols);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 37 == 0 ? 25.0f : 1.0f);
-  const int64_t qs_stride = (kCols + 127) / 128 * 128, ds_stride = (blocks + 15) / 16 * 16;
-  std::vector<int16_t> qs(kTokens * qs_stride + 128, 0);
-  std::vector<float> d(kTokens * ds_stride + 16, 0.0f), s(kTokens * ds_stride + 16, 0.0f);
-  for (int64_t t = 0; t < kTokens; ++t) {
-    cpu_kernels::kScalarKernels.quantize(x.data() + t * kCols, blocks, type,
-                                         qs.data() + t * qs_stride, d.data() + t * ds_stride,
-                                         s.data() + t * ds_stride);
-  }
-  cpu_kernels::QuantMatMulArgs args;
-  args.type = type;
+  ScalarActs acts;
+  QuantizeTokens(type, kTokens, kCols, kRows, 12, 37, &acts);
+  cpu_kernels::QuantMatMulArgs& args = acts.args;
   args.w = w.data();
   args.row_stride = row_bytes;
-  args.blocks = blocks;
-  args.x = {qs.data(), nullptr, d.data(), s.data(), nullptr, qs_stride, ds_stride};
-  args.n = kTokens;
-  std::vector<float> y(kTokens * kRows);
-  args.y = y.data();
-  args.ldy = kRows;
+  const int64_t qs_stride = acts.qs_stride, ds_stride = acts.ds_stride;
+  const std::vector<int16_t>& qs = acts.qs;
+  const std::vector<float>&d = acts.d, &s = acts.s, &y = acts.y;
   cpu_kernels::kScalarKernels.matmul_quant(args, 0, kRows);
   for (int64_t t = 0; t < kTokens; ++t) {
     for (int64_t r = 0; r < kRows; ++r) {
@@ -249,28 +277,14 @@ TEST_P(Q16KQuantTest, SequentialRowsEqualTheCpuReference) {
   const size_t row_bytes = GgmlRowBytes(type, kCols);
   const WeightView view{type, w.data(), kRows, kCols, row_bytes};
   const std::vector<uint8_t> packed = cpu_kernels::PackKQuantRows(view);
-  std::mt19937 rng(4);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(kTokens * kCols);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 41 == 0 ? 20.0f : 1.0f);
-  const int64_t qs_stride = (kCols + 127) / 128 * 128, ds_stride = (blocks + 15) / 16 * 16;
-  std::vector<int16_t> qs(kTokens * qs_stride + 128, 0);
-  std::vector<float> d(kTokens * ds_stride + 16, 0.0f), sx(kTokens * ds_stride + 16, 0.0f);
-  for (int64_t t = 0; t < kTokens; ++t) {
-    cpu_kernels::kScalarKernels.quantize(x.data() + t * kCols, blocks, type,
-                                         qs.data() + t * qs_stride, d.data() + t * ds_stride,
-                                         sx.data() + t * ds_stride);
-  }
-  cpu_kernels::QuantMatMulArgs args;
-  args.type = type;
+  ScalarActs acts;
+  QuantizeTokens(type, kTokens, kCols, kRows, 4, 41, &acts);
+  cpu_kernels::QuantMatMulArgs& args = acts.args;
   args.w = packed.data();
   args.row_stride = (kCols / q16::kSuperValues) * cpu_kernels::PackedKSuperBytes(type);
-  args.blocks = blocks;
-  args.x = {qs.data(), nullptr, d.data(), sx.data(), nullptr, qs_stride, ds_stride};
-  args.n = kTokens;
-  std::vector<float> y(kTokens * kRows);
-  args.y = y.data();
-  args.ldy = kRows;
+  const int64_t qs_stride = acts.qs_stride, ds_stride = acts.ds_stride;
+  const std::vector<int16_t>& qs = acts.qs;
+  const std::vector<float>&d = acts.d, &sx = acts.s, &y = acts.y;
   cpu_kernels::PackedKQuantReference(args, 0, kRows);
   for (int64_t t = 0; t < kTokens; ++t) {
     for (int64_t r = 0; r < kRows; ++r) {
