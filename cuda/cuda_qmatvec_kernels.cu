@@ -19,7 +19,7 @@ namespace {
 
 constexpr int kThreads = q16::kStageThreads;
 // Thread blocks an SM must hold at once (caps registers at 65536 / (128 * 6) = 85): with
-// 10-19 KB staged each, 6 keep 60-110 KB of weights in flight per SM, above the ~30 KB
+// 10-29 KB staged each, 6 keep 60-170 KB of weights in flight per SM, above the ~30 KB
 // Little's law asks of HBM3e (../shared/GPU.md).
 constexpr int kMinBlocksPerSm = 6;
 constexpr int kTile = kQ16TokenTile;
