@@ -246,10 +246,8 @@ absl::Status CudaBackend::Add(float* y, const float* x, int64_t count) {
 // kFused for F32 — or kFused for everything when turned off.
 CudaMatMulAlgo CudaBackend::AlgoFor(const WeightView& w) const {
   const GgmlType type = w.type;
-  const bool quant = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 ||
-                     type == GgmlType::kQ8_0 || IsKQuantType(type);
   if (!quant_act_) return CudaMatMulAlgo::kFused;
-  if (quant) return CudaMatMulAlgo::kQuantAct;
+  if (cuda_internal::Q16Runs(type)) return CudaMatMulAlgo::kQuantAct;
   const bool plain16 = type == GgmlType::kF16 || type == GgmlType::kBF16;
   return plain16 && w.cols % 32 == 0 ? CudaMatMulAlgo::kStaged : CudaMatMulAlgo::kFused;
 }

@@ -13,10 +13,6 @@
 namespace specnode {
 namespace {
 
-bool IsQuantised(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
-}
-
 bool Aligned(const void* p, size_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;
 }
@@ -70,7 +66,7 @@ absl::Status ValidateArgs(const WeightView& w, const float* x, int64_t n, const 
                                                    " weight data and row_stride must be ", w_align,
                                                    "-byte aligned"));
   }
-  const size_t x_align = IsQuantised(w.type) || cuda_internal::Q16Runs(w.type) ? 16 : 4;
+  const size_t x_align = cuda_internal::Q16Runs(w.type) ? 16 : 4;  // every quantised type
   if (!Aligned(x, x_align) || !Aligned(y, 4)) {
     return absl::InvalidArgumentError(absl::StrCat("CudaMatMul: x must be ", x_align,
                                                    "-byte aligned and y 4-byte aligned for ",
@@ -107,8 +103,7 @@ absl::Status CheckAlgo(CudaMatMulContext* ctx, const WeightView& w, const float*
     return absl::InvalidArgumentError(
         absl::StrCat("CudaMatMul: ", name, " needs a CudaMatMulContext"));
   }
-  const bool runs = quant ? cuda_internal::Q16Runs(w.type)
-                          : !IsQuantised(w.type) && !cuda_internal::Q16Runs(w.type);
+  const bool runs = quant == cuda_internal::Q16Runs(w.type);
   if (!runs) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaMatMul: ", name, " supports ",

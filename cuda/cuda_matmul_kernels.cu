@@ -32,17 +32,9 @@ struct RowOf {
   int64_t row;
 };
 __device__ __forceinline__ RowOf SelectRow(const Segments& s) {
-  RowOf r{s.w[0], s.row_stride[0], s.rows[0], s.y[0], 0};
-  unsigned first = 0;
-#pragma unroll
-  for (int i = 1; i < kFusedMaxSegments; ++i) {
-    if (i < s.count && blockIdx.x >= s.first_block[i]) {
-      r = RowOf{s.w[i], s.row_stride[i], s.rows[i], s.y[i], 0};
-      first = s.first_block[i];
-    }
-  }
-  r.row = static_cast<int64_t>(blockIdx.x - first) * kFusedWarpsPerBlock + threadIdx.x / 32;
-  return r;
+  const SegmentPick p = PickSegment(s);
+  return RowOf{p.w, p.row_stride, p.rows, p.y,
+               static_cast<int64_t>(p.block) * kFusedWarpsPerBlock + threadIdx.x / 32};
 }
 
 __device__ __forceinline__ float HalfAt(const uint8_t* p) {

@@ -43,6 +43,32 @@ struct SegmentTable {
   int count;
 };
 
+#if defined(__CUDACC__)
+// This thread block's segment, the last whose first_block <= blockIdx.x, picked by selects
+// (indexing the parameter's arrays with a run-time value would copy them to local memory
+// in every thread), and the block's index within it.
+struct SegmentPick {
+  const uint8_t* w;
+  size_t row_stride;
+  int64_t rows;
+  float* y;
+  unsigned block;
+};
+__device__ __forceinline__ SegmentPick PickSegment(const SegmentTable& s) {
+  SegmentPick p{s.w[0], s.row_stride[0], s.rows[0], s.y[0], 0};
+  unsigned first = 0;
+#pragma unroll
+  for (int i = 1; i < kFusedMaxSegments; ++i) {
+    if (i < s.count && blockIdx.x >= s.first_block[i]) {
+      p = SegmentPick{s.w[i], s.row_stride[i], s.rows[i], s.y[i], 0};
+      first = s.first_block[i];
+    }
+  }
+  p.block = blockIdx.x - first;
+  return p;
+}
+#endif
+
 // The table of segments[0, count) (1..kFusedMaxSegments) with `rows_per_block` output rows
 // per thread block; *blocks: the thread blocks they take (grid.x).
 SegmentTable MakeSegmentTable(const FusedSegment* segments, int count, int rows_per_block,

@@ -13,6 +13,7 @@
 #include "cuda/q16_dot.h"
 #include "cuda/q16_kquant.h"
 #include "cuda/q16_stage.h"
+#include "model/gguf/ggml_converted_types.h"
 
 namespace specnode::cuda_internal {
 namespace {
@@ -35,27 +36,12 @@ struct Slab {
 };
 
 __device__ __forceinline__ Slab SelectSlab(const Segments& s, int rows_per_block) {
-  Slab r{s.w[0], s.row_stride[0], s.rows[0], s.y[0], 0};
-  unsigned first = 0;
-#pragma unroll
-  for (int i = 1; i < kFusedMaxSegments; ++i) {
-    if (i < s.count && blockIdx.x >= s.first_block[i]) {
-      r = Slab{s.w[i], s.row_stride[i], s.rows[i], s.y[i], 0};
-      first = s.first_block[i];
-    }
-  }
-  r.row0 = static_cast<int64_t>(blockIdx.x - first) * rows_per_block;
-  return r;
+  const SegmentPick p = PickSegment(s);
+  return Slab{p.w, p.row_stride, p.rows, p.y, static_cast<int64_t>(p.block) * rows_per_block};
 }
 
 __device__ __forceinline__ float HalfAt(const uint8_t* p) {
   return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
-}
-
-// 2 bytes at a time: blocks of 18 and 34 bytes keep only 2-byte alignment.
-__device__ __forceinline__ uint32_t WordOfHalves(const uint8_t* p) {
-  const auto* h = reinterpret_cast<const unsigned short*>(p);
-  return static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
 }
 
 // Each weight type: kBytes per block, kWords quant words, Load(block in shared memory) ->
@@ -72,7 +58,7 @@ struct Q4_0 {
     d = HalfAt(blk);
     m = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) qw[k] = WordOfHalves(blk + 2 + 4 * k);
+    for (int k = 0; k < 4; ++k) qw[k] = q16::Load32(blk + 2 + 4 * k);  // 2-byte aligned
   }
   __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) {
     return q16::DotQ4<8>(qw, xw);
@@ -110,7 +96,7 @@ struct Q8_0 {
     d = HalfAt(blk);
     m = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) qw[k] = WordOfHalves(blk + 2 + 4 * k);
+    for (int k = 0; k < 8; ++k) qw[k] = q16::Load32(blk + 2 + 4 * k);  // 2-byte aligned
   }
   __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) { return q16::DotQ8(qw, xw); }
 };
@@ -139,7 +125,6 @@ struct Plain16 {
   static constexpr int kBytes = 64;
   static constexpr int kValues = 32;
   static constexpr int kPerLane = 2;  // a 16 KB stage: 4 would spill registers
-  static constexpr bool kSuper = false;
   static constexpr bool kPlain = true;
   static constexpr bool kHasMin = false;
   __device__ static float ToFloat(unsigned short v) {
@@ -470,7 +455,7 @@ cudaError_t LaunchQ16MatVec(GgmlType type, const FusedSegment* segments, int cou
   if (count < 1 || count > kFusedMaxSegments || n < 1 || n > kQ16MaxTokens) {
     return cudaErrorInvalidValue;
   }
-  const bool super = type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+  const bool super = IsKQuantType(type);
   const StagedLaunch l =
       PlanLaunch(super ? 1 : 4, cols / (super ? 256 : 32), segments, count, n);  // kPerLane
   switch (type) {
