@@ -7,9 +7,9 @@
 // head, row), warp w walking positions w, w + kWarps, ... with a running maximum,
 // denominator and weighted V sum (lane holds values lane + 32 i), kGroup positions' loads
 // in flight at a time (one DRAM latency per position was what a short context's
-// 10-16 us a call on the H200 measured), warps combined in shared memory at the end. A token's class is uniform across its warp, so decoding branches per
-// token, not per lane. Each row's block does the same work whatever else is in the pass:
-// batch-invariant, as on the CPU.
+// 10-16 us a call on the H200 measured), warps combined in shared memory at the end. A token's
+// class is uniform across its warp, so decoding branches per token, not per lane. Each row's block
+// does the same work whatever else is in the pass: batch-invariant, as on the CPU.
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -238,36 +238,17 @@ __device__ __forceinline__ float Score(const KvDeviceFormat& f, const uint8_t* k
 // Positions a warp loads before it uses any (KvAttentionKernel).
 constexpr int kGroup = 4;
 
-__global__ void __launch_bounds__(kThreads)
-    KvAttentionKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ q,
-                      float scale, float* __restrict__ out) {
-  const int h = blockIdx.x;
-  const int64_t t = blockIdx.y;
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+// Warp `warp`'s share of one row's attention: positions warp, warp + kWarps, ... of its
+// context in that order, kGroup at a time: first the group's table entries, then its K
+// and V rows' raw words, all loads in flight together; then the online softmax over them
+// in position order (the arithmetic of one position at a time, so the result does not
+// depend on the grouping). m, l, acc: the warp's running maximum, denominator and
+// weighted V sum (value lane + 32 i in acc[i]).
+__device__ __forceinline__ void WalkPositions(const KvDeviceFormat& f, int layer, int kv_head,
+                                              const int32_t* tok, int length, int warp, int lane,
+                                              const float (&qr)[kPerLane], float& m, float& l,
+                                              float (&acc)[kPerLane]) {
   const int hd = f.head_dim;
-  const int n_heads = f.n_kv_heads * f.gqa_group;
-  const int kv_head = h / f.gqa_group;
-  const int32_t* r = p.rows + 5 * t;
-  const int32_t* tok = p.tok + 3 * static_cast<int64_t>(r[0]);
-  const int length = r[1];
-  const float* qt = q + (t * n_heads + h) * hd;
-  float qr[kPerLane], acc[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int d = lane + 32 * i;
-    qr[i] = d < hd ? qt[d] : 0.0f;
-    acc[i] = 0.0f;
-  }
-  // As the CPU: rotate the query into the rows' basis, then scale it.
-  if (f.rotate) WarpHadamard(qr, hd, f.hadamard_norm, lane);
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) qr[i] *= scale;
-  float m = -INFINITY, l = 0.0f;
-  // Warp w takes positions w, w + kWarps, ... in that order, kGroup at a time: first the
-  // group's table entries, then its K and V rows' raw words, all loads in flight together;
-  // then the online softmax over them in position order (the arithmetic of one position at
-  // a time, so the result does not depend on the grouping).
   for (int j0 = warp; j0 < length; j0 += kWarps * kGroup) {
     int cls[kGroup];
     int64_t base[kGroup];
@@ -308,6 +289,57 @@ __global__ void __launch_bounds__(kThreads)
       m = m_new;
     }
   }
+}
+
+// Attention mass of an observed row (pass row r: r[2] = lo, r[3] = width, r[4] = offset):
+// the normalised weight of each key in [lo, lo + width), times the context length, scored
+// again (the same Score as the attention), added into p.mass for query head h.
+__device__ __forceinline__ void AddMass(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
+                                        int kv_head, int h, const int32_t* r, const int32_t* tok,
+                                        int warp, int lane, const float (&qr)[kPerLane], float big,
+                                        float denom) {
+  const int lo = r[2], width = r[3], length = r[1];
+  if (width <= 0) return;
+  float* mass = p.mass + r[4] + static_cast<int64_t>(h) * width;
+  for (int jj = warp; jj < width; jj += kWarps) {
+    const int32_t* e = tok + 3 * (lo + jj);
+    const int cls = e[2];
+    float w = 0.0f;
+    if (cls >= 0) {
+      const uint8_t* kr = RowAt(f, Offset(e), cls, layer, kv_head, 0);
+      w = expf(Score(f, kr, cls, qr, lane) - big) / denom * static_cast<float>(length);
+    }
+    if (lane == 0) mass[jj] = layer == 0 ? w : mass[jj] + w;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    KvAttentionKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ q,
+                      float scale, float* __restrict__ out) {
+  const int h = blockIdx.x;
+  const int64_t t = blockIdx.y;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int hd = f.head_dim;
+  const int n_heads = f.n_kv_heads * f.gqa_group;
+  const int kv_head = h / f.gqa_group;
+  const int32_t* r = p.rows + 5 * t;
+  const int32_t* tok = p.tok + 3 * static_cast<int64_t>(r[0]);
+  const int length = r[1];
+  const float* qt = q + (t * n_heads + h) * hd;
+  float qr[kPerLane], acc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    qr[i] = d < hd ? qt[d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  // As the CPU: rotate the query into the rows' basis, then scale it.
+  if (f.rotate) WarpHadamard(qr, hd, f.hadamard_norm, lane);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) qr[i] *= scale;
+  float m = -INFINITY, l = 0.0f;
+  WalkPositions(f, layer, kv_head, tok, length, warp, lane, qr, m, l, acc);
   __shared__ float warp_m[kWarps], warp_l[kWarps];
   __shared__ float warp_acc[kWarps][codec::kMaxHeadDim];
   __shared__ float out_row[codec::kMaxHeadDim];
@@ -359,21 +391,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  // Attention mass of an observed row: the normalised weight of each key in [lo, lo +
-  // width), times the context length, scored again (the same Score as above).
-  const int lo = r[2], width = r[3];
-  if (width <= 0) return;
-  float* mass = p.mass + r[4] + static_cast<int64_t>(h) * width;
-  for (int jj = warp; jj < width; jj += kWarps) {
-    const int32_t* e = tok + 3 * (lo + jj);
-    const int cls = e[2];
-    float w = 0.0f;
-    if (cls >= 0) {
-      const uint8_t* kr = RowAt(f, Offset(e), cls, layer, kv_head, 0);
-      w = expf(Score(f, kr, cls, qr, lane) - big) / denom * static_cast<float>(length);
-    }
-    if (lane == 0) mass[jj] = layer == 0 ? w : mass[jj] + w;
-  }
+  AddMass(f, p, layer, kv_head, h, r, tok, warp, lane, qr, big, denom);
 }
 
 // One warp per row (job, layer, KV head, K or V): decoded value by value, re-encoded as
