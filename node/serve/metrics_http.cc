@@ -5,9 +5,8 @@ namespace specnode {
 std::string MetricsExchange::Fetch(std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seen = version_;
-  wanted_.fetch_add(1, std::memory_order_release);
+  wanted_.store(true, std::memory_order_release);
   cv_.wait_for(lock, wait, [&] { return version_ != seen; });
-  wanted_.fetch_sub(1, std::memory_order_release);
   return text_;
 }
 
@@ -16,6 +15,7 @@ void MetricsExchange::Publish(std::string text) {
     std::lock_guard<std::mutex> lock(mu_);
     text_ = std::move(text);
     ++version_;
+    wanted_.store(false, std::memory_order_release);
   }
   cv_.notify_all();
 }

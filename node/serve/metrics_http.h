@@ -22,12 +22,14 @@ class MetricsExchange {
   // Asks for a fresh text and waits up to `wait` for it; returns it, or the last one
   // published before (empty if none) when the renderer did not answer in time.
   std::string Fetch(std::chrono::milliseconds wait);
-  // Renderer side: true while a Fetch waits for a text.
-  bool Wanted() const { return wanted_.load(std::memory_order_acquire) > 0; }
+  // Renderer side: true from a Fetch until the next Publish, which answers every Fetch
+  // waiting then. (Cleared by Publish itself, not by the waiters as they wake: a waiter slow
+  // to be scheduled must not ask for a second render.)
+  bool Wanted() const { return wanted_.load(std::memory_order_acquire); }
   void Publish(std::string text);
 
  private:
-  std::atomic<int> wanted_{0};
+  std::atomic<bool> wanted_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string text_;
