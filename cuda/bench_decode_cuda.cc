@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cuda/bench_util.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_matmul.h"
 #include "cuda/device_buffer.h"
@@ -31,6 +32,9 @@
 
 namespace specnode {
 namespace {
+
+using cuda_bench::ParseTypes;
+using cuda_bench::Timer;
 
 struct BenchShape {
   const char* name;
@@ -47,33 +51,6 @@ const BenchShape kShapes[] = {
 };
 
 constexpr size_t kDramBytes = size_t{256} << 20;  // what a shape's copies span at least
-
-class Timer {
- public:
-  Timer() {
-    cudaEventCreate(&start_);
-    cudaEventCreate(&stop_);
-  }
-  ~Timer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  // Microseconds per call of `body(i)` over `iterations` calls on `stream`.
-  template <typename Body>
-  absl::StatusOr<double> Time(cudaStream_t stream, int iterations, Body body) {
-    for (int i = 0; i < 5; ++i) SPECNODE_RETURN_IF_ERROR(body(i));  // warm-up
-    SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start_, stream));
-    for (int i = 0; i < iterations; ++i) SPECNODE_RETURN_IF_ERROR(body(i));
-    SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop_, stream));
-    SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop_));
-    float ms = 0.0f;
-    SPECNODE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_));
-    return 1e3 * ms / iterations;
-  }
-
- private:
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-};
 
 // GB/s of a device-to-device copy (bytes read + bytes written).
 absl::StatusOr<double> CopyBandwidth(Timer& timer, cudaStream_t stream) {
@@ -149,33 +126,6 @@ absl::Status RunShape(Timer& timer, CudaMatMulContext& ctx, GgmlType type, const
         qa_gbs / copy_gbs, us[0] > 0 ? us[0] / us[1] : 0.0);
   }
   return absl::OkStatus();
-}
-
-bool ParseTypes(const std::string& list, std::vector<GgmlType>* out) {
-  std::stringstream ss(list);
-  std::string t;
-  while (std::getline(ss, t, ',')) {
-    if (t == "Q4_0") {
-      out->push_back(GgmlType::kQ4_0);
-    } else if (t == "Q4_1") {
-      out->push_back(GgmlType::kQ4_1);
-    } else if (t == "Q8_0") {
-      out->push_back(GgmlType::kQ8_0);
-    } else if (t == "F16") {
-      out->push_back(GgmlType::kF16);
-    } else if (t == "BF16") {
-      out->push_back(GgmlType::kBF16);
-    } else if (t == "Q4_K") {
-      out->push_back(GgmlType::kQ4_K);
-    } else if (t == "Q5_K") {
-      out->push_back(GgmlType::kQ5_K);
-    } else if (t == "Q6_K") {
-      out->push_back(GgmlType::kQ6_K);
-    } else {
-      return false;
-    }
-  }
-  return !out->empty();
 }
 
 int Main(int argc, char** argv) {

@@ -54,7 +54,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
   b->device_ = o.device;
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
   cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, o.device) == cudaSuccess) b->device_name_ = prop.name;
+  const bool have_prop = cudaGetDeviceProperties(&prop, o.device) == cudaSuccess;
+  if (have_prop) b->device_name_ = prop.name;
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   SPECNODE_ASSIGN_OR_RETURN(b->mm_, CudaMatMulContext::Create(b->stream_));
   const char* env = std::getenv("SPECNODE_CUDA_GRAPHS");
@@ -62,6 +63,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
   if (o.cuda_graphs && !env_off) b->graphs_ = std::make_unique<CudaGraphCache>();
   const char* qa_env = std::getenv("SPECNODE_CUDA_QUANT_ACT");
   b->quant_act_ = o.quant_act && !(qa_env != nullptr && std::string(qa_env) == "0");
+  // int8 mma.m16n8k16 needs sm_80; older devices keep the dp2a kernel (the same bits).
+  const char* tc_env = std::getenv("SPECNODE_CUDA_TENSOR_CORES");
+  b->mm_->set_tensor_cores(o.tensor_cores && have_prop && prop.major >= 8 &&
+                           !(tc_env != nullptr && std::string(tc_env) == "0"));
   return b;
 }
 
@@ -78,7 +83,8 @@ std::string CudaBackend::Describe() const {
   // Which matmuls run, so that a log or a bench record says which path it measured.
   return absl::StrCat(
       "cuda:", device_, device_name_.empty() ? "" : " (" + device_name_ + ")",
-      quant_act_ ? ", int16-activation matmuls (kQuantAct)" : ", f32-activation matmuls (kFused)",
+      quant_act_ ? ", int16-activation matmuls (kQuantAct" : ", f32-activation matmuls (kFused",
+      quant_act_ && mm_->tensor_cores() ? ", on tensor cores from 32 tokens)" : ")",
       graphs_ != nullptr ? ", CUDA graphs" : ", eager");
 }
 

@@ -50,6 +50,11 @@ struct CudaBackendOptions {
   // for A/B measurements and diagnosis. Fixed for the backend's life, so a row's result
   // does not depend on the batch.
   bool quant_act = true;
+  // kQuantAct passes of 32 tokens or more on int8 tensor cores (sm_80 and newer;
+  // CudaMatMulContext::tensor_cores); false, or SPECNODE_CUDA_TENSOR_CORES=0, keeps every
+  // pass on the dp2a kernel. The results are the same bits either way (cuda/q16_order.h):
+  // for A/B speed measurements.
+  bool tensor_cores = true;
 };
 
 // One step's integer tables: staged on the host by the backend and the KV page pool, then

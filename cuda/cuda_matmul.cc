@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_matmul_kernels.h"
+#include "cuda/cuda_mma_kernels.h"
 #include "cuda/cuda_qmatvec_kernels.h"
 #include "model/status_macros.h"
 
@@ -113,7 +114,8 @@ absl::Status CheckAlgo(CudaMatMulContext* ctx, const WeightView& w, const float*
   return absl::OkStatus();
 }
 
-// Rounds x to int16 blocks in ctx's scratch and runs the segments on them.
+// Rounds x to int16 blocks in ctx's scratch and runs the segments on them: on tensor cores
+// from kQ16MmaMinTokens tokens when ctx allows, else the dp2a kernel (the same bits).
 // `quantised`: the scratch already holds them (CudaMatMul's x_quantised).
 absl::Status QuantActMatMul(CudaMatMulContext& ctx, GgmlType type,
                             const cuda_internal::FusedSegment* segs, int count, int64_t cols,
@@ -124,6 +126,11 @@ absl::Status QuantActMatMul(CudaMatMulContext& ctx, GgmlType type,
   if (!quantised) {
     SPECNODE_CUDA_RETURN_IF_ERROR(
         cuda_internal::LaunchQuantizeActs16(x, n, cols, acts, ctx.stream()));
+  }
+  if (ctx.tensor_cores() && n >= cuda_internal::kQ16MmaMinTokens) {
+    SPECNODE_CUDA_RETURN_IF_ERROR(
+        cuda_internal::LaunchQ16Mma(type, segs, count, cols, acts, n, ctx.stream()));
+    return absl::OkStatus();
   }
   SPECNODE_CUDA_RETURN_IF_ERROR(
       cuda_internal::LaunchQ16MatVec(type, segs, count, cols, acts, n, ctx.stream()));

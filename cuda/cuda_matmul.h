@@ -22,9 +22,13 @@
 //     its activation block is one __dp2a per 2 values (cuda_qmatvec_kernels.h: weight rows
 //     staged through shared memory with 16-byte loads). So the GPU sees the CPU's
 //     activations and integer sums; rows differ from the CPU's MatMul only in the order
-//     their block terms are added. Batch-invariant as kFused. Needs a CudaMatMulContext
-//     (the int16 activations live in its scratch; see ReserveQuantActs). What CudaBackend
-//     runs for quantised weights.
+//     their block terms are added. Passes of 32 tokens or more (prefill, large
+//     verification trees, batch decode at high occupancy) run on int8 tensor cores instead
+//     (cuda_mma_kernels.h; sm_80 and newer, unless set_tensor_cores(false)), which add the
+//     float terms in the same canonical order (cuda/q16_order.h): a (row, token) result is
+//     the same bits from either kernel, so kQuantAct stays batch-invariant as kFused across
+//     the switch. Needs a CudaMatMulContext (the int16 activations live in its scratch; see
+//     ReserveQuantActs). What CudaBackend runs for quantised weights.
 //   kStaged: F16 and BF16 only: rows staged through shared memory as kQuantAct stages them,
 //     each lane's values multiplied by the f32 activations with fmaf in order (no
 //     rounding of x); batch-invariant. What CudaBackend runs for 16-bit float weights.
@@ -92,6 +96,12 @@ class CudaMatMulContext {
   // The int16-activation scratch's device address (part of a recorded pass's signature).
   const void* quant_acts() const { return acts_.data(); }
 
+  // Whether kQuantAct runs passes of cuda_internal::kQ16MmaMinTokens (32) tokens or more on
+  // tensor cores (default true; CudaBackend turns it off below sm_80). Results are the same
+  // bits either way; only the speed differs.
+  bool tensor_cores() const { return tensor_cores_; }
+  void set_tensor_cores(bool on) { tensor_cores_ = on; }
+
  private:
   CudaMatMulContext() = default;
 
@@ -99,6 +109,7 @@ class CudaMatMulContext {
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer scratch_;
   DeviceBuffer acts_;
+  bool tensor_cores_ = true;
 };
 
 // y[n, w.rows] = x[n, w.cols] · Wᵀ, all device pointers (W through w.data).

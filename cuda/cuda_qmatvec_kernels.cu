@@ -1,5 +1,5 @@
-// The quantised-activation matmul (see cuda_qmatvec_kernels.h for the work layout and
-// q16_dot.h for the arithmetic).
+// The quantised-activation matmul (see cuda_qmatvec_kernels.h for the work layout, q16_dot.h
+// for the arithmetic and q16_order.h for the order of its float terms).
 //
 // Why staging through shared memory: GGUF blocks are 18 (Q4_0), 20 (Q4_1) or 34 (Q8_0) bytes,
 // so a lane reading its own blocks gets 2- or 4-byte loads, and a decode step of small
@@ -12,6 +12,7 @@
 #include "cuda/cuda_qmatvec_kernels.h"
 #include "cuda/q16_dot.h"
 #include "cuda/q16_kquant.h"
+#include "cuda/q16_order.h"
 #include "cuda/q16_stage.h"
 #include "model/gguf/ggml_converted_types.h"
 
@@ -40,82 +41,23 @@ __device__ __forceinline__ Slab SelectSlab(const Segments& s, int rows_per_block
   return Slab{p.w, p.row_stride, p.rows, p.y, static_cast<int64_t>(p.block) * rows_per_block};
 }
 
-__device__ __forceinline__ float HalfAt(const uint8_t* p) {
-  return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
-}
-
-// Each weight type: kBytes per block, kWords quant words, Load(block in shared memory) ->
-// quant words, scale d, min m; Dot(quant words, activation words) -> the integer sum.
-struct Q4_0 {
-  static constexpr bool kPlain = false;
-  static constexpr int kValues = 32;  // values per block
-  static constexpr int kPerLane = 4;  // blocks a lane dots per stage
-  static constexpr bool kSuper = false;
-  static constexpr int kBytes = 18;  // f16 d; u8 qs[16]
-  static constexpr int kWords = 4;
-  static constexpr bool kHasMin = false;
-  __device__ static void Load(const uint8_t* blk, uint32_t* qw, float& d, float& m) {
-    d = HalfAt(blk);
-    m = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) qw[k] = q16::Load32(blk + 2 + 4 * k);  // 2-byte aligned
-  }
-  __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) {
-    return q16::DotQ4<8>(qw, xw);
-  }
-};
-
-struct Q4_1 {
-  static constexpr bool kPlain = false;
-  static constexpr int kValues = 32;  // values per block
-  static constexpr int kPerLane = 4;  // blocks a lane dots per stage
-  static constexpr bool kSuper = false;
-  static constexpr int kBytes = 20;  // f16 d; f16 m; u8 qs[16] (4-byte aligned)
-  static constexpr int kWords = 4;
-  static constexpr bool kHasMin = true;
-  __device__ static void Load(const uint8_t* blk, uint32_t* qw, float& d, float& m) {
-    d = HalfAt(blk);
-    m = HalfAt(blk + 2);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) qw[k] = *reinterpret_cast<const uint32_t*>(blk + 4 + 4 * k);
-  }
-  __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) {
-    return q16::DotQ4<0>(qw, xw);
-  }
-};
-
-struct Q8_0 {
-  static constexpr bool kPlain = false;
-  static constexpr int kValues = 32;  // values per block
-  static constexpr int kPerLane = 4;  // blocks a lane dots per stage
-  static constexpr bool kSuper = false;
-  static constexpr int kBytes = 34;  // f16 d; i8 qs[32]
-  static constexpr int kWords = 8;
-  static constexpr bool kHasMin = false;
-  __device__ static void Load(const uint8_t* blk, uint32_t* qw, float& d, float& m) {
-    d = HalfAt(blk);
-    m = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) qw[k] = q16::Load32(blk + 2 + 4 * k);  // 2-byte aligned
-  }
-  __device__ static int Dot(const uint32_t* qw, const uint32_t* xw) { return q16::DotQ8(qw, xw); }
-};
-
-// The K-quants: 256-value super-blocks in the file's layout (q16_kquant.h), one a lane per
-// stage; kType is GgmlType's value.
-template <int kTypeValue, int kBlockBytes>
-struct KQuant {
-  static constexpr int kBytes = kBlockBytes;
-  static constexpr int kValues = 256;
-  static constexpr int kPerLane = 1;
-  static constexpr bool kSuper = true;
-  static constexpr bool kPlain = false;
-  static constexpr bool kHasMin = false;
+// A quantised weight type (kType: GgmlType's value): one range of the canonical order
+// (q16_order.h) a lane per stage, so a lane's partial is that range's p.
+template <int kTypeValue>
+struct Quant {
   static constexpr int kType = kTypeValue;
+  static constexpr bool kPlain = false;
+  static constexpr int kValues = q16::BlockValues(kType);  // values per block
+  static constexpr int kBytes = q16::BlockBytes(kType);
+  static constexpr int kPerLane = q16::RangeValues(kType) / kValues;  // blocks a lane per stage
+  static constexpr int kSub = q16::SubBlocksPerBlock(kType);
 };
-using Q4_K = KQuant<12, 144>;
-using Q5_K = KQuant<13, 176>;
-using Q6_K = KQuant<14, 210>;
+using Q4_0 = Quant<q16::kTypeQ4_0>;
+using Q4_1 = Quant<q16::kTypeQ4_1>;
+using Q8_0 = Quant<q16::kTypeQ8_0>;
+using Q4_K = Quant<q16::kTypeQ4_K>;
+using Q5_K = Quant<q16::kTypeQ5_K>;
+using Q6_K = Quant<q16::kTypeQ6_K>;
 
 // F16 / BF16 rows, staged the same way, multiplied by f32 activations (CudaMatMulAlgo::
 // kStaged): a "block" is 32 values (64 bytes), read from the stage as 16-bit words (rows
@@ -126,7 +68,6 @@ struct Plain16 {
   static constexpr int kValues = 32;
   static constexpr int kPerLane = 2;  // a 16 KB stage: 4 would spill registers
   static constexpr bool kPlain = true;
-  static constexpr bool kHasMin = false;
   __device__ static float ToFloat(unsigned short v) {
     return kBf16 ? __uint_as_float(static_cast<unsigned int>(v) << 16)
                  : __half2float(__ushort_as_half(v));
@@ -194,65 +135,56 @@ __device__ __forceinline__ void LoadActs(const int16_t* x, uint32_t (&xw)[16]) {
   }
 }
 
-// A lane's 32-value blocks of the staged chunk (lane, lane + G, ...) dotted with the tile's
-// tokens, block by block in order.
+// A lane's range of the staged chunk (blocks lane kPerLane .. + kPerLane, those below cb)
+// dotted with the tile's tokens: p[t] is the range's partial of q16_order.h, from +0, its
+// sub-blocks in order, each one's codes and factors read once for every token.
 template <typename Q>
-__device__ __forceinline__ void Blocks(const uint8_t* srow, int lane, int lanes, int cb, int64_t c0,
-                                       int64_t cols, int64_t t0, int nt,
-                                       const int16_t* __restrict__ xq, const float* __restrict__ xd,
-                                       const float* __restrict__ xs, float (&acc)[kTile],
-                                       float (&acc_min)[kTile]) {
-  const int64_t n_blocks = cols / 32;
+__device__ __forceinline__ void LaneRange(const uint8_t* srow, int lane, int cb, int64_t c0,
+                                          int64_t cols, int64_t t0, int nt,
+                                          const int16_t* __restrict__ xq,
+                                          const float* __restrict__ xd,
+                                          const float* __restrict__ xs, float (&p)[kTile]) {
+  const int64_t n_sub = cols / q16::kBlock;
 #pragma unroll
   for (int i = 0; i < Q::kPerLane; ++i) {
-    const int b = lane + i * lanes;
+    const int b = lane * Q::kPerLane + i;
     if (b >= cb) break;
-    uint32_t qw[Q::kWords];
-    float dw, mw;
-    Q::Load(srow + b * Q::kBytes, qw, dw, mw);
-    const int64_t blk = c0 + b;
+    const uint8_t* blk = srow + b * Q::kBytes;
+    for (int j = 0; j < Q::kSub; ++j) {
+      uint32_t cw[8];
+      float f1, f2;
+      q16::SubBlockCodes<Q::kType>(blk, j, cw, &f1, &f2);
+      const int64_t sb = (c0 + b) * Q::kSub + j;
 #pragma unroll
-    for (int t = 0; t < kTile; ++t) {
-      if (t < nt) {
-        uint32_t xw[16];
-        LoadActs(xq + (t0 + t) * cols + blk * 32, xw);
-        const int isum = Q::Dot(qw, xw);
-        const int64_t di = (t0 + t) * n_blocks + blk;
-        // As the CPU's RowDot: the integer sum times d_w d_b; Q4_1's m_w s_b apart.
-        acc[t] = fmaf(static_cast<float>(isum), dw * __ldg(xd + di), acc[t]);
-        if constexpr (Q::kHasMin) acc_min[t] = fmaf(mw, __ldg(xs + di), acc_min[t]);
+      for (int t = 0; t < kTile; ++t) {
+        if (t < nt) {
+          uint32_t xw[16];
+          LoadActs(xq + (t0 + t) * cols + sb * q16::kBlock, xw);
+          const int64_t di = (t0 + t) * n_sub + sb;
+          p[t] = q16::SubBlockTerm<Q::kType>(cw, f1, f2, xw, __ldg(xd + di), __ldg(xs + di), p[t]);
+        }
       }
     }
   }
 }
 
-// A lane's K-quant super-block of the staged chunk: its 8 sub-blocks in order, each one's
-// codes and factors read once for every token of the tile (q16_kquant.h).
-template <typename Q>
-__device__ __forceinline__ void SuperBlocks(const uint8_t* srow, int lane, int lanes, int cb,
-                                            int64_t c0, int64_t cols, int64_t t0, int nt,
-                                            const int16_t* __restrict__ xq,
-                                            const float* __restrict__ xd,
-                                            const float* __restrict__ xs, float (&acc)[kTile]) {
-  const int64_t n_blocks = cols / 32;
-  if (lane >= cb) return;
-  const uint8_t* blk = srow + lane * Q::kBytes;
-  const int64_t first = (c0 + lane) * q16::kSubBlocks;  // its first 32-value block
-  for (int j = 0; j < q16::kSubBlocks; ++j) {
-    uint32_t cw[8];
-    float f1, f2;
-    q16::KSubBlockCodes<Q::kType>(blk, j, cw, &f1, &f2);
+// Adds the chunk's range partials of each token to its total in range order (q16_order.h):
+// the group's lanes leave p in `fold` [kTile][kThreads], and lane t mod G, which owns token
+// t's total, sums the group's first `ranges` entries one after the other. Every thread of
+// the warp calls it (the group lies within the warp).
+__device__ __forceinline__ void Fold(const float (&p)[kTile], int lane, int lanes, int ranges,
+                                     int nt, float* fold, float (&total)[kTile]) {
 #pragma unroll
-    for (int t = 0; t < kTile; ++t) {
-      if (t < nt) {
-        uint32_t xw[16];
-        LoadActs(xq + (t0 + t) * cols + (first + j) * 32, xw);
-        const int64_t di = (t0 + t) * n_blocks + first + j;
-        acc[t] =
-            q16::KSubBlockApply<Q::kType>(cw, f1, f2, xw, __ldg(xd + di), __ldg(xs + di), acc[t]);
-      }
+  for (int t = 0; t < kTile; ++t) fold[t * kThreads + threadIdx.x] = p[t];
+  __syncwarp();
+  const int group0 = static_cast<int>(threadIdx.x) - lane;
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    if (t < nt && (t & (lanes - 1)) == lane) {
+      for (int r = 0; r < ranges; ++r) total[t] = total[t] + fold[t * kThreads + group0 + r];
     }
   }
+  __syncwarp();  // before the next chunk overwrites fold
 }
 
 // A lane's 16-bit blocks of the staged chunk dotted with the tile's f32 activations, value
@@ -300,6 +232,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
                     const float* __restrict__ xs, const float* __restrict__ xf, int64_t n,
                     int tiles_per_block) {
   __shared__ __align__(16) uint8_t stage[StageShape<Q>::kUnits * 16];
+  __shared__ float fold[Q::kPlain ? 1 : kTile * kThreads];
   const int lanes = 1 << lanes_log2;
   const int rows_per_block = kThreads >> lanes_log2;
   const int local_row = threadIdx.x >> lanes_log2;
@@ -318,9 +251,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     const int64_t t0 = (static_cast<int64_t>(blockIdx.y) * tiles_per_block + tile) * kTile;
     if (t0 >= n) break;  // block-uniform
     const int nt = static_cast<int>(min(static_cast<int64_t>(kTile), n - t0));
-    float acc[kTile], acc_min[kTile];
+    // F16 / BF16: the lane's running sums; quantised: token t's total on lane t mod G.
+    float acc[kTile];
 #pragma unroll
-    for (int t = 0; t < kTile; ++t) acc[t] = acc_min[t] = 0.0f;
+    for (int t = 0; t < kTile; ++t) acc[t] = 0.0f;
 
     for (int64_t c0 = 0; c0 < n_blocks; c0 += chunk) {
       const int cb = static_cast<int>(min(static_cast<int64_t>(chunk), n_blocks - c0));
@@ -328,27 +262,34 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         StageRows<Q>(slab, rows_here, c0, cb, upr, stage);
         __syncthreads();
       }
-      if (active) {
-        const uintptr_t start = reinterpret_cast<uintptr_t>(slab.w + row * slab.row_stride +
-                                                            static_cast<size_t>(c0) * Q::kBytes);
-        const uint8_t* srow = stage + q16::StagedRowOffset(local_row, upr, start);
-        if constexpr (Q::kPlain) {
-          PlainBlocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xf, acc);
-        } else if constexpr (Q::kSuper) {
-          SuperBlocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xq, xd, xs, acc);
-        } else {
-          Blocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xq, xd, xs, acc, acc_min);
-        }
+      const uintptr_t start = reinterpret_cast<uintptr_t>(slab.w + row * slab.row_stride +
+                                                          static_cast<size_t>(c0) * Q::kBytes);
+      const uint8_t* srow = stage + q16::StagedRowOffset(local_row, upr, start);
+      if constexpr (Q::kPlain) {
+        if (active) PlainBlocks<Q>(srow, lane, lanes, cb, c0, cols, t0, nt, xf, acc);
+      } else {
+        float p[kTile];
+#pragma unroll
+        for (int t = 0; t < kTile; ++t) p[t] = 0.0f;
+        if (active) LaneRange<Q>(srow, lane, cb, c0, cols, t0, nt, xq, xd, xs, p);
+        Fold(p, lane, lanes, (cb + Q::kPerLane - 1) / Q::kPerLane, nt, fold, acc);
       }
       if (!one_chunk) __syncthreads();  // the stage is overwritten by the next chunk
     }
-    // Every thread takes part in the shuffles (inactive rows hold zeros).
+    if constexpr (Q::kPlain) {
+      // Every thread takes part in the shuffles (inactive rows hold zeros).
 #pragma unroll
-    for (int t = 0; t < kTile; ++t) {
-      if (t >= nt) break;  // block-uniform
-      float sum = GroupSum(acc[t], lanes);
-      if constexpr (Q::kHasMin) sum += GroupSum(acc_min[t], lanes);
-      if (active && lane == 0) slab.y[(t0 + t) * slab.rows + row] = sum;
+      for (int t = 0; t < kTile; ++t) {
+        if (t >= nt) break;  // block-uniform
+        const float sum = GroupSum(acc[t], lanes);
+        if (active && lane == 0) slab.y[(t0 + t) * slab.rows + row] = sum;
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < kTile; ++t) {
+        if (active && t < nt && (t & (lanes - 1)) == lane)
+          slab.y[(t0 + t) * slab.rows + row] = acc[t];
+      }
     }
   }
 }

@@ -11,9 +11,13 @@
 //      (q16_kquant.h: each 32-value sub-block's codes against its activation block).
 //      Each thread block stages a slab of weight rows into shared memory with 16-byte loads
 //      (whatever the 18/20/34-byte block layout: rows are copied as byte ranges, aligned down
-//      to 16 bytes), then a group of G lanes dots each row, G from the row length only.
-//      Every (row, token) result is the same instruction sequence whatever n, the token tile
-//      or the rows per thread block, which keeps it batch-invariant.
+//      to 16 bytes), then a group of G lanes dots each row, G from the row length only: lane
+//      l takes range l of the stage's chunk (q16_order.h: 128 values, or one K-quant
+//      super-block), and the owner of each token adds the ranges' partials in order. A
+//      (row, token) result is thus the canonical order of q16_order.h whatever n, the token
+//      tile or the rows per thread block — the same bits as the tensor-core kernel of larger
+//      passes (cuda_mma_kernels.h) — which keeps it batch-invariant. F16 / BF16 rows
+//      (LaunchStaged16) keep a lane per strided block and a butterfly sum.
 #pragma once
 
 #include <cuda_runtime_api.h>

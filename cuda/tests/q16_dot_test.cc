@@ -15,6 +15,7 @@
 #include "cuda/cuda_qmatvec_kernels.h"
 #include "cuda/q16_kquant.h"
 #include "cuda/q16_stage.h"
+#include "cuda/tests/q16_test_util.h"
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_kernels.h"
 #include "model/cpu/cpu_repack_kquant.h"
@@ -24,13 +25,11 @@
 namespace specnode {
 namespace {
 
-constexpr int kB = q16::kBlock;
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using q16_test::Bits;
+using q16_test::kB;
+using q16_test::KQuantRows;
+using q16_test::QuantizeTokens;
+using q16_test::ScalarActs;
 
 // Blocks that exercise the rounding: random normals with outliers, an all-zero block,
 // values exactly halfway between levels (amax 32767 makes d = 1), subnormals, a block whose
@@ -133,46 +132,6 @@ float RowFromQ16(GgmlType type, const uint8_t* row, int64_t blocks, const int16_
   return acc + acc_min;
 }
 
-// `tokens` rows of `cols` random activations (outliers every `outlier_every` values) rounded
-// by the CPU's scalar quantiser, in the strides its kernels take, and the CPU's matmul
-// arguments over them (w, row_stride and blocks for the caller to set).
-struct ScalarActs {
-  int64_t qs_stride = 0, ds_stride = 0;
-  std::vector<int16_t> qs;
-  std::vector<float> d, s;
-  std::vector<float> y;
-  cpu_kernels::QuantMatMulArgs args;
-};
-
-void QuantizeTokens(GgmlType type, int64_t tokens, int64_t cols, int64_t rows, uint32_t seed,
-                    int outlier_every, ScalarActs* a) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(tokens * cols);
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = normal(rng) * (i % outlier_every == 0 ? 25.0f : 1.0f);
-  }
-  const int64_t blocks = cols / kB;
-  a->qs_stride = (cols + 127) / 128 * 128;
-  a->ds_stride = (blocks + 15) / 16 * 16;
-  a->qs.assign(tokens * a->qs_stride + 128, 0);
-  a->d.assign(tokens * a->ds_stride + 16, 0.0f);
-  a->s.assign(tokens * a->ds_stride + 16, 0.0f);
-  for (int64_t t = 0; t < tokens; ++t) {
-    cpu_kernels::kScalarKernels.quantize(
-        x.data() + t * cols, blocks, type, a->qs.data() + t * a->qs_stride,
-        a->d.data() + t * a->ds_stride, a->s.data() + t * a->ds_stride);
-  }
-  a->y.assign(tokens * rows, 0.0f);
-  a->args.type = type;
-  a->args.blocks = blocks;
-  a->args.x = {a->qs.data(), nullptr,      a->d.data(), a->s.data(),
-               nullptr,      a->qs_stride, a->ds_stride};
-  a->args.n = tokens;
-  a->args.y = a->y.data();
-  a->args.ldy = rows;
-}
-
 class Q16RowTest : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(Q16RowTest, RowsEqualTheCpuScalarKernel) {
@@ -212,22 +171,6 @@ INSTANTIATE_TEST_SUITE_P(Types, Q16RowTest,
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return std::string(GgmlTypeName(static_cast<uint32_t>(info.param)));
                          });
-
-// K-quant rows (ggml's layout) of `rows` x `cols` random values.
-std::vector<uint8_t> KQuantRows(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const size_t row_bytes = GgmlRowBytes(type, cols);
-  std::vector<uint8_t> w(rows * row_bytes);
-  std::vector<float> row(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (size_t i = 0; i < row.size(); ++i) {
-      row[i] = normal(rng) * 0.05f * (1.0f + static_cast<float>(i % 7)) + (r % 2 ? 0.02f : 0.0f);
-    }
-    QuantizeConvertedRow(type, row.data(), w.data() + r * row_bytes, cols);
-  }
-  return w;
-}
 
 uint32_t CodesOf(GgmlType type, const uint8_t* blk, int j, int w) {
   uint32_t cw[8];
