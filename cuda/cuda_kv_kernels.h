@@ -19,6 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace specnode::cuda_internal {
@@ -56,11 +57,26 @@ struct KvDevicePass {
 cudaError_t LaunchKvEncode(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
                            const float* k, const float* v, cudaStream_t stream);
 
+// Scratch of the chunked (flash-decoding) attention: partials [kChunkedRows, n_heads,
+// kMaxChunks, 2 + head_dim] f32 and counters [kChunkedRows, n_heads], zeroed once at
+// allocation (each launch leaves them zero). Sizes in elements from KvAttentionScratchFloats
+// and KvAttentionCounters. Owned by the pool; one launch at a time uses it (one stream).
+struct KvAttentionScratch {
+  float* partials = nullptr;
+  unsigned* counters = nullptr;
+};
+size_t KvAttentionScratchFloats(const KvDeviceFormat& f);
+size_t KvAttentionCounters(const KvDeviceFormat& f);
+
 // q, out: [n, n_kv_heads * gqa_group, head_dim]. Row t attends positions [0, rows[t][1]) of
 // its sequence (evicted ones skipped), query head h reading kv head h / gqa_group; queries
-// rotated like the rows and outputs rotated back when rotate.
+// rotated like the rows and outputs rotated back when rotate. The context is cut into chunks
+// and merged as kv_attention_chunks.h says; passes of at most kv_chunks::kChunkedRows rows
+// spread a row's chunks over blocks using `scratch` (without scratch, or for larger passes,
+// one block per row: the same bits).
 cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
-                              const float* q, float scale, float* out, cudaStream_t stream);
+                              const float* q, float scale, float* out,
+                              const KvAttentionScratch& scratch, cudaStream_t stream);
 
 // jobs: [n_jobs, 6]: from (offset low, high, class), to (offset low, high, class) token
 // bases; every layer's K and V rows of `from` decoded and re-encoded into `to`. No two jobs

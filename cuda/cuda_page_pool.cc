@@ -95,7 +95,29 @@ absl::StatusOr<std::unique_ptr<CudaPagePool>> CudaPagePool::Create(CudaBackend* 
                      " in any class + a spare chunk per class): ", arena.status().message()));
   }
   p->arena_ = *std::move(arena);
+  SPECNODE_RETURN_IF_ERROR(p->AllocateAttentionScratch());
   return p;
+}
+
+absl::Status CudaPagePool::AllocateAttentionScratch() {
+  const cuda_internal::KvDeviceFormat f = Format();
+  const size_t partial_bytes = cuda_internal::KvAttentionScratchFloats(f) * sizeof(float);
+  const size_t counter_bytes = cuda_internal::KvAttentionCounters(f) * sizeof(unsigned);
+  auto partials = DeviceBuffer::Allocate(partial_bytes);
+  auto counters = DeviceBuffer::Allocate(counter_bytes);
+  if (!partials.ok() || !counters.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda page pool: cannot allocate ", partial_bytes + counter_bytes,
+                     " bytes of attention scratch on ", device(), ": ",
+                     (partials.ok() ? counters.status() : partials.status()).message()));
+  }
+  attn_partials_ = *std::move(partials);
+  attn_counters_ = *std::move(counters);
+  // On the pool's stream (non-blocking: the legacy stream would not order it before the
+  // first attention launch).
+  SPECNODE_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(attn_counters_.data(), 0, counter_bytes, backend_->stream()));
+  return absl::OkStatus();
 }
 
 KvPoolCaps CudaPagePool::Caps(int head_dim, std::optional<bool> rotate) {
@@ -334,8 +356,9 @@ absl::Status CudaPagePool::Attend(int layer, const float* q, float scale, int32_
         "the CUDA page pool has no sliding-window attention kernel yet (use --device cpu)");
   }
   SPECNODE_ASSIGN_OR_RETURN(const cuda_internal::KvDevicePass p, PassArgs());
-  SPECNODE_CUDA_RETURN_IF_ERROR(
-      cuda_internal::LaunchKvAttention(Format(), p, layer, q, scale, out, backend_->stream()));
+  SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchKvAttention(
+      Format(), p, layer, q, scale, out,
+      {attn_partials_.as<float>(), attn_counters_.as<unsigned>()}, backend_->stream()));
   return absl::OkStatus();
 }
 
@@ -357,8 +380,9 @@ absl::Status CudaPagePool::EndPass() {
 uint64_t CudaPagePool::PassSignature() const {
   // What the recorded launches bake in besides the step tables (the backend mixes those):
   // the arena, the mass buffer and the format's scalars (fixed per pool).
-  return MixSignature(reinterpret_cast<uintptr_t>(arena_.data()),
-                      reinterpret_cast<uintptr_t>(mass_.data()));
+  return MixSignature(MixSignature(reinterpret_cast<uintptr_t>(arena_.data()),
+                                   reinterpret_cast<uintptr_t>(mass_.data())),
+                      reinterpret_cast<uintptr_t>(attn_partials_.data()));
 }
 
 }  // namespace specnode

@@ -101,6 +101,8 @@ class CudaPagePool final : public KvPagePool {
  private:
   CudaPagePool(CudaBackend* backend, const KvPoolGeometry& g, bool rotate);
   cuda_internal::KvDeviceFormat Format() const;
+  // The chunked attention's scratch (Create, after the arena).
+  absl::Status AllocateAttentionScratch();
   // The pass's device tables (uploaded first) for a launch; the kept error, if any.
   absl::StatusOr<cuda_internal::KvDevicePass> PassArgs();
   int64_t SlotBase(KvSlot s) const;  // the slot's layer-0 byte offset in the arena
@@ -125,6 +127,9 @@ class CudaPagePool final : public KvPagePool {
   KvPassTables tables_;
   int64_t rows_off_ = 0, tok_off_ = 0;  // offsets in the backend's step tables
   DeviceBuffer mass_;                   // [tables_.mass_floats] f32, grown to powers of two
+  // The chunked attention's partials and counters (cuda_kv_kernels.h, KvAttentionScratch),
+  // allocated at Create for kv_chunks::kChunkedRows rows.
+  DeviceBuffer attn_partials_, attn_counters_;
   PinnedHostBuffer mass_host_;
 
   // Demotion queue: [jobs, 6] (cuda_kv_kernels.h) and the (page, slot) targets in it.

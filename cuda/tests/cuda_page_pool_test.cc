@@ -12,12 +12,14 @@
 // Without a GPU every test here skips, except the capability check.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_page_pool.h"
+#include "cuda/kv_attention_chunks.h"
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
 #include "kvstore/cpu_page_pool.h"
@@ -98,15 +100,21 @@ struct Twin {
   // n rows of seq (random K/V/Q from seed) through both stores; outputs compared per layer
   // within `tol`; commits `keep` of the n rows. Returns the GPU outputs.
   std::vector<float> Step(SeqId seq, int n, int keep, uint32_t seed, double tol) {
+    const int kv = kc.n_kv_heads * kc.head_dim, q_row = kv * kc.gqa_group;
+    return StepWith(seq, n, keep, cuda_test::RandomVector(n * kv, seed),
+                    cuda_test::RandomVector(n * kv, seed + 1),
+                    cuda_test::RandomVector(n * q_row, seed + 2, 3.0f), tol);
+  }
+
+  // The same with the pass's rows given: k, v [n, n_kv_heads * head_dim], q [n, query row].
+  std::vector<float> StepWith(SeqId seq, int n, int keep, const std::vector<float>& k,
+                              const std::vector<float>& v, const std::vector<float>& q,
+                              double tol) {
     const int32_t pos0 = cpu->Length(seq);
     EXPECT_EQ(gpu->Length(seq), pos0);
     EXPECT_TRUE(cpu->Reserve(seq, n).ok());
     const absl::Status r = gpu->Reserve(seq, n);
     EXPECT_TRUE(r.ok()) << r;
-    const int kv = kc.n_kv_heads * kc.head_dim, q_row = kv * kc.gqa_group;
-    const std::vector<float> k = cuda_test::RandomVector(n * kv, seed);
-    const std::vector<float> v = cuda_test::RandomVector(n * kv, seed + 1);
-    const std::vector<float> q = cuda_test::RandomVector(n * q_row, seed + 2, 3.0f);
     auto dk = cuda_test::Upload(k), dv = cuda_test::Upload(v), dq = cuda_test::Upload(q);
     auto dout = DeviceBuffer::Allocate(q.size() * sizeof(float));
     EXPECT_TRUE(dk.ok() && dv.ok() && dq.ok() && dout.ok());
@@ -201,6 +209,38 @@ INSTANTIATE_TEST_SUITE_P(
                       ModeCase{KvMode::kInt8, true}, ModeCase{KvMode::kInt4, false},
                       ModeCase{KvMode::kInt4, true}, ModeCase{KvMode::kMixed, true},
                       ModeCase{KvMode::kMixed, false}));
+
+// A long context (12 chunks of kv_attention_chunks.h): a row attended in a pass of more
+// than kChunkedRows rows (one block walking its chunks) and the same row alone in a
+// decode-sized pass (its chunks spread over blocks, merged by the last) give the same bits,
+// and both agree with the CPU. Twice, so the counters left by one launch serve the next.
+TEST(CudaPagePoolTest, ChunkedAttentionEqualsOneBlockPerRow) {
+  SPECNODE_SKIP_WITHOUT_CUDA();
+  KvStoreConfig kc = Config(KvMode::kFull, true, 64 << 20);
+  kc.max_seq_len = 4096;
+  auto t = Twin::Make(kc);
+  ASSERT_NE(t, nullptr);
+  constexpr int kPrefix = 3000, kRows = kv_chunks::kChunkedRows + 6;
+  t->Step(1, kPrefix, kPrefix, 7, 2e-3);
+  const int kv = kc.n_kv_heads * kc.head_dim, q_row = kv * kc.gqa_group;
+  const std::vector<float> k = cuda_test::RandomVector(kRows * kv, 11);
+  const std::vector<float> v = cuda_test::RandomVector(kRows * kv, 12);
+  const std::vector<float> q = cuda_test::RandomVector(kRows * q_row, 13, 3.0f);
+  // All kRows in one pass; keep all but the last.
+  const std::vector<float> big = t->StepWith(1, kRows, kRows - 1, k, v, q, 2e-3);
+  ASSERT_EQ(big.size(), static_cast<size_t>(kc.n_layers * kRows * q_row));
+  for (int rep = 0; rep < 2; ++rep) {
+    const std::vector<float> one = t->StepWith(1, 1, 0, std::vector<float>(k.end() - kv, k.end()),
+                                               std::vector<float>(v.end() - kv, v.end()),
+                                               std::vector<float>(q.end() - q_row, q.end()), 2e-3);
+    ASSERT_EQ(one.size(), static_cast<size_t>(kc.n_layers * q_row));
+    for (int l = 0; l < kc.n_layers; ++l) {
+      const float* want = big.data() + (static_cast<size_t>(l) * kRows + kRows - 1) * q_row;
+      EXPECT_EQ(0, std::memcmp(one.data() + l * q_row, want, q_row * sizeof(float)))
+          << "layer " << l << " repeat " << rep;
+    }
+  }
+}
 
 // Pool level: pages of every class, one sequence spread over them with an evicted position,
 // a 4-row pass with two observed queries. Encoded bytes equal the CPU pool's exactly,

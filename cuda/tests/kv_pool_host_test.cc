@@ -2,7 +2,9 @@
 // - kv_row_codec.h, the row code the kernels run, byte for byte against the CPU pool's
 //   KvEncodeRow / KvDecodeRow / HadamardInPlace and model/gguf's f16 conversions;
 // - the slab allocator that places pages of three sizes in the device arena;
-// - the pass tables the kernels read and the mass reduction back into the manager's rows.
+// - the pass tables the kernels read and the mass reduction back into the manager's rows;
+// - the attention's chunking (kv_attention_chunks.h): every position in exactly one chunk,
+//   and the merge of chunk partials equal to one softmax over all of them.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/kv_attention_chunks.h"
 #include "cuda/kv_frame_allocator.h"
 #include "cuda/kv_pass_tables.h"
 #include "cuda/kv_row_codec.h"
@@ -325,6 +328,70 @@ TEST(KvPassTables, OffsetsRowsAndMassReduction) {
       EXPECT_EQ(cnt[kv * 4 + j], evicted ? 0.0f : 2.0f * 3) << kv << " " << j;
     }
   }
+}
+
+TEST(KvAttentionChunks, EveryPositionInExactlyOneChunkInOrder) {
+  for (int length = 0; length <= 20000; length += length < 2100 ? 1 : 97) {
+    const int z = kv_chunks::ChunkCount(length);
+    ASSERT_GE(z, 1);
+    ASSERT_LE(z, kv_chunks::kMaxChunks);
+    if (length > kv_chunks::kChunkMin) {
+      ASSERT_GT(z, 1) << length;
+    }
+    int next = 0;
+    for (int c = 0; c < z; ++c) {
+      int b, e;
+      kv_chunks::ChunkBounds(length, c, &b, &e);
+      ASSERT_EQ(b, next) << "length " << length << " chunk " << c;
+      ASSERT_LE(b, e);
+      if (z > 1) {
+        ASSERT_GE(e - b, std::min(kv_chunks::kChunkMin / 2, length - b)) << length;
+      }
+      next = e;
+    }
+    ASSERT_EQ(next, length);
+  }
+}
+
+// Partials of a random score vector merged in chunk order give the whole softmax-weighted
+// sum; empty chunks (l == 0) change nothing, and a single chunk is copied exactly.
+TEST(KvAttentionChunks, MergedPartialsAreTheWholeSoftmax) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  const int n = 3000;
+  std::vector<float> s(n), v(n);
+  for (int j = 0; j < n; ++j) {
+    s[j] = normal(rng);
+    v[j] = normal(rng);
+  }
+  double num = 0, den = 0, mx = -1e30;
+  for (float x : s) mx = std::max<double>(mx, x);
+  for (int j = 0; j < n; ++j) {
+    num += std::exp(s[j] - mx) * v[j];
+    den += std::exp(s[j] - mx);
+  }
+  float m = -INFINITY, l = 0.0f, acc = 0.0f;
+  kv_chunks::MergePartial(-INFINITY, 0.0f, 0.0f, &m, &l, &acc);  // an empty chunk
+  EXPECT_EQ(l, 0.0f);
+  const int z = kv_chunks::ChunkCount(n);
+  for (int c = 0; c < z; ++c) {
+    int b, e;
+    kv_chunks::ChunkBounds(n, c, &b, &e);
+    float mc = -INFINITY, lc = 0.0f, ac = 0.0f;
+    for (int j = b; j < e; ++j) mc = std::max(mc, s[j]);
+    for (int j = b; j < e; ++j) {
+      lc += std::exp(s[j] - mc);
+      ac += std::exp(s[j] - mc) * v[j];
+    }
+    kv_chunks::MergePartial(mc, lc, ac, &m, &l, &acc);
+    if (c == 0) {
+      EXPECT_EQ(m, mc);  // copied exactly into the empty state
+      EXPECT_EQ(l, lc);
+      EXPECT_EQ(acc, ac);
+    }
+  }
+  EXPECT_NEAR(acc / l, num / den, 1e-4 * (1 + std::fabs(num / den)));
+  EXPECT_FLOAT_EQ(m, static_cast<float>(mx));
 }
 
 }  // namespace
