@@ -43,7 +43,12 @@ struct SpeculativeEngine::Seq {
 struct SpeculativeEngine::Pass {
   ModelRunner* runner = nullptr;
   std::vector<BatchEntry> batch;
+  // Every sequence of the pass decodes greedily: the runner returns each row's arg max
+  // (`ids`, ModelRunner::EndForwardArgMax) instead of its logits, which a GPU target then
+  // keeps on the device.
+  bool greedy = true;
   std::vector<float> logits;
+  std::vector<int32_t> ids;
   size_t tokens = 0;     // input tokens of the batch
   double seconds = 0.0;  // from the step's first BeginForward to this pass's EndForward
 };
@@ -91,8 +96,8 @@ absl::Status SpeculativeEngine::Start(const SpecRequest& request) {
     return absl::InvalidArgumentError(absl::StrFormat("sequence %d already exists", request.id));
   }
   // The request checks every way in shares (request_validator.h).
-  SPECNODE_RETURN_IF_ERROR(ValidateRequest(request.prompt, request.max_new_tokens,
-                                           request.sampling, request.domain, limits()));
+  SPECNODE_RETURN_IF_ERROR(ValidateRequest(request.prompt, request.max_new_tokens, request.sampling,
+                                           request.domain, limits()));
   auto s = std::make_unique<Seq>(request);
   s->tokens = std::move(s->request.prompt);
   s->request.prompt.clear();
@@ -347,6 +352,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     }
     pass_of[i] = p;
     row_of[i] = rows[p];
+    passes[p].greedy = passes[p].greedy && s->request.sampling.temperature == 0.0f;
     if (prefill) {
       inputs[i].assign(s->tokens.begin() + s->prefilled,
                        s->tokens.begin() + s->prefilled + s->chunk);
@@ -381,7 +387,18 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     for (int64_t i = begin; i < end; ++i) {
       Seq* s = seqs[i];
       if (inputs[i].empty()) continue;  // a prefill with no chunk this step
-      const float* row0 = passes[pass_of[i]].logits.data() + row_of[i] * vocab;
+      const Pass& pass = passes[pass_of[i]];
+      const int k = static_cast<int>(s->drafts.size());
+      if (pass.greedy) {  // the rows' arg maxes: what greedy sampling and acceptance use
+        const int32_t* ids = pass.ids.data() + row_of[i];
+        if (s->prefilled < s->n_prompt) {
+          if (s->prefilled + s->chunk == s->n_prompt) first_token[i] = ids[0];
+        } else {
+          outcomes[i] = AcceptGreedyIds(s->drafts, {ids, static_cast<size_t>(k + 1)});
+        }
+        continue;
+      }
+      const float* row0 = pass.logits.data() + row_of[i] * vocab;
       // Row 0 predicts the token at the sequence's committed length.
       const int64_t position = static_cast<int64_t>(s->tokens.size());
       if (s->prefilled < s->n_prompt) {
@@ -390,7 +407,6 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
         }
         continue;
       }
-      const int k = static_cast<int>(s->drafts.size());
       const std::span<const float> rows(row0, static_cast<size_t>(k + 1) * vocab);
       if (k == 0) {
         outcomes[i].next_token = s->sampler.Sample(rows, position);
@@ -491,7 +507,8 @@ absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
   }
   for (size_t p = 0; p < passes.size(); ++p) {
     if (!begun[p]) continue;
-    absl::Status st = passes[p].runner->EndForward(&passes[p].logits);
+    absl::Status st = passes[p].greedy ? passes[p].runner->EndForwardArgMax(&passes[p].ids)
+                                       : passes[p].runner->EndForward(&passes[p].logits);
     const auto end = Clock::now();
     passes[p].seconds = Seconds(t0, end);
     last_pass_[passes[p].runner] = end;

@@ -347,6 +347,20 @@ absl::Status CudaBackend::FinishLogits(const float* logits, int64_t floats,
   return Sync();
 }
 
+absl::Status CudaBackend::FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
+                                       std::vector<float>* host, std::vector<int32_t>* ids) {
+  ForgetQ16();
+  ids->resize(static_cast<size_t>(rows));
+  if (rows > 0) {
+    SPECNODE_RETURN_IF_ERROR(Ensure(argmax_ids_, static_cast<size_t>(rows) * sizeof(int32_t)));
+    SPECNODE_RETURN_IF_ERROR(
+        CudaArgMaxRows(logits, rows, vocab, argmax_ids_.as<int32_t>(), stream_));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        ids->data(), argmax_ids_.data(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  }
+  return Sync();
+}
+
 absl::Status CudaBackend::Sync() {
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();

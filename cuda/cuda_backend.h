@@ -124,6 +124,9 @@ class CudaBackend final : public Backend {
   absl::Status AllReduce(PartialSumReducer* reducer, float* data, int64_t count) override;
   absl::StatusOr<float*> LogitsBuffer(int64_t floats, std::vector<float>* host) override;
   absl::Status FinishLogits(const float* logits, int64_t floats, std::vector<float>* host) override;
+  // The arg max of each row on the device (CudaArgMaxRows); only the ids are copied back.
+  absl::Status FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
+                            std::vector<float>* host, std::vector<int32_t>* ids) override;
   absl::Status Sync() override;
   absl::Status Record(int64_t rows, uint64_t signature,
                       const std::function<absl::Status()>& body) override;
@@ -167,6 +170,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaGraphCache> graphs_;
   std::array<DeviceBuffer, kMaxSlots> buffers_;
   DeviceBuffer logits_;
+  DeviceBuffer argmax_ids_;  // FinishArgMax's [rows] int32
   CudaStepTables tables_;
   int64_t ids_ = 0, positions_ = 0;  // the pass's offsets in tables_
   int64_t rows_ = 0;

@@ -1,5 +1,7 @@
 #include "cuda/cuda_ops.h"
 
+#include <climits>
+
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_check.h"
 #include "cuda/q16_dot.h"
@@ -153,6 +155,46 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, floa
   }
 }
 
+// The better of two (value, index) candidates: the larger value, the lower index on ties.
+__device__ __forceinline__ void BetterOf(float ov, int oi, float& v, int& i) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+// One block per row: each thread the best of its strided values, then the warps' and the
+// block's bests; a NaN or an infinity anywhere makes the row's id -1.
+constexpr int kArgMaxThreads = 256;
+__global__ void __launch_bounds__(kArgMaxThreads)
+    ArgMaxRowsKernel(const float* __restrict__ x, int64_t cols, int32_t* __restrict__ ids) {
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float v = -INFINITY;
+  int i = INT_MAX;
+  int bad = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += kArgMaxThreads) {
+    const float e = row[c];
+    if (!isfinite(e)) bad = 1;
+    BetterOf(e, static_cast<int>(c), v, i);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, offset);
+    BetterOf(ov, oi, v, i);
+  }
+  __shared__ float warp_v[kArgMaxThreads / 32];
+  __shared__ int warp_i[kArgMaxThreads / 32];
+  if (threadIdx.x % 32 == 0) {
+    warp_v[threadIdx.x / 32] = v;
+    warp_i[threadIdx.x / 32] = i;
+  }
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgMaxThreads / 32; ++w) BetterOf(warp_v[w], warp_i[w], v, i);
+    ids[blockIdx.x] = bad ? -1 : i;
+  }
+}
+
 __global__ void AddInPlaceKernel(float* y, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -277,6 +319,21 @@ absl::Status CudaAddInPlace(float* y, const float* x, int64_t n, cudaStream_t st
   }
   AddInPlaceKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(y, x, n);
   SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("AddInPlaceKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaArgMaxRows(const float* x, int64_t n, int64_t cols, int32_t* ids,
+                            cudaStream_t stream) {
+  if (n < 0 || n > 0x7fffffff || cols <= 0 || cols > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaArgMaxRows: bad shape n=", n, " cols=", cols));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr || ids == nullptr) {
+    return absl::InvalidArgumentError("CudaArgMaxRows: null pointer");
+  }
+  ArgMaxRowsKernel<<<static_cast<unsigned>(n), kArgMaxThreads, 0, stream>>>(x, cols, ids);
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("ArgMaxRowsKernel");
   return absl::OkStatus();
 }
 

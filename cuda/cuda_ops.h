@@ -62,6 +62,12 @@ absl::Status CudaRopeNormPair(float* x, float* x2, const int32_t* positions, int
 absl::Status CudaSwiGlu(const float* gate, const float* up, int64_t n, float* out,
                         cudaStream_t stream = nullptr, const cuda_internal::Q16Acts* q16 = nullptr);
 
+// ids[r] = the index of row r's largest value, lowest on ties (model/llama/sampling.h's
+// ArgMax), or -1 when the row holds a NaN or an infinity. x: [n, cols]; ids: [n] int32.
+// One block per row (a greedy head: only n ints leave the device).
+absl::Status CudaArgMaxRows(const float* x, int64_t n, int64_t cols, int32_t* ids,
+                            cudaStream_t stream = nullptr);
+
 // y[i] += x[i] for n values. x, y: [n].
 absl::Status CudaAddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);
 

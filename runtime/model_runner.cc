@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/llama/cpu_backend.h"
+#include "model/llama/sampling.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 
@@ -18,6 +20,36 @@ absl::Status ModelRunner::EndForward(std::vector<float>* logits) {
   assert(has_pending_);
   has_pending_ = false;
   return Forward(pending_, logits);
+}
+
+namespace {
+
+// Each [vocab] row's ArgMax (the logits are finite: Forward checked them).
+void HostArgMax(const std::vector<float>& logits, int32_t vocab, std::vector<int32_t>* ids) {
+  const size_t rows = logits.size() / static_cast<size_t>(vocab);
+  ids->resize(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    (*ids)[r] = ArgMax(std::span<const float>(logits.data() + r * vocab, vocab));
+  }
+}
+
+}  // namespace
+
+absl::Status ModelRunner::ForwardArgMax(std::span<const BatchEntry> batch,
+                                        std::vector<int32_t>* ids) {
+  SPECNODE_RETURN_IF_ERROR(Forward(batch, &argmax_logits_));
+  HostArgMax(argmax_logits_, vocab_size(), ids);
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::EndForwardArgMax(std::vector<int32_t>* ids) {
+  if (has_pending_) {
+    has_pending_ = false;
+    return ForwardArgMax(pending_, ids);
+  }
+  SPECNODE_RETURN_IF_ERROR(EndForward(&argmax_logits_));
+  HostArgMax(argmax_logits_, vocab_size(), ids);
+  return absl::OkStatus();
 }
 
 std::optional<ModelRunner::KvRoom> ModelRunner::Room(int64_t) const { return std::nullopt; }
@@ -72,6 +104,11 @@ LocalModelRunner::~LocalModelRunner() = default;
 absl::Status LocalModelRunner::Forward(std::span<const BatchEntry> batch,
                                        std::vector<float>* logits) {
   return forward_->Forward(batch, cache_.get(), logits);
+}
+
+absl::Status LocalModelRunner::ForwardArgMax(std::span<const BatchEntry> batch,
+                                             std::vector<int32_t>* ids) {
+  return forward_->ForwardArgMax(batch, cache_.get(), ids);
 }
 
 std::optional<ModelRunner::KvRoom> LocalModelRunner::Room(int64_t tokens) const {

@@ -48,6 +48,14 @@ class ModelRunner {
   virtual absl::Status BeginForward(std::span<const BatchEntry> batch);
   virtual absl::Status EndForward(std::vector<float>* logits);
 
+  // For greedy consumers: (*ids)[r] = ArgMax of logits row r, the rows Forward would give,
+  // the same tokens; a runner whose logits live on a device keeps them there (only the ids
+  // travel). ForwardArgMax's default runs Forward and takes the arg max on the host;
+  // EndForwardArgMax ends a BeginForward that way: ForwardArgMax on the default split
+  // phase's pending batch, else EndForward and the host's arg max (a remote target).
+  virtual absl::Status ForwardArgMax(std::span<const BatchEntry> batch, std::vector<int32_t>* ids);
+  virtual absl::Status EndForwardArgMax(std::vector<int32_t>* ids);
+
   virtual int32_t Length(SeqId seq) const = 0;
   // Makes room for `count` more tokens of `seq` ahead of a Forward that adds them (KvCache
   // Reserve semantics: ResourceExhausted when the cache is full, nothing changes). Forward
@@ -109,6 +117,7 @@ class ModelRunner {
  private:
   std::span<const BatchEntry> pending_;  // the default split phase's batch
   bool has_pending_ = false;
+  std::vector<float> argmax_logits_;  // the defaults' host logits
 };
 
 // A runner in this process: the Llama graph over a Backend, with weights in the backend's
@@ -132,6 +141,7 @@ class LocalModelRunner final : public ModelRunner {
   int32_t max_positions() const override { return forward_->config().context_length; }
   std::string device() const override { return backend_->device(); }
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override;
+  absl::Status ForwardArgMax(std::span<const BatchEntry> batch, std::vector<int32_t>* ids) override;
   int32_t Length(SeqId seq) const override { return cache_->Length(seq); }
   absl::Status Reserve(SeqId seq, int32_t count) override { return cache_->Reserve(seq, count); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return cache_->Truncate(seq, n); }

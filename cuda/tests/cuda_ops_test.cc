@@ -8,9 +8,11 @@
 // Every test skips without a GPU (argument-validation tests run everywhere).
 #include "cuda/cuda_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <ostream>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_ops.h"
+#include "model/llama/sampling.h"
 
 namespace specnode {
 namespace {
@@ -227,6 +230,41 @@ TEST_F(CudaAddInPlaceTest, MatchesCpuExactly) {
   EXPECT_EQ(*got, y);
 }
 
+class CudaArgMaxTest : public CudaTest {};
+
+// Each row's arg max equals the host's ArgMax (lowest id on ties, +0 == -0), for vocabulary
+// sizes around the block's stride; a row with a NaN or an infinity gives -1.
+TEST_F(CudaArgMaxTest, EqualsTheHostArgMaxAndFlagsNonFiniteRows) {
+  for (int64_t cols :
+       {int64_t{1}, int64_t{255}, int64_t{256}, int64_t{257}, int64_t{49152}, int64_t{128256}}) {
+    const int64_t n = 9;
+    std::vector<float> x = RandomVector(n * cols, 21);
+    // Row 1: a tie for the maximum far apart; row 2: all equal; row 3: +0 and -0 maxima;
+    // row 4: a NaN; row 5: +inf; row 6: -inf.
+    x[1 * cols + cols / 2] = 50.0f;
+    x[1 * cols + cols - 1] = 50.0f;
+    for (int64_t c = 0; c < cols; ++c) x[2 * cols + c] = 0.5f;
+    for (int64_t c = 0; c < cols; ++c) x[3 * cols + c] = -1.0f - static_cast<float>(c % 3);
+    x[3 * cols + cols - 1] = -0.0f;
+    x[3 * cols + cols / 3] = 0.0f;
+    x[4 * cols + cols / 2] = std::nanf("");
+    x[5 * cols] = INFINITY;
+    x[6 * cols + cols - 1] = -INFINITY;
+    absl::StatusOr<DeviceBuffer> x_dev = Upload(x);
+    absl::StatusOr<DeviceBuffer> ids_dev = DeviceBuffer::Allocate(n * sizeof(int32_t));
+    ASSERT_TRUE(x_dev.ok() && ids_dev.ok());
+    SPECNODE_ASSERT_OK(CudaArgMaxRows(x_dev->as<float>(), n, cols, ids_dev->as<int32_t>()));
+    absl::StatusOr<std::vector<int32_t>> got = Download<int32_t>(*ids_dev, n);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t r = 0; r < n; ++r) {
+      const std::span<const float> row(x.data() + r * cols, cols);
+      const bool finite =
+          std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); });
+      EXPECT_EQ((*got)[r], finite ? ArgMax(row) : -1) << "cols " << cols << " row " << r;
+    }
+  }
+}
+
 class CudaAddRmsNormTest : public CudaTestWithParam<std::tuple<int64_t, int64_t>> {};
 
 // x += h then the norm, in one launch: bit-identical to CudaAddInPlace + CudaRmsNorm (x and
@@ -280,6 +318,9 @@ TEST(CudaOpsArgs, RejectBadArgumentsAndAcceptEmptyWork) {
   EXPECT_EQ(CudaSwiGlu(nullptr, nullptr, -1, nullptr).code(), kInvalid);
   EXPECT_EQ(CudaAddInPlace(nullptr, nullptr, 3).code(), kInvalid);
   float* fake = reinterpret_cast<float*>(uintptr_t{1} << 20);
+  EXPECT_EQ(CudaArgMaxRows(nullptr, 2, 8, nullptr).code(), kInvalid);
+  EXPECT_EQ(CudaArgMaxRows(fake, 1, 0, reinterpret_cast<int32_t*>(fake)).code(), kInvalid);
+  EXPECT_TRUE(CudaArgMaxRows(nullptr, 0, 8, nullptr).ok());
   EXPECT_EQ(CudaAddRmsNorm(fake, fake, fake + 64, 1, 8, 1e-5f, fake + 128).code(), kInvalid);
   EXPECT_EQ(CudaAddRmsNorm(fake, fake + 64, fake + 128, 1, 8, 1e-5f, fake).code(), kInvalid);
   EXPECT_EQ(CudaAddRmsNorm(fake, nullptr, fake + 128, 1, 8, 1e-5f, fake + 64).code(), kInvalid);

@@ -15,7 +15,8 @@
 //   BeginPass(ids, positions)                 this pass's rows: [n] token ids, positions
 //   kv->BeginPass(...)                        the cache's per-pass tables
 //   EmbeddingRows / RmsNorm / MatMul ...      ops over rows [0, n)
-//   LogitsBuffer, MatMul, FinishLogits        (or Sync when nobody reads logits)
+//   LogitsBuffer, MatMul, FinishLogits        (or FinishArgMax for greedy consumers, or Sync
+//                                              when nobody reads logits)
 // Ops are queued in order (a CUDA stream) and may complete asynchronously; an error can
 // surface at a later op, at FinishLogits or at Sync. After an error the pass is abandoned.
 //
@@ -132,6 +133,14 @@ class Backend {
   virtual absl::StatusOr<float*> LogitsBuffer(int64_t floats, std::vector<float>* host) = 0;
   virtual absl::Status FinishLogits(const float* logits, int64_t floats,
                                     std::vector<float>* host) = 0;
+  // Greedy heads: (*ids)[r] = the index of row r's largest logit, lowest on ties (ArgMax
+  // of model/llama/sampling.h), or -1 when the row holds a NaN or an infinity, for `rows`
+  // rows of `vocab` logits at `logits` (LogitsBuffer's, which was given `host`); returns
+  // when the pass has completed. A device computes it where the logits are and moves `rows`
+  // ints, not the logits. The default brings the logits into *host (FinishLogits) and takes
+  // the arg max there (backend.cc).
+  virtual absl::Status FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
+                                    std::vector<float>* host, std::vector<int32_t>* ids);
   // Returns when every queued op has completed (a pass without logits ends here).
   virtual absl::Status Sync() = 0;
 

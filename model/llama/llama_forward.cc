@@ -70,6 +70,15 @@ LlamaForward::~LlamaForward() = default;
 
 absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* cache,
                                    std::vector<float>* logits) {
+  return Pass(batch, cache, HeadOut{logits, nullptr});
+}
+
+absl::Status LlamaForward::ForwardArgMax(std::span<const BatchEntry> batch, KvCache* cache,
+                                         std::vector<int32_t>* ids) {
+  return Pass(batch, cache, HeadOut{nullptr, ids});
+}
+
+absl::Status LlamaForward::Pass(std::span<const BatchEntry> batch, KvCache* cache, HeadOut out) {
   SPECNODE_ASSIGN_OR_RETURN(const int64_t n, ValidateBatch(batch, config_.vocab_size));
   if (cache->device() != backend_->device()) {
     return absl::FailedPreconditionError(absl::StrCat("the KV cache is on ", cache->device(),
@@ -77,7 +86,8 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
                                                       backend_->device()));
   }
   if (n == 0) {
-    if (logits != nullptr) logits->clear();
+    if (out.logits != nullptr) out.logits->clear();
+    if (out.ids != nullptr) out.ids->clear();
     return absl::OkStatus();
   }
   // Reserve everything first; undo on failure so that no sequence changes.
@@ -100,7 +110,7 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
       return s;
     }
   }
-  absl::Status s = Run(batch, pos0, n, cache, logits);
+  absl::Status s = Run(batch, pos0, n, cache, out);
   if (!s.ok()) {
     undo(batch.size());
     return s;
@@ -112,7 +122,7 @@ absl::Status LlamaForward::Forward(std::span<const BatchEntry> batch, KvCache* c
 }
 
 absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0,
-                               int64_t n, KvCache* cache, std::vector<float>* logits) {
+                               int64_t n, KvCache* cache, HeadOut out) {
   ids_.resize(n);
   positions_.resize(n);
   entries_.resize(batch.size());
@@ -153,8 +163,8 @@ absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vec
     // An all-reduce runs host code between ops: nothing to record.
     SPECNODE_RETURN_IF_ERROR(Body(n, b, cache));
   }
-  if (logits == nullptr) return backend_->Sync();
-  return Head(batch, b.x, logits);
+  if (out.logits == nullptr && out.ids == nullptr) return backend_->Sync();
+  return Head(batch, b.x, out);
 }
 
 absl::Status LlamaForward::Body(int64_t n, const Buffers& b, KvCache* cache) {
@@ -233,27 +243,35 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
   return backend_->Add(b.x, b.h, n * d);
 }
 
-absl::Status LlamaForward::Head(std::span<const BatchEntry> batch, const float* x,
-                                std::vector<float>* logits) {
+absl::Status LlamaForward::Head(std::span<const BatchEntry> batch, const float* x, HeadOut out) {
   // Final norm and head over the rows that need logits only.
   const int d = config_.d_model;
+  const int64_t vocab = config_.vocab_size;
   const std::vector<int64_t> out_rows = LogitRows(batch);
   const int64_t n_out = static_cast<int64_t>(out_rows.size());
-  const int64_t floats = n_out * config_.vocab_size;
   SPECNODE_ASSIGN_OR_RETURN(float* normed, backend_->Buffer(kNormed, n_out * d));
   SPECNODE_RETURN_IF_ERROR(
       backend_->RmsNormRows(x, out_rows, w_->output_norm, d, config_.rms_eps, normed));
-  SPECNODE_ASSIGN_OR_RETURN(float* out, backend_->LogitsBuffer(floats, logits));
-  SPECNODE_RETURN_IF_ERROR(backend_->MatMul(w_->output, normed, n_out, out));
-  SPECNODE_RETURN_IF_ERROR(backend_->FinishLogits(out, floats, logits));
+  std::vector<float>* host = out.logits != nullptr ? out.logits : &argmax_host_;
+  SPECNODE_ASSIGN_OR_RETURN(float* logits, backend_->LogitsBuffer(n_out * vocab, host));
+  SPECNODE_RETURN_IF_ERROR(backend_->MatMul(w_->output, normed, n_out, logits));
   // A model whose weights overflow gives NaN / Inf logits: an error naming it, never text
   // sampled from garbage (the pass is undone like any failed pass).
-  for (int64_t r = 0; r < n_out; ++r) {
-    if (!AllFinite(logits->data() + r * config_.vocab_size, config_.vocab_size)) {
-      return absl::DataLossError(absl::StrCat(
-          "the model produced non-finite logits (NaN or Inf) for batch row ", out_rows[r],
-          ": its weights or activations overflow"));
+  auto non_finite = [&](int64_t r) {
+    return absl::DataLossError(
+        absl::StrCat("the model produced non-finite logits (NaN or Inf) for batch row ",
+                     out_rows[r], ": its weights or activations overflow"));
+  };
+  if (out.ids != nullptr) {
+    SPECNODE_RETURN_IF_ERROR(backend_->FinishArgMax(logits, n_out, vocab, host, out.ids));
+    for (int64_t r = 0; r < n_out; ++r) {
+      if ((*out.ids)[r] < 0) return non_finite(r);
     }
+    return absl::OkStatus();
+  }
+  SPECNODE_RETURN_IF_ERROR(backend_->FinishLogits(logits, n_out * vocab, out.logits));
+  for (int64_t r = 0; r < n_out; ++r) {
+    if (!AllFinite(out.logits->data() + r * vocab, vocab)) return non_finite(r);
   }
   return absl::OkStatus();
 }

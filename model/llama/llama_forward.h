@@ -75,6 +75,11 @@ class LlamaForward {
   // whose logits nobody reads; the cache is updated as usual).
   absl::Status Forward(std::span<const BatchEntry> batch, KvCache* cache,
                        std::vector<float>* logits);
+  // Forward for greedy consumers: (*ids)[r] = ArgMax of logits row r (rows as Forward orders
+  // them), the same tokens greedy sampling of Forward's logits gives; a device backend keeps
+  // the logits where it computed them (Backend::FinishArgMax). Errors as Forward.
+  absl::Status ForwardArgMax(std::span<const BatchEntry> batch, KvCache* cache,
+                             std::vector<int32_t>* ids);
 
   const LlamaConfig& config() const { return config_; }
   Backend& backend() { return *backend_; }
@@ -85,12 +90,18 @@ class LlamaForward {
   struct Buffers {
     float *x, *h, *q, *k, *v, *attn, *gate, *up;
   };
+  // What a pass returns: logits rows, each row's arg max, or neither (Sync only).
+  struct HeadOut {
+    std::vector<float>* logits = nullptr;
+    std::vector<int32_t>* ids = nullptr;
+  };
+  absl::Status Pass(std::span<const BatchEntry> batch, KvCache* cache, HeadOut out);
   absl::Status Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0, int64_t n,
-                   KvCache* cache, std::vector<float>* logits);
+                   KvCache* cache, HeadOut out);
   // Embedding + every layer over the pass's n rows: ops only (a Record body).
   absl::Status Body(int64_t n, const Buffers& b, KvCache* cache);
   absl::Status Layer(int l, int64_t n, const Buffers& b, KvCache* cache);
-  absl::Status Head(std::span<const BatchEntry> batch, const float* x, std::vector<float>* logits);
+  absl::Status Head(std::span<const BatchEntry> batch, const float* x, HeadOut out);
 
   LlamaConfig config_;
   std::shared_ptr<const LlamaWeights> w_;
@@ -101,6 +112,7 @@ class LlamaForward {
   // Per-pass host staging.
   std::vector<int32_t> ids_, positions_;
   std::vector<KvPassEntry> entries_;
+  std::vector<float> argmax_host_;  // ForwardArgMax's logits where the backend is the host
 };
 
 }  // namespace specnode

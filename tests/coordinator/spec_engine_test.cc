@@ -335,6 +335,58 @@ class FlakyRunner final : public ModelRunner {
   ModelRunner* inner_;
 };
 
+// Counts the two heads a target can be asked for (logits, or each row's arg max).
+class HeadCountingRunner final : public ModelRunner {
+ public:
+  explicit HeadCountingRunner(ModelRunner* inner) : inner_(inner) {}
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  int32_t max_positions() const override { return inner_->max_positions(); }
+  absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override {
+    ++logits_passes;
+    return inner_->Forward(batch, logits);
+  }
+  absl::Status ForwardArgMax(std::span<const BatchEntry> batch,
+                             std::vector<int32_t>* ids) override {
+    ++argmax_passes;
+    return inner_->ForwardArgMax(batch, ids);
+  }
+  int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
+  absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
+  void Free(SeqId seq) override { inner_->Free(seq); }
+  int logits_passes = 0, argmax_passes = 0;
+
+ private:
+  ModelRunner* inner_;
+};
+
+// A pass whose sequences all decode greedily asks the target for arg maxes only (a GPU
+// target then keeps the logits on the device), with the same tokens, speculating or not;
+// one sampled sequence in the pass makes it ask for logits.
+TEST_F(SpecEngineTest, GreedyPassesTakeArgMaxesNotLogits) {
+  auto plain_runner = MakeRunner("full");
+  SpeculativeEngine plain(plain_runner.get(), {}, {});
+  const auto expected = Run(plain, Prompts(0.0f, 24));
+  for (bool speculate : {false, true}) {
+    auto inner = MakeRunner("full");
+    HeadCountingRunner runner(inner.get());
+    auto drafter = MakeDrafter("ngram", "full");
+    auto controller = NewController();
+    std::vector<DraftGroup> groups;
+    if (speculate) groups.push_back({drafter.get(), controller.get()});
+    SpeculativeEngine engine(&runner, std::move(groups), {});
+    EXPECT_EQ(Run(engine, Prompts(0.0f, 24), inner.get()), expected) << speculate;
+    EXPECT_GT(runner.argmax_passes, 0);
+    EXPECT_EQ(runner.logits_passes, 0) << speculate;
+  }
+  auto inner = MakeRunner("full");
+  HeadCountingRunner runner(inner.get());
+  SpeculativeEngine engine(&runner, {}, {});
+  std::vector<SpecRequest> mixed = Prompts(0.0f, 8);
+  mixed[1].sampling.temperature = 0.7f;
+  Run(engine, mixed, inner.get());
+  EXPECT_GT(runner.logits_passes, 0);
+}
+
 TEST_F(SpecEngineTest, GroupsOnSeparateTargetsShareTheLoadAndGiveTheSameTokens) {
   auto base_runner = MakeRunner("full");
   SpeculativeEngine base(base_runner.get(), {}, {});

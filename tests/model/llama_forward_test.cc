@@ -21,6 +21,7 @@
 #include "model/gguf/gguf_reader.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_model.h"
+#include "model/llama/sampling.h"
 #include "model/llama/tiny_model.h"
 #include "tests/support/temp_file.h"
 
@@ -135,6 +136,30 @@ TEST_P(ForwardTest, BatchInvariantAcrossSequencesAndThreads) {
   EXPECT_EQ(batched.size(), (b.size() + a.size() + 1) * vocab);
 }
 
+// The greedy head (ForwardArgMax: a device keeps the logits and returns ids) gives each
+// logits row's ArgMax, for a prefill's last row and a verification pass's every row, and
+// leaves the cache as Forward does.
+TEST_P(ForwardTest, ArgMaxHeadIsTheLogitsArgMax) {
+  const std::string path = Path();
+  Harness a = Make(path, 2), b = Make(path, 2);
+  const int vocab = a.model->config().vocab_size;
+  const auto p1 = Tokens(7, 5), p2 = Tokens(4, 8), drafts = Tokens(5, 40);
+  for (const std::vector<BatchEntry>& batch :
+       {std::vector<BatchEntry>{{1, p1, false}, {2, p2, false}},
+        std::vector<BatchEntry>{{1, drafts, true}, {2, std::span(drafts).subspan(0, 1), false}}}) {
+    const std::vector<float> logits = a.Run(batch);
+    std::vector<int32_t> ids;
+    const absl::Status st = b.fwd->ForwardArgMax(batch, b.cache.get(), &ids);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(ids.size() * vocab, logits.size());
+    for (size_t r = 0; r < ids.size(); ++r) {
+      EXPECT_EQ(ids[r], ArgMax(std::span<const float>(logits).subspan(r * vocab, vocab))) << r;
+    }
+    EXPECT_EQ(b.cache->Length(1), a.cache->Length(1));
+    EXPECT_EQ(b.cache->Length(2), a.cache->Length(2));
+  }
+}
+
 TEST_P(ForwardTest, TruncateRollsBackLikeAFreshSequence) {
   Harness h = Make(Path(), 2);
   auto prefix = Tokens(6, 3), wrong = Tokens(4, 50), right = Tokens(4, 60);
@@ -215,6 +240,11 @@ TEST(Forward, NonFiniteLogitsAreADataLossErrorAndChangeNothing) {
       absl::Status s = h.fwd->Forward(batch, h.cache.get(), &logits);
       EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
       EXPECT_NE(s.message().find("non-finite logits"), std::string_view::npos) << s;
+      EXPECT_EQ(h.cache->Length(1), 0);
+      // The greedy head says the same (its arg max sees the NaN: -1, not a token).
+      std::vector<int32_t> ids;
+      s = h.fwd->ForwardArgMax(batch, h.cache.get(), &ids);
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
       EXPECT_EQ(h.cache->Length(1), 0);
     }
   }
