@@ -146,6 +146,9 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
     feed[i].assign(requests[i].context.begin() + have, requests[i].context.end());
   }
   std::vector<float> q;
+  auto row_of = [&](size_t b) {
+    return std::span<const float>(logits_.data() + b * vocab, static_cast<size_t>(vocab));
+  };
   for (int round = 0;; ++round) {
     std::vector<BatchEntry> batch;
     std::vector<size_t> who;
@@ -161,24 +164,33 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
       who.push_back(i);
     }
     if (batch.empty()) return absl::OkStatus();
-    SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
+    // A round of greedy sequences only takes each row's arg max (a draft on a GPU keeps its
+    // logits there).
+    bool greedy = true;
+    for (size_t i : who) greedy = greedy && requests[i].sampler->params().temperature == 0.0f;
+    if (greedy) {
+      SPECNODE_RETURN_IF_ERROR(runner_->ForwardArgMax(batch, &ids_));
+    } else {
+      SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
+    }
     for (size_t b = 0; b < who.size(); ++b) {
       const size_t i = who[b];
       const DraftRequest& r = requests[i];
       auto& cached = cached_[r.seq];
       cached.insert(cached.end(), feed[i].begin(), feed[i].end());
-      const std::span<const float> row(logits_.data() + b * vocab, vocab);
       Draft& d = (*drafts)[i];
       // Draft j is the token at position context.size() + j: drawn with that position's
       // noise, as the target draws its own token there.
       const int64_t position = static_cast<int64_t>(r.context.size() + d.tokens.size());
       int32_t token;
-      if (r.sampler->params().temperature == 0.0f) {
-        token = ArgMax(row);  // greedy: q is one-hot, left implicit
+      if (greedy) {
+        token = ids_[b];  // greedy: q is one-hot, left implicit
+      } else if (r.sampler->params().temperature == 0.0f) {
+        token = ArgMax(row_of(b));
       } else if (!r.need_q) {
-        token = r.sampler->Sample(row, position);  // == SampleFrom(Distribution(row))
+        token = r.sampler->Sample(row_of(b), position);  // == SampleFrom(Distribution(row))
       } else {
-        r.sampler->Distribution(row, &q);
+        r.sampler->Distribution(row_of(b), &q);
         token = r.sampler->SampleFrom(q, position);
         d.q.insert(d.q.end(), q.begin(), q.end());
       }

@@ -16,10 +16,10 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/drafter.h"
-#include "runtime/model_runner.h"
 #include "kvstore/kv_options.h"
-#include "model/llama/llama_model.h"
 #include "model/cpu/thread_pool.h"
+#include "model/llama/llama_model.h"
+#include "runtime/model_runner.h"
 
 namespace specnode {
 
@@ -37,8 +37,7 @@ class ModelDrafter final : public Drafter {
   // `target` and `pool` must outlive the drafter.
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> Load(const std::string& path,
                                                             const LlamaModel& target,
-                                                            ThreadPool* pool,
-                                                            const KvOptions& kv);
+                                                            ThreadPool* pool, const KvOptions& kv);
 
   // The first `layers` layers of `target` (1 <= layers < target's layer count, else
   // InvalidArgument). Shares the target's mapped weights.
@@ -79,6 +78,7 @@ class ModelDrafter final : public Drafter {
   std::unique_ptr<ModelRunner> runner_;
   std::map<SeqId, std::vector<int32_t>> cached_;  // tokens whose K/V the runner holds
   std::vector<float> logits_;
+  std::vector<int32_t> ids_;  // a greedy round's arg maxes (ModelRunner::ForwardArgMax)
 };
 
 }  // namespace specnode
