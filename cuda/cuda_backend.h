@@ -141,6 +141,13 @@ class CudaBackend final : public Backend {
   absl::Status UploadTables() { return tables_.Upload(stream_); }
   // Whether quantised matmuls run kQuantAct (CudaBackendOptions::quant_act).
   bool quant_act() const { return quant_act_; }
+  // The page pool's attention as a producer of int16 activations (see ProduceQ16 below):
+  // where it writes its output's int16 blocks, `values` floats in rows of `row_len`, so
+  // that the output projection, the next backend call, skips its own rounding. Null: the
+  // pool writes none.
+  const cuda_internal::Q16Acts* ProduceQ16ForPool(const float* y, int64_t values, int64_t row_len) {
+    return ProduceQ16(y, values, row_len);
+  }
   // Null when graphs are off.
   const CudaGraphCache* graphs() const { return graphs_.get(); }
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -157,7 +164,8 @@ class CudaBackend final : public Backend {
   // int16 blocks into the matmul scratch, and notes it; the matmul that comes next
   // (TakeQ16: the very next backend call, on x == y with n x cols == values) skips its own
   // rounding. Every other backend call forgets it (ForgetQ16), so no op can change y in
-  // between; the KV page pool's calls come between RopePair and the output projection only.
+  // between; the KV page pool's calls come between RopePair and the output projection only,
+  // and its Attend produces (ProduceQ16ForPool).
   // Null (nothing produced) when kQuantAct is off or the rows are not whole blocks.
   const cuda_internal::Q16Acts* ProduceQ16(const float* y, int64_t values, int64_t row_len);
   bool TakeQ16(const float* x, int64_t values);

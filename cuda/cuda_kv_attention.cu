@@ -24,6 +24,7 @@
 #include "cuda/cuda_kv_kernels.h"
 #include "cuda/kv_attention_chunks.h"
 #include "cuda/kv_device_rows.cuh"
+#include "cuda/q16_dot.h"
 
 namespace specnode::cuda_internal {
 namespace {
@@ -214,24 +215,30 @@ __device__ __forceinline__ void ChunkPartial(const KvDeviceFormat& f, int layer,
 }
 
 // Row t's output for query head h, acc / l (thread d: value d), rotated back when the rows
-// are; then its attention mass (AddMass) with the merged maximum and denominator.
+// are, and (q16.qs set) its 32-value blocks rounded to int16 by the warp holding each; then
+// its attention mass (AddMass) with the merged maximum and denominator.
 __device__ __forceinline__ void FinishRow(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
                                           int h, int64_t t, const float (&qr)[kPerLane], float m,
-                                          float l, float acc, float* out, AttnShared& sh, int warp,
-                                          int lane) {
+                                          float l, float acc, float* out, const Q16Acts& q16,
+                                          AttnShared& sh, int warp, int lane) {
   const int hd = f.head_dim;
   const int32_t* r = p.rows + 5 * t;
   const int32_t* tok = p.tok + 3 * static_cast<int64_t>(r[0]);
-  float* ot = out + (t * f.n_kv_heads * f.gqa_group + h) * hd;
+  const int64_t base = (t * f.n_kv_heads * f.gqa_group + h) * hd;  // the row's first value
+  float* ot = out + base;
+  // Block b of the row (32 values, one on each lane) to int16 (ProduceQ16ForPool's layout).
+  auto quantize = [&](float v, int b) {
+    if (q16.qs == nullptr) return;
+    const int64_t blk = base / q16::kBlock + b;
+    q16::WarpQuantizeBlock16(v, lane, q16.qs + blk * q16::kBlock, q16.d + blk, q16.s + blk);
+  };
   const int d = threadIdx.x;
-  if (d < hd) {
-    if (f.rotate) {
-      sh.out_row[d] = acc / l;
-    } else {
-      ot[d] = acc / l;
-    }
-  }
-  if (f.rotate) {
+  const float o = d < hd ? acc / l : 0.0f;
+  if (!f.rotate) {
+    if (d < hd) ot[d] = o;
+    if (warp < hd / q16::kBlock) quantize(o, warp);  // warp-uniform: hd is a multiple of 32
+  } else {
+    if (d < hd) sh.out_row[d] = o;
     __syncthreads();
     if (warp == 0) {
       float x[kPerLane];
@@ -245,6 +252,7 @@ __device__ __forceinline__ void FinishRow(const KvDeviceFormat& f, const KvDevic
       for (int i = 0; i < kPerLane; ++i) {
         const int dd = lane + 32 * i;
         if (dd < hd) ot[dd] = x[i];
+        if (32 * i < hd && hd % q16::kBlock == 0) quantize(x[i], i);
       }
     }
   }
@@ -255,7 +263,7 @@ __device__ __forceinline__ void FinishRow(const KvDeviceFormat& f, const KvDevic
 // chunks one after the other, each partial merged as it completes.
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     KvAttentionKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ q,
-                      float scale, float* __restrict__ out) {
+                      float scale, float* __restrict__ out, Q16Acts q16) {
   __shared__ AttnShared sh;
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
@@ -274,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     ChunkPartial(f, layer, h / f.gqa_group, tok, c0, c1, warp, lane, qr, sh, &m_c, &l_c, &acc_c);
     kv_chunks::MergePartial(m_c, l_c, acc_c, &m, &l, &acc);
   }
-  FinishRow(f, p, layer, h, t, qr, m, l, acc, out, sh, warp, lane);
+  FinishRow(f, p, layer, h, t, qr, m, l, acc, out, q16, sh, warp, lane);
 }
 
 // Decode and verification passes: blocks (h, t, z) for z < gridDim.z, block z computing
@@ -285,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     KvChunkKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ q,
                   float scale, float* __restrict__ out, float* __restrict__ partials,
-                  unsigned* __restrict__ counters) {
+                  unsigned* __restrict__ counters, Q16Acts q16) {
   __shared__ AttnShared sh;
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
@@ -334,14 +342,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       kv_chunks::MergePartial(__ldcg(pc), __ldcg(pc + 1), a, &m, &l, &acc);
     }
   }
-  FinishRow(f, p, layer, h, t, qr, m, l, acc, out, sh, warp, lane);
+  FinishRow(f, p, layer, h, t, qr, m, l, acc, out, q16, sh, warp, lane);
 }
 
 }  // namespace
 
 cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
                               const float* q, float scale, float* out,
-                              const KvAttentionScratch& scratch, cudaStream_t stream) {
+                              const KvAttentionScratch& scratch, const Q16Acts* q16,
+                              cudaStream_t stream) {
+  const Q16Acts rounding = q16 != nullptr ? *q16 : Q16Acts{nullptr, nullptr, nullptr};
   const int n_heads = f.n_kv_heads * f.gqa_group;
   if (p.n <= kv_chunks::kChunkedRows && scratch.partials != nullptr &&
       scratch.counters != nullptr) {
@@ -352,11 +362,11 @@ cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, in
         per_row < 1 ? 1 : (per_row > kv_chunks::kMaxChunks ? kv_chunks::kMaxChunks : per_row));
     const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(p.n), z);
     KvChunkKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, out, scratch.partials,
-                                                 scratch.counters);
+                                                 scratch.counters, rounding);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(p.n));
-  KvAttentionKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, out);
+  KvAttentionKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, out, rounding);
   return cudaGetLastError();
 }
 

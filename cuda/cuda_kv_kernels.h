@@ -22,6 +22,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/cuda_qmatvec_kernels.h"
+
 namespace specnode::cuda_internal {
 
 struct KvDeviceFormat {
@@ -74,9 +76,12 @@ size_t KvAttentionCounters(const KvDeviceFormat& f);
 // and merged as kv_attention_chunks.h says; passes of at most kv_chunks::kChunkedRows rows
 // spread a row's chunks over blocks using `scratch` (without scratch, or for larger passes,
 // one block per row: the same bits).
+// q16 (optional): out also rounded to int16 blocks there (LaunchQuantizeActs16's bytes,
+// q16::WarpQuantizeBlock16), so that the output projection skips its own rounding.
 cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
                               const float* q, float scale, float* out,
-                              const KvAttentionScratch& scratch, cudaStream_t stream);
+                              const KvAttentionScratch& scratch, const Q16Acts* q16,
+                              cudaStream_t stream);
 
 // jobs: [n_jobs, 6]: from (offset low, high, class), to (offset low, high, class) token
 // bases; every layer's K and V rows of `from` decoded and re-encoded into `to`. No two jobs

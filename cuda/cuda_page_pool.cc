@@ -358,7 +358,10 @@ absl::Status CudaPagePool::Attend(int layer, const float* q, float scale, int32_
   SPECNODE_ASSIGN_OR_RETURN(const cuda_internal::KvDevicePass p, PassArgs());
   SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchKvAttention(
       Format(), p, layer, q, scale, out,
-      {attn_partials_.as<float>(), attn_counters_.as<unsigned>()}, backend_->stream()));
+      {attn_partials_.as<float>(), attn_counters_.as<unsigned>()},
+      backend_->ProduceQ16ForPool(out, p.n * g_.n_kv_heads * g_.gqa_group * g_.head_dim,
+                                  g_.head_dim),
+      backend_->stream()));
   return absl::OkStatus();
 }
 
