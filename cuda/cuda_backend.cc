@@ -67,6 +67,17 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
   const char* tc_env = std::getenv("SPECNODE_CUDA_TENSOR_CORES");
   b->mm_->set_tensor_cores(o.tensor_cores && have_prop && prop.major >= 8 &&
                            !(tc_env != nullptr && std::string(tc_env) == "0"));
+  // Where tensor cores take over from dp2a, for finding the crossover on a device (the same
+  // bits either way): SPECNODE_CUDA_MMA_MIN_TOKENS=N, a positive integer.
+  if (const char* mt = std::getenv("SPECNODE_CUDA_MMA_MIN_TOKENS"); mt != nullptr) {
+    char* end = nullptr;
+    const long v = std::strtol(mt, &end, 10);
+    if (end == mt || *end != '\0' || v < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SPECNODE_CUDA_MMA_MIN_TOKENS must be a positive integer, not '", mt, "'"));
+    }
+    b->mm_->set_mma_min_tokens(v);
+  }
   return b;
 }
 

@@ -115,7 +115,7 @@ absl::Status CheckAlgo(CudaMatMulContext* ctx, const WeightView& w, const float*
 }
 
 // Rounds x to int16 blocks in ctx's scratch and runs the segments on them: on tensor cores
-// from kQ16MmaMinTokens tokens when ctx allows, else the dp2a kernel (the same bits).
+// from ctx.mma_min_tokens() tokens when ctx allows, else the dp2a kernel (the same bits).
 // `quantised`: the scratch already holds them (CudaMatMul's x_quantised).
 absl::Status QuantActMatMul(CudaMatMulContext& ctx, GgmlType type,
                             const cuda_internal::FusedSegment* segs, int count, int64_t cols,
@@ -127,7 +127,7 @@ absl::Status QuantActMatMul(CudaMatMulContext& ctx, GgmlType type,
     SPECNODE_CUDA_RETURN_IF_ERROR(
         cuda_internal::LaunchQuantizeActs16(x, n, cols, acts, ctx.stream()));
   }
-  if (ctx.tensor_cores() && n >= cuda_internal::kQ16MmaMinTokens) {
+  if (ctx.tensor_cores() && n >= ctx.mma_min_tokens()) {
     SPECNODE_CUDA_RETURN_IF_ERROR(
         cuda_internal::LaunchQ16Mma(type, segs, count, cols, acts, n, ctx.stream()));
     return absl::OkStatus();
@@ -189,6 +189,7 @@ absl::Status CublasMatMul(CudaMatMulContext& ctx, const WeightView& w, const flo
 absl::StatusOr<std::unique_ptr<CudaMatMulContext>> CudaMatMulContext::Create(cudaStream_t stream) {
   std::unique_ptr<CudaMatMulContext> ctx(new CudaMatMulContext());
   ctx->stream_ = stream;
+  ctx->mma_min_tokens_ = cuda_internal::kQ16MmaMinTokens;
   // From here on the destructor releases whatever was created if a later step fails.
   SPECNODE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx->cublas_));
   SPECNODE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx->cublas_, stream));

@@ -96,11 +96,16 @@ class CudaMatMulContext {
   // The int16-activation scratch's device address (part of a recorded pass's signature).
   const void* quant_acts() const { return acts_.data(); }
 
-  // Whether kQuantAct runs passes of cuda_internal::kQ16MmaMinTokens (32) tokens or more on
-  // tensor cores (default true; CudaBackend turns it off below sm_80). Results are the same
-  // bits either way; only the speed differs.
+  // Whether kQuantAct runs passes of mma_min_tokens() tokens or more on tensor cores
+  // (default true; CudaBackend turns it off below sm_80). Results are the same bits either
+  // way; only the speed differs.
   bool tensor_cores() const { return tensor_cores_; }
   void set_tensor_cores(bool on) { tensor_cores_ = on; }
+  // The pass size from which tensor cores take over (default
+  // cuda_internal::kQ16MmaMinTokens, 32; >= 1). Where the crossover lies is a measurement
+  // (bench_prefill_cuda prints both kernels from n = 2); any value keeps the results.
+  int64_t mma_min_tokens() const { return mma_min_tokens_; }
+  void set_mma_min_tokens(int64_t n) { mma_min_tokens_ = n < 1 ? 1 : n; }
 
  private:
   CudaMatMulContext() = default;
@@ -110,6 +115,7 @@ class CudaMatMulContext {
   DeviceBuffer scratch_;
   DeviceBuffer acts_;
   bool tensor_cores_ = true;
+  int64_t mma_min_tokens_ = 32;  // cuda_internal::kQ16MmaMinTokens (cuda_mma_kernels.h)
 };
 
 // y[n, w.rows] = x[n, w.cols] · Wᵀ, all device pointers (W through w.data).
