@@ -136,23 +136,13 @@ int Main(int argc, char** argv) {
         stderr, "types: a comma-separated list of Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16\n");
     return 2;
   }
-  absl::StatusOr<int> devices = CudaDeviceCount();
-  if (!devices.ok() || *devices == 0) {
-    std::fprintf(stderr, "%s\n",
-                 devices.ok() ? "no CUDA device" : std::string(devices.status().message()).c_str());
+  absl::StatusOr<std::unique_ptr<cuda_bench::BenchDevice>> dev = cuda_bench::BenchDevice::Open();
+  if (!dev.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(dev.status().message()).c_str());
     return 1;
   }
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
-    std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  }
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreate(&stream) != cudaSuccess) return 1;
-  absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = CudaMatMulContext::Create(stream);
-  if (!ctx.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(ctx.status().message()).c_str());
-    return 1;
-  }
+  CudaMatMulContext& ctx = (*dev)->ctx();
+  cudaStream_t stream = (*dev)->stream();
   Timer timer;
   absl::StatusOr<double> copy = CopyBandwidth(timer, stream);
   if (!copy.ok()) {
@@ -167,15 +157,13 @@ int Main(int argc, char** argv) {
   for (GgmlType type : types) {
     for (const BenchShape& s : kShapes) {
       if (s.cols % GgmlBlockSize(type) != 0) continue;  // K-quants: whole super-blocks only
-      absl::Status st = RunShape(timer, **ctx, type, s, iterations, *copy);
+      absl::Status st = RunShape(timer, ctx, type, s, iterations, *copy);
       if (!st.ok()) {
         std::fprintf(stderr, "%s: %s\n", s.name, std::string(st.message()).c_str());
         rc = 1;
       }
     }
   }
-  ctx->reset();
-  cudaStreamDestroy(stream);
   return rc;
 }
 

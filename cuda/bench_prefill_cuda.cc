@@ -151,26 +151,14 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "types: a comma-separated list of Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K\n");
     return 2;
   }
-  absl::StatusOr<int> devices = CudaDeviceCount();
-  if (!devices.ok() || *devices == 0) {
-    std::fprintf(stderr, "%s\n",
-                 devices.ok() ? "no CUDA device" : std::string(devices.status().message()).c_str());
+  absl::StatusOr<std::unique_ptr<cuda_bench::BenchDevice>> dev = cuda_bench::BenchDevice::Open();
+  if (!dev.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(dev.status().message()).c_str());
     return 1;
   }
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
-    std::printf("device: %s, %d SMs, sm_%d%d\n", prop.name, prop.multiProcessorCount, prop.major,
-                prop.minor);
-  }
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreate(&stream) != cudaSuccess) return 1;
-  absl::StatusOr<std::unique_ptr<CudaMatMulContext>> ctx = CudaMatMulContext::Create(stream);
-  if (!ctx.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(ctx.status().message()).c_str());
-    return 1;
-  }
+  CudaMatMulContext& ctx = (*dev)->ctx();
   Timer timer;
-  absl::StatusOr<double> peak_us = CublasUs(timer, **ctx, 8192, 8192, 8192, 10);
+  absl::StatusOr<double> peak_us = CublasUs(timer, ctx, 8192, 8192, 8192, 10);
   if (!peak_us.ok()) {
     std::fprintf(stderr, "peak: %s\n", std::string(peak_us.status().message()).c_str());
     return 1;
@@ -190,14 +178,12 @@ int Main(int argc, char** argv) {
       rc = 2;
       continue;
     }
-    absl::Status st = RunType(timer, **ctx, type, iterations, peak, &cublas);
+    absl::Status st = RunType(timer, ctx, type, iterations, peak, &cublas);
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
       rc = 1;
     }
   }
-  ctx->reset();
-  cudaStreamDestroy(stream);
   return rc;
 }
 

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_matmul.h"
 #include "model/gguf/ggml_types.h"
 #include "model/status_macros.h"
 
@@ -71,5 +74,35 @@ inline bool ParseTypes(const std::string& list, std::vector<GgmlType>* out) {
   }
   return !out->empty();
 }
+
+// Device 0 with a stream and a matmul context on it, its name printed ("device: NAME, N SMs,
+// sm_XY"). Unavailable / Internal with the runtime's reason without one.
+class BenchDevice {
+ public:
+  static absl::StatusOr<std::unique_ptr<BenchDevice>> Open() {
+    SPECNODE_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
+    if (devices == 0) return absl::UnavailableError("no CUDA device");
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+      std::printf("device: %s, %d SMs, sm_%d%d\n", prop.name, prop.multiProcessorCount, prop.major,
+                  prop.minor);
+    }
+    std::unique_ptr<BenchDevice> d(new BenchDevice());
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&d->stream_));
+    SPECNODE_ASSIGN_OR_RETURN(d->ctx_, CudaMatMulContext::Create(d->stream_));
+    return d;
+  }
+  ~BenchDevice() {
+    ctx_.reset();  // its cuBLAS handle is bound to the stream
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream() const { return stream_; }
+  CudaMatMulContext& ctx() { return *ctx_; }
+
+ private:
+  BenchDevice() = default;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaMatMulContext> ctx_;
+};
 
 }  // namespace specnode::cuda_bench

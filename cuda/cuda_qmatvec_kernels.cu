@@ -122,19 +122,6 @@ __device__ __forceinline__ float GroupSum(float v, int lanes) {
   return v;
 }
 
-// One token's activation block (32 int16 values as 16 words), 4 vector loads.
-__device__ __forceinline__ void LoadActs(const int16_t* x, uint32_t (&xw)[16]) {
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint4 q = __ldg(xv + k);
-    xw[4 * k] = q.x;
-    xw[4 * k + 1] = q.y;
-    xw[4 * k + 2] = q.z;
-    xw[4 * k + 3] = q.w;
-  }
-}
-
 // A lane's range of the staged chunk (blocks lane kPerLane .. + kPerLane, those below cb)
 // dotted with the tile's tokens: p[t] is the range's partial of q16_order.h, from +0, its
 // sub-blocks in order, each one's codes and factors read once for every token.
@@ -159,7 +146,7 @@ __device__ __forceinline__ void LaneRange(const uint8_t* srow, int lane, int cb,
       for (int t = 0; t < kTile; ++t) {
         if (t < nt) {
           uint32_t xw[16];
-          LoadActs(xq + (t0 + t) * cols + sb * q16::kBlock, xw);
+          q16::LoadActWords(xq + (t0 + t) * cols + sb * q16::kBlock, xw);
           const int64_t di = (t0 + t) * n_sub + sb;
           p[t] = q16::SubBlockTerm<Q::kType>(cw, f1, f2, xw, __ldg(xd + di), __ldg(xs + di), p[t]);
         }

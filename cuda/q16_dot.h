@@ -31,6 +31,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cmath>
 
@@ -103,6 +104,24 @@ __device__ __forceinline__ void WarpQuantizeBlock16(float v, int lane, int16_t* 
   }
 }
 #endif
+
+// One activation block: 32 int16 values as the 16 words above (4 vector loads on the GPU;
+// 16-byte aligned).
+SPECNODE_Q16_HD void LoadActWords(const int16_t* x, uint32_t xw[16]) {
+#if defined(__CUDA_ARCH__)
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint4 q = __ldg(xv + k);
+    xw[4 * k] = q.x;
+    xw[4 * k + 1] = q.y;
+    xw[4 * k + 2] = q.z;
+    xw[4 * k + 3] = q.w;
+  }
+#else
+  memcpy(xw, x, 64);
+#endif
+}
 
 // acc + a.lo16 * b.byte0 + a.hi16 * b.byte1 (signed), and the same with bytes 2, 3.
 SPECNODE_Q16_HD int Dp2aLo(uint32_t a, uint32_t b, int acc) {

@@ -88,23 +88,6 @@ SPECNODE_Q16_HD int BFragOffset(int lane, int row0, int k0) {
 SPECNODE_Q16_HD int CFragToken(int lane, int e) { return (lane >> 2) + 8 * (e >> 1); }
 SPECNODE_Q16_HD int CFragRow(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
 
-// 32 int16 values as 16 words (4 vector loads on the GPU; 16-byte aligned).
-SPECNODE_Q16_HD void LoadActWords(const int16_t* x, uint32_t xw[16]) {
-#if defined(__CUDA_ARCH__)
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint4 q = __ldg(xv + k);
-    xw[4 * k] = q.x;
-    xw[4 * k + 1] = q.y;
-    xw[4 * k + 2] = q.z;
-    xw[4 * k + 3] = q.w;
-  }
-#else
-  memcpy(xw, x, 64);
-#endif
-}
-
 // 8 words to a 16-byte aligned place in the stage.
 SPECNODE_Q16_HD void Store8Words(uint8_t* dst, const uint32_t v[8]) {
 #if defined(__CUDA_ARCH__)

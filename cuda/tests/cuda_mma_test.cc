@@ -15,6 +15,7 @@
 #include "cuda/cuda_mma_kernels.h"
 #include "cuda/q16_order.h"
 #include "cuda/tests/cuda_test_util.h"
+#include "cuda/tests/q16_test_util.h"
 #include "gtest/gtest.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
@@ -37,50 +38,13 @@ std::string CaseName(const ::testing::TestParamInfo<MmaCase>& info) {
          std::to_string(info.param.rows) + "x" + std::to_string(info.param.cols);
 }
 
-std::vector<uint8_t> Weights(const MmaCase& c) {
-  const size_t row_bytes = GgmlRowBytes(c.type, c.cols);
-  std::vector<uint8_t> w(c.rows * row_bytes);
-  const std::vector<float> v = RandomVector(c.rows * c.cols, 3, 0.05f);
-  for (int64_t r = 0; r < c.rows; ++r) {
-    if (q16::IsKQuant(static_cast<int>(c.type))) {
-      QuantizeConvertedRow(c.type, v.data() + r * c.cols, w.data() + r * row_bytes, c.cols);
-    } else {
-      QuantizeRow(c.type, v.data() + r * c.cols, w.data() + r * row_bytes, c.cols);
-    }
-  }
-  return w;
-}
-
-template <int kType>
-float Row(const uint8_t* row, int64_t cols, const int16_t* qs, const float* d, const float* s) {
-  return q16::CanonicalRow<kType>(row, cols, qs, d, s);
-}
-
-float CanonicalOf(GgmlType type, const uint8_t* row, int64_t cols, const int16_t* qs,
-                  const float* d, const float* s) {
-  switch (type) {
-    case GgmlType::kQ4_0:
-      return Row<q16::kTypeQ4_0>(row, cols, qs, d, s);
-    case GgmlType::kQ4_1:
-      return Row<q16::kTypeQ4_1>(row, cols, qs, d, s);
-    case GgmlType::kQ8_0:
-      return Row<q16::kTypeQ8_0>(row, cols, qs, d, s);
-    case GgmlType::kQ4_K:
-      return Row<q16::kTypeQ4_K>(row, cols, qs, d, s);
-    case GgmlType::kQ5_K:
-      return Row<q16::kTypeQ5_K>(row, cols, qs, d, s);
-    default:
-      return Row<q16::kTypeQ6_K>(row, cols, qs, d, s);
-  }
-}
-
 class CudaMmaTest : public CudaTestWithParam<MmaCase> {};
 
 TEST_P(CudaMmaTest, TensorCoresEqualDp2aAndTheCanonicalOrder) {
   const MmaCase& c = GetParam();
   constexpr int64_t kMaxTokens = 300;
   const size_t row_bytes = GgmlRowBytes(c.type, c.cols);
-  const std::vector<uint8_t> w = Weights(c);
+  const std::vector<uint8_t> w = q16_test::Rows(c.type, c.rows, c.cols, 3);
   std::vector<float> x = RandomVector(kMaxTokens * c.cols, 5);
   for (size_t i = 0; i < x.size(); i += 29) x[i] *= 30.0f;  // outliers
   // The activations as the GPU rounds them.
@@ -114,8 +78,8 @@ TEST_P(CudaMmaTest, TensorCoresEqualDp2aAndTheCanonicalOrder) {
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t r = 0; r < c.rows; ++r) {
         const float want =
-            CanonicalOf(c.type, w.data() + r * row_bytes, c.cols, qs.data() + t * c.cols,
-                        d.data() + t * subs, s.data() + t * subs);
+            q16_test::CanonicalOf(c.type, w.data() + r * row_bytes, c.cols, qs.data() + t * c.cols,
+                                  d.data() + t * subs, s.data() + t * subs);
         const size_t i = t * c.rows + r;
         ASSERT_EQ(0, std::memcmp(&mma[i], &want, 4))
             << "n " << n << " token " << t << " row " << r << ": " << mma[i] << " vs " << want;

@@ -27,8 +27,8 @@ namespace {
 
 using q16_test::Bits;
 using q16_test::kB;
-using q16_test::KQuantRows;
 using q16_test::QuantizeTokens;
+using q16_test::Rows;
 using q16_test::ScalarActs;
 
 // Blocks that exercise the rounding: random normals with outliers, an all-zero block,
@@ -138,15 +138,8 @@ TEST_P(Q16RowTest, RowsEqualTheCpuScalarKernel) {
   const GgmlType type = GetParam();
   constexpr int64_t kRows = 9, kCols = 512, kTokens = 3;
   const int64_t blocks = kCols / kB;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t row_bytes = GgmlRowBytes(type, kCols);
-  std::vector<uint8_t> w(kRows * row_bytes);
-  std::vector<float> row(kCols);
-  for (int64_t r = 0; r < kRows; ++r) {
-    for (float& v : row) v = normal(rng) * 0.05f + (r % 2 ? 0.01f : 0.0f);
-    QuantizeRow(type, row.data(), w.data() + r * row_bytes, kCols);
-  }
+  const std::vector<uint8_t> w = Rows(type, kRows, kCols, 11);
   ScalarActs acts;
   QuantizeTokens(type, kTokens, kCols, kRows, 12, 37, &acts);
   cpu_kernels::QuantMatMulArgs& args = acts.args;
@@ -184,7 +177,7 @@ class Q16KQuantTest : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(Q16KQuantTest, CodesAndFactorsAreTheDecodedBlocks) {
   const GgmlType type = GetParam();
-  const std::vector<uint8_t> w = KQuantRows(type, 3, 1024, 5);
+  const std::vector<uint8_t> w = Rows(type, 3, 1024, 5);
   const size_t bytes = GgmlRowBytes(type, q16::kSuperValues);
   for (size_t off = 0; off < w.size(); off += bytes) {
     KQuantCodes want;
@@ -216,7 +209,7 @@ TEST_P(Q16KQuantTest, SequentialRowsEqualTheCpuReference) {
   const GgmlType type = GetParam();
   constexpr int64_t kRows = 8, kCols = 768, kTokens = 2;
   const int64_t blocks = kCols / 32;
-  const std::vector<uint8_t> w = KQuantRows(type, kRows, kCols, 9);
+  const std::vector<uint8_t> w = Rows(type, kRows, kCols, 9);
   const size_t row_bytes = GgmlRowBytes(type, kCols);
   const WeightView view{type, w.data(), kRows, kCols, row_bytes};
   const std::vector<uint8_t> packed = cpu_kernels::PackKQuantRows(view);

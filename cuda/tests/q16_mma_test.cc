@@ -47,21 +47,6 @@ TEST(Q16Mma, SplitHiLoRebuildsEveryValue) {
   }
 }
 
-// Rows of random weights of `type` (ggml's layout).
-std::vector<uint8_t> Rows(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
-  if (q16::IsKQuant(static_cast<int>(type))) return q16_test::KQuantRows(type, rows, cols, seed);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const size_t row_bytes = GgmlRowBytes(type, cols);
-  std::vector<uint8_t> w(rows * row_bytes);
-  std::vector<float> row(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (float& v : row) v = normal(rng) * 0.05f + (r % 2 ? 0.01f : 0.0f);
-    QuantizeRow(type, row.data(), w.data() + r * row_bytes, cols);
-  }
-  return w;
-}
-
 void Dequantize(GgmlType type, const uint8_t* row, float* out, int64_t cols) {
   if (q16::IsKQuant(static_cast<int>(type))) {
     DequantizeConvertedRow(type, row, out, cols);
@@ -97,23 +82,6 @@ float Canonical(const uint8_t* row, int64_t cols, const Acts& a, int64_t t) {
                                   a.s.data() + t * subs);
 }
 
-float CanonicalOf(GgmlType type, const uint8_t* row, int64_t cols, const Acts& a, int64_t t) {
-  switch (type) {
-    case GgmlType::kQ4_0:
-      return Canonical<q16::kTypeQ4_0>(row, cols, a, t);
-    case GgmlType::kQ4_1:
-      return Canonical<q16::kTypeQ4_1>(row, cols, a, t);
-    case GgmlType::kQ8_0:
-      return Canonical<q16::kTypeQ8_0>(row, cols, a, t);
-    case GgmlType::kQ4_K:
-      return Canonical<q16::kTypeQ4_K>(row, cols, a, t);
-    case GgmlType::kQ5_K:
-      return Canonical<q16::kTypeQ5_K>(row, cols, a, t);
-    default:
-      return Canonical<q16::kTypeQ6_K>(row, cols, a, t);
-  }
-}
-
 template <int kType>
 void CodesOf(const uint8_t* blk, int j, uint32_t cw[8], float* f1, float* f2) {
   q16::SubBlockCodes<kType>(blk, j, cw, f1, f2);
@@ -142,7 +110,7 @@ TEST_P(Q16OrderTest, CodesRebuildTheDequantisedBlocks) {
   const GgmlType type = GetParam();
   const int t = static_cast<int>(type);
   constexpr int64_t kCols = 1024;
-  const std::vector<uint8_t> w = Rows(type, 3, kCols, 17);
+  const std::vector<uint8_t> w = q16_test::Rows(type, 3, kCols, 17);
   const size_t row_bytes = GgmlRowBytes(type, kCols);
   std::vector<float> want(kCols);
   for (int r = 0; r < 3; ++r) {
@@ -175,7 +143,7 @@ TEST_P(Q16OrderTest, CodesRebuildTheDequantisedBlocks) {
 TEST_P(Q16OrderTest, CanonicalRowsAgreeWithTheCpu) {
   const GgmlType type = GetParam();
   constexpr int64_t kRows = 7, kCols = 1280, kTokens = 3;
-  const std::vector<uint8_t> w = Rows(type, kRows, kCols, 23);
+  const std::vector<uint8_t> w = q16_test::Rows(type, kRows, kCols, 23);
   const size_t row_bytes = GgmlRowBytes(type, kCols);
   q16_test::ScalarActs acts;
   q16_test::QuantizeTokens(type, kTokens, kCols, kRows, 29, 31, &acts);
@@ -202,7 +170,9 @@ TEST_P(Q16OrderTest, CanonicalRowsAgreeWithTheCpu) {
   for (int64_t t = 0; t < kTokens; ++t) {
     for (int64_t r = 0; r < kRows; ++r) {
       const float cpu = acts.y[t * kRows + r];
-      const float got = CanonicalOf(type, w.data() + r * row_bytes, kCols, a, t);
+      const float got =
+          q16_test::CanonicalOf(type, w.data() + r * row_bytes, kCols, a.qs.data() + t * kCols,
+                                a.d.data() + t * kCols / kB, a.s.data() + t * kCols / kB);
       // Magnitude of the terms: bound the reordering error by 1e-5 of it.
       ASSERT_NEAR(got, cpu, 1e-5f * (1.0f + std::fabs(cpu)) + 2e-4f)
           << "token " << t << " row " << r;
@@ -293,7 +263,7 @@ void ReplayBlock(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, 
 template <int kType>
 void ExpectReplayIsCanonical(GgmlType type, int64_t cols) {
   constexpr int64_t kRows = 70, kTokens = 70;  // two partial tiles each way
-  const std::vector<uint8_t> w = Rows(type, kRows, cols, 31);
+  const std::vector<uint8_t> w = q16_test::Rows(type, kRows, cols, 31);
   const size_t row_bytes = GgmlRowBytes(type, cols);
   const Acts a = MakeActs(kTokens, cols, 37);
   std::vector<float> y(kTokens * kRows, std::nanf(""));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/q16_dot.h"
+#include "cuda/q16_order.h"
 #include "model/cpu/cpu_kernels.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
@@ -63,8 +64,12 @@ inline void QuantizeTokens(GgmlType type, int64_t tokens, int64_t cols, int64_t 
   a->args.ldy = rows;
 }
 
-// K-quant rows (ggml's layout) of `rows` x `cols` random values.
-inline std::vector<uint8_t> KQuantRows(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+// Rows of random weights of any type the quantised-activation matmul runs, in ggml's layout:
+// normals of 0.05 (every other row shifted by 0.01) for Q4_0 / Q4_1 / Q8_0; for the
+// K-quants a spread that varies within each sub-block (0.05 (1 + i % 7), every other row
+// shifted by 0.02), so that their 6-bit scales and mins differ.
+inline std::vector<uint8_t> Rows(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  const bool k = IsKQuantType(type);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t row_bytes = GgmlRowBytes(type, cols);
@@ -72,11 +77,36 @@ inline std::vector<uint8_t> KQuantRows(GgmlType type, int64_t rows, int64_t cols
   std::vector<float> row(cols);
   for (int64_t r = 0; r < rows; ++r) {
     for (size_t i = 0; i < row.size(); ++i) {
-      row[i] = normal(rng) * 0.05f * (1.0f + static_cast<float>(i % 7)) + (r % 2 ? 0.02f : 0.0f);
+      row[i] = k ? normal(rng) * 0.05f * (1.0f + static_cast<float>(i % 7)) + (r % 2 ? 0.02f : 0.0f)
+                 : normal(rng) * 0.05f + (r % 2 ? 0.01f : 0.0f);
     }
-    QuantizeConvertedRow(type, row.data(), w.data() + r * row_bytes, cols);
+    if (k) {
+      QuantizeConvertedRow(type, row.data(), w.data() + r * row_bytes, cols);
+    } else {
+      QuantizeRow(type, row.data(), w.data() + r * row_bytes, cols);
+    }
   }
   return w;
+}
+
+// q16::CanonicalRow for a run-time type: one row of `cols` values dotted with one token's
+// int16 activations (qs [cols], d and s [cols / 32]).
+inline float CanonicalOf(GgmlType type, const uint8_t* row, int64_t cols, const int16_t* qs,
+                         const float* d, const float* s) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return q16::CanonicalRow<q16::kTypeQ4_0>(row, cols, qs, d, s);
+    case GgmlType::kQ4_1:
+      return q16::CanonicalRow<q16::kTypeQ4_1>(row, cols, qs, d, s);
+    case GgmlType::kQ8_0:
+      return q16::CanonicalRow<q16::kTypeQ8_0>(row, cols, qs, d, s);
+    case GgmlType::kQ4_K:
+      return q16::CanonicalRow<q16::kTypeQ4_K>(row, cols, qs, d, s);
+    case GgmlType::kQ5_K:
+      return q16::CanonicalRow<q16::kTypeQ5_K>(row, cols, qs, d, s);
+    default:
+      return q16::CanonicalRow<q16::kTypeQ6_K>(row, cols, qs, d, s);
+  }
 }
 
 }  // namespace specnode::q16_test
