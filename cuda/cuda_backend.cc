@@ -315,8 +315,8 @@ absl::Status CudaBackend::RopePair(float* q, float* k, int64_t n, int n_heads, i
 }
 
 absl::Status CudaBackend::AddBias(float* y, const float* bias, int64_t n, int dim) {
-  return absl::UnimplementedError(
-      "the CUDA backend has no bias kernel yet (qwen2 models run with --device cpu)");
+  ForgetQ16();
+  return CudaAddBias(y, bias, n, dim, stream_);
 }
 
 absl::Status CudaBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
@@ -326,11 +326,13 @@ absl::Status CudaBackend::SwiGlu(const float* gate, const float* up, int64_t cou
 }
 
 absl::Status CudaBackend::GeGlu(const float* gate, const float* up, int64_t count, float* out) {
-  return absl::UnimplementedError("the CUDA backend has no GeGLU kernel yet (use --device cpu)");
+  // As SwiGlu: the down projection's input.
+  return CudaGeGlu(gate, up, count, out, stream_, ProduceQ16(out, count, 32));
 }
 
 absl::Status CudaBackend::Scale(float* x, int64_t count, float s) {
-  return absl::UnimplementedError("the CUDA backend has no scale kernel yet (use --device cpu)");
+  ForgetQ16();
+  return CudaScale(x, count, s, stream_);
 }
 
 absl::Status CudaBackend::AllReduce(PartialSumReducer* reducer, float* data, int64_t count) {

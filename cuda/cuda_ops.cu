@@ -141,17 +141,45 @@ __global__ void RopeNormKernel(float* x, float* x2, const int32_t* __restrict__ 
 
 // With int16 outputs (qs non-null) n % 32 == 0: a warp's 32 values are one block and the
 // loop is warp-uniform (block and grid sizes are multiples of 32).
-__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, float* out, int16_t* qs,
-                             float* qd, float* qsum) {
+// SwiGLU (kGelu false) or GeGLU with the tanh GELU (true), optionally with the output's int16
+// blocks (a warp holds 32 consecutive values in every pass of the grid-stride loop).
+template <bool kGelu>
+__global__ void GluKernel(const float* gate, const float* up, int64_t n, float* out, int16_t* qs,
+                          float* qd, float* qsum) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
-    const float o = g / (1.0f + expf(-g)) * up[i];
+    float o;
+    if constexpr (kGelu) {
+      // The CPU's GeGlu (model/cpu/cpu_ops.cc) in double, rounded once.
+      constexpr double kSqrt2OverPi = 0.79788456080286535588;
+      const double gd = g;
+      const double gelu = 0.5 * gd * (1.0 + tanh(kSqrt2OverPi * (gd + 0.044715 * gd * gd * gd)));
+      o = static_cast<float>(gelu * static_cast<double>(up[i]));
+    } else {
+      o = g / (1.0f + expf(-g)) * up[i];
+    }
     out[i] = o;
     if (qs != nullptr) {
       q16::WarpQuantizeBlock16(o, static_cast<int>(i & 31), qs + (i - (i & 31)), qd + i / 32,
                                qsum + i / 32);
     }
+  }
+}
+
+// x[i] *= s.
+__global__ void ScaleKernel(float* x, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] *= s;
+  }
+}
+
+// y[r, j] += bias[j] for rows of dim values.
+__global__ void AddBiasKernel(float* y, const float* __restrict__ bias, int64_t total, int dim) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += bias[i % dim];
   }
 }
 
@@ -295,19 +323,60 @@ absl::Status CudaRopeNormPair(float* x, float* x2, const int32_t* positions, int
   return absl::OkStatus();
 }
 
-absl::Status CudaSwiGlu(const float* gate, const float* up, int64_t n, float* out,
-                        cudaStream_t stream, const cuda_internal::Q16Acts* q16) {
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("CudaSwiGlu: bad n=", n));
+namespace {
+
+absl::Status LaunchGlu(bool gelu, const float* gate, const float* up, int64_t n, float* out,
+                       cudaStream_t stream, const cuda_internal::Q16Acts* q16, const char* what) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": bad n=", n));
   if (n == 0) return absl::OkStatus();
   if (gate == nullptr || up == nullptr || out == nullptr) {
-    return absl::InvalidArgumentError("CudaSwiGlu: null pointer");
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null pointer"));
   }
   int16_t* qs;
   float *qd, *qsum;
-  SPECNODE_RETURN_IF_ERROR(Q16Outputs(q16, n, "CudaSwiGlu", &qs, &qd, &qsum));
-  SwiGluKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(gate, up, n, out, qs, qd,
-                                                                         qsum);
-  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("SwiGluKernel");
+  SPECNODE_RETURN_IF_ERROR(Q16Outputs(q16, n, what, &qs, &qd, &qsum));
+  if (gelu) {
+    GluKernel<true>
+        <<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(gate, up, n, out, qs, qd, qsum);
+  } else {
+    GluKernel<false>
+        <<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(gate, up, n, out, qs, qd, qsum);
+  }
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("GluKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaSwiGlu(const float* gate, const float* up, int64_t n, float* out,
+                        cudaStream_t stream, const cuda_internal::Q16Acts* q16) {
+  return LaunchGlu(false, gate, up, n, out, stream, q16, "CudaSwiGlu");
+}
+
+absl::Status CudaGeGlu(const float* gate, const float* up, int64_t n, float* out,
+                       cudaStream_t stream, const cuda_internal::Q16Acts* q16) {
+  return LaunchGlu(true, gate, up, n, out, stream, q16, "CudaGeGlu");
+}
+
+absl::Status CudaScale(float* x, int64_t n, float s, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("CudaScale: bad n=", n));
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr) return absl::InvalidArgumentError("CudaScale: null pointer");
+  ScaleKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(x, n, s);
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("ScaleKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaAddBias(float* y, const float* bias, int64_t n, int dim, cudaStream_t stream) {
+  if (n < 0 || dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaAddBias: bad n=", n, " dim=", dim));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (y == nullptr || bias == nullptr)
+    return absl::InvalidArgumentError("CudaAddBias: null pointer");
+  AddBiasKernel<<<ElementwiseBlocks(n * dim), kElementwiseThreads, 0, stream>>>(y, bias, n * dim,
+                                                                                dim);
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("AddBiasKernel");
   return absl::OkStatus();
 }
 

@@ -14,6 +14,8 @@
 //   CudaRopeNorm  angles, cos and sin in double as on the CPU (CUDA's double pow/sin/cos are
 //                 within 2 ulp of glibc's), then the same f32 rotation: ~1 ulp.
 //   CudaSwiGlu    expf is within 2 ulp of glibc's: a few ulp.
+//   CudaGeGlu     double arithmetic as on the CPU, rounded once: ~1 ulp.
+//   CudaScale, CudaAddBias: one f32 operation each, exactly the CPU's.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -67,6 +69,18 @@ absl::Status CudaSwiGlu(const float* gate, const float* up, int64_t n, float* ou
 // One block per row (a greedy head: only n ints leave the device).
 absl::Status CudaArgMaxRows(const float* x, int64_t n, int64_t cols, int32_t* ids,
                             cudaStream_t stream = nullptr);
+
+// out[i] = gelu_tanh(gate[i]) * up[i] (model/cpu/cpu_ops.h GeGlu: computed in double and
+// rounded once, as there; CUDA's double tanh is within 1 ulp of glibc's). q16 as CudaSwiGlu's.
+absl::Status CudaGeGlu(const float* gate, const float* up, int64_t n, float* out,
+                       cudaStream_t stream = nullptr, const cuda_internal::Q16Acts* q16 = nullptr);
+
+// x[i] *= s for n values (Gemma's embedding scale): exactly the CPU's ScaleInPlace.
+absl::Status CudaScale(float* x, int64_t n, float s, cudaStream_t stream = nullptr);
+
+// y[r, j] += bias[j] for n rows of dim values (Q/K/V biases): exactly the CPU's AddBias.
+absl::Status CudaAddBias(float* y, const float* bias, int64_t n, int dim,
+                         cudaStream_t stream = nullptr);
 
 // y[i] += x[i] for n values. x, y: [n].
 absl::Status CudaAddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);

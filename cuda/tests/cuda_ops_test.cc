@@ -80,7 +80,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaRmsNormTest,
                                            std::make_tuple(1, 4096), std::make_tuple(2, 10001)));
 
 // The producers' int16 outputs (q16) are the bytes LaunchQuantizeActs16 makes of what they
-// wrote: the RMSNorm's (with and without the residual add) and SwiGLU's.
+// wrote: the RMSNorm's (with and without the residual add), SwiGLU's and GeGLU's.
 std::vector<uint8_t> ScratchBytes(const DeviceBuffer& b, size_t bytes) {
   absl::StatusOr<std::vector<uint8_t>> v = Download<uint8_t>(b, bytes);
   EXPECT_TRUE(v.ok()) << v.status();
@@ -101,7 +101,7 @@ TEST_P(CudaQ16OutputTest, ProducersWriteTheStandaloneRounding) {
   ASSERT_TRUE(fused.ok() && alone.ok() && x.ok() && h.ok() && w.ok() && y.ok());
   const cuda_internal::Q16Acts qf = cuda_internal::Q16ActsAt(fused->data(), n, dim);
   const cuda_internal::Q16Acts qa = cuda_internal::Q16ActsAt(alone->data(), n, dim);
-  for (int op = 0; op < 3; ++op) {
+  for (int op = 0; op < 4; ++op) {
     SPECNODE_ASSERT_OK(fused->Zero());
     SPECNODE_ASSERT_OK(alone->Zero());
     if (op == 0) {
@@ -110,9 +110,12 @@ TEST_P(CudaQ16OutputTest, ProducersWriteTheStandaloneRounding) {
     } else if (op == 1) {
       SPECNODE_ASSERT_OK(CudaAddRmsNorm(x->as<float>(), h->as<float>(), w->as<float>(), n, dim,
                                         1e-5f, y->as<float>(), nullptr, &qf));
-    } else {
+    } else if (op == 2) {
       SPECNODE_ASSERT_OK(
           CudaSwiGlu(x->as<float>(), h->as<float>(), n * dim, y->as<float>(), nullptr, &qf));
+    } else {
+      SPECNODE_ASSERT_OK(
+          CudaGeGlu(x->as<float>(), h->as<float>(), n * dim, y->as<float>(), nullptr, &qf));
     }
     ASSERT_EQ(cuda_internal::LaunchQuantizeActs16(y->as<float>(), n, dim, qa, nullptr),
               cudaSuccess);
@@ -213,6 +216,47 @@ TEST_P(CudaSwiGluTest, MatchesCpu) {
 
 // SmolLM2's FFN width 1536 at batch 1 and 16, and sizes off the block size.
 INSTANTIATE_TEST_SUITE_P(Sizes, CudaSwiGluTest, ::testing::Values(1, 7, 1536, 16 * 1536 + 3));
+
+// GeGLU (Gemma 3) in double as the CPU computes it: within an ulp or so, extremes included.
+TEST_P(CudaSwiGluTest, GeGluMatchesCpu) {
+  const int64_t n = GetParam();
+  std::vector<float> gate = RandomVector(n, 17, 4.0f);
+  const std::vector<float> up = RandomVector(n, 18);
+  const float kExtremes[] = {0.0f, -0.0f, 100.0f, -100.0f, 20.0f, -20.0f, 1e-30f};
+  for (size_t i = 0; i < sizeof(kExtremes) / sizeof(float) && i < gate.size(); ++i) {
+    gate[i] = kExtremes[i];
+  }
+  std::vector<float> want(n);
+  GeGlu(gate.data(), up.data(), n, want.data());
+  absl::StatusOr<DeviceBuffer> g_dev = Upload(gate);
+  absl::StatusOr<DeviceBuffer> u_dev = Upload(up);
+  absl::StatusOr<DeviceBuffer> o_dev = DeviceBuffer::Allocate(n * sizeof(float));
+  ASSERT_TRUE(g_dev.ok() && u_dev.ok() && o_dev.ok());
+  SPECNODE_ASSERT_OK(CudaGeGlu(g_dev->as<float>(), u_dev->as<float>(), n, o_dev->as<float>()));
+  absl::StatusOr<std::vector<float>> out = Download<float>(*o_dev, n);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectClose(*out, want, 4e-7, 1e-12, "geglu");
+}
+
+class CudaScaleBiasTest : public CudaTest {};
+
+// The embedding scale and the Q/K/V biases: one f32 operation each, exactly the CPU's.
+TEST_F(CudaScaleBiasTest, EqualTheCpuExactly) {
+  const int64_t n = 9;
+  const int dim = 896;  // Qwen2.5-0.5B's width
+  std::vector<float> x = RandomVector(n * dim, 31);
+  const std::vector<float> bias = RandomVector(dim, 32);
+  absl::StatusOr<DeviceBuffer> x_dev = Upload(x);
+  absl::StatusOr<DeviceBuffer> b_dev = Upload(bias);
+  ASSERT_TRUE(x_dev.ok() && b_dev.ok());
+  SPECNODE_ASSERT_OK(CudaScale(x_dev->as<float>(), n * dim, 33.941125f));
+  SPECNODE_ASSERT_OK(CudaAddBias(x_dev->as<float>(), b_dev->as<float>(), n, dim));
+  ScaleInPlace(x.data(), n * dim, 33.941125f);
+  for (int64_t r = 0; r < n; ++r) AddInPlace(x.data() + r * dim, bias.data(), dim);
+  absl::StatusOr<std::vector<float>> got = Download<float>(*x_dev, n * dim);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, x);
+}
 
 class CudaAddInPlaceTest : public CudaTest {};
 
@@ -317,6 +361,10 @@ TEST(CudaOpsArgs, RejectBadArgumentsAndAcceptEmptyWork) {
   EXPECT_EQ(CudaRopeNormPair(fx, fx, fp, 1, 2, -1, 8, 8, 1e4f).code(), kInvalid);
   EXPECT_EQ(CudaSwiGlu(nullptr, nullptr, -1, nullptr).code(), kInvalid);
   EXPECT_EQ(CudaAddInPlace(nullptr, nullptr, 3).code(), kInvalid);
+  EXPECT_EQ(CudaGeGlu(nullptr, nullptr, 4, nullptr).code(), kInvalid);
+  EXPECT_EQ(CudaScale(nullptr, 4, 2.0f).code(), kInvalid);
+  EXPECT_EQ(CudaAddBias(nullptr, nullptr, 1, 0).code(), kInvalid);
+  EXPECT_TRUE(CudaScale(nullptr, 0, 2.0f).ok());
   float* fake = reinterpret_cast<float*>(uintptr_t{1} << 20);
   EXPECT_EQ(CudaArgMaxRows(nullptr, 2, 8, nullptr).code(), kInvalid);
   EXPECT_EQ(CudaArgMaxRows(fake, 1, 0, reinterpret_cast<int32_t*>(fake)).code(), kInvalid);
