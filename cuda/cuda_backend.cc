@@ -300,18 +300,10 @@ absl::Status CudaBackend::RopePair(float* q, float* k, int64_t n, int n_heads, i
   if (n != rows_) {
     return absl::InvalidArgumentError("CudaBackend::RopePair: n is not the pass's row count");
   }
-  if (freq_factors != nullptr) {
-    return absl::UnimplementedError(
-        "the CUDA backend has no RoPE frequency factors (rope_freqs.weight) yet; use --device cpu");
-  }
-  if (mode != RopeMode::kNorm) {
-    return absl::UnimplementedError(
-        absl::StrCat("the CUDA backend has no ", RopeModeName(mode),
-                     " RoPE kernel yet (it runs llama-architecture models; use --device cpu)"));
-  }
+  // freq_factors: a device copy (UploadWeights), or null.
   SPECNODE_RETURN_IF_ERROR(UploadTables());
-  return CudaRopeNormPair(q, k, tables_.device(positions_), n, n_heads, n_kv_heads, head_dim,
-                          rope_dim, base, stream_);
+  return CudaRopePair(q, k, tables_.device(positions_), n, n_heads, n_kv_heads, head_dim, rope_dim,
+                      base, mode == RopeMode::kNeox, freq_factors, stream_);
 }
 
 absl::Status CudaBackend::AddBias(float* y, const float* bias, int64_t n, int dim) {

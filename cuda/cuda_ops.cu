@@ -110,9 +110,11 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 // so that a single decode token still spreads over n_heads * rope_dim / 2 threads. Two
 // tensors per launch (Q and K of a layer): indices past x's n * n_heads * half_rope pairs
 // rotate x2's (n_heads2 heads; 0 for none), each pair exactly as in its own launch.
-__global__ void RopeNormKernel(float* x, float* x2, const int32_t* __restrict__ positions,
-                               int64_t n, int n_heads, int n_heads2, int head_dim, int half_rope,
-                               int rope_dim, double base) {
+// Pair i of every head: dims (2i, 2i + 1), or NeoX (i, i + rope_dim / 2); the angle
+// pos * base^(-2i / rope_dim) [/ freq_factors[i]] as the CPU's RopeAngles computes it.
+__global__ void RopeKernel(float* x, float* x2, const int32_t* __restrict__ positions, int64_t n,
+                           int n_heads, int n_heads2, int head_dim, int half_rope, int rope_dim,
+                           double base, int neox, const float* __restrict__ freq_factors) {
   const int64_t first = n * n_heads * half_rope;
   const int64_t total = first + n * n_heads2 * half_rope;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
@@ -125,17 +127,19 @@ __global__ void RopeNormKernel(float* x, float* x2, const int32_t* __restrict__ 
     const int64_t th = idx / half_rope;  // t * n_heads + h
     const int64_t t = th / heads;
     // Same expression as the CPU: pos * base^(-2i / rope_dim), all in double.
-    const double theta = static_cast<double>(positions[t]) * pow(base, -2.0 * i / rope_dim);
+    double theta = static_cast<double>(positions[t]) * pow(base, -2.0 * i / rope_dim);
+    if (freq_factors != nullptr) theta /= static_cast<double>(freq_factors[i]);
     double sd, cd;
     sincos(theta, &sd, &cd);
     const float c = static_cast<float>(cd);
     const float s = static_cast<float>(sd);
-    float* p = xs + th * head_dim + 2 * i;
+    float* p = xs + th * head_dim + (neox ? i : 2 * i);
+    const int other = neox ? half_rope : 1;
     const float a = p[0];
-    const float b = p[1];
+    const float b = p[other];
     // __fmul_rn / __fadd_rn keep nvcc from contracting into FMAs the CPU does not use.
     p[0] = __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, s));
-    p[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    p[other] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
   }
 }
 
@@ -298,28 +302,36 @@ absl::Status CudaAddRmsNorm(float* x, const float* h, const float* weight, int64
 
 absl::Status CudaRopeNorm(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
                           int rope_dim, float base, cudaStream_t stream) {
-  return CudaRopeNormPair(x, nullptr, positions, n, n_heads, 0, head_dim, rope_dim, base, stream);
+  return CudaRopePair(x, nullptr, positions, n, n_heads, 0, head_dim, rope_dim, base, false,
+                      nullptr, stream);
 }
 
 absl::Status CudaRopeNormPair(float* x, float* x2, const int32_t* positions, int64_t n, int n_heads,
                               int n_heads2, int head_dim, int rope_dim, float base,
                               cudaStream_t stream) {
+  return CudaRopePair(x, x2, positions, n, n_heads, n_heads2, head_dim, rope_dim, base, false,
+                      nullptr, stream);
+}
+
+absl::Status CudaRopePair(float* x, float* x2, const int32_t* positions, int64_t n, int n_heads,
+                          int n_heads2, int head_dim, int rope_dim, float base, bool neox,
+                          const float* freq_factors, cudaStream_t stream) {
   if (n < 0 || n_heads <= 0 || n_heads2 < 0 || head_dim <= 0 || rope_dim < 0 ||
       rope_dim > head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaRopeNorm: bad shape n=", n,
+    return absl::InvalidArgumentError(absl::StrCat("CudaRope: bad shape n=", n,
                                                    " n_heads=", n_heads, "+", n_heads2,
                                                    " head_dim=", head_dim, " rope_dim=", rope_dim));
   }
   const int half_rope = rope_dim / 2;
   if (n == 0 || half_rope == 0) return absl::OkStatus();
   if (x == nullptr || positions == nullptr || (n_heads2 > 0 && x2 == nullptr)) {
-    return absl::InvalidArgumentError("CudaRopeNorm: null pointer");
+    return absl::InvalidArgumentError("CudaRope: null pointer");
   }
   const int64_t total = n * (n_heads + n_heads2) * half_rope;
-  RopeNormKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(
+  RopeKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(
       x, x2, positions, n, n_heads, n_heads2, head_dim, half_rope, rope_dim,
-      static_cast<double>(base));
-  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RopeNormKernel");
+      static_cast<double>(base), neox ? 1 : 0, freq_factors);
+  SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("RopeKernel");
   return absl::OkStatus();
 }
 

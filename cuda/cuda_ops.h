@@ -58,6 +58,14 @@ absl::Status CudaRopeNormPair(float* x, float* x2, const int32_t* positions, int
                               int n_heads2, int head_dim, int rope_dim, float base,
                               cudaStream_t stream = nullptr);
 
+// Both modes of the CPU's RopeAngles + RopeApply (model/cpu/cpu_ops.h) on two tensors in one
+// launch: neox rotates dims (i, i + rope_dim / 2) instead of (2i, 2i + 1); freq_factors
+// (device [rope_dim / 2], or null) divide each pair's angle (rope_freqs.weight).
+// CudaRopeNormPair is this with neox false and no factors.
+absl::Status CudaRopePair(float* x, float* x2, const int32_t* positions, int64_t n, int n_heads,
+                          int n_heads2, int head_dim, int rope_dim, float base, bool neox,
+                          const float* freq_factors, cudaStream_t stream = nullptr);
+
 // out[i] = silu(gate[i]) * up[i] for n values; silu(g) = g / (1 + exp(-g)).
 // gate, up, out: [n]; out may alias gate or up exactly. q16 (optional; n a multiple of 32):
 // out rounded to int16 blocks of 32 consecutive values, as CudaRmsNorm's.

@@ -171,6 +171,43 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaRopeNormTest,
                          });
 
 // Q and K rotated in one launch: bit-identical to one CudaRopeNorm call each.
+// NeoX pairs (Qwen, Gemma) and frequency factors (Llama 3's rope_freqs.weight) against the
+// CPU's RopeAngles + RopeApply, on Q and K in one launch.
+TEST_P(CudaRopeNormTest, NeoxAndFrequencyFactorsMatchCpu) {
+  const RopeCase c = GetParam();
+  std::vector<int32_t> positions(c.n);
+  const int32_t kPositions[] = {0, 1, 2, 17, 4095, 8191, 100000, 3};
+  for (int64_t t = 0; t < c.n; ++t) positions[t] = kPositions[t % 8] + static_cast<int32_t>(t / 8);
+  std::vector<float> factors(c.rope_dim / 2);
+  for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.0f + static_cast<float>(i % 5) * 0.75f;
+  absl::StatusOr<DeviceBuffer> pos_dev = Upload(positions);
+  absl::StatusOr<DeviceBuffer> f_dev = Upload(factors);
+  ASSERT_TRUE(pos_dev.ok() && f_dev.ok());
+  for (bool neox : {true, false}) {
+    for (bool with_factors : {false, true}) {
+      std::vector<float> q = RandomVector(c.n * c.n_heads * c.head_dim, 6);
+      std::vector<float> k = RandomVector(c.n * 2 * c.head_dim, 7);
+      absl::StatusOr<DeviceBuffer> q_dev = Upload(q), k_dev = Upload(k);
+      ASSERT_TRUE(q_dev.ok() && k_dev.ok());
+      std::vector<float> table(c.n * c.rope_dim);
+      RopeAngles(positions.data(), c.n, c.rope_dim, c.base, table.data(),
+                 with_factors ? factors.data() : nullptr);
+      RopeApply(q.data(), table.data(), c.n, c.n_heads, c.head_dim, c.rope_dim, neox);
+      RopeApply(k.data(), table.data(), c.n, 2, c.head_dim, c.rope_dim, neox);
+      SPECNODE_ASSERT_OK(CudaRopePair(
+          q_dev->as<float>(), k_dev->as<float>(), pos_dev->as<int32_t>(), c.n, c.n_heads, 2,
+          c.head_dim, c.rope_dim, c.base, neox, with_factors ? f_dev->as<float>() : nullptr));
+      absl::StatusOr<std::vector<float>> gq = Download<float>(*q_dev, q.size());
+      absl::StatusOr<std::vector<float>> gk = Download<float>(*k_dev, k.size());
+      ASSERT_TRUE(gq.ok() && gk.ok());
+      const std::string what =
+          std::string(neox ? "neox" : "norm") + (with_factors ? "+factors" : "");
+      ExpectClose(*gq, q, 0.0, 1e-6, what + " q");
+      ExpectClose(*gk, k, 0.0, 1e-6, what + " k");
+    }
+  }
+}
+
 TEST_P(CudaRopeNormTest, PairEqualsTwoCalls) {
   const RopeCase c = GetParam();
   const int heads2 = c.n_heads + 1;  // a different head count for the second tensor
