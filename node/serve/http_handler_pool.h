@@ -12,10 +12,18 @@
 // (so that a client's next request gets a worker again). When the overflow threads are held
 // too, connections wait for the first free thread of either kind.
 //
+// A worker that has just closed a connection is not yet waiting for the next one: a client
+// that sends requests one after another on new connections would see its next connection
+// queued for the overflow threads and turned away with 429 although no worker stays held.
+// So an overflow thread leaves a connection for `grace` after it arrived, and a worker that
+// frees up within that time takes it as a normal connection; only a connection still
+// waiting after the grace is answered on the overflow thread.
+//
 // Thread-safety: enqueue and shutdown may be called from any thread (httplib: the accept
 // thread, then the thread stopping the server). shutdown runs what is queued, then joins.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -30,7 +38,10 @@ namespace specnode {
 
 class HttpHandlerPool final : public httplib::TaskQueue {
  public:
-  HttpHandlerPool(size_t workers, size_t overflow);
+  static constexpr std::chrono::milliseconds kDefaultGrace{100};
+
+  HttpHandlerPool(size_t workers, size_t overflow,
+                  std::chrono::steady_clock::duration grace = kDefaultGrace);
   ~HttpHandlerPool() override;
 
   void enqueue(std::function<void()> fn) override;
@@ -40,14 +51,19 @@ class HttpHandlerPool final : public httplib::TaskQueue {
   static bool OnOverflowThread();
 
  private:
+  struct Task {
+    std::function<void()> fn;
+    std::chrono::steady_clock::time_point arrived;
+  };
   struct Queue {
-    std::deque<std::function<void()>> tasks;
+    std::deque<Task> tasks;
     size_t idle = 0;  // threads of this kind waiting for a task
     std::condition_variable cv;
   };
   void Work(Queue* q, bool overflow);
 
   const bool has_overflow_;
+  const std::chrono::steady_clock::duration grace_;
   std::mutex mu_;
   Queue workers_, overflow_;  // guarded by mu_
   bool stop_ = false;         // guarded by mu_
