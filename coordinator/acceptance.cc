@@ -100,4 +100,26 @@ AcceptOutcome AcceptRatio(std::span<const int32_t> drafts, std::span<const float
   return out;
 }
 
+AcceptOutcome AcceptFromHead(std::span<const int32_t> drafts, const HeadRows& rows,
+                             int64_t first_position, std::span<const float> q, int32_t vocab,
+                             const Sampler& sampler, AcceptanceRule rule,
+                             std::vector<float>* p_scratch) {
+  const size_t k = drafts.size();
+  if (k > 0 && sampler.params().temperature != 0.0f && rule == AcceptanceRule::kRatio) {
+    std::vector<float>& p = *p_scratch;
+    p.resize((k + 1) * static_cast<size_t>(vocab));
+    std::vector<float> dist;
+    for (size_t r = 0; r <= k; ++r) {
+      sampler.DistributionTopK(rows.Ids(r), rows.Values(r), vocab, &dist);
+      std::copy(dist.begin(), dist.end(), p.begin() + r * vocab);
+    }
+    return AcceptRatio(drafts, p, q, vocab, first_position, sampler);
+  }
+  // Greedy, match, and a step without drafts: each row's own draw until the first mismatch
+  // (greedy's draw is row's first id, SampleTopK at temperature 0).
+  return AcceptWhileEqual(drafts, [&](size_t i) {
+    return rows.Sample(i, sampler, first_position + static_cast<int64_t>(i));
+  });
+}
+
 }  // namespace specnode

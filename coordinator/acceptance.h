@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/llama/sampling.h"
@@ -71,5 +72,34 @@ AcceptOutcome AcceptMatch(std::span<const int32_t> drafts, std::span<const float
 AcceptOutcome AcceptRatio(std::span<const int32_t> drafts, std::span<const float> p,
                           std::span<const float> q, int32_t vocab, int64_t first_position,
                           const Sampler& sampler);
+
+// A pass's rows as their k largest logits (ModelRunner::ForwardTopK; k = 1 from
+// ForwardArgMax, with values null: greedy draws only): row r's ids at ids[r * k, r * k + k),
+// its logits at values likewise, in TopK's order (model/llama/sampling.h). Borrowed.
+struct HeadRows {
+  int k = 1;
+  const int32_t* ids = nullptr;
+  const float* values = nullptr;
+
+  std::span<const int32_t> Ids(size_t r) const { return {ids + r * k, static_cast<size_t>(k)}; }
+  std::span<const float> Values(size_t r) const {
+    return values == nullptr ? std::span<const float>()
+                             : std::span<const float>(values + r * k, static_cast<size_t>(k));
+  }
+  // Row r's draw at `position`: Sampler::SampleTopK (k >= sampler.HeadCandidates(vocab)).
+  int32_t Sample(size_t r, const Sampler& sampler, int64_t position) const {
+    return sampler.SampleTopK(Ids(r), Values(r), position);
+  }
+};
+
+// A step's outcome from head rows [drafts.size() + 1] instead of the whole rows, for a
+// sampler whose draws need only them (0 < sampler.HeadCandidates(vocab) <= rows.k): no
+// drafts -> the row's draw; greedy -> AcceptGreedy; else `rule`'s AcceptMatch or AcceptRatio
+// (q as AcceptRatio's; p_scratch holds its target distributions). The same outcome the
+// whole rows give, so the head a runner returns never changes the text.
+AcceptOutcome AcceptFromHead(std::span<const int32_t> drafts, const HeadRows& rows,
+                             int64_t first_position, std::span<const float> q, int32_t vocab,
+                             const Sampler& sampler, AcceptanceRule rule,
+                             std::vector<float>* p_scratch);
 
 }  // namespace specnode

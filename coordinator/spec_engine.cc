@@ -43,12 +43,15 @@ struct SpeculativeEngine::Seq {
 struct SpeculativeEngine::Pass {
   ModelRunner* runner = nullptr;
   std::vector<BatchEntry> batch;
-  // Every sequence of the pass decodes greedily: the runner returns each row's arg max
-  // (`ids`, ModelRunner::EndForwardArgMax) instead of its logits, which a GPU target then
-  // keeps on the device.
-  bool greedy = true;
+  // Every sequence of the pass draws from a row's largest logits alone (greedy, or top-k:
+  // Sampler::HeadCandidates): the runner returns each row's head_k largest (`ids`, `values`,
+  // ModelRunner::EndForwardArgMax for 1, EndForwardTopK above) instead of its logits, which
+  // a GPU target then keeps on the device. 0: some sequence needs the whole rows (`logits`).
+  int head_k = 1;
+  bool sampled = false;  // some sequence draws at temperature > 0: the head needs values
   std::vector<float> logits;
   std::vector<int32_t> ids;
+  std::vector<float> values;
   size_t tokens = 0;     // input tokens of the batch
   double seconds = 0.0;  // from the step's first BeginForward to this pass's EndForward
 };
@@ -352,7 +355,9 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     }
     pass_of[i] = p;
     row_of[i] = rows[p];
-    passes[p].greedy = passes[p].greedy && s->request.sampling.temperature == 0.0f;
+    const int need = s->sampler.HeadCandidates(target_->vocab_size());
+    passes[p].head_k = need == 0 || passes[p].head_k == 0 ? 0 : std::max(passes[p].head_k, need);
+    passes[p].sampled = passes[p].sampled || s->request.sampling.temperature != 0.0f;
     if (prefill) {
       inputs[i].assign(s->tokens.begin() + s->prefilled,
                        s->tokens.begin() + s->prefilled + s->chunk);
@@ -389,18 +394,23 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       if (inputs[i].empty()) continue;  // a prefill with no chunk this step
       const Pass& pass = passes[pass_of[i]];
       const int k = static_cast<int>(s->drafts.size());
-      if (pass.greedy) {  // the rows' arg maxes: what greedy sampling and acceptance use
-        const int32_t* ids = pass.ids.data() + row_of[i];
+      // Row 0 predicts the token at the sequence's committed length.
+      const int64_t position = static_cast<int64_t>(s->tokens.size());
+      if (pass.head_k > 0) {  // the rows' largest logits: all greedy and top-k draws need
+        const HeadRows head{pass.head_k, pass.ids.data() + row_of[i] * pass.head_k,
+                            pass.sampled ? pass.values.data() + row_of[i] * pass.head_k
+                                         : nullptr};
         if (s->prefilled < s->n_prompt) {
-          if (s->prefilled + s->chunk == s->n_prompt) first_token[i] = ids[0];
+          if (s->prefilled + s->chunk == s->n_prompt) {
+            first_token[i] = head.Sample(0, s->sampler, position);
+          }
         } else {
-          outcomes[i] = AcceptGreedyIds(s->drafts, {ids, static_cast<size_t>(k + 1)});
+          outcomes[i] = AcceptFromHead(s->drafts, head, position, s->q, vocab, s->sampler,
+                                       options_.acceptance, &p_[i]);
         }
         continue;
       }
       const float* row0 = pass.logits.data() + row_of[i] * vocab;
-      // Row 0 predicts the token at the sequence's committed length.
-      const int64_t position = static_cast<int64_t>(s->tokens.size());
       if (s->prefilled < s->n_prompt) {
         if (s->prefilled + s->chunk == s->n_prompt) {
           first_token[i] = s->sampler.Sample({row0, static_cast<size_t>(vocab)}, position);
@@ -507,8 +517,11 @@ absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
   }
   for (size_t p = 0; p < passes.size(); ++p) {
     if (!begun[p]) continue;
-    absl::Status st = passes[p].greedy ? passes[p].runner->EndForwardArgMax(&passes[p].ids)
-                                       : passes[p].runner->EndForward(&passes[p].logits);
+    Pass& pass = passes[p];
+    absl::Status st =
+        pass.head_k == 0 ? pass.runner->EndForward(&pass.logits)
+        : pass.sampled   ? pass.runner->EndForwardTopK(pass.head_k, &pass.ids, &pass.values)
+                         : pass.runner->EndForwardArgMax(&pass.ids);
     const auto end = Clock::now();
     passes[p].seconds = Seconds(t0, end);
     last_pass_[passes[p].runner] = end;

@@ -9,6 +9,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_embedding.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/cuda_topk.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
 #include "model/status_macros.h"
@@ -362,6 +363,29 @@ absl::Status CudaBackend::FinishArgMax(const float* logits, int64_t rows, int64_
         CudaArgMaxRows(logits, rows, vocab, argmax_ids_.as<int32_t>(), stream_));
     SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         ids->data(), argmax_ids_.data(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  }
+  return Sync();
+}
+
+absl::Status CudaBackend::FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
+                                     std::vector<float>* host, std::vector<int32_t>* ids,
+                                     std::vector<float>* values) {
+  if (k > kCudaTopKMax) return Backend::FinishTopK(logits, rows, vocab, k, host, ids, values);
+  ForgetQ16();
+  const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(k);
+  ids->resize(count);
+  values->resize(count);
+  if (rows > 0) {
+    SPECNODE_RETURN_IF_ERROR(Ensure(argmax_ids_, count * sizeof(int32_t)));
+    SPECNODE_RETURN_IF_ERROR(Ensure(topk_values_, count * sizeof(float)));
+    SPECNODE_RETURN_IF_ERROR(CudaTopKRows(logits, rows, vocab, k, argmax_ids_.as<int32_t>(),
+                                          topk_values_.as<float>(), stream_));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ids->data(), argmax_ids_.data(),
+                                                  count * sizeof(int32_t),
+                                                  cudaMemcpyDeviceToHost, stream_));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(values->data(), topk_values_.data(),
+                                                  count * sizeof(float), cudaMemcpyDeviceToHost,
+                                                  stream_));
   }
   return Sync();
 }

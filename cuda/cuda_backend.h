@@ -127,6 +127,11 @@ class CudaBackend final : public Backend {
   // The arg max of each row on the device (CudaArgMaxRows); only the ids are copied back.
   absl::Status FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
                             std::vector<float>* host, std::vector<int32_t>* ids) override;
+  // Each row's k largest on the device (CudaTopKRows); only rows * k pairs are copied back.
+  // k above kCudaTopKMax: the default (the logits to the host, TopK there).
+  absl::Status FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
+                          std::vector<float>* host, std::vector<int32_t>* ids,
+                          std::vector<float>* values) override;
   absl::Status Sync() override;
   absl::Status Record(int64_t rows, uint64_t signature,
                       const std::function<absl::Status()>& body) override;
@@ -178,7 +183,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaGraphCache> graphs_;
   std::array<DeviceBuffer, kMaxSlots> buffers_;
   DeviceBuffer logits_;
-  DeviceBuffer argmax_ids_;  // FinishArgMax's [rows] int32
+  DeviceBuffer argmax_ids_;  // FinishArgMax's [rows] int32, FinishTopK's [rows, k]
+  DeviceBuffer topk_values_;  // FinishTopK's [rows, k] float
   CudaStepTables tables_;
   int64_t ids_ = 0, positions_ = 0;  // the pass's offsets in tables_
   int64_t rows_ = 0;

@@ -33,7 +33,40 @@ void HostArgMax(const std::vector<float>& logits, int32_t vocab, std::vector<int
   }
 }
 
+// Each [vocab] row's TopK (finite, as above).
+absl::Status HostTopK(const std::vector<float>& logits, int32_t vocab, int k,
+                      std::vector<int32_t>* ids, std::vector<float>* values) {
+  if (k <= 0 || k > vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top-k head of ", k, " over a vocabulary of ", vocab));
+  }
+  const size_t rows = logits.size() / static_cast<size_t>(vocab);
+  ids->resize(rows * k);
+  values->resize(rows * k);
+  for (size_t r = 0; r < rows; ++r) {
+    TopK(std::span<const float>(logits.data() + r * vocab, vocab), k, ids->data() + r * k,
+         values->data() + r * k);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ModelRunner::ForwardTopK(std::span<const BatchEntry> batch, int k,
+                                      std::vector<int32_t>* ids, std::vector<float>* values) {
+  SPECNODE_RETURN_IF_ERROR(Forward(batch, &argmax_logits_));
+  return HostTopK(argmax_logits_, vocab_size(), k, ids, values);
+}
+
+absl::Status ModelRunner::EndForwardTopK(int k, std::vector<int32_t>* ids,
+                                         std::vector<float>* values) {
+  if (has_pending_) {
+    has_pending_ = false;
+    return ForwardTopK(pending_, k, ids, values);
+  }
+  SPECNODE_RETURN_IF_ERROR(EndForward(&argmax_logits_));
+  return HostTopK(argmax_logits_, vocab_size(), k, ids, values);
+}
 
 absl::Status ModelRunner::ForwardArgMax(std::span<const BatchEntry> batch,
                                         std::vector<int32_t>* ids) {
@@ -109,6 +142,12 @@ absl::Status LocalModelRunner::Forward(std::span<const BatchEntry> batch,
 absl::Status LocalModelRunner::ForwardArgMax(std::span<const BatchEntry> batch,
                                              std::vector<int32_t>* ids) {
   return forward_->ForwardArgMax(batch, cache_.get(), ids);
+}
+
+absl::Status LocalModelRunner::ForwardTopK(std::span<const BatchEntry> batch, int k,
+                                           std::vector<int32_t>* ids,
+                                           std::vector<float>* values) {
+  return forward_->ForwardTopK(batch, cache_.get(), k, ids, values);
 }
 
 std::optional<ModelRunner::KvRoom> LocalModelRunner::Room(int64_t tokens) const {

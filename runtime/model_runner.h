@@ -56,6 +56,15 @@ class ModelRunner {
   virtual absl::Status ForwardArgMax(std::span<const BatchEntry> batch, std::vector<int32_t>* ids);
   virtual absl::Status EndForwardArgMax(std::vector<int32_t>* ids);
 
+  // For top-k samplers (Sampler::HeadCandidates): each row's k largest logits, ids and
+  // values [n_rows * k] in TopK's order (model/llama/sampling.h), from the rows Forward would
+  // give; a runner whose logits live on a device moves only those. 0 < k <= vocab_size().
+  // Defaults and split phase as ForwardArgMax's.
+  virtual absl::Status ForwardTopK(std::span<const BatchEntry> batch, int k,
+                                   std::vector<int32_t>* ids, std::vector<float>* values);
+  virtual absl::Status EndForwardTopK(int k, std::vector<int32_t>* ids,
+                                      std::vector<float>* values);
+
   virtual int32_t Length(SeqId seq) const = 0;
   // Makes room for `count` more tokens of `seq` ahead of a Forward that adds them (KvCache
   // Reserve semantics: ResourceExhausted when the cache is full, nothing changes). Forward
@@ -142,6 +151,8 @@ class LocalModelRunner final : public ModelRunner {
   std::string device() const override { return backend_->device(); }
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override;
   absl::Status ForwardArgMax(std::span<const BatchEntry> batch, std::vector<int32_t>* ids) override;
+  absl::Status ForwardTopK(std::span<const BatchEntry> batch, int k, std::vector<int32_t>* ids,
+                           std::vector<float>* values) override;
   int32_t Length(SeqId seq) const override { return cache_->Length(seq); }
   absl::Status Reserve(SeqId seq, int32_t count) override { return cache_->Reserve(seq, count); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return cache_->Truncate(seq, n); }

@@ -26,6 +26,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_embedding.h"
 #include "cuda/cuda_page_pool.h"
+#include "cuda/cuda_topk.h"
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
 #include "kvstore/cpu_page_pool.h"
@@ -230,6 +231,59 @@ TEST_P(CudaForwardTest, VerificationPassEqualsOneAtATime) {
     auto pass = p.Gpu({{1, std::span<const int32_t>(drafts).subspan(0, n), true}});
     ASSERT_EQ(pass.size(), n * vocab);
     EXPECT_TRUE(std::equal(pass.begin(), pass.end(), one_at_a_time.begin())) << n << " tokens";
+  }
+}
+
+// The device heads (ForwardArgMax, ForwardTopK: only ids and k values leave the GPU) give
+// exactly what the host takes from the same pass's logits, for a prefill's last rows and a
+// verification pass's every row, k small and past the kernel's maximum (the host's then).
+TEST_P(CudaForwardTest, DeviceHeadsEqualTheHostHeadsOfTheSameLogits) {
+  Pair a(Path()), b(Path());
+  ASSERT_NE(a.gpu, nullptr);
+  ASSERT_NE(b.gpu, nullptr);
+  const int vocab = a.model->config().vocab_size;
+  const auto p1 = Tokens(7, 5), p2 = Tokens(4, 8), drafts = Tokens(5, 40);
+  const std::vector<std::vector<BatchEntry>> passes = {
+      {{1, p1, false}, {2, p2, false}},
+      {{1, drafts, true}, {2, std::span<const int32_t>(drafts).subspan(0, 1), false}}};
+  for (const std::vector<BatchEntry>& batch : passes) {
+    const std::vector<float> logits = a.Gpu(batch);
+    const size_t rows = logits.size() / vocab;
+    for (int k : {0, 1, 40, std::min(vocab, kCudaTopKMax + 1)}) {
+      const int32_t len1 = b.gpu->cache().Length(1), len2 = b.gpu->cache().Length(2);
+      std::vector<int32_t> ids;
+      std::vector<float> values;
+      const absl::Status st = k == 0 ? b.gpu->forward->ForwardArgMax(batch, b.gpu->store.get(), &ids)
+                                     : b.gpu->forward->ForwardTopK(batch, b.gpu->store.get(), k,
+                                                                   &ids, &values);
+      ASSERT_TRUE(st.ok()) << st;
+      const int per_row = std::max(k, 1);
+      ASSERT_EQ(ids.size(), rows * per_row);
+      std::vector<int32_t> want_ids(per_row);
+      std::vector<float> want_values(per_row);
+      for (size_t r = 0; r < rows; ++r) {
+        const std::span<const float> row(logits.data() + r * vocab, vocab);
+        TopK(row, per_row, want_ids.data(), want_values.data());
+        EXPECT_EQ(std::vector<int32_t>(ids.begin() + r * per_row, ids.begin() + (r + 1) * per_row),
+                  want_ids) << "k " << k << " row " << r;
+        if (k > 0) {
+          EXPECT_EQ(std::vector<float>(values.begin() + r * per_row,
+                                       values.begin() + (r + 1) * per_row),
+                    want_values) << "k " << k << " row " << r;
+        }
+      }
+      // Back to where a's cache is, for the next head on the same pass.
+      if (len1 == 0) {
+        b.gpu->cache().Free(1);
+        b.gpu->cache().Free(2);
+      } else {
+        ASSERT_TRUE(b.gpu->cache().Truncate(1, len1).ok());
+        ASSERT_TRUE(b.gpu->cache().Truncate(2, len2).ok());
+      }
+    }
+    // Leave b one pass along, as a is.
+    std::vector<float> unused;
+    ASSERT_TRUE(b.gpu->Forward(batch, &unused).ok());
   }
 }
 

@@ -141,6 +141,14 @@ class Backend {
   // the arg max there (backend.cc).
   virtual absl::Status FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
                                     std::vector<float>* host, std::vector<int32_t>* ids);
+  // Sampled heads: row r's `k` largest logits in TopK's order (model/llama/sampling.h), ids
+  // at (*ids)[r * k + i] and logits at (*values)[r * k + i] (both resized to rows * k), or
+  // (*ids)[r * k] = -1 when the row holds a NaN or an infinity; 0 < k <= vocab. What a
+  // top-k sampler draws from (Sampler::SampleTopK), so a device moves rows * k pairs, not
+  // the logits. The default brings the logits into *host and selects there (backend.cc).
+  virtual absl::Status FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
+                                  std::vector<float>* host, std::vector<int32_t>* ids,
+                                  std::vector<float>* values);
   // Returns when every queued op has completed (a pass without logits ends here).
   virtual absl::Status Sync() = 0;
 

@@ -1,5 +1,6 @@
 #include "model/llama/llama_forward.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -78,6 +79,15 @@ absl::Status LlamaForward::ForwardArgMax(std::span<const BatchEntry> batch, KvCa
   return Pass(batch, cache, HeadOut{nullptr, ids});
 }
 
+absl::Status LlamaForward::ForwardTopK(std::span<const BatchEntry> batch, KvCache* cache, int k,
+                                       std::vector<int32_t>* ids, std::vector<float>* values) {
+  if (k <= 0 || k > config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top-k head of ", k, " over a vocabulary of ", config_.vocab_size));
+  }
+  return Pass(batch, cache, HeadOut{nullptr, ids, k, values});
+}
+
 absl::Status LlamaForward::Pass(std::span<const BatchEntry> batch, KvCache* cache, HeadOut out) {
   SPECNODE_ASSIGN_OR_RETURN(const int64_t n, ValidateBatch(batch, config_.vocab_size));
   if (cache->device() != backend_->device()) {
@@ -88,6 +98,7 @@ absl::Status LlamaForward::Pass(std::span<const BatchEntry> batch, KvCache* cach
   if (n == 0) {
     if (out.logits != nullptr) out.logits->clear();
     if (out.ids != nullptr) out.ids->clear();
+    if (out.values != nullptr) out.values->clear();
     return absl::OkStatus();
   }
   // Reserve everything first; undo on failure so that no sequence changes.
@@ -263,9 +274,13 @@ absl::Status LlamaForward::Head(std::span<const BatchEntry> batch, const float* 
                      out_rows[r], ": its weights or activations overflow"));
   };
   if (out.ids != nullptr) {
-    SPECNODE_RETURN_IF_ERROR(backend_->FinishArgMax(logits, n_out, vocab, host, out.ids));
+    const int k = std::max(out.top_k, 1);
+    SPECNODE_RETURN_IF_ERROR(
+        out.top_k > 0
+            ? backend_->FinishTopK(logits, n_out, vocab, k, host, out.ids, out.values)
+            : backend_->FinishArgMax(logits, n_out, vocab, host, out.ids));
     for (int64_t r = 0; r < n_out; ++r) {
-      if ((*out.ids)[r] < 0) return non_finite(r);
+      if ((*out.ids)[r * k] < 0) return non_finite(r);
     }
     return absl::OkStatus();
   }

@@ -80,6 +80,11 @@ class LlamaForward {
   // the logits where it computed them (Backend::FinishArgMax). Errors as Forward.
   absl::Status ForwardArgMax(std::span<const BatchEntry> batch, KvCache* cache,
                              std::vector<int32_t>* ids);
+  // Forward for top-k samplers: each row's k largest logits, ids [n_rows * k] and values
+  // [n_rows * k] in TopK's order (model/llama/sampling.h); a device backend moves only those
+  // (Backend::FinishTopK). 0 < k <= vocab. Errors as Forward.
+  absl::Status ForwardTopK(std::span<const BatchEntry> batch, KvCache* cache, int k,
+                           std::vector<int32_t>* ids, std::vector<float>* values);
 
   const LlamaConfig& config() const { return config_; }
   Backend& backend() { return *backend_; }
@@ -90,10 +95,13 @@ class LlamaForward {
   struct Buffers {
     float *x, *h, *q, *k, *v, *attn, *gate, *up;
   };
-  // What a pass returns: logits rows, each row's arg max, or neither (Sync only).
+  // What a pass returns: logits rows, each row's arg max (ids, top_k 0), each row's top_k
+  // largest (ids and values), or nothing (Sync only).
   struct HeadOut {
     std::vector<float>* logits = nullptr;
     std::vector<int32_t>* ids = nullptr;
+    int top_k = 0;
+    std::vector<float>* values = nullptr;
   };
   absl::Status Pass(std::span<const BatchEntry> batch, KvCache* cache, HeadOut out);
   absl::Status Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0, int64_t n,
@@ -112,7 +120,7 @@ class LlamaForward {
   // Per-pass host staging.
   std::vector<int32_t> ids_, positions_;
   std::vector<KvPassEntry> entries_;
-  std::vector<float> argmax_host_;  // ForwardArgMax's logits where the backend is the host
+  std::vector<float> argmax_host_;  // ForwardArgMax/TopK's logits where the backend is the host
 };
 
 }  // namespace specnode

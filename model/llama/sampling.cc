@@ -151,32 +151,84 @@ void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* id
   } else if (params_.top_p < 1.0f) {
     std::sort(ids->begin(), ids->end(), by_logit);
   }
+  std::vector<float> sorted(keep);
+  for (int32_t i = 0; i < keep; ++i) sorted[i] = logits[(*ids)[i]];
+  ids->resize(Weigh(sorted.data(), keep, weights, sum));
+}
+
+int32_t Sampler::Weigh(const float* sorted_logits, int32_t n, std::vector<double>* weights,
+                       double* sum) const {
   const float inv_t = 1.0f / params_.temperature;
-  float max_logit = logits[(*ids)[0]];
-  for (int32_t i = 0; i < keep; ++i) max_logit = std::max(max_logit, logits[(*ids)[i]]);
+  float max_logit = sorted_logits[0];
+  for (int32_t i = 0; i < n; ++i) max_logit = std::max(max_logit, sorted_logits[i]);
   std::vector<double>& p = *weights;
-  p.resize(keep);
+  p.resize(n);
   *sum = 0.0;
-  for (int32_t i = 0; i < keep; ++i) {
-    p[i] = LogitWeight(logits[(*ids)[i]], max_logit, inv_t);
+  for (int32_t i = 0; i < n; ++i) {
+    p[i] = LogitWeight(sorted_logits[i], max_logit, inv_t);
     *sum += p[i];
   }
+  int32_t keep = n;
   if (params_.top_p < 1.0f) {
-    // ids[0..keep) are sorted here: keep the shortest prefix reaching top_p.
+    // The candidates are sorted: keep the shortest prefix reaching top_p.
     double cumulative = 0.0;
-    int32_t cut = keep;
-    for (int32_t i = 0; i < keep; ++i) {
+    for (int32_t i = 0; i < n; ++i) {
       cumulative += p[i] / *sum;
       if (cumulative >= params_.top_p) {
-        cut = i + 1;
+        keep = i + 1;
         break;
       }
     }
-    keep = cut;
     *sum = std::accumulate(p.begin(), p.begin() + keep, 0.0);
   }
-  ids->resize(keep);
   p.resize(keep);
+  return keep;
+}
+
+int32_t Sampler::RaceKept(std::span<const int32_t> ids, const std::vector<double>& weights,
+                          double sum, int64_t position) const {
+  // SampleFrom over the dense vector, restricted to its non-zero entries: the same float
+  // probabilities raced with the same noise per id in the same (id) order.
+  std::vector<std::pair<int32_t, float>> kept(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    kept[i] = {ids[i], static_cast<float>(weights[i] / sum)};
+  }
+  // Pruned candidates come in logit order: back to id order.
+  std::sort(kept.begin(), kept.end());
+  return RaceInOrder(
+      Noise(position, NoiseStream::kToken), kept.size(), [&](size_t i) { return kept[i].first; },
+      [&](size_t i) { return kept[i].second; });
+}
+
+int Sampler::HeadCandidates(int64_t vocab) const {
+  if (params_.temperature == 0.0f) return 1;
+  return params_.top_k > 0 && params_.top_k < vocab ? params_.top_k : 0;
+}
+
+int32_t Sampler::SampleTopK(std::span<const int32_t> ids, std::span<const float> values,
+                            int64_t position) const {
+  if (params_.temperature == 0.0f) return ids[0];
+  const int32_t n = params_.top_k;
+  assert(n > 0 && ids.size() >= static_cast<size_t>(n) && values.size() >= ids.size());
+  std::vector<double> p;
+  double sum = 0.0;
+  const int32_t keep = Weigh(values.data(), n, &p, &sum);
+  return RaceKept(ids.first(keep), p, sum, position);
+}
+
+void Sampler::DistributionTopK(std::span<const int32_t> ids, std::span<const float> values,
+                               int64_t vocab, std::vector<float>* probs) const {
+  probs->assign(vocab, 0.0f);
+  if (params_.temperature == 0.0f) {
+    (*probs)[ids[0]] = 1.0f;
+    return;
+  }
+  const int32_t n = params_.top_k;
+  assert(n > 0 && ids.size() >= static_cast<size_t>(n) && values.size() >= ids.size());
+  std::vector<double> p;
+  double sum = 0.0;
+  const int32_t keep = Weigh(values.data(), n, &p, &sum);
+  for (int32_t i = 0; i < keep; ++i) (*probs)[ids[i]] = static_cast<float>(p[i] / sum);
 }
 
 bool Sampler::KeepsWholeVocabulary(size_t vocab) const {
@@ -236,15 +288,20 @@ int32_t Sampler::Sample(std::span<const float> logits, int64_t position) {
   std::vector<double> p;
   double sum = 0.0;
   Candidates(logits, &ids, &p, &sum);
-  // SampleFrom over the dense vector, restricted to its non-zero entries: the same float
-  // probabilities raced with the same noise per id in the same (id) order.
-  std::vector<std::pair<int32_t, float>> kept(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) kept[i] = {ids[i], static_cast<float>(p[i] / sum)};
-  // Pruned candidates come in logit order: back to id order.
-  std::sort(kept.begin(), kept.end());
-  return RaceInOrder(
-      Noise(position, NoiseStream::kToken), kept.size(), [&](size_t i) { return kept[i].first; },
-      [&](size_t i) { return kept[i].second; });
+  return RaceKept(ids, p, sum, position);
+}
+
+void TopK(std::span<const float> logits, int k, int32_t* ids, float* values) {
+  assert(k > 0 && static_cast<size_t>(k) <= logits.size());
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int i = 0; i < k; ++i) {
+    ids[i] = order[i];
+    values[i] = logits[order[i]];
+  }
 }
 
 }  // namespace specnode

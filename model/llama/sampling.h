@@ -74,6 +74,11 @@ int32_t RaceDraw(std::span<const float> probs, const PositionNoise& noise);
 // Index of the largest logit (lowest index on ties). logits must be non-empty.
 int32_t ArgMax(std::span<const float> logits);
 
+// A row's k largest logits, the order every sampler path uses: descending logit, ties to the
+// lower id (+0 and -0 are equal logits). ids [k] and values [k]; 0 < k <= logits.size().
+// The host reference of a device head (Backend::FinishTopK).
+void TopK(std::span<const float> logits, int k, int32_t* ids, float* values);
+
 // One sampler per sequence: its parameters and scratch. Holds no generator state (the noise
 // is a function of the seed and the position), so calls commute. Not thread-safe (scratch).
 class Sampler {
@@ -89,6 +94,21 @@ class Sampler {
   // The distribution Sample draws from, as a dense [vocab] vector of probabilities (zeros
   // outside the kept set). Greedy gives a one-hot vector. Used by speculative acceptance.
   void Distribution(std::span<const float> logits, std::vector<float>* probs) const;
+
+  // How many of a row's largest logits this sampler needs to draw (SampleTopK) and to give
+  // its distribution (DistributionTopK): 1 greedy, top_k where top-k prunes a vocabulary of
+  // `vocab`, 0 where a draw needs the whole row (no top-k: the softmax sums every logit).
+  // A device then ships those candidates instead of the row (ModelRunner::ForwardTopK).
+  int HeadCandidates(int64_t vocab) const;
+
+  // Sample and Distribution from a row's TopK candidates alone: ids and values [>= n] in
+  // TopK's order, n = HeadCandidates(vocab) > 0 (extra candidates after the first n are
+  // ignored). Bit-identical to Sample / Distribution of the whole row, so a step may take
+  // either path (speculative or not, device or host head) and draw the same token.
+  int32_t SampleTopK(std::span<const int32_t> ids, std::span<const float> values,
+                     int64_t position) const;
+  void DistributionTopK(std::span<const int32_t> ids, std::span<const float> values,
+                        int64_t vocab, std::vector<float>* probs) const;
 
   // Draws an index from a probability vector (need not be normalised; sum > 0) at
   // `position`: RaceDraw with Noise(position, kToken).
@@ -107,6 +127,13 @@ class Sampler {
   // unnormalised weights exp((l - max) / T) with their sum.
   void Candidates(std::span<const float> logits, std::vector<int32_t>* ids,
                   std::vector<double>* weights, double* sum) const;
+  // The arithmetic after the selection: weights of n candidate logits in descending order,
+  // their sum, and top-p's cut; returns how many are kept.
+  int32_t Weigh(const float* sorted_logits, int32_t n, std::vector<double>* weights,
+                double* sum) const;
+  // The race over kept candidates (ids [n] in any order, weights / sum) at `position`.
+  int32_t RaceKept(std::span<const int32_t> ids, const std::vector<double>& weights, double sum,
+                   int64_t position) const;
 
   // No top-k / top-p pruning: every id is a candidate.
   bool KeepsWholeVocabulary(size_t vocab) const;

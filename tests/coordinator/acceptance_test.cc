@@ -237,5 +237,73 @@ TEST(AcceptanceRuleTest, ParsesItsNames) {
   EXPECT_EQ(AcceptanceRuleName(AcceptanceRule::kRatio), "ratio");
 }
 
+// A target that ships each row's largest logits (HeadRows) instead of the rows gives every
+// rule the outcome the whole rows give: greedy, match and ratio (with and without a draft
+// distribution), with drafts the target likes and drafts it does not, tied logits included.
+TEST(AcceptFromHeadTest, TheHeadGivesTheOutcomeOfTheWholeRows) {
+  const int vocab = 64, k = 4;
+  Rng rng(3);
+  std::vector<float> logits((k + 1) * vocab), q(k * vocab);
+  for (float temperature : {0.0f, 0.7f, 1.5f}) {
+    for (int top_k : {1, 3, 10}) {
+      for (float top_p : {1.0f, 0.8f}) {
+        for (int trial = 0; trial < 30; ++trial) {
+          for (float& l : logits) l = static_cast<float>(static_cast<int>(rng.Uniform() * 24)) * 0.5f;
+          std::vector<int32_t> drafts(k);
+          for (int i = 0; i < k; ++i) {
+            // Half the drafts are the row's arg max (accepted often), half anything.
+            drafts[i] = trial % 2 == 0 ? ArgMax(std::span(logits).subspan(i * vocab, vocab))
+                                       : static_cast<int32_t>(rng.Uniform() * vocab);
+          }
+          double sum = 0;
+          for (float& v : q) sum += v = static_cast<float>(rng.Uniform());
+          const SamplingParams params{temperature, top_k, top_p, 77};
+          Sampler whole(params);
+          const Sampler& head_sampler = whole;
+          const int shipped = top_k + 2;
+          std::vector<int32_t> ids((k + 1) * shipped);
+          std::vector<float> values((k + 1) * shipped);
+          for (int r = 0; r <= k; ++r) {
+            TopK(std::span(logits).subspan(r * vocab, vocab), shipped, ids.data() + r * shipped,
+                 values.data() + r * shipped);
+          }
+          const HeadRows head{shipped, ids.data(), values.data()};
+          std::vector<float> scratch;
+          for (AcceptanceRule rule : {AcceptanceRule::kMatch, AcceptanceRule::kRatio}) {
+            for (bool with_q : {false, true}) {
+              AcceptOutcome expected;
+              if (temperature == 0.0f) {
+                expected = AcceptGreedy(drafts, logits, vocab);
+              } else if (rule == AcceptanceRule::kMatch) {
+                expected = AcceptMatch(drafts, logits, vocab, 11, &whole);
+              } else {
+                std::vector<float> p, dist;
+                for (int r = 0; r <= k; ++r) {
+                  whole.Distribution(std::span(logits).subspan(r * vocab, vocab), &dist);
+                  p.insert(p.end(), dist.begin(), dist.end());
+                }
+                expected = AcceptRatio(drafts, p, with_q ? std::span<const float>(q)
+                                                          : std::span<const float>(),
+                                       vocab, 11, whole);
+              }
+              const AcceptOutcome got = AcceptFromHead(
+                  drafts, head, 11, with_q ? std::span<const float>(q) : std::span<const float>(),
+                  vocab, head_sampler, rule, &scratch);
+              ASSERT_EQ(got.accepted, expected.accepted)
+                  << "T " << temperature << " k " << top_k << " p " << top_p << " trial " << trial;
+              ASSERT_EQ(got.next_token, expected.next_token);
+            }
+          }
+          // No drafts: the row's own draw.
+          const AcceptOutcome none = AcceptFromHead({}, head, 5, {}, vocab, head_sampler,
+                                                    AcceptanceRule::kRatio, &scratch);
+          EXPECT_EQ(none.accepted, 0);
+          EXPECT_EQ(none.next_token, whole.Sample(std::span(logits).first(vocab), 5));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specnode

@@ -350,10 +350,16 @@ class HeadCountingRunner final : public ModelRunner {
     ++argmax_passes;
     return inner_->ForwardArgMax(batch, ids);
   }
+  absl::Status ForwardTopK(std::span<const BatchEntry> batch, int k, std::vector<int32_t>* ids,
+                           std::vector<float>* values) override {
+    ++topk_passes;
+    max_k = std::max(max_k, k);
+    return inner_->ForwardTopK(batch, k, ids, values);
+  }
   int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
   void Free(SeqId seq) override { inner_->Free(seq); }
-  int logits_passes = 0, argmax_passes = 0;
+  int logits_passes = 0, argmax_passes = 0, topk_passes = 0, max_k = 0;
 
  private:
   ModelRunner* inner_;
@@ -385,6 +391,51 @@ TEST_F(SpecEngineTest, GreedyPassesTakeArgMaxesNotLogits) {
   mixed[1].sampling.temperature = 0.7f;
   Run(engine, mixed, inner.get());
   EXPECT_GT(runner.logits_passes, 0);
+}
+
+// Top-k sampled passes (with greedy mates) ask for each row's largest logits, as many as
+// the largest top_k of the pass, under both rules and with a sampled model drafter; the
+// seeded text is the same as target-only decoding's and as a pass that ships logits (a
+// top-p-only mate forces those).
+TEST_F(SpecEngineTest, TopKPassesTakeTheLargestLogitsNotTheRows) {
+  std::vector<SpecRequest> requests = Prompts(0.8f, 24, 5);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].sampling.top_k = i % 3 == 0 ? 5 : 17;
+    requests[i].sampling.top_p = i % 2 == 0 ? 1.0f : 0.9f;
+    if (i == 1) requests[i].sampling.temperature = 0.0f;
+  }
+  auto base_runner = MakeRunner("full");
+  SpeculativeEngine base(base_runner.get(), {}, {});
+  const auto expected = Run(base, requests);
+  for (AcceptanceRule rule : {AcceptanceRule::kMatch, AcceptanceRule::kRatio}) {
+    for (bool speculate : {false, true}) {
+      auto inner = MakeRunner("full");
+      HeadCountingRunner runner(inner.get());
+      auto drafter = MakeDrafter("draft30", "full");
+      auto controller = NewController();
+      std::vector<DraftGroup> groups;
+      if (speculate) groups.push_back({drafter.get(), controller.get()});
+      SpecEngineOptions options;
+      options.acceptance = rule;
+      SpeculativeEngine engine(&runner, std::move(groups), options);
+      const auto got = Run(engine, requests, inner.get());
+      if (rule == AcceptanceRule::kMatch || !speculate) EXPECT_EQ(got, expected) << speculate;
+      EXPECT_GT(runner.topk_passes, 0);
+      EXPECT_EQ(runner.max_k, 17);
+      EXPECT_EQ(runner.logits_passes, 0) << speculate;
+    }
+  }
+  // A mate without top-k needs whole rows: that pass ships logits, the text stays the same.
+  std::vector<SpecRequest> with_mate = requests;
+  with_mate.push_back(Prompts(0.8f, 24, 9)[0]);
+  with_mate.back().id = 999;
+  with_mate.back().sampling.top_p = 0.95f;
+  auto inner = MakeRunner("full");
+  HeadCountingRunner runner(inner.get());
+  SpeculativeEngine engine(&runner, {}, {});
+  const auto got = Run(engine, with_mate, inner.get());
+  EXPECT_GT(runner.logits_passes, 0);
+  for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i], expected[i]) << i;
 }
 
 TEST_F(SpecEngineTest, GroupsOnSeparateTargetsShareTheLoadAndGiveTheSameTokens) {

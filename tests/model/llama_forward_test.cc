@@ -160,6 +160,47 @@ TEST_P(ForwardTest, ArgMaxHeadIsTheLogitsArgMax) {
   }
 }
 
+// The top-k head (ForwardTopK: what a top-k sampler draws from) gives each logits row's
+// TopK, ids and values, and leaves the cache as Forward does; k outside (0, vocab] is refused.
+TEST_P(ForwardTest, TopKHeadIsTheLogitsTopK) {
+  const std::string path = Path();
+  Harness a = Make(path, 2), b = Make(path, 2);
+  const int vocab = a.model->config().vocab_size;
+  const auto p1 = Tokens(7, 5), p2 = Tokens(4, 8), drafts = Tokens(5, 40);
+  int k = 1;
+  for (const std::vector<BatchEntry>& batch :
+       {std::vector<BatchEntry>{{1, p1, false}, {2, p2, false}},
+        std::vector<BatchEntry>{{1, drafts, true}, {2, std::span(drafts).subspan(0, 1), false}}}) {
+    k += 6;
+    const std::vector<float> logits = a.Run(batch);
+    std::vector<int32_t> ids;
+    std::vector<float> values;
+    const absl::Status st = b.fwd->ForwardTopK(batch, b.cache.get(), k, &ids, &values);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(ids.size() / k * vocab, logits.size());
+    ASSERT_EQ(values.size(), ids.size());
+    std::vector<int32_t> want_ids(k);
+    std::vector<float> want_values(k);
+    for (size_t r = 0; r < ids.size() / k; ++r) {
+      TopK(std::span<const float>(logits).subspan(r * vocab, vocab), k, want_ids.data(),
+           want_values.data());
+      EXPECT_EQ(std::vector<int32_t>(ids.begin() + r * k, ids.begin() + r * k + k), want_ids);
+      EXPECT_EQ(std::vector<float>(values.begin() + r * k, values.begin() + r * k + k),
+                want_values);
+    }
+    EXPECT_EQ(b.cache->Length(1), a.cache->Length(1));
+    EXPECT_EQ(b.cache->Length(2), a.cache->Length(2));
+  }
+  std::vector<int32_t> ids;
+  std::vector<float> values;
+  const std::vector<BatchEntry> one = {{3, p1, false}};
+  EXPECT_EQ(b.fwd->ForwardTopK(one, b.cache.get(), 0, &ids, &values).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.fwd->ForwardTopK(one, b.cache.get(), vocab + 1, &ids, &values).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.cache->Length(3), 0);
+}
+
 TEST_P(ForwardTest, TruncateRollsBackLikeAFreshSequence) {
   Harness h = Make(Path(), 2);
   auto prefix = Tokens(6, 3), wrong = Tokens(4, 50), right = Tokens(4, 60);
@@ -244,6 +285,10 @@ TEST(Forward, NonFiniteLogitsAreADataLossErrorAndChangeNothing) {
       // The greedy head says the same (its arg max sees the NaN: -1, not a token).
       std::vector<int32_t> ids;
       s = h.fwd->ForwardArgMax(batch, h.cache.get(), &ids);
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_EQ(h.cache->Length(1), 0);
+      std::vector<float> values;  // and the top-k head
+      s = h.fwd->ForwardTopK(batch, h.cache.get(), 3, &ids, &values);
       EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
       EXPECT_EQ(h.cache->Length(1), 0);
     }

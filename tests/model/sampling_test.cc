@@ -257,5 +257,62 @@ TEST(Sampling, SampleEqualsSampleFromDistribution) {
   }
 }
 
+// A device head ships a row's TopK candidates instead of the row (Sampler::HeadCandidates):
+// drawing from them must give exactly the token and distribution the whole row gives, for
+// every parameter that prunes by top-k, with ties (quarter-step logits), +0 and -0.
+TEST(Sampling, TopKCandidatesDrawExactlyWhatTheWholeRowDraws) {
+  Rng gen(7);
+  const int vocab = 300;
+  std::vector<float> logits(vocab);
+  for (float temperature : {0.0f, 0.3f, 1.0f, 2.5f}) {
+    for (int top_k : {0, 1, 2, 7, 40, 299, 300, 1000}) {
+      for (float top_p : {1.0f, 0.9f, 0.3f}) {
+        for (int trial = 0; trial < 4; ++trial) {
+          for (float& l : logits) {
+            l = static_cast<float>(static_cast<int>(gen.Uniform() * 40) - 20) * 0.25f;
+          }
+          logits[5] = 0.0f;
+          logits[6] = -0.0f;
+          const SamplingParams params{temperature, top_k, top_p, 1234};
+          Sampler s(params);
+          const int n = s.HeadCandidates(vocab);
+          if (temperature == 0.0f) {
+            EXPECT_EQ(n, 1);
+          } else {
+            EXPECT_EQ(n, top_k > 0 && top_k < vocab ? top_k : 0) << top_k;
+          }
+          if (n == 0) continue;
+          // A pass ships the largest HeadCandidates of its rows: more than this row needs.
+          const int shipped = std::min(vocab, n + 3);
+          std::vector<int32_t> ids(shipped);
+          std::vector<float> values(shipped);
+          TopK(logits, shipped, ids.data(), values.data());
+          std::vector<float> whole, from_top;
+          s.Distribution(logits, &whole);
+          s.DistributionTopK(ids, values, vocab, &from_top);
+          ASSERT_EQ(whole, from_top) << "T " << temperature << " k " << top_k << " p " << top_p;
+          for (int64_t position = 0; position < 50; ++position) {
+            ASSERT_EQ(s.Sample(logits, position), s.SampleTopK(ids, values, position))
+                << "T " << temperature << " k " << top_k << " p " << top_p << " at "
+                << position;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Sampling, TopKOrdersByLogitThenLowerIdAndTreatsSignedZerosAlike) {
+  const std::vector<float> logits = {1.0f, -0.0f, 3.0f, 0.0f, 3.0f, -1.0f};
+  int32_t ids[5];
+  float values[5];
+  TopK(logits, 5, ids, values);
+  EXPECT_EQ(std::vector<int32_t>(ids, ids + 5), (std::vector<int32_t>{2, 4, 0, 1, 3}));
+  EXPECT_EQ(values[0], 3.0f);
+  EXPECT_EQ(values[4], 0.0f);
+  TopK(logits, 1, ids, values);
+  EXPECT_EQ(ids[0], ArgMax(logits));
+}
+
 }  // namespace
 }  // namespace specnode
