@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/acceptance.h"
 #include "model/status_macros.h"
 #include "runtime/runner_factory.h"
 
@@ -164,15 +165,23 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
       who.push_back(i);
     }
     if (batch.empty()) return absl::OkStatus();
-    // A round of greedy sequences only takes each row's arg max (a draft on a GPU keeps its
-    // logits there).
-    bool greedy = true;
-    for (size_t i : who) greedy = greedy && requests[i].sampler->params().temperature == 0.0f;
-    if (greedy) {
-      SPECNODE_RETURN_IF_ERROR(runner_->ForwardArgMax(batch, &ids_));
-    } else {
-      SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
+    // A round whose samplers all draw from a row's largest logits (greedy, top-k) takes only
+    // those (a draft on a GPU keeps its logits there): the arg max when every one is greedy.
+    int head_k = 1;
+    bool sampled = false;
+    for (size_t i : who) {
+      const int need = requests[i].sampler->HeadCandidates(vocab);
+      head_k = need == 0 || head_k == 0 ? 0 : std::max(head_k, need);
+      sampled = sampled || requests[i].sampler->params().temperature != 0.0f;
     }
+    if (head_k == 0) {
+      SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
+    } else if (sampled) {
+      SPECNODE_RETURN_IF_ERROR(runner_->ForwardTopK(batch, head_k, &ids_, &values_));
+    } else {
+      SPECNODE_RETURN_IF_ERROR(runner_->ForwardArgMax(batch, &ids_));
+    }
+    const HeadRows head{head_k, ids_.data(), sampled ? values_.data() : nullptr};
     for (size_t b = 0; b < who.size(); ++b) {
       const size_t i = who[b];
       const DraftRequest& r = requests[i];
@@ -183,8 +192,12 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
       // noise, as the target draws its own token there.
       const int64_t position = static_cast<int64_t>(r.context.size() + d.tokens.size());
       int32_t token;
-      if (greedy) {
-        token = ids_[b];  // greedy: q is one-hot, left implicit
+      if (head_k > 0 && (r.sampler->params().temperature == 0.0f || !r.need_q)) {
+        token = head.Sample(b, *r.sampler, position);  // greedy: q one-hot, left implicit
+      } else if (head_k > 0) {
+        r.sampler->DistributionTopK(head.Ids(b), head.Values(b), vocab, &q);
+        token = r.sampler->SampleFrom(q, position);
+        d.q.insert(d.q.end(), q.begin(), q.end());
       } else if (r.sampler->params().temperature == 0.0f) {
         token = ArgMax(row_of(b));
       } else if (!r.need_q) {
