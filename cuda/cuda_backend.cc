@@ -89,7 +89,6 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
-std::string CudaBackend::device() const { return absl::StrCat("cuda:", device_); }
 
 std::string CudaBackend::Describe() const {
   // Which matmuls run, so that a log or a bench record says which path it measured.
@@ -111,25 +110,20 @@ struct DeviceWeights {
 
 }  // namespace
 
+BackendCaps CudaBackend::Caps() {
+  BackendCaps c;
+  c.features = AllGraphFeatures();
+  c.max_head_dim = 256;
+  c.int8_activations = false;
+  return c;
+}
+
 absl::StatusOr<std::shared_ptr<const LlamaWeights>> CudaBackend::UploadWeights(
     std::shared_ptr<const LlamaWeights> weights) {
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const LlamaWeights& w = *weights;
-  // Refused at load rather than at the first pass: the ops these weights need have no
-  // kernel that has run on a device yet.
-  if (!w.layers.empty() && w.layers[0].bq != nullptr) {
-    return absl::InvalidArgumentError(
-        "the CUDA backend cannot run a model with Q/K/V biases (qwen2) yet; use --device cpu");
-  }
-  if (w.rope_freqs != nullptr || w.rope_linear != nullptr) {
-    return absl::InvalidArgumentError(
-        "the CUDA backend cannot run RoPE frequency factors (rope_freqs.weight) yet; use --device "
-        "cpu");
-  }
-  if (!w.layers.empty() && w.layers[0].post_attn_norm != nullptr) {
-    return absl::InvalidArgumentError(
-        "the CUDA backend cannot run gemma3 (GeGLU, post-norms) yet; use --device cpu");
-  }
+  // What the graph needs was checked against Caps() before the load (runner_factory.cc);
+  // every vector (norms, biases, Q/K norms, post-norms, RoPE factors) uploads as a norm.
   auto d = std::make_shared<DeviceWeights>();
   auto matrix = [&](const WeightView& stored) -> absl::StatusOr<WeightView> {
     // kQuantAct runs the K-quants as stored; other storage-only types (Q5_0 / Q5_1), the

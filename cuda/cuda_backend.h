@@ -37,6 +37,7 @@
 #include "cuda/cuda_qmatvec_kernels.h"
 #include "cuda/device_buffer.h"
 #include "model/llama/backend.h"
+#include "model/llama/backend_caps.h"
 
 namespace specnode {
 
@@ -85,11 +86,16 @@ class CudaBackend final : public Backend {
   // Selects options.device and creates the stream and cuBLAS handle. Unavailable without a
   // usable device; InvalidArgument for a device that does not exist.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+
+  // The capability table (model/llama/backend_caps.h), asked before any weight moves: every
+  // graph feature, head_dim <= 256 (the attention kernels hold a row in one block), int16
+  // activations only.
+  static BackendCaps Caps();
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
-  std::string device() const override;
+  Device device() const override { return Device::Cuda(device_); }
   std::string Describe() const override;
   // Copies every matrix (compacted to its own rows, in its GGUF storage type) and norm (f32)
   // to the device; a tied head shares the embedding's copy.

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "model/cpu/cpu_matmul.h"
+#include "model/gguf/weight_view.h"
 
 namespace specnode {
 

@@ -129,11 +129,12 @@ __device__ __forceinline__ void WalkPositions(const KvDeviceFormat& f, int layer
 
 // Attention mass of an observed row (pass row r: r[2] = lo, r[3] = width, r[4] = offset):
 // the normalised weight of each key in [lo, lo + width), times the context length, scored
-// again (the same Score as the attention), added into p.mass for query head h.
+// again (the same Score as the attention), added into p.mass for query head h; keys before
+// the window's start `s0` add 0 (AddKvPassMass does not count them for this layer).
 __device__ __forceinline__ void AddMass(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
                                         int kv_head, int h, const int32_t* r, const int32_t* tok,
                                         int warp, int lane, const float (&qr)[kPerLane], float big,
-                                        float denom) {
+                                        float denom, int s0) {
   const int lo = r[2], width = r[3], length = r[1];
   if (width <= 0) return;
   float* mass = p.mass + r[4] + static_cast<int64_t>(h) * width;
@@ -141,7 +142,7 @@ __device__ __forceinline__ void AddMass(const KvDeviceFormat& f, const KvDeviceP
     const int32_t* e = tok + 3 * (lo + jj);
     const int cls = e[2];
     float w = 0.0f;
-    if (cls >= 0) {
+    if (cls >= 0 && lo + jj >= s0) {
       const uint8_t* kr = RowAt(f, Offset(e), cls, layer, kv_head, 0);
       w = expf(Score(f, kr, cls, qr, lane) - big) / denom * static_cast<float>(length);
     }
@@ -220,7 +221,7 @@ __device__ __forceinline__ void ChunkPartial(const KvDeviceFormat& f, int layer,
 __device__ __forceinline__ void FinishRow(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
                                           int h, int64_t t, const float (&qr)[kPerLane], float m,
                                           float l, float acc, float* out, const Q16Acts& q16,
-                                          AttnShared& sh, int warp, int lane) {
+                                          AttnShared& sh, int warp, int lane, int s0) {
   const int hd = f.head_dim;
   const int32_t* r = p.rows + 5 * t;
   const int32_t* tok = p.tok + 3 * static_cast<int64_t>(r[0]);
@@ -256,14 +257,14 @@ __device__ __forceinline__ void FinishRow(const KvDeviceFormat& f, const KvDevic
       }
     }
   }
-  AddMass(f, p, layer, h / f.gqa_group, h, r, tok, warp, lane, qr, m, l);
+  AddMass(f, p, layer, h / f.gqa_group, h, r, tok, warp, lane, qr, m, l, s0);
 }
 
 // Larger passes: one block per (query head h = blockIdx.x, row t = blockIdx.y), the row's
 // chunks one after the other, each partial merged as it completes.
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     KvAttentionKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ q,
-                      float scale, float* __restrict__ out, Q16Acts q16) {
+                      float scale, int window, float* __restrict__ out, Q16Acts q16) {
   __shared__ AttnShared sh;
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
@@ -274,15 +275,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   float qr[kPerLane];
   LoadQuery(f, q, t, h, scale, lane, qr);
   float m = -INFINITY, l = 0.0f, acc = 0.0f;
-  const int z = kv_chunks::ChunkCount(length);
+  const int s0 = kv_chunks::WindowStart(length, window), span = length - s0;
+  const int z = kv_chunks::ChunkCount(span);
   for (int c = 0; c < z; ++c) {
     int c0, c1;
-    kv_chunks::ChunkBounds(length, c, &c0, &c1);
+    kv_chunks::ChunkBounds(span, c, &c0, &c1);
     float m_c, l_c, acc_c;
-    ChunkPartial(f, layer, h / f.gqa_group, tok, c0, c1, warp, lane, qr, sh, &m_c, &l_c, &acc_c);
+    ChunkPartial(f, layer, h / f.gqa_group, tok, s0 + c0, s0 + c1, warp, lane, qr, sh, &m_c,
+                 &l_c, &acc_c);
     kv_chunks::MergePartial(m_c, l_c, acc_c, &m, &l, &acc);
   }
-  FinishRow(f, p, layer, h, t, qr, m, l, acc, out, q16, sh, warp, lane);
+  FinishRow(f, p, layer, h, t, qr, m, l, acc, out, q16, sh, warp, lane, s0);
 }
 
 // Decode and verification passes: blocks (h, t, z) for z < gridDim.z, block z computing
@@ -292,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 // A row of one chunk is finished by its block directly.
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     KvChunkKernel(KvDeviceFormat f, KvDevicePass p, int layer, const float* __restrict__ q,
-                  float scale, float* __restrict__ out, float* __restrict__ partials,
+                  float scale, int window, float* __restrict__ out, float* __restrict__ partials,
                   unsigned* __restrict__ counters, Q16Acts q16) {
   __shared__ AttnShared sh;
   const int h = blockIdx.x;
@@ -302,7 +305,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int32_t* r = p.rows + 5 * t;
   const int32_t* tok = p.tok + 3 * static_cast<int64_t>(r[0]);
   const int length = r[1];
-  const int z = kv_chunks::ChunkCount(length);
+  const int s0 = kv_chunks::WindowStart(length, window), span = length - s0;
+  const int z = kv_chunks::ChunkCount(span);
   if (static_cast<int>(blockIdx.z) >= z) return;  // block-uniform
   float qr[kPerLane];
   LoadQuery(f, q, t, h, scale, lane, qr);
@@ -312,8 +316,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   unsigned mine = 0;
   for (int c = blockIdx.z; c < z; c += gridDim.z, ++mine) {
     int c0, c1;
-    kv_chunks::ChunkBounds(length, c, &c0, &c1);
-    ChunkPartial(f, layer, h / f.gqa_group, tok, c0, c1, warp, lane, qr, sh, &m_c, &l_c, &acc_c);
+    kv_chunks::ChunkBounds(span, c, &c0, &c1);
+    ChunkPartial(f, layer, h / f.gqa_group, tok, s0 + c0, s0 + c1, warp, lane, qr, sh, &m_c,
+                 &l_c, &acc_c);
     if (z == 1) break;
     float* pc = row_partials + c * (2 + hd);
     if (threadIdx.x == 0) {
@@ -342,13 +347,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       kv_chunks::MergePartial(__ldcg(pc), __ldcg(pc + 1), a, &m, &l, &acc);
     }
   }
-  FinishRow(f, p, layer, h, t, qr, m, l, acc, out, q16, sh, warp, lane);
+  FinishRow(f, p, layer, h, t, qr, m, l, acc, out, q16, sh, warp, lane, s0);
 }
 
 }  // namespace
 
 cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
-                              const float* q, float scale, float* out,
+                              const float* q, float scale, int window, float* out,
                               const KvAttentionScratch& scratch, const Q16Acts* q16,
                               cudaStream_t stream) {
   const Q16Acts rounding = q16 != nullptr ? *q16 : Q16Acts{nullptr, nullptr, nullptr};
@@ -361,12 +366,12 @@ cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, in
     const unsigned z = static_cast<unsigned>(
         per_row < 1 ? 1 : (per_row > kv_chunks::kMaxChunks ? kv_chunks::kMaxChunks : per_row));
     const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(p.n), z);
-    KvChunkKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, out, scratch.partials,
+    KvChunkKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, window, out, scratch.partials,
                                                  scratch.counters, rounding);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(p.n));
-  KvAttentionKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, out, rounding);
+  KvAttentionKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, window, out, rounding);
   return cudaGetLastError();
 }
 

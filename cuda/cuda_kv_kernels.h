@@ -71,7 +71,8 @@ size_t KvAttentionScratchFloats(const KvDeviceFormat& f);
 size_t KvAttentionCounters(const KvDeviceFormat& f);
 
 // q, out: [n, n_kv_heads * gqa_group, head_dim]. Row t attends positions [0, rows[t][1]) of
-// its sequence (evicted ones skipped), query head h reading kv head h / gqa_group; queries
+// its sequence (evicted ones skipped) — with window > 0 (a sliding-window layer) the last
+// `window` of them only (kv_chunks::WindowStart) —, query head h reading kv head h / gqa_group; queries
 // rotated like the rows and outputs rotated back when rotate. The context is cut into chunks
 // and merged as kv_attention_chunks.h says; passes of at most kv_chunks::kChunkedRows rows
 // spread a row's chunks over blocks using `scratch` (without scratch, or for larger passes,
@@ -79,7 +80,7 @@ size_t KvAttentionCounters(const KvDeviceFormat& f);
 // q16 (optional): out also rounded to int16 blocks there (LaunchQuantizeActs16's bytes,
 // q16::WarpQuantizeBlock16), so that the output projection skips its own rounding.
 cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, int layer,
-                              const float* q, float scale, float* out,
+                              const float* q, float scale, int window, float* out,
                               const KvAttentionScratch& scratch, const Q16Acts* q16,
                               cudaStream_t stream);
 

@@ -59,7 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cuda/device_buffer.h"
-#include "model/cpu/cpu_matmul.h"
+#include "model/gguf/weight_view.h"
 
 namespace specnode {
 

@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<CudaPagePool>> CudaPagePool::Create(CudaBackend* 
   if (!arena.ok()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda page pool: cannot allocate ", p->alloc_->arena_bytes(),
-                     " bytes of KV pages on ", backend->device(), " (capacity ", capacity_bytes,
+                     " bytes of KV pages on ", backend->device().name(), " (capacity ", capacity_bytes,
                      " in any class + a spare chunk per class): ", arena.status().message()));
   }
   p->arena_ = *std::move(arena);
@@ -108,7 +108,7 @@ absl::Status CudaPagePool::AllocateAttentionScratch() {
   if (!partials.ok() || !counters.ok()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda page pool: cannot allocate ", partial_bytes + counter_bytes,
-                     " bytes of attention scratch on ", device(), ": ",
+                     " bytes of attention scratch on ", device().name(), ": ",
                      (partials.ok() ? counters.status() : partials.status()).message()));
   }
   attn_partials_ = *std::move(partials);
@@ -146,12 +146,12 @@ size_t CudaPagePool::SlotBytes(KvPrecision p) const {
 absl::Status CudaPagePool::AllocatePage(int32_t id, KvPrecision p) {
   if (id < 0 || id >= max_pages_) {
     return absl::InvalidArgumentError(
-        absl::StrCat(device(), " page pool: page id ", id, " beyond ", max_pages_));
+        absl::StrCat(device().name(), " page pool: page id ", id, " beyond ", max_pages_));
   }
   const int64_t off = alloc_->Allocate(static_cast<int>(p));
   if (off < 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        device(), " page pool: no room for a ", std::string(KvPrecisionName(p)), " page (arena of ",
+        device().name(), " page pool: no room for a ", std::string(KvPrecisionName(p)), " page (arena of ",
         alloc_->arena_bytes(), " bytes, ", alloc_->free_chunks(), " free chunks)"));
   }
   if (id >= static_cast<int32_t>(places_.size())) places_.resize(id + 1);
@@ -303,6 +303,7 @@ absl::Status CudaPagePool::BeginPass(std::span<const KvPoolPassSeq> seqs, Thread
   // Nothing of a previous pass survives, whatever fails below (EndPass is then a no-op).
   tables_ = KvPassTables{};
   pass_.clear();
+  layer_windows_.assign(static_cast<size_t>(g_.n_layers), 0);
   SPECNODE_RETURN_IF_ERROR(TakeError());
   SPECNODE_RETURN_IF_ERROR(FlushRecodes());  // demotions land before the pass reads them
   std::vector<KvPoolPassSeq> pass(seqs.begin(), seqs.end());
@@ -310,11 +311,11 @@ absl::Status CudaPagePool::BeginPass(std::span<const KvPoolPassSeq> seqs, Thread
   const int64_t n = tables.n_rows();
   if (n > kMaxPassRows) {
     return absl::InvalidArgumentError(
-        absl::StrCat(device(), " page pool: a pass of ", n, " rows exceeds ", kMaxPassRows));
+        absl::StrCat(device().name(), " page pool: a pass of ", n, " rows exceeds ", kMaxPassRows));
   }
   if (tables.mass_floats > int64_t{0x7fffffff}) {
     return absl::InvalidArgumentError(absl::StrCat(
-        device(), " page pool: the pass observes too many keys (", tables.mass_floats, ")"));
+        device().name(), " page pool: the pass observes too many keys (", tables.mass_floats, ")"));
   }
   if (tables.mass_floats > 0) {
     SPECNODE_RETURN_IF_ERROR(mass_.Grow(static_cast<size_t>(tables.mass_floats) * sizeof(float)));
@@ -351,13 +352,11 @@ absl::Status CudaPagePool::Write(int layer, const float* k, const float* v) {
 
 absl::Status CudaPagePool::Attend(int layer, const float* q, float scale, int32_t window,
                                   float* out) {
-  if (window > 0) {
-    return absl::UnimplementedError(
-        "the CUDA page pool has no sliding-window attention kernel yet (use --device cpu)");
-  }
   SPECNODE_ASSIGN_OR_RETURN(const cuda_internal::KvDevicePass p, PassArgs());
+  // The layer's window, for counting the observed mass (AddKvPassMass).
+  if (layer >= 0 && layer < g_.n_layers) layer_windows_[layer] = window;
   SPECNODE_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchKvAttention(
-      Format(), p, layer, q, scale, out,
+      Format(), p, layer, q, scale, window, out,
       {attn_partials_.as<float>(), attn_counters_.as<unsigned>()},
       backend_->ProduceQ16ForPool(out, p.n * g_.n_kv_heads * g_.gqa_group * g_.head_dim,
                                   g_.head_dim),
@@ -376,7 +375,8 @@ absl::Status CudaPagePool::EndPass() {
   SPECNODE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(mass_host_.data(), mass_.data(), bytes, cudaMemcpyDeviceToHost, stream));
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  AddKvPassMass(tables, pass_, reinterpret_cast<const float*>(mass_host_.data()), g_);
+  AddKvPassMass(tables, pass_, reinterpret_cast<const float*>(mass_host_.data()), g_,
+                layer_windows_);
   return absl::OkStatus();
 }
 

@@ -73,7 +73,7 @@ class CudaPagePool final : public KvPagePool {
   // and head_dim is a power of two, slot copies, no page order — CpuPagePool::Caps.
   static KvPoolCaps Caps(int head_dim, std::optional<bool> rotate);
 
-  std::string device() const override { return backend_->device(); }
+  Device device() const override { return backend_->device(); }
   const KvPoolGeometry& geometry() const override { return g_; }
   KvPoolCaps caps() const override;
   size_t PageBytes(KvPrecision p) const override;
@@ -124,6 +124,7 @@ class CudaPagePool final : public KvPagePool {
 
   // The pass.
   std::vector<KvPoolPassSeq> pass_;
+  std::vector<int32_t> layer_windows_;  // the pass's window per layer (Attend's; 0: none)
   KvPassTables tables_;
   int64_t rows_off_ = 0, tok_off_ = 0;  // offsets in the backend's step tables
   DeviceBuffer mass_;                   // [tables_.mass_floats] f32, grown to powers of two

@@ -2,7 +2,8 @@
 // merges them, as code that compiles for the host and the GPU (a host test,
 // cuda/tests/kv_pool_host_test.cc, checks the cut).
 //
-// A row of context length L attends positions [0, L) in ChunkCount(L) chunks of about equal
+// A row of context length L attends positions [0, L) (with a sliding window, the last
+// `window` of them: WindowStart) in ChunkCount(L) chunks of about equal
 // size (at least kChunkMin positions each, at most kMaxChunks chunks): a function of L only.
 // Each chunk yields a partial (m, l, acc): the softmax's maximum, denominator and weighted V
 // sum over its positions (the block's warps walking the chunk, then combined in warp order);
@@ -32,6 +33,14 @@ inline constexpr int kMaxChunks = 16;  // chunks of one row at most
 inline constexpr int kChunkedRows = 64;
 // Blocks a chunked pass aims at (query heads x rows x blocks per row), ~4 per SM of an H100.
 inline constexpr int kTargetBlocks = 512;
+
+// The first position a row of context length `length` attends: length - window for a
+// sliding-window layer (window > 0) whose context is longer than its window, else 0 (the
+// CPU's [max(0, p - window + 1), p] for the row at position p = length - 1). A windowed row
+// cuts [WindowStart, length) into chunks as a row of length - WindowStart positions would.
+SPECNODE_KV_HD int WindowStart(int length, int window) {
+  return window > 0 && length > window ? length - window : 0;
+}
 
 // Chunks of a row of context length `length` (>= 0): 1 .. kMaxChunks.
 SPECNODE_KV_HD int ChunkCount(int length) {

@@ -1,5 +1,6 @@
 #include "cuda/kv_pass_tables.h"
 
+#include <algorithm>
 #include <cassert>
 
 namespace specnode {
@@ -47,14 +48,26 @@ KvPassTables BuildKvPassTables(std::span<const KvPoolPassSeq> seqs,
 }
 
 void AddKvPassMass(const KvPassTables& t, std::span<const KvPoolPassSeq> seqs, const float* mass,
-                   const KvPoolGeometry& g) {
+                   const KvPoolGeometry& g, std::span<const int32_t> layer_windows) {
   const int gq = g.gqa_group;
-  const float count = static_cast<float>(gq) * static_cast<float>(g.n_layers);
+  // Layers that see a key at distance `back` (>= 1) from the row's end: the unwindowed ones
+  // and those whose window reaches it.
+  const bool windowed = std::any_of(layer_windows.begin(), layer_windows.end(),
+                                    [](int32_t w) { return w > 0; });
+  auto layers_seeing = [&](int32_t back) {
+    if (!windowed) return g.n_layers;
+    int n = 0;
+    for (int l = 0; l < g.n_layers; ++l) {
+      const int32_t w = static_cast<size_t>(l) < layer_windows.size() ? layer_windows[l] : 0;
+      n += w <= 0 || back <= w ? 1 : 0;
+    }
+    return n;
+  };
   for (size_t o = 0; o < t.observed.size(); ++o) {
     const KvPoolPassSeq& s = seqs[t.observed[o].seq];
     const KvMassRow& m = *t.observed[o].sink;
     const int32_t* r = t.rows.data() + t.observed[o].row * KvPassTables::kRowInts;
-    const int32_t lo = r[2], width = r[3];
+    const int32_t length = r[1], lo = r[2], width = r[3];
     const float* block = mass + r[4];
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
       float* sum = m.sum + static_cast<size_t>(kv) * width;
@@ -64,7 +77,7 @@ void AddKvPassMass(const KvPassTables& t, std::span<const KvPoolPassSeq> seqs, c
         float w = 0.0f;
         for (int h = 0; h < gq; ++h) w += block[static_cast<size_t>(kv * gq + h) * width + jj];
         sum[jj] += w;
-        cnt[jj] += count;
+        cnt[jj] += static_cast<float>(gq) * static_cast<float>(layers_seeing(length - (lo + jj)));
       }
     }
   }

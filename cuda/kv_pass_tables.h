@@ -46,9 +46,10 @@ KvPassTables BuildKvPassTables(std::span<const KvPoolPassSeq> seqs,
 
 // Adds the pass's mass ([obs block][n_heads, width], as the attention kernel left it after
 // every layer) to the manager's rows: sum[kv][j] += Σ over kv's query heads; cnt[kv][j] +=
-// gqa_group * n_layers for every stored (not evicted) key — what the CPU pool adds, layer by
-// layer, for the same observations.
+// gqa_group for every layer that saw the stored (not evicted) key — every layer, or with
+// layer_windows [n_layers] (> 0: that layer's sliding window, Attend's) those whose window
+// holds the key: what the CPU pool adds, layer by layer, for the same observations.
 void AddKvPassMass(const KvPassTables& t, std::span<const KvPoolPassSeq> seqs, const float* mass,
-                   const KvPoolGeometry& g);
+                   const KvPoolGeometry& g, std::span<const int32_t> layer_windows = {});
 
 }  // namespace specnode

@@ -46,7 +46,7 @@ class CpuPagePool final : public KvPagePool {
   // and head_dim is a power of two.
   static KvPoolCaps Caps(int head_dim, std::optional<bool> rotate);
 
-  std::string device() const override { return "cpu"; }
+  Device device() const override { return Device::Cpu(); }
   const KvPoolGeometry& geometry() const override { return g_; }
   KvPoolCaps caps() const override;
   size_t PageBytes(KvPrecision p) const override;

@@ -1,8 +1,13 @@
-// Builds the CPU KvCache a model runs with from the user's KV options (kv_options.h):
-// the paged store (kv_store.h) over host pages, or the f32 reference cache for mode dense.
+// Builds the KvCache a model runs with from the user's KV options (kv_options.h), for every
+// device: the paged store (kv_store.h) over the device's page pool (host pages by default,
+// a device's pool through `make_pool`: runtime/runner_factory.cc passes the GPU's), or the
+// f32 reference cache for mode dense (host only).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "kvstore/kv_options.h"
@@ -16,8 +21,14 @@ namespace specnode {
 // kv heads this process holds (a tensor-parallel shard's).
 KvStoreConfig KvStoreConfigFor(const LlamaConfig& model, int n_kv_heads, const KvOptions& options);
 
-// InvalidArgument naming the option on bad values.
+// Makes the page pool of a store: its geometry, capacity in bytes and rotation request.
+using KvPoolMaker = std::function<absl::StatusOr<std::unique_ptr<KvPagePool>>(
+    const KvPoolGeometry& geometry, int64_t capacity_bytes, std::optional<bool> rotate)>;
+
+// InvalidArgument naming the option on bad values. `make_pool` null: host pages
+// (CpuPagePool); else the store's pages live in the pool it makes (mode dense refused).
 absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, int n_kv_heads,
-                                                     const KvOptions& options);
+                                                     const KvOptions& options,
+                                                     const KvPoolMaker& make_pool = nullptr);
 
 }  // namespace specnode

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "kvstore/kv_precision.h"
+#include "model/llama/device.h"
 #include "model/llama/kv_cache.h"
 
 namespace specnode {
@@ -95,7 +96,7 @@ class KvPagePool {
  public:
   virtual ~KvPagePool() = default;
 
-  virtual std::string device() const = 0;  // "cpu", "cuda:N"
+  virtual Device device() const = 0;
   virtual const KvPoolGeometry& geometry() const = 0;
   virtual KvPoolCaps caps() const = 0;
   bool Supports(KvPrecision p) const { return caps().classes[static_cast<int>(p)]; }

@@ -22,7 +22,7 @@ KvMode KvStore::ResolvedMode(KvMode mode, const KvPoolCaps& caps) {
 }
 
 absl::Status KvStore::CheckSupported(const KvOptions& o, const KvPoolCaps& caps,
-                                     const std::string& device) {
+                                     const Device& device) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
   if (o.mode == KvMode::kDense) {
     return bad("mode dense is the reference cache (model/dense_kv_cache.h), not a store mode");
@@ -46,21 +46,21 @@ absl::Status KvStore::CheckSupported(const KvOptions& o, const KvPoolCaps& caps,
   for (KvPrecision p : classes) {
     if (!caps.classes[static_cast<int>(p)]) {
       return bad(absl::StrCat("kv mode ", std::string(KvModeName(mode)), " needs ",
-                              std::string(KvPrecisionName(p)), " pages, which the ", device,
+                              std::string(KvPrecisionName(p)), " pages, which the ", device.name(),
                               " page pool does not store"));
     }
   }
   if (o.rotate.value_or(false) && !caps.rotated) {
-    return bad(absl::StrCat("kv rotation was asked for, but the ", device,
+    return bad(absl::StrCat("kv rotation was asked for, but the ", device.name(),
                             " page pool stores K/V unrotated"));
   }
   if (mode == KvMode::kMixed && !caps.slot_copies) {
-    return bad(absl::StrCat("kv mode mixed demotes tokens between pages, which the ", device,
+    return bad(absl::StrCat("kv mode mixed demotes tokens between pages, which the ", device.name(),
                             " page pool cannot do"));
   }
   if (o.evict && caps.page_order) {
     return bad(
-        absl::StrCat("sliding-window eviction is not available on the ", device, " page pool"));
+        absl::StrCat("sliding-window eviction is not available on the ", device.name(), " page pool"));
   }
   return absl::OkStatus();
 }
@@ -183,7 +183,7 @@ absl::StatusOr<int32_t> KvStore::AllocatePage(KvPrecision p) {
   if (id >= pool_->MaxPages()) {
     if (id == static_cast<int32_t>(pages_.size()) - 1) pages_.pop_back();
     return absl::ResourceExhaustedError(
-        absl::StrCat("kvstore: the ", pool_->device(), " page pool has no page ", id));
+        absl::StrCat("kvstore: the ", pool_->device().name(), " page pool has no page ", id));
   }
   if (absl::Status st = pool_->AllocatePage(id, p); !st.ok()) {
     if (id == static_cast<int32_t>(pages_.size()) - 1) {
@@ -324,7 +324,7 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
         pages_[last.page]->used != have % config_.page_tokens) {
       return absl::FailedPreconditionError(
           absl::StrCat("sequence ", seq, " would append into a shared page, which the ",
-                       pool_->device(), " page pool cannot copy on write"));
+                       pool_->device().name(), " page pool cannot copy on write"));
     }
   }
   int64_t bytes = PagesNeeded(s, wc, extra) * static_cast<int64_t>(PageBytes(wc));
@@ -348,7 +348,7 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
   }
   if (live_pages_ + PagesNeeded(s, wc, extra) > pool_->MaxPages()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV store full: the %s page pool holds %d pages", pool_->device(), pool_->MaxPages()));
+        "KV store full: the %s page pool holds %d pages", pool_->device().name(), pool_->MaxPages()));
   }
   const bool fresh = s == nullptr;
   if (fresh) s = &NewSequence(seq);

@@ -101,14 +101,14 @@ class KvStore : public KvCache {
   // Whether a pool with `caps` on `device` can hold a store with these options (what
   // Create checks of the pool), so a request can be refused before a model is loaded.
   static absl::Status CheckSupported(const KvOptions& options, const KvPoolCaps& caps,
-                                     const std::string& device);
+                                     const Device& device);
   // kAuto resolved for a pool: mixed where the pool stores every class and copies slots,
   // full otherwise; other modes as they are.
   static KvMode ResolvedMode(KvMode mode, const KvPoolCaps& caps);
   ~KvStore() override;
 
   // KvCache.
-  std::string device() const override { return pool_->device(); }
+  Device device() const override { return pool_->device(); }
   int32_t Length(SeqId seq) const override;
   absl::Status Reserve(SeqId seq, int32_t n_new) override;
   absl::Status BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) override;

@@ -18,7 +18,7 @@ absl::Status KvStore::Fork(SeqId src, SeqId dst) {
   if (s.swapped) return absl::FailedPreconditionError("fork: source is swapped out");
   if (page_order_ && s.length % config_.page_tokens != 0) {
     return absl::UnimplementedError(
-        absl::StrCat("fork: sequence ", src, " ends inside a page, and the ", pool_->device(),
+        absl::StrCat("fork: sequence ", src, " ends inside a page, and the ", pool_->device().name(),
                      " page pool cannot copy the shared page on write"));
   }
   Settle(s);  // dst starts from src's settled state (no staged rows of its own)
@@ -151,7 +151,7 @@ absl::Status KvStore::SwapOut(SeqId seq) {
   if (s.swapped) return absl::OkStatus();
   if (!pool_->SupportsSlotCopies()) {
     return absl::UnimplementedError(
-        absl::StrCat("swap-out: the ", pool_->device(), " page pool cannot copy KV to the host"));
+        absl::StrCat("swap-out: the ", pool_->device().name(), " page pool cannot copy KV to the host"));
   }
   EndPoolPass();
   SPECNODE_RETURN_IF_ERROR(TakePoolError());
@@ -223,7 +223,7 @@ absl::Status KvStore::SwapIn(SeqId seq) {
   if (live_pages_ + pages > pool_->MaxPages()) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("swap-in of sequence %d needs %d pages; the %s page pool holds %d", seq,
-                        pages, pool_->device(), pool_->MaxPages()));
+                        pages, pool_->device().name(), pool_->MaxPages()));
   }
   s.loc.resize(s.host_class.size());
   std::vector<Loc> stored;

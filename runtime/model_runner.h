@@ -148,7 +148,7 @@ class LocalModelRunner final : public ModelRunner {
 
   int32_t vocab_size() const override { return forward_->config().vocab_size; }
   int32_t max_positions() const override { return forward_->config().context_length; }
-  std::string device() const override { return backend_->device(); }
+  std::string device() const override { return backend_->device().name(); }
   absl::Status Forward(std::span<const BatchEntry> batch, std::vector<float>* logits) override;
   absl::Status ForwardArgMax(std::span<const BatchEntry> batch, std::vector<int32_t>* ids) override;
   absl::Status ForwardTopK(std::span<const BatchEntry> batch, int k, std::vector<int32_t>* ids,

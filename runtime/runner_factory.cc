@@ -38,7 +38,8 @@ absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool p
 #ifdef SPECNODE_HAVE_CUDA
   // What the request asks of any GPU first (answers the same with or without one), then
   // whether this one is there.
-  if (o.activations == ActQuant::kInt8) {
+  const BackendCaps caps = CudaBackend::Caps();
+  if (o.activations == ActQuant::kInt8 && !caps.int8_activations) {
     return absl::InvalidArgumentError(absl::StrCat(
         dev, " rounds matmul activations to int16 blocks (the CPU's default); activations int8 ",
         "is a CPU option (leave it unset or int16 on a GPU)"));
@@ -50,18 +51,9 @@ absl::Status CheckCuda(const RunnerOptions& o, const LlamaConfig* config, bool p
   }
   const int head_dim = config != nullptr ? config->head_dim : 0;
   SPECNODE_RETURN_IF_ERROR(
-      KvStore::CheckSupported(o.kv, CudaPagePool::Caps(head_dim, o.kv.rotate), dev));
-  // The CUDA backend has kernels for the llama row of the architecture table only (no NeoX
-  // RoPE, biases, GeGLU, post-norms or windows yet): refused before any weight moves.
-  if (config != nullptr && (HasGraphVariants(config->arch) || config->sliding_window != 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dev, " runs llama-architecture models without sliding windows only (this is ",
-                     config->Summary(), "); use --device cpu"));
-  }
-  if (config != nullptr && config->head_dim > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(dev, ": head_dim ", config->head_dim,
-                                                   " exceeds the GPU attention kernel's 256"));
-  }
+      KvStore::CheckSupported(o.kv, CudaPagePool::Caps(head_dim, o.kv.rotate), o.device));
+  // The graph against the backend's table, before any weight moves.
+  if (config != nullptr) SPECNODE_RETURN_IF_ERROR(CheckGraphSupported(caps, *config, o.device));
   if (!probe_device) return absl::OkStatus();
   SPECNODE_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
   if (o.device.index >= devices) {
@@ -85,9 +77,12 @@ absl::Status CheckRunnerOptions(const RunnerOptions& o, const LlamaConfig* confi
                                 bool probe_device) {
   SPECNODE_RETURN_IF_ERROR(o.kv.Validate());
   if (!o.device.is_cpu()) return CheckCuda(o, config, probe_device);
+  if (config != nullptr) {
+    SPECNODE_RETURN_IF_ERROR(CheckGraphSupported(CpuBackend::Caps(), *config, Device::Cpu()));
+  }
   if (o.kv.mode == KvMode::kDense) return absl::OkStatus();
   const int head_dim = config != nullptr ? config->head_dim : 0;
-  return KvStore::CheckSupported(o.kv, CpuPagePool::Caps(head_dim, o.kv.rotate), "cpu");
+  return KvStore::CheckSupported(o.kv, CpuPagePool::Caps(head_dim, o.kv.rotate), Device::Cpu());
 }
 
 absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& config,
@@ -109,13 +104,18 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(bo));
   SPECNODE_ASSIGN_OR_RETURN(std::shared_ptr<const LlamaWeights> device_weights,
                             backend->UploadWeights(Borrowed(weights)));
-  const KvStoreConfig kc = KvStoreConfigFor(config, weights.n_kv_heads_local, o.kv);
-  const KvPoolGeometry g{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, kc.page_tokens};
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,
-                            CudaPagePool::Create(backend.get(), g, kc.capacity_bytes, kc.rotate));
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> store, KvStore::Create(kc, std::move(pool)));
+  CudaBackend* device = backend.get();
+  SPECNODE_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvCache> cache,
+      MakeKvCache(config, weights.n_kv_heads_local, o.kv,
+                  [device](const KvPoolGeometry& g, int64_t capacity, std::optional<bool> rotate)
+                      -> absl::StatusOr<std::unique_ptr<KvPagePool>> {
+                    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,
+                                              CudaPagePool::Create(device, g, capacity, rotate));
+                    return std::unique_ptr<KvPagePool>(std::move(pool));
+                  }));
   return std::make_unique<LocalModelRunner>(config, std::move(backend), std::move(device_weights),
-                                            std::move(store), o.reducer);
+                                            std::move(cache), o.reducer);
 #else
   return absl::InternalError("unreachable: CheckRunnerOptions refuses cuda in this build");
 #endif

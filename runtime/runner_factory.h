@@ -20,7 +20,7 @@
 #include "model/llama/backend.h"
 #include "model/llama/llama_config.h"
 #include "model/llama/llama_weights.h"
-#include "runtime/device.h"
+#include "model/llama/device.h"
 #include "runtime/model_runner.h"
 #include "tensor-parallel/communicator.h"
 

@@ -40,7 +40,7 @@ TEST(CudaPagePoolCapsTest, EveryClassRotationAndSlotCopies) {
   for (KvMode mode : {KvMode::kFull, KvMode::kInt8, KvMode::kInt4, KvMode::kMixed}) {
     KvOptions o;
     o.mode = mode;
-    EXPECT_TRUE(KvStore::CheckSupported(o, c, "cuda:0").ok()) << KvModeName(mode);
+    EXPECT_TRUE(KvStore::CheckSupported(o, c, Device::Cuda(0)).ok()) << KvModeName(mode);
   }
   EXPECT_EQ(KvStore::ResolvedMode(KvMode::kAuto, c), KvMode::kMixed);
 }

@@ -330,6 +330,51 @@ TEST(KvPassTables, OffsetsRowsAndMassReduction) {
   }
 }
 
+// With per-layer windows the count is per layer that saw the key: layer 0 a window of 2,
+// layer 1 a window of 5, layer 2 none. Row at length 6 (position 5): key j is at distance
+// 6 - j, seen by layer 0 for j >= 4, by layer 1 for j >= 1, by layer 2 always.
+TEST(KvPassTables, MassCountsOnlyTheLayersWhoseWindowHoldsTheKey) {
+  KvPoolGeometry g;
+  g.n_layers = 3;
+  g.n_kv_heads = 1;
+  g.head_dim = 8;
+  g.gqa_group = 2;
+  g.page_tokens = 8;
+  const std::array<int64_t, 3> stride = {2 * 16, 2 * 12, 2 * 8};
+  std::vector<KvPagePlace> pages = {{0, 0}};
+  std::vector<KvSlot> a = {{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {0, 5}};
+  std::vector<float> sum(5, 0.0f), cnt(5, 0.0f);
+  const KvMassRow row{5, 0, sum.data(), cnt.data()};  // min_distance 1: keys [0, 5)
+  KvPoolPassSeq sa;
+  sa.seq = 1;
+  sa.pos0 = 5;
+  sa.n = 1;
+  sa.slots = a;
+  sa.mass.on = true;
+  sa.mass.min_distance = 1;
+  sa.mass.rows = {&row, 1};
+  const std::vector<KvPoolPassSeq> seqs = {sa};
+  const KvPassTables t = BuildKvPassTables(seqs, pages, stride, g);
+  ASSERT_EQ(t.mass_floats, 2 * 5);
+  const std::vector<float> mass(t.mass_floats, 1.0f);
+  const std::vector<int32_t> windows = {2, 5, 0};
+  AddKvPassMass(t, seqs, mass.data(), g, windows);
+  const std::vector<float> layers = {1, 2, 2, 2, 3};  // layers seeing keys 0..4
+  for (int j = 0; j < 5; ++j) {
+    EXPECT_EQ(sum[j], 2.0f) << j;  // the kernel already left 0 for unseen (layer, key)
+    EXPECT_EQ(cnt[j], 2.0f * layers[j]) << j;
+  }
+}
+
+TEST(KvAttentionChunks, AWindowedRowIsCutAsARowOfItsWindow) {
+  EXPECT_EQ(kv_chunks::WindowStart(100, 0), 0);
+  EXPECT_EQ(kv_chunks::WindowStart(100, 100), 0);
+  EXPECT_EQ(kv_chunks::WindowStart(100, 101), 0);
+  EXPECT_EQ(kv_chunks::WindowStart(100, 30), 70);  // positions [70, 100): the last 30
+  EXPECT_EQ(kv_chunks::WindowStart(1, 1), 0);
+  EXPECT_EQ(kv_chunks::WindowStart(2, 1), 1);      // the row's own position only
+}
+
 TEST(KvAttentionChunks, EveryPositionInExactlyOneChunkInOrder) {
   for (int length = 0; length <= 20000; length += length < 2100 ? 1 : 97) {
     const int z = kv_chunks::ChunkCount(length);

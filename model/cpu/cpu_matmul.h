@@ -29,23 +29,10 @@
 #include <vector>
 
 #include "model/gguf/ggml_types.h"
+#include "model/gguf/weight_view.h"
 #include "model/cpu/thread_pool.h"
 
 namespace specnode {
-
-struct WeightView {
-  GgmlType type = GgmlType::kF32;
-  const void* data = nullptr;  // first byte of row 0 (of this slice)
-  int64_t rows = 0;            // output features
-  int64_t cols = 0;            // input features (multiple of 32 for quantised types)
-  size_t row_stride = 0;       // bytes between consecutive rows
-  // Optional row-interleaved copy of the same rows (cpu_repack.h, PackRows), owned by
-  // whoever set it (the CPU backend's UploadWeights). MatMul uses it where the selected
-  // kernels have an x8 kernel for the activation width that runs and every matrix of the
-  // call has its copy, else `data`; embedding lookups always read `data`. Whether it is set
-  // is fixed for the life of the weights, so a row's result does not depend on the batch.
-  const uint8_t* packed = nullptr;
-};
 
 // Activation rounding for quantised weights.
 enum class ActQuant { kInt16, kInt8 };

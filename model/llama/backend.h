@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/cpu/cpu_matmul.h"
+#include "model/llama/device.h"
 #include "model/llama/llama_weights.h"
 
 namespace specnode {
@@ -61,7 +62,7 @@ class Backend {
 
   // "cpu" or "cuda:N": the device whose memory the ops use. A KvCache must report the same
   // device (KvCache::device()) to be used with this backend.
-  virtual std::string device() const = 0;
+  virtual Device device() const = 0;
   // For logs: "cpu (avx512-vnni kernels, int16 activations)", "cuda:0 (NVIDIA H200)".
   virtual std::string Describe() const = 0;
 

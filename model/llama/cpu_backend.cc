@@ -17,6 +17,13 @@ constexpr int64_t kMinParallelRopeTokens = 4;
 
 }  // namespace
 
+BackendCaps CpuBackend::Caps() {
+  BackendCaps c;
+  c.features = AllGraphFeatures();
+  c.int8_activations = true;
+  return c;
+}
+
 CpuBackend::CpuBackend(ThreadPool* pool, ActQuant act) : pool_(pool), act_(act) {}
 
 std::string CpuBackend::Describe() const {

@@ -22,6 +22,7 @@
 #include "model/cpu/cpu_matmul.h"
 #include "model/cpu/thread_pool.h"
 #include "model/llama/backend.h"
+#include "model/llama/backend_caps.h"
 
 namespace specnode {
 
@@ -29,7 +30,10 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(ThreadPool* pool, ActQuant act = ActQuant::kInt16);
 
-  std::string device() const override { return "cpu"; }
+  // The reference runs every feature of the graph, any head_dim, int8 activations too.
+  static BackendCaps Caps();
+
+  Device device() const override { return Device::Cpu(); }
   std::string Describe() const override;
   absl::StatusOr<std::shared_ptr<const LlamaWeights>> UploadWeights(
       std::shared_ptr<const LlamaWeights> weights) override;

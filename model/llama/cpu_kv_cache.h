@@ -59,7 +59,7 @@ class CpuKvCache : public KvCache {
   CpuKvCache(int n_kv_heads, int head_dim, int gqa_group)
       : n_kv_heads_(n_kv_heads), head_dim_(head_dim), group_(gqa_group) {}
 
-  std::string device() const override { return "cpu"; }
+  Device device() const override { return Device::Cpu(); }
   absl::Status BeginPass(std::span<const KvPassEntry> entries, ThreadPool* threads) override;
   absl::Status Write(int layer, const float* k, const float* v) override;
   absl::Status Attend(int layer, const float* q, float scale, int32_t window, float* out) override;

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "model/llama/device.h"
 #include "model/llama/kv_cache_events.h"
 
 namespace specnode {
@@ -66,7 +67,7 @@ class KvCache {
   virtual ~KvCache() = default;
 
   // "cpu" or "cuda:N": where the pages (and the pass's k / v / q / out) live.
-  virtual std::string device() const = 0;
+  virtual Device device() const = 0;
 
   // Committed length of seq; 0 for an unknown sequence.
   virtual int32_t Length(SeqId seq) const = 0;

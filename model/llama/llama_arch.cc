@@ -22,12 +22,6 @@ constexpr ArchTraits kArchs[] = {
 
 }  // namespace
 
-bool HasGraphVariants(const ArchTraits& a) {
-  return a.rope != RopeMode::kNorm || a.qkv_bias || a.qk_norm || a.ffn != FfnActivation::kSilu ||
-         a.embed_scale || a.post_norms || a.swa_period != 0 || a.rope_base_local != 0.0f ||
-         a.rope_scaling_global_only;
-}
-
 const ArchTraits* FindArch(std::string_view architecture) {
   for (const ArchTraits& a : kArchs) {
     if (a.name == architecture) return &a;

@@ -53,11 +53,8 @@ struct ArchTraits {
   bool rope_scaling_global_only = false;
 };
 
-// True when the row's graph differs from plain llama's in any op or input the row sets
-// (RoPE mode, biases, Q/K norms, FFN activation, embedding scale, post-norms, local layers'
-// RoPE base, scaling scope): what a backend with kernels for plain llama only must refuse.
-// A flag added to ArchTraits must be added here.
-bool HasGraphVariants(const ArchTraits& a);
+// What a row's flags ask of a backend: model/llama/backend_caps.h (FeaturesOf). A flag
+// added to ArchTraits must become a GraphFeature there.
 
 // The row of `architecture`, or nullptr when the table has none.
 const ArchTraits* FindArch(std::string_view architecture);

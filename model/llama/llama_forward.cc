@@ -91,9 +91,9 @@ absl::Status LlamaForward::ForwardTopK(std::span<const BatchEntry> batch, KvCach
 absl::Status LlamaForward::Pass(std::span<const BatchEntry> batch, KvCache* cache, HeadOut out) {
   SPECNODE_ASSIGN_OR_RETURN(const int64_t n, ValidateBatch(batch, config_.vocab_size));
   if (cache->device() != backend_->device()) {
-    return absl::FailedPreconditionError(absl::StrCat("the KV cache is on ", cache->device(),
+    return absl::FailedPreconditionError(absl::StrCat("the KV cache is on ", cache->device().name(),
                                                       " but the forward pass runs on ",
-                                                      backend_->device()));
+                                                      backend_->device().name()));
   }
   if (n == 0) {
     if (out.logits != nullptr) out.logits->clear();

@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "kvstore/kv_options.h"
 #include "model/cpu/cpu_matmul.h"
-#include "runtime/device.h"
+#include "model/llama/device.h"
 #include "node/cluster/control_channel.h"
 #include "tensor-parallel/communicator.h"
 

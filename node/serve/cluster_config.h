@@ -16,7 +16,7 @@
 #include "node/serve/http_address.h"
 #include "node/serve/kv_event_publisher.h"
 #include "node/serve/protocol.h"
-#include "runtime/device.h"
+#include "model/llama/device.h"
 
 namespace specnode {
 

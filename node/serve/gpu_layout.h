@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "node/serve/cluster_config.h"
-#include "runtime/device.h"
+#include "model/llama/device.h"
 
 namespace specnode {
 

@@ -15,7 +15,7 @@
 #include "model/llama/llama_model.h"
 #include "model/llama/sampling.h"
 #include "model/cpu/thread_pool.h"
-#include "runtime/device.h"
+#include "model/llama/device.h"
 #include "runtime/model_runner.h"
 
 namespace specnode {

@@ -20,7 +20,7 @@
 #include "kvstore/kv_options.h"
 #include "node/serve/cluster_config.h"
 #include "node/serve/metrics_http.h"
-#include "runtime/device.h"
+#include "model/llama/device.h"
 
 namespace {
 

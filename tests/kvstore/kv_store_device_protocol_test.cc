@@ -25,7 +25,7 @@ using kvtest::SmallConfig;
 class DeviceLikePool final : public KvPagePool {
  public:
   explicit DeviceLikePool(const KvPoolGeometry& g) : inner_(g, /*rotate=*/true) {}
-  std::string device() const override { return "test-device"; }
+  Device device() const override { return Device::Cuda(5); }
   const KvPoolGeometry& geometry() const override { return inner_.geometry(); }
   KvPoolCaps caps() const override { return inner_.caps(); }
   size_t PageBytes(KvPrecision p) const override { return inner_.PageBytes(p); }

@@ -32,7 +32,7 @@ using kvtest::SmallConfig;
 class PageOrderPool final : public KvPagePool {
  public:
   explicit PageOrderPool(const KvPoolGeometry& g) : inner_(g, /*rotate=*/false) {}
-  std::string device() const override { return "test-gpu"; }
+  Device device() const override { return Device::Cuda(7); }
   const KvPoolGeometry& geometry() const override { return inner_.geometry(); }
   KvPoolCaps caps() const override {
     KvPoolCaps c;
@@ -97,7 +97,7 @@ TEST(KvStorePool, RefusesWhatThePoolCannotStoreNamingTheDevice) {
     auto s = KvStore::Create(c, std::make_unique<PageOrderPool>(GeometryOf(c)));
     ASSERT_FALSE(s.ok()) << KvModeName(mode);
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(s.status().message().find("test-gpu"), std::string_view::npos) << s.status();
+    EXPECT_NE(s.status().message().find("cuda:7"), std::string_view::npos) << s.status();
   }
   KvStoreConfig c = SmallConfig(KvMode::kFull);
   c.rotate = true;
@@ -170,7 +170,7 @@ TEST(KvStorePool, SharingAndSwapAreRefusedWhereThePoolCannotCopy) {
   // A fork inside a page would share the page both sequences append into.
   absl::Status fork = store->Fork(1, 2);
   EXPECT_EQ(fork.code(), absl::StatusCode::kUnimplemented) << fork;
-  EXPECT_NE(fork.message().find("test-gpu"), std::string_view::npos);
+  EXPECT_NE(fork.message().find("cuda:7"), std::string_view::npos);
   EXPECT_EQ(store->Length(2), 0);
   // At a page boundary both continue in pages of their own.
   ASSERT_TRUE(store->Truncate(1, c.page_tokens).ok());
@@ -232,7 +232,7 @@ TEST(KvStorePool, ForwardRefusesACacheOnAnotherDevice) {
   std::vector<float> logits;
   absl::Status s = fwd.Forward({&e, 1}, store.get(), &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("test-gpu"), std::string_view::npos);
+  EXPECT_NE(s.message().find("cuda:7"), std::string_view::npos);
   EXPECT_EQ(store->Length(1), 0);
 }
 

@@ -1,5 +1,7 @@
 // Device: where a model computes — the CPU or one CUDA device. Parsed once from its text
-// ("cpu", "cuda:N") where a flag or a config file names it, and carried typed from there.
+// ("cpu", "cuda:N") where a flag or a config file names it, and carried typed from there:
+// backends, KV caches and page pools say where they are as a Device (Backend::device,
+// KvCache::device, KvPagePool::device); its name is for messages only.
 #pragma once
 
 #include <string>

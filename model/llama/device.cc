@@ -1,4 +1,4 @@
-#include "runtime/device.h"
+#include "model/llama/device.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
