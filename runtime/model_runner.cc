@@ -28,9 +28,7 @@ namespace {
 void HostArgMax(const std::vector<float>& logits, int32_t vocab, std::vector<int32_t>* ids) {
   const size_t rows = logits.size() / static_cast<size_t>(vocab);
   ids->resize(rows);
-  for (size_t r = 0; r < rows; ++r) {
-    (*ids)[r] = ArgMax(std::span<const float>(logits.data() + r * vocab, vocab));
-  }
+  ArgMaxRows(logits.data(), static_cast<int64_t>(rows), vocab, ids->data());
 }
 
 // Each [vocab] row's TopK (finite, as above).
@@ -43,10 +41,7 @@ absl::Status HostTopK(const std::vector<float>& logits, int32_t vocab, int k,
   const size_t rows = logits.size() / static_cast<size_t>(vocab);
   ids->resize(rows * k);
   values->resize(rows * k);
-  for (size_t r = 0; r < rows; ++r) {
-    TopK(std::span<const float>(logits.data() + r * vocab, vocab), k, ids->data() + r * k,
-         values->data() + r * k);
-  }
+  TopKRows(logits.data(), static_cast<int64_t>(rows), vocab, k, ids->data(), values->data());
   return absl::OkStatus();
 }
 

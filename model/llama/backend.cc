@@ -12,12 +12,7 @@ absl::Status Backend::FinishArgMax(const float* logits, int64_t rows, int64_t vo
                                    std::vector<float>* host, std::vector<int32_t>* ids) {
   SPECNODE_RETURN_IF_ERROR(FinishLogits(logits, rows * vocab, host));
   ids->resize(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = host->data() + r * vocab;
-    (*ids)[r] = AllFinite(row, vocab)
-                    ? ArgMax(std::span<const float>(row, static_cast<size_t>(vocab)))
-                    : -1;
-  }
+  ArgMaxRows(host->data(), rows, vocab, ids->data());
   return absl::OkStatus();
 }
 
@@ -27,15 +22,7 @@ absl::Status Backend::FinishTopK(const float* logits, int64_t rows, int64_t voca
   SPECNODE_RETURN_IF_ERROR(FinishLogits(logits, rows * vocab, host));
   ids->resize(static_cast<size_t>(rows * k));
   values->resize(static_cast<size_t>(rows * k));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = host->data() + r * vocab;
-    if (!AllFinite(row, vocab)) {
-      (*ids)[r * k] = -1;
-      continue;
-    }
-    TopK(std::span<const float>(row, static_cast<size_t>(vocab)), k, ids->data() + r * k,
-         values->data() + r * k);
-  }
+  TopKRows(host->data(), rows, vocab, k, ids->data(), values->data());
   return absl::OkStatus();
 }
 

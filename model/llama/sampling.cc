@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "model/cpu/cpu_matmul.h"
 
 namespace specnode {
 
@@ -301,6 +302,25 @@ void TopK(std::span<const float> logits, int k, int32_t* ids, float* values) {
   for (int i = 0; i < k; ++i) {
     ids[i] = order[i];
     values[i] = logits[order[i]];
+  }
+}
+
+void ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits + r * vocab;
+    ids[r] = AllFinite(row, vocab) ? ArgMax({row, static_cast<size_t>(vocab)}) : -1;
+  }
+}
+
+void TopKRows(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids,
+              float* values) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits + r * vocab;
+    if (!AllFinite(row, vocab)) {
+      ids[r * k] = -1;
+      continue;
+    }
+    TopK({row, static_cast<size_t>(vocab)}, k, ids + r * k, values + r * k);
   }
 }
 

@@ -79,6 +79,12 @@ int32_t ArgMax(std::span<const float> logits);
 // The host reference of a device head (Backend::FinishTopK).
 void TopK(std::span<const float> logits, int k, int32_t* ids, float* values);
 
+// The host's heads of `rows` rows of `vocab` logits: each row's ArgMax (ids [rows]) or TopK
+// (ids, values [rows * k]); a row holding a NaN or an infinity gets id -1 (its first).
+void ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids);
+void TopKRows(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids,
+              float* values);
+
 // One sampler per sequence: its parameters and scratch. Holds no generator state (the noise
 // is a function of the seed and the position), so calls commute. Not thread-safe (scratch).
 class Sampler {

@@ -419,7 +419,9 @@ TEST_F(SpecEngineTest, TopKPassesTakeTheLargestLogitsNotTheRows) {
       options.acceptance = rule;
       SpeculativeEngine engine(&runner, std::move(groups), options);
       const auto got = Run(engine, requests, inner.get());
-      if (rule == AcceptanceRule::kMatch || !speculate) EXPECT_EQ(got, expected) << speculate;
+      if (rule == AcceptanceRule::kMatch || !speculate) {
+        EXPECT_EQ(got, expected) << speculate;
+      }
       EXPECT_GT(runner.topk_passes, 0);
       EXPECT_EQ(runner.max_k, 17);
       EXPECT_EQ(runner.logits_passes, 0) << speculate;
