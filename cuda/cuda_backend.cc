@@ -347,14 +347,24 @@ absl::Status CudaBackend::FinishLogits(const float* logits, int64_t floats,
   return Sync();
 }
 
+absl::Status CudaBackend::SelectHead(const float* logits, int64_t rows, int64_t vocab, int k) {
+  if (rows <= 0 || k > kCudaTopKMax) return absl::OkStatus();
+  ForgetQ16();
+  const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(std::max(k, 1));
+  SPECNODE_RETURN_IF_ERROR(Ensure(argmax_ids_, count * sizeof(int32_t)));
+  if (k == 0) return CudaArgMaxRows(logits, rows, vocab, argmax_ids_.as<int32_t>(), stream_);
+  SPECNODE_RETURN_IF_ERROR(Ensure(topk_values_, count * sizeof(float)));
+  return CudaTopKRows(logits, rows, vocab, k, argmax_ids_.as<int32_t>(), topk_values_.as<float>(),
+                      stream_);
+}
+
 absl::Status CudaBackend::FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
-                                       std::vector<float>* host, std::vector<int32_t>* ids) {
+                                       std::vector<float>* host, std::vector<int32_t>* ids,
+                                       bool selected) {
   ForgetQ16();
   ids->resize(static_cast<size_t>(rows));
   if (rows > 0) {
-    SPECNODE_RETURN_IF_ERROR(Ensure(argmax_ids_, static_cast<size_t>(rows) * sizeof(int32_t)));
-    SPECNODE_RETURN_IF_ERROR(
-        CudaArgMaxRows(logits, rows, vocab, argmax_ids_.as<int32_t>(), stream_));
+    if (!selected) SPECNODE_RETURN_IF_ERROR(SelectHead(logits, rows, vocab, 0));
     SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         ids->data(), argmax_ids_.data(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   }
@@ -363,17 +373,16 @@ absl::Status CudaBackend::FinishArgMax(const float* logits, int64_t rows, int64_
 
 absl::Status CudaBackend::FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
                                      std::vector<float>* host, std::vector<int32_t>* ids,
-                                     std::vector<float>* values) {
-  if (k > kCudaTopKMax) return Backend::FinishTopK(logits, rows, vocab, k, host, ids, values);
+                                     std::vector<float>* values, bool selected) {
+  if (k > kCudaTopKMax) {
+    return Backend::FinishTopK(logits, rows, vocab, k, host, ids, values, selected);
+  }
   ForgetQ16();
   const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(k);
   ids->resize(count);
   values->resize(count);
   if (rows > 0) {
-    SPECNODE_RETURN_IF_ERROR(Ensure(argmax_ids_, count * sizeof(int32_t)));
-    SPECNODE_RETURN_IF_ERROR(Ensure(topk_values_, count * sizeof(float)));
-    SPECNODE_RETURN_IF_ERROR(CudaTopKRows(logits, rows, vocab, k, argmax_ids_.as<int32_t>(),
-                                          topk_values_.as<float>(), stream_));
+    if (!selected) SPECNODE_RETURN_IF_ERROR(SelectHead(logits, rows, vocab, k));
     SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ids->data(), argmax_ids_.data(),
                                                   count * sizeof(int32_t),
                                                   cudaMemcpyDeviceToHost, stream_));
@@ -398,9 +407,11 @@ absl::Status CudaBackend::Record(int64_t rows, uint64_t signature,
   // capturing them would cost more than their launches.
   constexpr int64_t kGraphMaxRows = 64;
   if (graphs_ == nullptr || rows > kGraphMaxRows) return body();
-  const uint64_t sig =
-      MixSignature(MixSignature(signature, reinterpret_cast<uintptr_t>(tables_.device_base())),
-                   reinterpret_cast<uintptr_t>(mm_->quant_acts()));
+  // The backend's own buffers the body's launches bake in (the head's selection included).
+  const void* const baked[] = {tables_.device_base(), mm_->quant_acts(), argmax_ids_.data(),
+                               topk_values_.data()};
+  uint64_t sig = signature;
+  for (const void* p : baked) sig = MixSignature(sig, reinterpret_cast<uintptr_t>(p));
   return graphs_->Run(stream_, rows, sig, body);
 }
 

@@ -132,12 +132,16 @@ class CudaBackend final : public Backend {
   absl::Status FinishLogits(const float* logits, int64_t floats, std::vector<float>* host) override;
   // The arg max of each row on the device (CudaArgMaxRows); only the ids are copied back.
   absl::Status FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
-                            std::vector<float>* host, std::vector<int32_t>* ids) override;
+                            std::vector<float>* host, std::vector<int32_t>* ids,
+                            bool selected) override;
   // Each row's k largest on the device (CudaTopKRows); only rows * k pairs are copied back.
   // k above kCudaTopKMax: the default (the logits to the host, TopK there).
   absl::Status FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
                           std::vector<float>* host, std::vector<int32_t>* ids,
-                          std::vector<float>* values) override;
+                          std::vector<float>* values, bool selected) override;
+  // Launches CudaArgMaxRows (k == 0) or CudaTopKRows into argmax_ids_ / topk_values_ (their
+  // addresses go into Record's signature); nothing for k > kCudaTopKMax.
+  absl::Status SelectHead(const float* logits, int64_t rows, int64_t vocab, int k) override;
   absl::Status Sync() override;
   absl::Status Record(int64_t rows, uint64_t signature,
                       const std::function<absl::Status()>& body) override;

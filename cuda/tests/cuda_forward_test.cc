@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
@@ -260,6 +261,38 @@ TEST_P(CudaForwardTest, GraphReplaysEqualEagerPasses) {
   EXPECT_FALSE(g.disabled()) << g.disabled_reason();
   EXPECT_GE(g.captures(), 3);  // n = 2, 5, 3 at least
   EXPECT_GE(g.replays(), 15);
+}
+
+// The head recorded with the pass: greedy and top-k decode steps replayed as graphs give the
+// ids and values an eager pass gives (the selection kernels are in the graph; only the copy
+// back follows it), switching head kinds between steps.
+TEST_P(CudaForwardTest, GraphedHeadsEqualEagerHeads) {
+  Pair graphed(Path());
+  Pair eager(Path(), int64_t{64} << 20, /*cuda_graphs=*/false);
+  ASSERT_NE(graphed.gpu, nullptr);
+  ASSERT_NE(eager.gpu, nullptr);
+  const auto prompt = Tokens(6, 4), next = Tokens(16, 60);
+  graphed.Gpu({{1, prompt, false}});
+  eager.Gpu({{1, prompt, false}});
+  for (size_t i = 0; i < next.size(); ++i) {
+    const std::vector<BatchEntry> step = {{1, std::span<const int32_t>(&next[i], 1), false}};
+    const int k = i < 8 ? 0 : 5;  // arg max for 8 steps, then top-5
+    std::vector<int32_t> gi, ei;
+    std::vector<float> gv, ev;
+    for (auto [p, ids, values] : {std::tuple{graphed.gpu.get(), &gi, &gv},
+                                  std::tuple{eager.gpu.get(), &ei, &ev}}) {
+      const absl::Status st =
+          k == 0 ? p->forward->ForwardArgMax(step, p->store.get(), ids)
+                 : p->forward->ForwardTopK(step, p->store.get(), k, ids, values);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    EXPECT_EQ(gi, ei) << "step " << i;
+    EXPECT_EQ(gv, ev) << "step " << i;
+  }
+  const CudaGraphCache& g = *graphed.gpu->graphs();
+  EXPECT_FALSE(g.disabled()) << g.disabled_reason();
+  EXPECT_GE(g.captures(), 2);  // the arg max step and the top-5 step
+  EXPECT_GE(g.replays(), 10);
 }
 
 TEST_P(CudaForwardTest, TruncateRollsBackLikeAFreshSequence) {

@@ -8,8 +8,12 @@
 
 namespace specnode {
 
+absl::Status Backend::SelectHead(const float*, int64_t, int64_t, int) {
+  return absl::OkStatus();
+}
+
 absl::Status Backend::FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
-                                   std::vector<float>* host, std::vector<int32_t>* ids) {
+                                   std::vector<float>* host, std::vector<int32_t>* ids, bool) {
   SPECNODE_RETURN_IF_ERROR(FinishLogits(logits, rows * vocab, host));
   ids->resize(static_cast<size_t>(rows));
   ArgMaxRows(host->data(), rows, vocab, ids->data());
@@ -18,7 +22,7 @@ absl::Status Backend::FinishArgMax(const float* logits, int64_t rows, int64_t vo
 
 absl::Status Backend::FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
                                  std::vector<float>* host, std::vector<int32_t>* ids,
-                                 std::vector<float>* values) {
+                                 std::vector<float>* values, bool) {
   SPECNODE_RETURN_IF_ERROR(FinishLogits(logits, rows * vocab, host));
   ids->resize(static_cast<size_t>(rows * k));
   values->resize(static_cast<size_t>(rows * k));

@@ -15,8 +15,9 @@
 //   BeginPass(ids, positions)                 this pass's rows: [n] token ids, positions
 //   kv->BeginPass(...)                        the cache's per-pass tables
 //   EmbeddingRows / RmsNorm / MatMul ...      ops over rows [0, n)
-//   LogitsBuffer, MatMul, FinishLogits        (or FinishArgMax for greedy consumers, or Sync
-//                                              when nobody reads logits)
+//   LogitsBuffer, MatMul, FinishLogits        (or SelectHead + FinishArgMax / FinishTopK for
+//                                              greedy and top-k consumers, or Sync when
+//                                              nobody reads logits)
 // Ops are queued in order (a CUDA stream) and may complete asynchronously; an error can
 // surface at a later op, at FinishLogits or at Sync. After an error the pass is abandoned.
 //
@@ -140,8 +141,11 @@ class Backend {
   // when the pass has completed. A device computes it where the logits are and moves `rows`
   // ints, not the logits. The default brings the logits into *host (FinishLogits) and takes
   // the arg max there (backend.cc).
+  // `selected`: SelectHead queued this selection (same arguments) earlier in the pass, maybe
+  // inside a recorded body: only its result is brought back.
   virtual absl::Status FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
-                                    std::vector<float>* host, std::vector<int32_t>* ids);
+                                    std::vector<float>* host, std::vector<int32_t>* ids,
+                                    bool selected);
   // Sampled heads: row r's `k` largest logits in TopK's order (model/llama/sampling.h), ids
   // at (*ids)[r * k + i] and logits at (*values)[r * k + i] (both resized to rows * k), or
   // (*ids)[r * k] = -1 when the row holds a NaN or an infinity; 0 < k <= vocab. What a
@@ -149,7 +153,12 @@ class Backend {
   // the logits. The default brings the logits into *host and selects there (backend.cc).
   virtual absl::Status FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
                                   std::vector<float>* host, std::vector<int32_t>* ids,
-                                  std::vector<float>* values);
+                                  std::vector<float>* values, bool selected);
+  // Queues a greedy (k == 0) or top-k (k > 0) selection over `rows` rows of `vocab` logits as
+  // an op (no host synchronisation; Record may capture it), whose result the FinishArgMax /
+  // FinishTopK with the same arguments and selected = true brings back. The default does
+  // nothing: the host selects in the finish.
+  virtual absl::Status SelectHead(const float* logits, int64_t rows, int64_t vocab, int k);
   // Returns when every queued op has completed (a pass without logits ends here).
   virtual absl::Status Sync() = 0;
 

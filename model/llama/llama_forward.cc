@@ -163,19 +163,31 @@ absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vec
   SPECNODE_ASSIGN_OR_RETURN(b.gate, backend_->Buffer(kGate, n * d_ff_));
   SPECNODE_ASSIGN_OR_RETURN(b.up, backend_->Buffer(kUp, n * d_ff_));
 
+  // The head's rows and buffers are set before the body, so that its ops (norm, matmul, a
+  // greedy or top-k selection) are recorded with the layers; only the fetch follows.
+  const bool head = out.logits != nullptr || out.ids != nullptr;
+  HeadBuffers hb;
+  if (head) SPECNODE_RETURN_IF_ERROR(PrepareHead(batch, out, &hb));
+  auto body = [&]() -> absl::Status {
+    SPECNODE_RETURN_IF_ERROR(Body(n, b, cache));
+    return head ? HeadOps(b.x, hb, out) : absl::OkStatus();
+  };
   if (reducer_ == nullptr) {
-    // Everything the body bakes into its ops besides n: the buffers and the cache's tables.
+    // Everything the body bakes into its ops besides n: the buffers, the cache's tables and
+    // the head (which rows, into which buffers, which selection).
     uint64_t sig = cache->PassSignature();
-    for (const float* p : {b.x, b.h, b.q, b.k, b.v, b.attn, b.gate, b.up}) {
+    for (const float* p : {b.x, b.h, b.q, b.k, b.v, b.attn, b.gate, b.up, hb.normed, hb.logits}) {
       sig = MixSignature(sig, reinterpret_cast<uintptr_t>(p));
     }
-    SPECNODE_RETURN_IF_ERROR(backend_->Record(n, sig, [&] { return Body(n, b, cache); }));
+    sig = MixSignature(sig, !head ? 0 : out.ids == nullptr ? 1 : 2 + out.top_k);
+    for (int64_t r : hb.rows) sig = MixSignature(sig, static_cast<uint64_t>(r));
+    SPECNODE_RETURN_IF_ERROR(backend_->Record(n, sig, body));
   } else {
     // An all-reduce runs host code between ops: nothing to record.
-    SPECNODE_RETURN_IF_ERROR(Body(n, b, cache));
+    SPECNODE_RETURN_IF_ERROR(body());
   }
-  if (out.logits == nullptr && out.ids == nullptr) return backend_->Sync();
-  return Head(batch, b.x, out);
+  if (!head) return backend_->Sync();
+  return FinishHead(hb, out);
 }
 
 absl::Status LlamaForward::Body(int64_t n, const Buffers& b, KvCache* cache) {
@@ -254,37 +266,53 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
   return backend_->Add(b.x, b.h, n * d);
 }
 
-absl::Status LlamaForward::Head(std::span<const BatchEntry> batch, const float* x, HeadOut out) {
-  // Final norm and head over the rows that need logits only.
+absl::Status LlamaForward::PrepareHead(std::span<const BatchEntry> batch, HeadOut out,
+                                       HeadBuffers* hb) {
+  hb->rows = LogitRows(batch);
+  const int64_t n_out = static_cast<int64_t>(hb->rows.size());
+  SPECNODE_ASSIGN_OR_RETURN(hb->normed, backend_->Buffer(kNormed, n_out * config_.d_model));
+  hb->host = out.logits != nullptr ? out.logits : &argmax_host_;
+  SPECNODE_ASSIGN_OR_RETURN(hb->logits,
+                            backend_->LogitsBuffer(n_out * config_.vocab_size, hb->host));
+  return absl::OkStatus();
+}
+
+absl::Status LlamaForward::HeadOps(const float* x, const HeadBuffers& hb, HeadOut out) {
+  // Final norm and head over the rows that need logits only; then, for a greedy or top-k
+  // consumer, the selection queued where the logits are.
   const int d = config_.d_model;
-  const int64_t vocab = config_.vocab_size;
-  const std::vector<int64_t> out_rows = LogitRows(batch);
-  const int64_t n_out = static_cast<int64_t>(out_rows.size());
-  SPECNODE_ASSIGN_OR_RETURN(float* normed, backend_->Buffer(kNormed, n_out * d));
+  const int64_t n_out = static_cast<int64_t>(hb.rows.size());
   SPECNODE_RETURN_IF_ERROR(
-      backend_->RmsNormRows(x, out_rows, w_->output_norm, d, config_.rms_eps, normed));
-  std::vector<float>* host = out.logits != nullptr ? out.logits : &argmax_host_;
-  SPECNODE_ASSIGN_OR_RETURN(float* logits, backend_->LogitsBuffer(n_out * vocab, host));
-  SPECNODE_RETURN_IF_ERROR(backend_->MatMul(w_->output, normed, n_out, logits));
+      backend_->RmsNormRows(x, hb.rows, w_->output_norm, d, config_.rms_eps, hb.normed));
+  SPECNODE_RETURN_IF_ERROR(backend_->MatMul(w_->output, hb.normed, n_out, hb.logits));
+  if (out.ids == nullptr) return absl::OkStatus();
+  return backend_->SelectHead(hb.logits, n_out, config_.vocab_size, out.top_k);
+}
+
+absl::Status LlamaForward::FinishHead(const HeadBuffers& hb, HeadOut out) {
+  const int64_t vocab = config_.vocab_size;
+  const int64_t n_out = static_cast<int64_t>(hb.rows.size());
   // A model whose weights overflow gives NaN / Inf logits: an error naming it, never text
   // sampled from garbage (the pass is undone like any failed pass).
   auto non_finite = [&](int64_t r) {
     return absl::DataLossError(
         absl::StrCat("the model produced non-finite logits (NaN or Inf) for batch row ",
-                     out_rows[r], ": its weights or activations overflow"));
+                     hb.rows[r], ": its weights or activations overflow"));
   };
   if (out.ids != nullptr) {
     const int k = std::max(out.top_k, 1);
     SPECNODE_RETURN_IF_ERROR(
         out.top_k > 0
-            ? backend_->FinishTopK(logits, n_out, vocab, k, host, out.ids, out.values)
-            : backend_->FinishArgMax(logits, n_out, vocab, host, out.ids));
+            ? backend_->FinishTopK(hb.logits, n_out, vocab, k, hb.host, out.ids, out.values,
+                                   /*selected=*/true)
+            : backend_->FinishArgMax(hb.logits, n_out, vocab, hb.host, out.ids,
+                                     /*selected=*/true));
     for (int64_t r = 0; r < n_out; ++r) {
       if ((*out.ids)[r * k] < 0) return non_finite(r);
     }
     return absl::OkStatus();
   }
-  SPECNODE_RETURN_IF_ERROR(backend_->FinishLogits(logits, n_out * vocab, out.logits));
+  SPECNODE_RETURN_IF_ERROR(backend_->FinishLogits(hb.logits, n_out * vocab, out.logits));
   for (int64_t r = 0; r < n_out; ++r) {
     if (!AllFinite(out.logits->data() + r * vocab, vocab)) return non_finite(r);
   }

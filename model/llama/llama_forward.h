@@ -109,7 +109,17 @@ class LlamaForward {
   // Embedding + every layer over the pass's n rows: ops only (a Record body).
   absl::Status Body(int64_t n, const Buffers& b, KvCache* cache);
   absl::Status Layer(int l, int64_t n, const Buffers& b, KvCache* cache);
-  absl::Status Head(std::span<const BatchEntry> batch, const float* x, HeadOut out);
+  // The head in three steps: its rows and buffers (before the recorded body), its ops (in
+  // the body: final norm, output matmul, SelectHead) and the fetch with its checks.
+  struct HeadBuffers {
+    std::vector<int64_t> rows;  // LogitRows of the batch
+    float* normed = nullptr;    // [rows, d_model]
+    float* logits = nullptr;    // [rows, vocab] (LogitsBuffer's)
+    std::vector<float>* host = nullptr;
+  };
+  absl::Status PrepareHead(std::span<const BatchEntry> batch, HeadOut out, HeadBuffers* hb);
+  absl::Status HeadOps(const float* x, const HeadBuffers& hb, HeadOut out);
+  absl::Status FinishHead(const HeadBuffers& hb, HeadOut out);
 
   LlamaConfig config_;
   std::shared_ptr<const LlamaWeights> w_;
