@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kvstore/cpu_page_pool.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/status_macros.h"
 
@@ -20,28 +21,34 @@ KvStoreConfig KvStoreConfigFor(const LlamaConfig& model, int n_kv_heads, const K
 
 absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, int n_kv_heads,
                                                      const KvOptions& o,
-                                                     const KvPoolMaker& make_pool) {
-  SPECNODE_RETURN_IF_ERROR(o.Validate());
-  if (make_pool != nullptr) {
-    if (o.mode == KvMode::kDense) {
+                                                     const KvPoolMaker& make_pool,
+                                                     KvStore::OptionsChecked checked) {
+  if (checked == KvStore::OptionsChecked::kNo) SPECNODE_RETURN_IF_ERROR(o.Validate());
+  if (o.mode == KvMode::kDense) {
+    if (make_pool != nullptr) {
       return absl::InvalidArgumentError("kv mode dense is the host's f32 reference cache");
     }
-    const KvStoreConfig kc = KvStoreConfigFor(config, n_kv_heads, o);
-    const KvPoolGeometry g{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, kc.page_tokens};
-    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvPagePool> pool,
-                              make_pool(g, kc.capacity_bytes, kc.rotate));
-    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> store, KvStore::Create(kc, std::move(pool)));
-    return std::unique_ptr<KvCache>(std::move(store));
-  }
-  if (o.mode == KvMode::kDense) {
     const int64_t bytes_per_token = int64_t{2} * config.n_layers * n_kv_heads * config.head_dim *
                                     static_cast<int64_t>(sizeof(float));
     return std::make_unique<DenseKvCache>(config.n_layers, n_kv_heads, config.head_dim,
                                           config.gqa_group(), config.context_length,
                                           std::max<int64_t>(1, o.capacity_bytes / bytes_per_token));
   }
-  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> store,
-                            KvStore::Create(KvStoreConfigFor(config, n_kv_heads, o)));
+  const KvStoreConfig kc = KvStoreConfigFor(config, n_kv_heads, o);
+  std::unique_ptr<KvStore> store;
+  if (make_pool == nullptr && checked == KvStore::OptionsChecked::kNo) {
+    SPECNODE_ASSIGN_OR_RETURN(store, KvStore::Create(kc));  // checks the geometry first
+  } else {
+    const KvPoolGeometry g{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group,
+                           kc.page_tokens};
+    std::unique_ptr<KvPagePool> pool;
+    if (make_pool != nullptr) {
+      SPECNODE_ASSIGN_OR_RETURN(pool, make_pool(g, kc.capacity_bytes, kc.rotate));
+    } else {
+      pool = std::make_unique<CpuPagePool>(g, kc.rotate.value_or(true));
+    }
+    SPECNODE_ASSIGN_OR_RETURN(store, KvStore::Create(kc, std::move(pool), checked));
+  }
   return std::unique_ptr<KvCache>(std::move(store));
 }
 

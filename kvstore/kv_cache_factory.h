@@ -27,8 +27,11 @@ using KvPoolMaker = std::function<absl::StatusOr<std::unique_ptr<KvPagePool>>(
 
 // InvalidArgument naming the option on bad values. `make_pool` null: host pages
 // (CpuPagePool); else the store's pages live in the pool it makes (mode dense refused).
-absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, int n_kv_heads,
-                                                     const KvOptions& options,
-                                                     const KvPoolMaker& make_pool = nullptr);
+// `checked` kYes: the caller validated `options` against the device already (the runner
+// factory's CheckRunnerOptions), so they are not checked again.
+absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(
+    const LlamaConfig& config, int n_kv_heads, const KvOptions& options,
+    const KvPoolMaker& make_pool = nullptr,
+    KvStore::OptionsChecked checked = KvStore::OptionsChecked::kNo);
 
 }  // namespace specnode

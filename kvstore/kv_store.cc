@@ -77,27 +77,25 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c)
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c,
-                                                         std::unique_ptr<KvPagePool> pool) {
+                                                         std::unique_ptr<KvPagePool> pool,
+                                                         OptionsChecked checked) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
   if (c.n_layers < 1 || c.n_kv_heads < 1 || c.gqa_group < 1)
     return bad("n_layers, n_kv_heads and gqa_group must be >= 1");
   if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 256)
     return bad("head_dim must be even and in [2, 256]");
   if (c.max_seq_len < 1) return bad("max_seq_len must be >= 1");
-  if (c.page_tokens < 1 || c.page_tokens > 4096) return bad("page_tokens must be in [1, 4096]");
-  if (c.sink_tokens < 0) return bad("sink_tokens must be >= 0");
-  if (c.window_tokens < 1) return bad("window_tokens must be >= 1");
-  if (c.mass_sample_every < 1) return bad("mass_sample_every must be >= 1");
-  if (!(c.critical_threshold >= 0.0f)) return bad("critical_threshold must be >= 0");
-  if (c.evict && c.evict_window < c.window_tokens)
-    return bad("evict_window must be >= window_tokens");
-  if (c.host_capacity_bytes < 0) return bad("host_capacity_bytes must be >= 0");
+  if (checked == OptionsChecked::kNo) {
+    SPECNODE_RETURN_IF_ERROR(static_cast<const KvOptions&>(c).Validate("kvstore: "));
+  }
   const KvPoolGeometry& g = pool->geometry();
   if (g.n_layers != c.n_layers || g.n_kv_heads != c.n_kv_heads || g.head_dim != c.head_dim ||
       g.gqa_group != c.gqa_group || g.page_tokens != c.page_tokens) {
     return bad("the page pool's geometry differs from the store's");
   }
-  SPECNODE_RETURN_IF_ERROR(CheckSupported(c, pool->caps(), pool->device()));
+  if (checked == OptionsChecked::kNo) {
+    SPECNODE_RETURN_IF_ERROR(CheckSupported(c, pool->caps(), pool->device()));
+  }
   KvStoreConfig resolved = c;
   resolved.mode = ResolvedMode(c.mode, pool->caps());
   const KvPrecision first = resolved.mode == KvMode::kInt8   ? KvPrecision::kInt8

@@ -96,8 +96,13 @@ class KvStore : public KvCache {
   // A store over `pool` (whose geometry must match the config's). Besides the above,
   // InvalidArgument naming the device when the pool cannot store what the mode needs (a
   // class, rotation, the slot copies of mixed mode or eviction).
-  static absl::StatusOr<std::unique_ptr<KvStore>> Create(const KvStoreConfig& config,
-                                                         std::unique_ptr<KvPagePool> pool);
+  // kYes: the caller checked the options (KvOptions::Validate and CheckSupported with this
+  // pool's caps) already — the runner factory, after CheckRunnerOptions — and only the
+  // geometry and capacity are checked here.
+  enum class OptionsChecked { kNo, kYes };
+  static absl::StatusOr<std::unique_ptr<KvStore>> Create(
+      const KvStoreConfig& config, std::unique_ptr<KvPagePool> pool,
+      OptionsChecked checked = OptionsChecked::kNo);
   // Whether a pool with `caps` on `device` can hold a store with these options (what
   // Create checks of the pool), so a request can be refused before a model is loaded.
   static absl::Status CheckSupported(const KvOptions& options, const KvPoolCaps& caps,

@@ -64,7 +64,7 @@ inline uint64_t Mix(uint64_t h, uint64_t v) {
 inline uint64_t EventHash(uint64_t h) { return h & 0x7fffffffffffffffULL; }
 
 // Where a pool's pages live, in vLLM's words: "GPU" for device memory, "CPU" for host.
-inline std::string EventMedium(const Device& device) { return device.is_cpu() ? "CPU" : "GPU"; }
+inline const char* EventMedium(const Device& device) { return device.is_cpu() ? "CPU" : "GPU"; }
 
 }  // namespace kvstore_internal
 }  // namespace specnode

@@ -90,8 +90,10 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
                                                              const RunnerOptions& o) {
   SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(o, &config));
   if (o.device.is_cpu()) {
+    // CheckRunnerOptions above was the options' one check.
     SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
-                              MakeKvCache(config, weights.n_kv_heads_local, o.kv));
+                              MakeKvCache(config, weights.n_kv_heads_local, o.kv, nullptr,
+                                          KvStore::OptionsChecked::kYes));
     const ActQuant act = o.activations.value_or(weights.activations);
     return std::make_unique<LocalModelRunner>(config, std::make_unique<CpuBackend>(o.pool, act),
                                               CpuBackend::ForKernels(Borrowed(weights), act),
@@ -113,7 +115,8 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
                     SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,
                                               CudaPagePool::Create(device, g, capacity, rotate));
                     return std::unique_ptr<KvPagePool>(std::move(pool));
-                  }));
+                  },
+                  KvStore::OptionsChecked::kYes));
   return std::make_unique<LocalModelRunner>(config, std::move(backend), std::move(device_weights),
                                             std::move(cache), o.reducer);
 #else
