@@ -7,7 +7,6 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "model/cpu/cpu_matmul.h"
 
 namespace specnode {
 
@@ -305,10 +304,23 @@ void TopK(std::span<const float> logits, int k, int32_t* ids, float* values) {
   }
 }
 
+namespace {
+
+// No NaN or infinity in row [n] (the host heads' check; sampling.cc stands alone, so it does
+// not call the CPU kernels' AllFinite).
+bool RowFinite(const float* row, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(row[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = logits + r * vocab;
-    ids[r] = AllFinite(row, vocab) ? ArgMax({row, static_cast<size_t>(vocab)}) : -1;
+    ids[r] = RowFinite(row, vocab) ? ArgMax({row, static_cast<size_t>(vocab)}) : -1;
   }
 }
 
@@ -316,7 +328,7 @@ void TopKRows(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* 
               float* values) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = logits + r * vocab;
-    if (!AllFinite(row, vocab)) {
+    if (!RowFinite(row, vocab)) {
       ids[r * k] = -1;
       continue;
     }
