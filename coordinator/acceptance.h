@@ -11,6 +11,7 @@
 // rules draw with.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -89,6 +90,26 @@ struct HeadRows {
   // Row r's draw at `position`: Sampler::SampleTopK (k >= sampler.HeadCandidates(vocab)).
   int32_t Sample(size_t r, const Sampler& sampler, int64_t position) const {
     return sampler.SampleTopK(Ids(r), Values(r), position);
+  }
+};
+
+// What a pass's head returns for its samplers (Sampler::HeadCandidates), folded over them
+// with Add: each row's k largest logits, k the most any sampler needs, or the whole rows
+// (k == 0) as soon as one needs them; values only when some sampler draws at temperature > 0
+// (else the arg max: k == 1). Shared by the engine's target passes and a draft model's rounds.
+struct HeadPlan {
+  int k = 1;
+  bool sampled = false;
+
+  void Add(const Sampler& sampler, int64_t vocab) {
+    const int need = sampler.HeadCandidates(vocab);
+    k = need == 0 || k == 0 ? 0 : std::max(k, need);
+    sampled = sampled || sampler.params().temperature != 0.0f;
+  }
+  // The head rows from row `first_row` on of what the runner returned (k > 0).
+  HeadRows Rows(const std::vector<int32_t>& ids, const std::vector<float>& values,
+                size_t first_row) const {
+    return {k, ids.data() + first_row * k, sampled ? values.data() + first_row * k : nullptr};
   }
 };
 

@@ -167,21 +167,17 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
     if (batch.empty()) return absl::OkStatus();
     // A round whose samplers all draw from a row's largest logits (greedy, top-k) takes only
     // those (a draft on a GPU keeps its logits there): the arg max when every one is greedy.
-    int head_k = 1;
-    bool sampled = false;
-    for (size_t i : who) {
-      const int need = requests[i].sampler->HeadCandidates(vocab);
-      head_k = need == 0 || head_k == 0 ? 0 : std::max(head_k, need);
-      sampled = sampled || requests[i].sampler->params().temperature != 0.0f;
-    }
+    HeadPlan plan;
+    for (size_t i : who) plan.Add(*requests[i].sampler, vocab);
+    const int head_k = plan.k;
     if (head_k == 0) {
       SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
-    } else if (sampled) {
+    } else if (plan.sampled) {
       SPECNODE_RETURN_IF_ERROR(runner_->ForwardTopK(batch, head_k, &ids_, &values_));
     } else {
       SPECNODE_RETURN_IF_ERROR(runner_->ForwardArgMax(batch, &ids_));
     }
-    const HeadRows head{head_k, ids_.data(), sampled ? values_.data() : nullptr};
+    const HeadRows head = plan.Rows(ids_, values_, 0);
     for (size_t b = 0; b < who.size(); ++b) {
       const size_t i = who[b];
       const DraftRequest& r = requests[i];

@@ -43,12 +43,11 @@ struct SpeculativeEngine::Seq {
 struct SpeculativeEngine::Pass {
   ModelRunner* runner = nullptr;
   std::vector<BatchEntry> batch;
-  // Every sequence of the pass draws from a row's largest logits alone (greedy, or top-k:
-  // Sampler::HeadCandidates): the runner returns each row's head_k largest (`ids`, `values`,
-  // ModelRunner::EndForwardArgMax for 1, EndForwardTopK above) instead of its logits, which
-  // a GPU target then keeps on the device. 0: some sequence needs the whole rows (`logits`).
-  int head_k = 1;
-  bool sampled = false;  // some sequence draws at temperature > 0: the head needs values
+  // What the runner returns (acceptance.h HeadPlan): each row's head.k largest (`ids`,
+  // `values`: ModelRunner::EndForwardArgMax / EndForwardTopK) when every sequence draws from
+  // those alone, which a GPU target then keeps the logits for on the device; else (k == 0)
+  // the rows (`logits`).
+  HeadPlan head;
   std::vector<float> logits;
   std::vector<int32_t> ids;
   std::vector<float> values;
@@ -355,9 +354,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     }
     pass_of[i] = p;
     row_of[i] = rows[p];
-    const int need = s->sampler.HeadCandidates(target_->vocab_size());
-    passes[p].head_k = need == 0 || passes[p].head_k == 0 ? 0 : std::max(passes[p].head_k, need);
-    passes[p].sampled = passes[p].sampled || s->request.sampling.temperature != 0.0f;
+    passes[p].head.Add(s->sampler, target_->vocab_size());
     if (prefill) {
       inputs[i].assign(s->tokens.begin() + s->prefilled,
                        s->tokens.begin() + s->prefilled + s->chunk);
@@ -396,10 +393,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       const int k = static_cast<int>(s->drafts.size());
       // Row 0 predicts the token at the sequence's committed length.
       const int64_t position = static_cast<int64_t>(s->tokens.size());
-      if (pass.head_k > 0) {  // the rows' largest logits: all greedy and top-k draws need
-        const HeadRows head{pass.head_k, pass.ids.data() + row_of[i] * pass.head_k,
-                            pass.sampled ? pass.values.data() + row_of[i] * pass.head_k
-                                         : nullptr};
+      if (pass.head.k > 0) {  // the rows' largest logits: all greedy and top-k draws need
+        const HeadRows head = pass.head.Rows(pass.ids, pass.values, row_of[i]);
         if (s->prefilled < s->n_prompt) {
           if (s->prefilled + s->chunk == s->n_prompt) {
             first_token[i] = head.Sample(0, s->sampler, position);
@@ -519,9 +514,9 @@ absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
     if (!begun[p]) continue;
     Pass& pass = passes[p];
     absl::Status st =
-        pass.head_k == 0 ? pass.runner->EndForward(&pass.logits)
-        : pass.sampled   ? pass.runner->EndForwardTopK(pass.head_k, &pass.ids, &pass.values)
-                         : pass.runner->EndForwardArgMax(&pass.ids);
+        pass.head.k == 0    ? pass.runner->EndForward(&pass.logits)
+        : pass.head.sampled ? pass.runner->EndForwardTopK(pass.head.k, &pass.ids, &pass.values)
+                            : pass.runner->EndForwardArgMax(&pass.ids);
     const auto end = Clock::now();
     passes[p].seconds = Seconds(t0, end);
     last_pass_[passes[p].runner] = end;

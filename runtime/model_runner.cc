@@ -34,10 +34,7 @@ void HostArgMax(const std::vector<float>& logits, int32_t vocab, std::vector<int
 // Each [vocab] row's TopK (finite, as above).
 absl::Status HostTopK(const std::vector<float>& logits, int32_t vocab, int k,
                       std::vector<int32_t>* ids, std::vector<float>* values) {
-  if (k <= 0 || k > vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top-k head of ", k, " over a vocabulary of ", vocab));
-  }
+  SPECNODE_RETURN_IF_ERROR(ValidateHeadK(k, vocab));
   const size_t rows = logits.size() / static_cast<size_t>(vocab);
   ids->resize(rows * k);
   values->resize(rows * k);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "model/cpu/cpu_matmul.h"
 #include "model/llama/cpu_backend.h"
+#include "model/llama/sampling.h"
 #include "model/status_macros.h"
 
 namespace specnode {
@@ -81,10 +82,7 @@ absl::Status LlamaForward::ForwardArgMax(std::span<const BatchEntry> batch, KvCa
 
 absl::Status LlamaForward::ForwardTopK(std::span<const BatchEntry> batch, KvCache* cache, int k,
                                        std::vector<int32_t>* ids, std::vector<float>* values) {
-  if (k <= 0 || k > config_.vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top-k head of ", k, " over a vocabulary of ", config_.vocab_size));
-  }
+  SPECNODE_RETURN_IF_ERROR(ValidateHeadK(k, config_.vocab_size));
   return Pass(batch, cache, HeadOut{nullptr, ids, k, values});
 }
 

@@ -317,6 +317,12 @@ bool RowFinite(const float* row, int64_t n) {
 
 }  // namespace
 
+absl::Status ValidateHeadK(int k, int64_t vocab) {
+  if (k > 0 && k <= vocab) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("top-k head of ", k, " over a vocabulary of ", vocab));
+}
+
 void ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = logits + r * vocab;

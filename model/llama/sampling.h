@@ -79,6 +79,9 @@ int32_t ArgMax(std::span<const float> logits);
 // The host reference of a device head (Backend::FinishTopK).
 void TopK(std::span<const float> logits, int k, int32_t* ids, float* values);
 
+// InvalidArgument unless 0 < k <= vocab: the k a top-k head (ForwardTopK) can return.
+absl::Status ValidateHeadK(int k, int64_t vocab);
+
 // The host's heads of `rows` rows of `vocab` logits: each row's ArgMax (ids [rows]) or TopK
 // (ids, values [rows * k]); a row holding a NaN or an infinity gets id -1 (its first).
 void ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids);
