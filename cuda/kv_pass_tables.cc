@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cassert>
+#include <vector>
+
+#include "cuda/kv_attention_chunks.h"
 
 namespace specnode {
 
@@ -50,25 +53,21 @@ KvPassTables BuildKvPassTables(std::span<const KvPoolPassSeq> seqs,
 void AddKvPassMass(const KvPassTables& t, std::span<const KvPoolPassSeq> seqs, const float* mass,
                    const KvPoolGeometry& g, std::span<const int32_t> layer_windows) {
   const int gq = g.gqa_group;
-  // Layers that see a key at distance `back` (>= 1) from the row's end: the unwindowed ones
-  // and those whose window reaches it.
-  const bool windowed = std::any_of(layer_windows.begin(), layer_windows.end(),
-                                    [](int32_t w) { return w > 0; });
-  auto layers_seeing = [&](int32_t back) {
-    if (!windowed) return g.n_layers;
-    int n = 0;
-    for (int l = 0; l < g.n_layers; ++l) {
-      const int32_t w = static_cast<size_t>(l) < layer_windows.size() ? layer_windows[l] : 0;
-      n += w <= 0 || back <= w ? 1 : 0;
-    }
-    return n;
-  };
+  std::vector<float> count;  // per observed key: gqa_group x the layers that saw it
   for (size_t o = 0; o < t.observed.size(); ++o) {
     const KvPoolPassSeq& s = seqs[t.observed[o].seq];
     const KvMassRow& m = *t.observed[o].sink;
     const int32_t* r = t.rows.data() + t.observed[o].row * KvPassTables::kRowInts;
     const int32_t length = r[1], lo = r[2], width = r[3];
     const float* block = mass + r[4];
+    // Every layer sees every key, except a windowed one the keys before its window's start
+    // (the attention kernels' own bound, kv_chunks::WindowStart).
+    count.assign(static_cast<size_t>(width), 0.0f);
+    for (int l = 0; l < g.n_layers; ++l) {
+      const int32_t w = static_cast<size_t>(l) < layer_windows.size() ? layer_windows[l] : 0;
+      const int32_t first = std::max(kv_chunks::WindowStart(length, w) - lo, 0);
+      for (int32_t jj = first; jj < width; ++jj) count[jj] += static_cast<float>(gq);
+    }
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
       float* sum = m.sum + static_cast<size_t>(kv) * width;
       float* cnt = m.cnt + static_cast<size_t>(kv) * width;
@@ -77,7 +76,7 @@ void AddKvPassMass(const KvPassTables& t, std::span<const KvPoolPassSeq> seqs, c
         float w = 0.0f;
         for (int h = 0; h < gq; ++h) w += block[static_cast<size_t>(kv * gq + h) * width + jj];
         sum[jj] += w;
-        cnt[jj] += static_cast<float>(gq) * static_cast<float>(layers_seeing(length - (lo + jj)));
+        cnt[jj] += count[jj];
       }
     }
   }
