@@ -47,12 +47,6 @@ AcceptOutcome AcceptGreedy(std::span<const int32_t> drafts, std::span<const floa
       drafts, [&](size_t i) { return ArgMax(target_logits.subspan(i * vocab, vocab)); });
 }
 
-AcceptOutcome AcceptGreedyIds(std::span<const int32_t> drafts,
-                              std::span<const int32_t> target_ids) {
-  assert(target_ids.size() == drafts.size() + 1);
-  return AcceptWhileEqual(drafts, [&](size_t i) { return target_ids[i]; });
-}
-
 AcceptOutcome AcceptMatch(std::span<const int32_t> drafts, std::span<const float> target_logits,
                           int32_t vocab, int64_t first_position, Sampler* sampler) {
   assert(target_logits.size() == (drafts.size() + 1) * static_cast<size_t>(vocab));

@@ -55,8 +55,6 @@ struct AcceptOutcome {
 //   target_logits: [k + 1, vocab]
 AcceptOutcome AcceptGreedy(std::span<const int32_t> drafts, std::span<const float> target_logits,
                            int32_t vocab);
-// The same from the rows' arg maxes (ModelRunner::ForwardArgMax): target_ids [k + 1].
-AcceptOutcome AcceptGreedyIds(std::span<const int32_t> drafts, std::span<const int32_t> target_ids);
 
 // kMatch: t_i = sampler->Sample(row i, first_position + i); accept while d_i == t_i; next =
 // t at the first mismatch (or t_k). Stops sampling at the first mismatch.

@@ -513,10 +513,10 @@ absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
   for (size_t p = 0; p < passes.size(); ++p) {
     if (!begun[p]) continue;
     Pass& pass = passes[p];
-    absl::Status st =
-        pass.head.k == 0    ? pass.runner->EndForward(&pass.logits)
-        : pass.head.sampled ? pass.runner->EndForwardTopK(pass.head.k, &pass.ids, &pass.values)
-                            : pass.runner->EndForwardArgMax(&pass.ids);
+    absl::Status st = pass.head.k == 0 ? pass.runner->EndForward(&pass.logits)
+                      : pass.head.sampled
+                          ? pass.runner->EndForwardTopK(pass.head.k, &pass.ids, &pass.values)
+                          : pass.runner->EndForwardArgMax(&pass.ids);
     const auto end = Clock::now();
     passes[p].seconds = Seconds(t0, end);
     last_pass_[passes[p].runner] = end;

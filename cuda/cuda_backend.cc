@@ -89,7 +89,6 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
-
 std::string CudaBackend::Describe() const {
   // Which matmuls run, so that a log or a bench record says which path it measured.
   return absl::StrCat(
@@ -383,9 +382,8 @@ absl::Status CudaBackend::FinishTopK(const float* logits, int64_t rows, int64_t 
   values->resize(count);
   if (rows > 0) {
     if (!selected) SPECNODE_RETURN_IF_ERROR(SelectHead(logits, rows, vocab, k));
-    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ids->data(), argmax_ids_.data(),
-                                                  count * sizeof(int32_t),
-                                                  cudaMemcpyDeviceToHost, stream_));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        ids->data(), argmax_ids_.data(), count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(values->data(), topk_values_.data(),
                                                   count * sizeof(float), cudaMemcpyDeviceToHost,
                                                   stream_));

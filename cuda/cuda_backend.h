@@ -193,7 +193,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaGraphCache> graphs_;
   std::array<DeviceBuffer, kMaxSlots> buffers_;
   DeviceBuffer logits_;
-  DeviceBuffer argmax_ids_;  // FinishArgMax's [rows] int32, FinishTopK's [rows, k]
+  DeviceBuffer argmax_ids_;   // FinishArgMax's [rows] int32, FinishTopK's [rows, k]
   DeviceBuffer topk_values_;  // FinishTopK's [rows, k] float
   CudaStepTables tables_;
   int64_t ids_ = 0, positions_ = 0;  // the pass's offsets in tables_

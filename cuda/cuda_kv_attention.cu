@@ -281,8 +281,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     int c0, c1;
     kv_chunks::ChunkBounds(span, c, &c0, &c1);
     float m_c, l_c, acc_c;
-    ChunkPartial(f, layer, h / f.gqa_group, tok, s0 + c0, s0 + c1, warp, lane, qr, sh, &m_c,
-                 &l_c, &acc_c);
+    ChunkPartial(f, layer, h / f.gqa_group, tok, s0 + c0, s0 + c1, warp, lane, qr, sh, &m_c, &l_c,
+                 &acc_c);
     kv_chunks::MergePartial(m_c, l_c, acc_c, &m, &l, &acc);
   }
   FinishRow(f, p, layer, h, t, qr, m, l, acc, out, q16, sh, warp, lane, s0);
@@ -317,8 +317,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   for (int c = blockIdx.z; c < z; c += gridDim.z, ++mine) {
     int c0, c1;
     kv_chunks::ChunkBounds(span, c, &c0, &c1);
-    ChunkPartial(f, layer, h / f.gqa_group, tok, s0 + c0, s0 + c1, warp, lane, qr, sh, &m_c,
-                 &l_c, &acc_c);
+    ChunkPartial(f, layer, h / f.gqa_group, tok, s0 + c0, s0 + c1, warp, lane, qr, sh, &m_c, &l_c,
+                 &acc_c);
     if (z == 1) break;
     float* pc = row_partials + c * (2 + hd);
     if (threadIdx.x == 0) {
@@ -366,8 +366,8 @@ cudaError_t LaunchKvAttention(const KvDeviceFormat& f, const KvDevicePass& p, in
     const unsigned z = static_cast<unsigned>(
         per_row < 1 ? 1 : (per_row > kv_chunks::kMaxChunks ? kv_chunks::kMaxChunks : per_row));
     const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(p.n), z);
-    KvChunkKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, window, out, scratch.partials,
-                                                 scratch.counters, rounding);
+    KvChunkKernel<<<grid, kThreads, 0, stream>>>(f, p, layer, q, scale, window, out,
+                                                 scratch.partials, scratch.counters, rounding);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(p.n));

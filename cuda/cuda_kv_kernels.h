@@ -72,9 +72,9 @@ size_t KvAttentionCounters(const KvDeviceFormat& f);
 
 // q, out: [n, n_kv_heads * gqa_group, head_dim]. Row t attends positions [0, rows[t][1]) of
 // its sequence (evicted ones skipped) — with window > 0 (a sliding-window layer) the last
-// `window` of them only (kv_chunks::WindowStart) —, query head h reading kv head h / gqa_group; queries
-// rotated like the rows and outputs rotated back when rotate. The context is cut into chunks
-// and merged as kv_attention_chunks.h says; passes of at most kv_chunks::kChunkedRows rows
+// `window` of them only (kv_chunks::WindowStart) —, query head h reading kv head h / gqa_group;
+// queries rotated like the rows and outputs rotated back when rotate. The context is cut into
+// chunks and merged as kv_attention_chunks.h says; passes of at most kv_chunks::kChunkedRows rows
 // spread a row's chunks over blocks using `scratch` (without scratch, or for larger passes,
 // one block per row: the same bits).
 // q16 (optional): out also rounded to int16 blocks there (LaunchQuantizeActs16's bytes,

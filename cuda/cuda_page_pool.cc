@@ -89,10 +89,10 @@ absl::StatusOr<std::unique_ptr<CudaPagePool>> CudaPagePool::Create(CudaBackend* 
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend->device_index()));
   auto arena = DeviceBuffer::Allocate(static_cast<size_t>(p->alloc_->arena_bytes()));
   if (!arena.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cuda page pool: cannot allocate ", p->alloc_->arena_bytes(),
-                     " bytes of KV pages on ", backend->device().name(), " (capacity ", capacity_bytes,
-                     " in any class + a spare chunk per class): ", arena.status().message()));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda page pool: cannot allocate ", p->alloc_->arena_bytes(), " bytes of KV pages on ",
+        backend->device().name(), " (capacity ", capacity_bytes,
+        " in any class + a spare chunk per class): ", arena.status().message()));
   }
   p->arena_ = *std::move(arena);
   SPECNODE_RETURN_IF_ERROR(p->AllocateAttentionScratch());
@@ -150,9 +150,10 @@ absl::Status CudaPagePool::AllocatePage(int32_t id, KvPrecision p) {
   }
   const int64_t off = alloc_->Allocate(static_cast<int>(p));
   if (off < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        device().name(), " page pool: no room for a ", std::string(KvPrecisionName(p)), " page (arena of ",
-        alloc_->arena_bytes(), " bytes, ", alloc_->free_chunks(), " free chunks)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(device().name(), " page pool: no room for a ", std::string(KvPrecisionName(p)),
+                     " page (arena of ", alloc_->arena_bytes(), " bytes, ", alloc_->free_chunks(),
+                     " free chunks)"));
   }
   if (id >= static_cast<int32_t>(places_.size())) places_.resize(id + 1);
   places_[id] = {off, static_cast<int8_t>(p)};

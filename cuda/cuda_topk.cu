@@ -59,8 +59,8 @@ __device__ void ChooseDigitInWarp(Shared& s, int want) {
 
 // Step 1: the k-th largest key and how many equal ones the top k take; false for a row
 // with a NaN or an infinity.
-__device__ bool SelectThreshold(const float* row, int cols, int k, Shared& s,
-                                uint32_t* threshold, int* take_equal) {
+__device__ bool SelectThreshold(const float* row, int cols, int k, Shared& s, uint32_t* threshold,
+                                int* take_equal) {
   uint32_t prefix = 0, mask = 0;
   int want = k, bad = 0;
   for (int pass = 0; pass < topk::kPasses; ++pass) {
@@ -168,7 +168,8 @@ __global__ void __launch_bounds__(kThreads)
 absl::Status CudaTopKRows(const float* x, int64_t n, int64_t cols, int k, int32_t* ids,
                           float* values, cudaStream_t stream) {
   if (n < 0 || n > 0x7fffffff || cols <= 0 || cols > 0x7fffffff) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaTopKRows: bad shape n=", n, " cols=", cols));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaTopKRows: bad shape n=", n, " cols=", cols));
   }
   if (k < 1 || k > cols || k > kCudaTopKMax) {
     return absl::InvalidArgumentError(absl::StrCat("CudaTopKRows: k=", k, " outside [1, ",
@@ -179,7 +180,7 @@ absl::Status CudaTopKRows(const float* x, int64_t n, int64_t cols, int k, int32_
     return absl::InvalidArgumentError("CudaTopKRows: null pointer");
   }
   TopKRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, static_cast<int>(cols), k,
-                                                                   ids, values);
+                                                                    ids, values);
   SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("TopKRowsKernel");
   return absl::OkStatus();
 }

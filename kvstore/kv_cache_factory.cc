@@ -39,8 +39,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, 
   if (make_pool == nullptr && checked == KvStore::OptionsChecked::kNo) {
     SPECNODE_ASSIGN_OR_RETURN(store, KvStore::Create(kc));  // checks the geometry first
   } else {
-    const KvPoolGeometry g{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group,
-                           kc.page_tokens};
+    const KvPoolGeometry g{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, kc.page_tokens};
     std::unique_ptr<KvPagePool> pool;
     if (make_pool != nullptr) {
       SPECNODE_ASSIGN_OR_RETURN(pool, make_pool(g, kc.capacity_bytes, kc.rotate));

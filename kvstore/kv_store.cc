@@ -59,8 +59,8 @@ absl::Status KvStore::CheckSupported(const KvOptions& o, const KvPoolCaps& caps,
                             " page pool cannot do"));
   }
   if (o.evict && caps.page_order) {
-    return bad(
-        absl::StrCat("sliding-window eviction is not available on the ", device.name(), " page pool"));
+    return bad(absl::StrCat("sliding-window eviction is not available on the ", device.name(),
+                            " page pool"));
   }
   return absl::OkStatus();
 }
@@ -345,8 +345,9 @@ absl::Status KvStore::Reserve(SeqId seq, int32_t n_new) {
                         used_bytes_, config_.capacity_bytes, bytes + demote_bytes, n_new));
   }
   if (live_pages_ + PagesNeeded(s, wc, extra) > pool_->MaxPages()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV store full: the %s page pool holds %d pages", pool_->device().name(), pool_->MaxPages()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV store full: the %s page pool holds %d pages", pool_->device().name(),
+                        pool_->MaxPages()));
   }
   const bool fresh = s == nullptr;
   if (fresh) s = &NewSequence(seq);

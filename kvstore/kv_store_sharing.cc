@@ -18,8 +18,8 @@ absl::Status KvStore::Fork(SeqId src, SeqId dst) {
   if (s.swapped) return absl::FailedPreconditionError("fork: source is swapped out");
   if (page_order_ && s.length % config_.page_tokens != 0) {
     return absl::UnimplementedError(
-        absl::StrCat("fork: sequence ", src, " ends inside a page, and the ", pool_->device().name(),
-                     " page pool cannot copy the shared page on write"));
+        absl::StrCat("fork: sequence ", src, " ends inside a page, and the ",
+                     pool_->device().name(), " page pool cannot copy the shared page on write"));
   }
   Settle(s);  // dst starts from src's settled state (no staged rows of its own)
   auto d = std::make_unique<Sequence>();
@@ -150,8 +150,8 @@ absl::Status KvStore::SwapOut(SeqId seq) {
   Sequence& s = *it->second;
   if (s.swapped) return absl::OkStatus();
   if (!pool_->SupportsSlotCopies()) {
-    return absl::UnimplementedError(
-        absl::StrCat("swap-out: the ", pool_->device().name(), " page pool cannot copy KV to the host"));
+    return absl::UnimplementedError(absl::StrCat("swap-out: the ", pool_->device().name(),
+                                                 " page pool cannot copy KV to the host"));
   }
   EndPoolPass();
   SPECNODE_RETURN_IF_ERROR(TakePoolError());

@@ -137,8 +137,7 @@ absl::Status LocalModelRunner::ForwardArgMax(std::span<const BatchEntry> batch,
 }
 
 absl::Status LocalModelRunner::ForwardTopK(std::span<const BatchEntry> batch, int k,
-                                           std::vector<int32_t>* ids,
-                                           std::vector<float>* values) {
+                                           std::vector<int32_t>* ids, std::vector<float>* values) {
   return forward_->ForwardTopK(batch, cache_.get(), k, ids, values);
 }
 

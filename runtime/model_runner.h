@@ -62,8 +62,7 @@ class ModelRunner {
   // Defaults and split phase as ForwardArgMax's.
   virtual absl::Status ForwardTopK(std::span<const BatchEntry> batch, int k,
                                    std::vector<int32_t>* ids, std::vector<float>* values);
-  virtual absl::Status EndForwardTopK(int k, std::vector<int32_t>* ids,
-                                      std::vector<float>* values);
+  virtual absl::Status EndForwardTopK(int k, std::vector<int32_t>* ids, std::vector<float>* values);
 
   virtual int32_t Length(SeqId seq) const = 0;
   // Makes room for `count` more tokens of `seq` ahead of a Forward that adds them (KvCache

@@ -109,14 +109,15 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
   CudaBackend* device = backend.get();
   SPECNODE_ASSIGN_OR_RETURN(
       std::unique_ptr<KvCache> cache,
-      MakeKvCache(config, weights.n_kv_heads_local, o.kv,
-                  [device](const KvPoolGeometry& g, int64_t capacity, std::optional<bool> rotate)
-                      -> absl::StatusOr<std::unique_ptr<KvPagePool>> {
-                    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,
-                                              CudaPagePool::Create(device, g, capacity, rotate));
-                    return std::unique_ptr<KvPagePool>(std::move(pool));
-                  },
-                  KvStore::OptionsChecked::kYes));
+      MakeKvCache(
+          config, weights.n_kv_heads_local, o.kv,
+          [device](const KvPoolGeometry& g, int64_t capacity,
+                   std::optional<bool> rotate) -> absl::StatusOr<std::unique_ptr<KvPagePool>> {
+            SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,
+                                      CudaPagePool::Create(device, g, capacity, rotate));
+            return std::unique_ptr<KvPagePool>(std::move(pool));
+          },
+          KvStore::OptionsChecked::kYes));
   return std::make_unique<LocalModelRunner>(config, std::move(backend), std::move(device_weights),
                                             std::move(cache), o.reducer);
 #else

@@ -18,9 +18,9 @@
 #include "kvstore/kv_options.h"
 #include "model/cpu/cpu_matmul.h"
 #include "model/llama/backend.h"
+#include "model/llama/device.h"
 #include "model/llama/llama_config.h"
 #include "model/llama/llama_weights.h"
-#include "model/llama/device.h"
 #include "runtime/model_runner.h"
 #include "tensor-parallel/communicator.h"
 

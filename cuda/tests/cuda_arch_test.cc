@@ -122,8 +122,7 @@ TEST_P(CudaArchTest, VerificationEqualsOneAtATimeAndHeadsEqualTheHosts) {
   ASSERT_TRUE(Pass(**a, {{1, drafts, true}}, &pass).ok());
   std::vector<float> singles;
   for (size_t i = 0; i < drafts.size(); ++i) {
-    ASSERT_TRUE(Pass(**b, {{1, std::span<const int32_t>(drafts).subspan(i, 1), false}}, &one)
-                    .ok());
+    ASSERT_TRUE(Pass(**b, {{1, std::span<const int32_t>(drafts).subspan(i, 1), false}}, &one).ok());
     singles.insert(singles.end(), one.begin(), one.end());
   }
   EXPECT_EQ(pass, singles) << arch.name;
@@ -148,15 +147,14 @@ TEST_P(CudaArchTest, VerificationEqualsOneAtATimeAndHeadsEqualTheHosts) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Archs, CudaArchTest,
-    ::testing::Combine(::testing::ValuesIn(Cases()),
-                       ::testing::Values(KvMode::kFull, KvMode::kInt8, KvMode::kInt4,
-                                         KvMode::kMixed)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).name) + "_" +
-             std::string(KvModeName(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(Archs, CudaArchTest,
+                         ::testing::Combine(::testing::ValuesIn(Cases()),
+                                            ::testing::Values(KvMode::kFull, KvMode::kInt8,
+                                                              KvMode::kInt4, KvMode::kMixed)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  std::string(KvModeName(std::get<1>(info.param)));
+                         });
 
 }  // namespace
 }  // namespace specnode

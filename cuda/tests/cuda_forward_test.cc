@@ -87,7 +87,6 @@ struct Pair {
   }
 };
 
-
 class CudaForwardTest : public CudaTestWithParam<GgmlType> {
  protected:
   std::string Path() {
@@ -167,9 +166,9 @@ TEST_P(CudaForwardTest, DeviceHeadsEqualTheHostHeadsOfTheSameLogits) {
       const int32_t len1 = b.gpu->cache().Length(1), len2 = b.gpu->cache().Length(2);
       std::vector<int32_t> ids;
       std::vector<float> values;
-      const absl::Status st = k == 0 ? b.gpu->forward->ForwardArgMax(batch, b.gpu->store.get(), &ids)
-                                     : b.gpu->forward->ForwardTopK(batch, b.gpu->store.get(), k,
-                                                                   &ids, &values);
+      const absl::Status st =
+          k == 0 ? b.gpu->forward->ForwardArgMax(batch, b.gpu->store.get(), &ids)
+                 : b.gpu->forward->ForwardTopK(batch, b.gpu->store.get(), k, &ids, &values);
       ASSERT_TRUE(st.ok()) << st;
       const int per_row = std::max(k, 1);
       ASSERT_EQ(ids.size(), rows * per_row);
@@ -179,11 +178,13 @@ TEST_P(CudaForwardTest, DeviceHeadsEqualTheHostHeadsOfTheSameLogits) {
         const std::span<const float> row(logits.data() + r * vocab, vocab);
         TopK(row, per_row, want_ids.data(), want_values.data());
         EXPECT_EQ(std::vector<int32_t>(ids.begin() + r * per_row, ids.begin() + (r + 1) * per_row),
-                  want_ids) << "k " << k << " row " << r;
+                  want_ids)
+            << "k " << k << " row " << r;
         if (k > 0) {
-          EXPECT_EQ(std::vector<float>(values.begin() + r * per_row,
-                                       values.begin() + (r + 1) * per_row),
-                    want_values) << "k " << k << " row " << r;
+          EXPECT_EQ(
+              std::vector<float>(values.begin() + r * per_row, values.begin() + (r + 1) * per_row),
+              want_values)
+              << "k " << k << " row " << r;
         }
       }
       // Back to where a's cache is, for the next head on the same pass.
@@ -279,11 +280,11 @@ TEST_P(CudaForwardTest, GraphedHeadsEqualEagerHeads) {
     const int k = i < 8 ? 0 : 5;  // arg max for 8 steps, then top-5
     std::vector<int32_t> gi, ei;
     std::vector<float> gv, ev;
-    for (auto [p, ids, values] : {std::tuple{graphed.gpu.get(), &gi, &gv},
-                                  std::tuple{eager.gpu.get(), &ei, &ev}}) {
-      const absl::Status st =
-          k == 0 ? p->forward->ForwardArgMax(step, p->store.get(), ids)
-                 : p->forward->ForwardTopK(step, p->store.get(), k, ids, values);
+    for (auto [p, ids, values] :
+         {std::tuple{graphed.gpu.get(), &gi, &gv}, std::tuple{eager.gpu.get(), &ei, &ev}}) {
+      const absl::Status st = k == 0
+                                  ? p->forward->ForwardArgMax(step, p->store.get(), ids)
+                                  : p->forward->ForwardTopK(step, p->store.get(), k, ids, values);
       ASSERT_TRUE(st.ok()) << st;
     }
     EXPECT_EQ(gi, ei) << "step " << i;

@@ -95,7 +95,7 @@ struct GpuPass {
 };
 
 inline void ExpectCloseRows(const std::vector<float>& gpu, const std::vector<float>& cpu, int vocab,
-                     const std::string& what) {
+                            const std::string& what) {
   ASSERT_EQ(gpu.size(), cpu.size()) << what;
   for (size_t r = 0; r * vocab < cpu.size(); ++r) {
     const float* c = cpu.data() + r * vocab;

@@ -39,8 +39,8 @@ std::vector<float> Rows(int64_t n, int64_t cols, uint32_t seed) {
 }
 
 TEST_F(CudaTopKTest, EqualsTheHostTopKAndFlagsNonFiniteRows) {
-  for (int64_t cols : {int64_t{1}, int64_t{40}, int64_t{1023}, int64_t{1025}, int64_t{49152},
-                       int64_t{151936}}) {
+  for (int64_t cols :
+       {int64_t{1}, int64_t{40}, int64_t{1023}, int64_t{1025}, int64_t{49152}, int64_t{151936}}) {
     for (int k : {1, 2, 17, 40, 256, 1000, kCudaTopKMax}) {
       if (k > cols) continue;
       const int64_t n = 6;

@@ -372,7 +372,7 @@ TEST(KvAttentionChunks, AWindowedRowIsCutAsARowOfItsWindow) {
   EXPECT_EQ(kv_chunks::WindowStart(100, 101), 0);
   EXPECT_EQ(kv_chunks::WindowStart(100, 30), 70);  // positions [70, 100): the last 30
   EXPECT_EQ(kv_chunks::WindowStart(1, 1), 0);
-  EXPECT_EQ(kv_chunks::WindowStart(2, 1), 1);      // the row's own position only
+  EXPECT_EQ(kv_chunks::WindowStart(2, 1), 1);  // the row's own position only
 }
 
 TEST(KvAttentionChunks, EveryPositionInExactlyOneChunkInOrder) {

@@ -17,9 +17,19 @@ namespace {
 
 // Key order is float order over finite values, signed zeros equal, extremes included.
 TEST(TopKOrder, KeysOrderLikeTheFloatsTheyKey) {
-  const float v[] = {-std::numeric_limits<float>::max(), -1e30f, -2.5f, -1.0f, -1e-38f,
-                     -std::numeric_limits<float>::denorm_min(), -0.0f, 0.0f,
-                     std::numeric_limits<float>::denorm_min(), 1e-38f, 1.0f, 2.5f, 1e30f,
+  const float v[] = {-std::numeric_limits<float>::max(),
+                     -1e30f,
+                     -2.5f,
+                     -1.0f,
+                     -1e-38f,
+                     -std::numeric_limits<float>::denorm_min(),
+                     -0.0f,
+                     0.0f,
+                     std::numeric_limits<float>::denorm_min(),
+                     1e-38f,
+                     1.0f,
+                     2.5f,
+                     1e30f,
                      std::numeric_limits<float>::max()};
   for (float a : v) {
     for (float b : v) {

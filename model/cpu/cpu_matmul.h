@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "model/cpu/thread_pool.h"
 #include "model/gguf/ggml_types.h"
 #include "model/gguf/weight_view.h"
-#include "model/cpu/thread_pool.h"
 
 namespace specnode {
 

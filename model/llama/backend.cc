@@ -8,9 +8,7 @@
 
 namespace specnode {
 
-absl::Status Backend::SelectHead(const float*, int64_t, int64_t, int) {
-  return absl::OkStatus();
-}
+absl::Status Backend::SelectHead(const float*, int64_t, int64_t, int) { return absl::OkStatus(); }
 
 absl::Status Backend::FinishArgMax(const float* logits, int64_t rows, int64_t vocab,
                                    std::vector<float>* host, std::vector<int32_t>* ids, bool) {

@@ -61,8 +61,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
-  // "cpu" or "cuda:N": the device whose memory the ops use. A KvCache must report the same
-  // device (KvCache::device()) to be used with this backend.
+  // The device whose memory the ops use (its name(): "cpu", "cuda:N"). A KvCache must report
+  // the same device (KvCache::device()) to be used with this backend.
   virtual Device device() const = 0;
   // For logs: "cpu (avx512-vnni kernels, int16 activations)", "cuda:0 (NVIDIA H200)".
   virtual std::string Describe() const = 0;

@@ -9,16 +9,26 @@ namespace specnode {
 
 const char* GraphFeatureName(GraphFeature f) {
   switch (f) {
-    case GraphFeature::kNeoxRope: return "neox_rope";
-    case GraphFeature::kRopeLinearScaling: return "rope_linear_scaling";
-    case GraphFeature::kLocalRopeBase: return "local_rope_base";
-    case GraphFeature::kQkvBias: return "qkv_bias";
-    case GraphFeature::kQkNorm: return "qk_norm";
-    case GraphFeature::kGeluTanh: return "gelu_tanh";
-    case GraphFeature::kEmbedScale: return "embed_scale";
-    case GraphFeature::kPostNorms: return "post_norms";
-    case GraphFeature::kSlidingWindow: return "sliding_window";
-    case GraphFeature::kCount: break;
+    case GraphFeature::kNeoxRope:
+      return "neox_rope";
+    case GraphFeature::kRopeLinearScaling:
+      return "rope_linear_scaling";
+    case GraphFeature::kLocalRopeBase:
+      return "local_rope_base";
+    case GraphFeature::kQkvBias:
+      return "qkv_bias";
+    case GraphFeature::kQkNorm:
+      return "qk_norm";
+    case GraphFeature::kGeluTanh:
+      return "gelu_tanh";
+    case GraphFeature::kEmbedScale:
+      return "embed_scale";
+    case GraphFeature::kPostNorms:
+      return "post_norms";
+    case GraphFeature::kSlidingWindow:
+      return "sliding_window";
+    case GraphFeature::kCount:
+      break;
   }
   return "unknown";
 }
@@ -51,8 +61,8 @@ absl::Status CheckGraphSupported(const BackendCaps& caps, const LlamaConfig& con
     }
   }
   if (caps.max_head_dim > 0 && config.head_dim > caps.max_head_dim) {
-    missing.push_back(absl::StrCat("head_dim ", config.head_dim, " (attention takes <= ",
-                                   caps.max_head_dim, ")"));
+    missing.push_back(absl::StrCat("head_dim ", config.head_dim,
+                                   " (attention takes <= ", caps.max_head_dim, ")"));
   }
   if (missing.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(device.name(), " cannot run ", config.Summary(),

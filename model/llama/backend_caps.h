@@ -44,8 +44,8 @@ GraphFeatures AllGraphFeatures();
 GraphFeatures FeaturesOf(const LlamaConfig& config);
 
 struct BackendCaps {
-  GraphFeatures features;  // the variants it has kernels for
-  int max_head_dim = 0;    // attention's largest head_dim; 0: any
+  GraphFeatures features;         // the variants it has kernels for
+  int max_head_dim = 0;           // attention's largest head_dim; 0: any
   bool int8_activations = false;  // ActQuant::kInt8 matmuls (the CPU's option)
 };
 

@@ -20,8 +20,8 @@ absl::Status KvCache::Fork(SeqId src, SeqId dst) {
 }
 
 absl::Status KvCache::SetEventListener(KvCacheEventListener*) {
-  return absl::UnimplementedError(
-      absl::StrCat("this KV cache (", device().name(), ") has no prefix cache to report events of"));
+  return absl::UnimplementedError(absl::StrCat("this KV cache (", device().name(),
+                                               ") has no prefix cache to report events of"));
 }
 
 }  // namespace specnode

@@ -294,17 +294,17 @@ absl::Status LlamaForward::FinishHead(const HeadBuffers& hb, HeadOut out) {
   // sampled from garbage (the pass is undone like any failed pass).
   auto non_finite = [&](int64_t r) {
     return absl::DataLossError(
-        absl::StrCat("the model produced non-finite logits (NaN or Inf) for batch row ",
-                     hb.rows[r], ": its weights or activations overflow"));
+        absl::StrCat("the model produced non-finite logits (NaN or Inf) for batch row ", hb.rows[r],
+                     ": its weights or activations overflow"));
   };
   if (out.ids != nullptr) {
     const int k = std::max(out.top_k, 1);
-    SPECNODE_RETURN_IF_ERROR(
-        out.top_k > 0
-            ? backend_->FinishTopK(hb.logits, n_out, vocab, k, hb.host, out.ids, out.values,
-                                   /*selected=*/true)
-            : backend_->FinishArgMax(hb.logits, n_out, vocab, hb.host, out.ids,
-                                     /*selected=*/true));
+    SPECNODE_RETURN_IF_ERROR(out.top_k > 0
+                                 ? backend_->FinishTopK(hb.logits, n_out, vocab, k, hb.host,
+                                                        out.ids, out.values,
+                                                        /*selected=*/true)
+                                 : backend_->FinishArgMax(hb.logits, n_out, vocab, hb.host, out.ids,
+                                                          /*selected=*/true));
     for (int64_t r = 0; r < n_out; ++r) {
       if ((*out.ids)[r * k] < 0) return non_finite(r);
     }

@@ -85,8 +85,7 @@ absl::Status ValidateHeadK(int k, int64_t vocab);
 // The host's heads of `rows` rows of `vocab` logits: each row's ArgMax (ids [rows]) or TopK
 // (ids, values [rows * k]); a row holding a NaN or an infinity gets id -1 (its first).
 void ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids);
-void TopKRows(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids,
-              float* values);
+void TopKRows(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids, float* values);
 
 // One sampler per sequence: its parameters and scratch. Holds no generator state (the noise
 // is a function of the seed and the position), so calls commute. Not thread-safe (scratch).
@@ -116,8 +115,8 @@ class Sampler {
   // either path (speculative or not, device or host head) and draw the same token.
   int32_t SampleTopK(std::span<const int32_t> ids, std::span<const float> values,
                      int64_t position) const;
-  void DistributionTopK(std::span<const int32_t> ids, std::span<const float> values,
-                        int64_t vocab, std::vector<float>* probs) const;
+  void DistributionTopK(std::span<const int32_t> ids, std::span<const float> values, int64_t vocab,
+                        std::vector<float>* probs) const;
 
   // Draws an index from a probability vector (need not be normalised; sum > 0) at
   // `position`: RaceDraw with Noise(position, kToken).

@@ -13,10 +13,10 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
 #include "kvstore/kv_options.h"
+#include "model/llama/device.h"
 #include "node/serve/http_address.h"
 #include "node/serve/kv_event_publisher.h"
 #include "node/serve/protocol.h"
-#include "model/llama/device.h"
 
 namespace specnode {
 

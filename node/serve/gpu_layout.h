@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "node/serve/cluster_config.h"
 #include "model/llama/device.h"
+#include "node/serve/cluster_config.h"
 
 namespace specnode {
 

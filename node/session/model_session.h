@@ -11,11 +11,11 @@
 
 #include "absl/status/statusor.h"
 #include "kvstore/kv_options.h"
+#include "model/cpu/thread_pool.h"
+#include "model/llama/device.h"
 #include "model/llama/llama_forward.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/sampling.h"
-#include "model/cpu/thread_pool.h"
-#include "model/llama/device.h"
 #include "runtime/model_runner.h"
 
 namespace specnode {

@@ -248,7 +248,8 @@ TEST(AcceptFromHeadTest, TheHeadGivesTheOutcomeOfTheWholeRows) {
     for (int top_k : {1, 3, 10}) {
       for (float top_p : {1.0f, 0.8f}) {
         for (int trial = 0; trial < 30; ++trial) {
-          for (float& l : logits) l = static_cast<float>(static_cast<int>(rng.Uniform() * 24)) * 0.5f;
+          for (float& l : logits)
+            l = static_cast<float>(static_cast<int>(rng.Uniform() * 24)) * 0.5f;
           std::vector<int32_t> drafts(k);
           for (int i = 0; i < k; ++i) {
             // Half the drafts are the row's arg max (accepted often), half anything.
@@ -282,9 +283,9 @@ TEST(AcceptFromHeadTest, TheHeadGivesTheOutcomeOfTheWholeRows) {
                   whole.Distribution(std::span(logits).subspan(r * vocab, vocab), &dist);
                   p.insert(p.end(), dist.begin(), dist.end());
                 }
-                expected = AcceptRatio(drafts, p, with_q ? std::span<const float>(q)
-                                                          : std::span<const float>(),
-                                       vocab, 11, whole);
+                expected = AcceptRatio(
+                    drafts, p, with_q ? std::span<const float>(q) : std::span<const float>(), vocab,
+                    11, whole);
               }
               const AcceptOutcome got = AcceptFromHead(
                   drafts, head, 11, with_q ? std::span<const float>(q) : std::span<const float>(),

@@ -18,9 +18,9 @@
 #include "coordinator/acceptance.h"
 #include "coordinator/draft_spec.h"
 #include "kvstore/kv_options.h"
+#include "model/llama/device.h"
 #include "node/serve/cluster_config.h"
 #include "node/serve/metrics_http.h"
-#include "model/llama/device.h"
 
 namespace {
 

@@ -91,8 +91,9 @@ TEST(BackendCaps, ARefusalNamesEveryMissingFeature) {
                            "sliding_window", "local_rope_base", "head_dim 16"}) {
     EXPECT_NE(s.message().find(name), std::string_view::npos) << name << ": " << s;
   }
-  EXPECT_TRUE(CheckGraphSupported(none, ConfigOf(*FindArch("llama")), Device::Cpu()).message().find(
-                  "head_dim 16") != std::string_view::npos);
+  EXPECT_TRUE(CheckGraphSupported(none, ConfigOf(*FindArch("llama")), Device::Cpu())
+                  .message()
+                  .find("head_dim 16") != std::string_view::npos);
 }
 
 // The CPU reference runs every row (the GPU's table is checked in the runner factory's
@@ -100,8 +101,8 @@ TEST(BackendCaps, ARefusalNamesEveryMissingFeature) {
 TEST(BackendCaps, TheCpuRunsEveryRow) {
   for (const char* arch : {"llama", "qwen2", "qwen3", "gemma3"}) {
     for (int window : {0, 4096}) {
-      const absl::Status s =
-          CheckGraphSupported(CpuBackend::Caps(), ConfigOf(*FindArch(arch), window, 2.0f), Device::Cpu());
+      const absl::Status s = CheckGraphSupported(
+          CpuBackend::Caps(), ConfigOf(*FindArch(arch), window, 2.0f), Device::Cpu());
       EXPECT_TRUE(s.ok()) << arch << ": " << s;
     }
   }

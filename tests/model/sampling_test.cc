@@ -293,8 +293,7 @@ TEST(Sampling, TopKCandidatesDrawExactlyWhatTheWholeRowDraws) {
           ASSERT_EQ(whole, from_top) << "T " << temperature << " k " << top_k << " p " << top_p;
           for (int64_t position = 0; position < 50; ++position) {
             ASSERT_EQ(s.Sample(logits, position), s.SampleTopK(ids, values, position))
-                << "T " << temperature << " k " << top_k << " p " << top_p << " at "
-                << position;
+                << "T " << temperature << " k " << top_k << " p " << top_p << " at " << position;
           }
         }
       }

@@ -20,9 +20,9 @@
 #include "kvstore/kv_cache_factory.h"
 #include "model/cpu/thread_pool.h"
 #include "model/llama/dense_kv_cache.h"
+#include "model/llama/device.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
-#include "model/llama/device.h"
 #include "tests/support/temp_file.h"
 
 namespace specnode {
@@ -206,7 +206,6 @@ TEST(RunnerFactoryTest, GpuRefusalsNameTheDevice) {
   EXPECT_TRUE(CheckRunnerOptions(o, &windowed, /*probe_device=*/false).ok());
 }
 
-
 // Returns why no GPU runner can be made here ("" when one can).
 std::string NoGpuReason() {
   RunnerOptions o;
@@ -296,8 +295,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(std::string("llama"), std::string("qwen2"),
                                          std::string("qwen3"), std::string("gemma3"),
                                          std::string("llama_window")),
-                       ::testing::Values(KvMode::kAuto, KvMode::kFull, KvMode::kInt8,
-                                         KvMode::kInt4, KvMode::kMixed)),
+                       ::testing::Values(KvMode::kAuto, KvMode::kFull, KvMode::kInt8, KvMode::kInt4,
+                                         KvMode::kMixed)),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::string(KvModeName(std::get<1>(info.param)));
     });
