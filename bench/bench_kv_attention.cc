@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/kv_store.h"
 #include "model/cpu/cpu_features.h"
 #include "model/llama/dense_kv_cache.h"
@@ -154,7 +155,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> FilledStore(KvMode mode, int sample_eve
   c.mode = mode;
   c.mass_sample_every = sample_every;
   c.critical_threshold = kMixedCriticalThreshold;
-  auto store = KvStore::Create(c);
+  auto store = MakeHostKvStore(c);
   if (!store.ok()) return store.status();
   std::mt19937 gen(1);
   Fill(**store, ctx, gen);

@@ -22,6 +22,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "model/llama/cpu_forward.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_model.h"
 #include "tensor-parallel/local_tp_target.h"
@@ -185,7 +186,7 @@ int RunMpi(Args a, int argc, char** argv) {
   const LlamaConfig& c = (*model)->config();
   ThreadPool pool(a.threads_per_rank);
   CommunicatorReducer reducer(comm->get());
-  LlamaForward fwd(c, (*model)->weights(), &pool, tp > 1 ? &reducer : nullptr);
+  CpuLlamaForward fwd(c, (*model)->weights(), &pool, tp > 1 ? &reducer : nullptr);
   DenseKvCache cache(c.n_layers, (*model)->weights().n_kv_heads_local, c.head_dim, c.gqa_group(),
                      c.context_length, 4096);
   std::vector<float> logits;

@@ -36,19 +36,23 @@ absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, 
   }
   const KvStoreConfig kc = KvStoreConfigFor(config, n_kv_heads, o);
   std::unique_ptr<KvStore> store;
-  if (make_pool == nullptr && checked == KvStore::OptionsChecked::kNo) {
-    SPECNODE_ASSIGN_OR_RETURN(store, KvStore::Create(kc));  // checks the geometry first
+  if (make_pool == nullptr) {
+    SPECNODE_ASSIGN_OR_RETURN(store, MakeHostKvStore(kc, checked));
   } else {
+    SPECNODE_RETURN_IF_ERROR(KvStore::CheckGeometry(kc));  // before the device allocates
     const KvPoolGeometry g{kc.n_layers, kc.n_kv_heads, kc.head_dim, kc.gqa_group, kc.page_tokens};
     std::unique_ptr<KvPagePool> pool;
-    if (make_pool != nullptr) {
-      SPECNODE_ASSIGN_OR_RETURN(pool, make_pool(g, kc.capacity_bytes, kc.rotate));
-    } else {
-      pool = std::make_unique<CpuPagePool>(g, kc.rotate.value_or(true));
-    }
+    SPECNODE_ASSIGN_OR_RETURN(pool, make_pool(g, kc.capacity_bytes, kc.rotate));
     SPECNODE_ASSIGN_OR_RETURN(store, KvStore::Create(kc, std::move(pool), checked));
   }
   return std::unique_ptr<KvCache>(std::move(store));
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> MakeHostKvStore(const KvStoreConfig& c,
+                                                         KvStore::OptionsChecked checked) {
+  SPECNODE_RETURN_IF_ERROR(KvStore::CheckGeometry(c));  // CpuPagePool asserts a sound geometry
+  const KvPoolGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, c.gqa_group, c.page_tokens};
+  return KvStore::Create(c, std::make_unique<CpuPagePool>(g, c.rotate.value_or(true)), checked);
 }
 
 }  // namespace specnode

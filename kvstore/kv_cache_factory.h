@@ -25,6 +25,10 @@ KvStoreConfig KvStoreConfigFor(const LlamaConfig& model, int n_kv_heads, const K
 using KvPoolMaker = std::function<absl::StatusOr<std::unique_ptr<KvPagePool>>(
     const KvPoolGeometry& geometry, int64_t capacity_bytes, std::optional<bool> rotate)>;
 
+// A store over host pages (CpuPagePool): KvStore::Create's errors (CheckGeometry first).
+absl::StatusOr<std::unique_ptr<KvStore>> MakeHostKvStore(
+    const KvStoreConfig& config, KvStore::OptionsChecked checked = KvStore::OptionsChecked::kNo);
+
 // InvalidArgument naming the option on bad values. `make_pool` null: host pages
 // (CpuPagePool); else the store's pages live in the pool it makes (mode dense refused).
 // `checked` kYes: the caller validated `options` against the device already (the runner

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store_internal.h"
 #include "model/status_macros.h"
 
@@ -65,26 +64,22 @@ absl::Status KvStore::CheckSupported(const KvOptions& o, const KvPoolCaps& caps,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c) {
+absl::Status KvStore::CheckGeometry(const KvStoreConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
   if (c.n_layers < 1 || c.n_kv_heads < 1 || c.gqa_group < 1)
     return bad("n_layers, n_kv_heads and gqa_group must be >= 1");
   if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 256)
     return bad("head_dim must be even and in [2, 256]");
   if (c.page_tokens < 1 || c.page_tokens > 4096) return bad("page_tokens must be in [1, 4096]");
-  KvPoolGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, c.gqa_group, c.page_tokens};
-  return Create(c, std::make_unique<CpuPagePool>(g, c.rotate.value_or(true)));
+  if (c.max_seq_len < 1) return bad("max_seq_len must be >= 1");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c,
                                                          std::unique_ptr<KvPagePool> pool,
                                                          OptionsChecked checked) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("kvstore: " + what); };
-  if (c.n_layers < 1 || c.n_kv_heads < 1 || c.gqa_group < 1)
-    return bad("n_layers, n_kv_heads and gqa_group must be >= 1");
-  if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 256)
-    return bad("head_dim must be even and in [2, 256]");
-  if (c.max_seq_len < 1) return bad("max_seq_len must be >= 1");
+  SPECNODE_RETURN_IF_ERROR(CheckGeometry(c));
   if (checked == OptionsChecked::kNo) {
     SPECNODE_RETURN_IF_ERROR(static_cast<const KvOptions&>(c).Validate("kvstore: "));
   }

@@ -89,12 +89,14 @@ static_assert(kNumKvPrecisions == kKvClasses, "model/kv_cache.h counts the class
 
 class KvStore : public KvCache {
  public:
-  // A store over host pages (CpuPagePool). InvalidArgument naming the field for
-  // inconsistent configs (zero dims, odd head_dim, capacity smaller than two pages,
-  // window < 1, mode dense, ...).
-  static absl::StatusOr<std::unique_ptr<KvStore>> Create(const KvStoreConfig& config);
-  // A store over `pool` (whose geometry must match the config's). Besides the above,
-  // InvalidArgument naming the device when the pool cannot store what the mode needs (a
+  // InvalidArgument naming the field when the geometry cannot make a store (zero dims, odd
+  // or too large head_dim, page_tokens outside [1, 4096], max_seq_len < 1): what Create
+  // checks first, and what a pool's maker checks before building pages.
+  static absl::Status CheckGeometry(const KvStoreConfig& config);
+  // A store over `pool` (whose geometry must match the config's); a store over host pages:
+  // MakeHostKvStore (kv_cache_factory.h). InvalidArgument naming the field for inconsistent
+  // configs (CheckGeometry, capacity smaller than two pages, window < 1, mode dense, ...),
+  // and naming the device when the pool cannot store what the mode needs (a
   // class, rotation, the slot copies of mixed mode or eviction).
   // kYes: the caller checked the options (KvOptions::Validate and CheckSupported with this
   // pool's caps) already — the runner factory, after CheckRunnerOptions — and only the

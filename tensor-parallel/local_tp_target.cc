@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "model/llama/cpu_forward.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/gguf/gguf_reader.h"
 #include "model/status_macros.h"
@@ -114,7 +115,7 @@ absl::StatusOr<std::unique_ptr<LocalTpTarget>> LocalTpTarget::Load(
       reducer = rank->reducer.get();
     }
     rank->forward =
-        std::make_unique<LlamaForward>(c, rank->model->weights(), rank->pool.get(), reducer);
+        std::make_unique<CpuLlamaForward>(c, rank->model->weights(), rank->pool.get(), reducer);
     rank->cache = std::make_unique<DenseKvCache>(
         c.n_layers, rank->model->weights().n_kv_heads_local, c.head_dim, c.gqa_group(),
         c.context_length, options.kv_tokens);

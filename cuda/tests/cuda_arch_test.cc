@@ -16,8 +16,10 @@
 #include "cuda/tests/cuda_forward_util.h"
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/kv_store.h"
 #include "model/cpu/thread_pool.h"
+#include "model/llama/cpu_forward.h"
 #include "model/llama/llama_forward.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/sampling.h"
@@ -78,10 +80,10 @@ TEST_P(CudaArchTest, LogitsMatchTheCpuPassInTheSameMode) {
   const LlamaConfig& c = (*m)->config();
   auto gpu = GpuPass::Create(**m, int64_t{64} << 20, 4, /*cuda_graphs=*/true, nullptr, mode);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto cpu_store = KvStore::Create((*gpu)->store->config());
+  auto cpu_store = MakeHostKvStore((*gpu)->store->config());
   ASSERT_TRUE(cpu_store.ok()) << cpu_store.status();
   ThreadPool threads(2);
-  LlamaForward cpu(c, (*m)->weights(), &threads);
+  CpuLlamaForward cpu(c, (*m)->weights(), &threads);
   const int vocab = c.vocab_size;
   const auto prompt = Tokens(8, 3);
   std::vector<float> g, h;

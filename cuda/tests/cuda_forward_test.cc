@@ -31,9 +31,11 @@
 #include "cuda/tests/cuda_forward_util.h"
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store.h"
 #include "model/llama/dense_kv_cache.h"
+#include "model/llama/cpu_forward.h"
 #include "model/llama/llama_forward.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/sampling.h"
@@ -64,7 +66,7 @@ struct Pair {
     model = std::move(m).value();
     const LlamaConfig& c = model->config();
     pool = std::make_unique<ThreadPool>(2);
-    cpu = std::make_unique<LlamaForward>(c, model->weights(), pool.get());
+    cpu = std::make_unique<CpuLlamaForward>(c, model->weights(), pool.get());
     cpu_cache = std::make_unique<DenseKvCache>(c.n_layers, model->weights().n_kv_heads_local,
                                                c.head_dim, c.gqa_group(), c.context_length, 4096);
     // Small pages: sequences span several, tails are partial.
@@ -497,10 +499,10 @@ TEST_P(CudaForwardKvModeTest, LogitsMatchTheCpuPassInTheSameMode) {
   auto gpu = GpuPass::Create(**m, int64_t{64} << 20, 4, /*cuda_graphs=*/true, nullptr, mode);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   KvStoreConfig kc = (*gpu)->store->config();
-  auto cpu_store = KvStore::Create(kc);
+  auto cpu_store = MakeHostKvStore(kc);
   ASSERT_TRUE(cpu_store.ok()) << cpu_store.status();
   ThreadPool threads(2);
-  LlamaForward cpu(c, (*m)->weights(), &threads);
+  CpuLlamaForward cpu(c, (*m)->weights(), &threads);
   const int vocab = c.vocab_size;
   const auto prompt = Tokens(8, 3);  // a multiple of demote_every (PassBoundary)
   std::vector<float> g, h;

@@ -22,6 +22,7 @@
 #include "cuda/kv_attention_chunks.h"
 #include "cuda/tests/cuda_test_util.h"
 #include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store.h"
 
@@ -89,7 +90,7 @@ struct Twin {
     if (!pool.ok()) return nullptr;
     t->pool = pool->get();
     auto gpu = KvStore::Create(kc, *std::move(pool));
-    auto cpu = KvStore::Create(kc);
+    auto cpu = MakeHostKvStore(kc);
     EXPECT_TRUE(gpu.ok() && cpu.ok());
     if (!gpu.ok() || !cpu.ok()) return nullptr;
     t->gpu = *std::move(gpu);

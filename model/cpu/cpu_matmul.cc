@@ -294,17 +294,6 @@ std::vector<uint8_t> PackWeights(const WeightView& w) {
   return cpu_kernels::PackRows(w);
 }
 
-bool ParseActQuant(const std::string& name, ActQuant* out) {
-  if (name == "int16") {
-    *out = ActQuant::kInt16;
-  } else if (name == "int8") {
-    *out = ActQuant::kInt8;
-  } else {
-    return false;
-  }
-  return true;
-}
-
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
             MatMulScratch* scratch, ActQuant act) {
   cpu_kernels::MatMulWith(cpu_kernels::SelectedKernels(), w, x, n, y, pool, scratch, act);
@@ -329,18 +318,6 @@ void MatMulReference(const WeightView& w, const float* x, int64_t n, float* y) {
       y[t * w.rows + r] = static_cast<float>(acc);
     }
   }
-}
-
-bool AllFinite(const float* x, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += x[i + j] * 0.0f;
-  }
-  for (; i < n; ++i) acc[0] += x[i] * 0.0f;
-  float sum = 0.0f;
-  for (float a : acc) sum += a;
-  return sum == 0.0f;
 }
 
 void EmbeddingRow(const WeightView& w, int64_t row, float* dst) {

@@ -28,20 +28,17 @@
 #include <string>
 #include <vector>
 
+#include "model/cpu/act_quant.h"
+#include "model/cpu/finite.h"
 #include "model/cpu/thread_pool.h"
 #include "model/gguf/ggml_types.h"
 #include "model/gguf/weight_view.h"
 
 namespace specnode {
 
-// Activation rounding for quantised weights.
-enum class ActQuant { kInt16, kInt8 };
-
 // "int16" / "int8": the name of what MatMul actually runs for `requested` on this CPU
 // (int8 falls back to int16 where the selected kernel table has no int8 kernel).
 const char* ActQuantName(ActQuant requested);
-// Parses "int16" / "int8"; false on anything else.
-bool ParseActQuant(const std::string& name, ActQuant* out);
 
 // True when MatMul with `act` on this CPU's kernels reads WeightView::packed (an x8 kernel for
 // the activations that actually run): only then is a packed copy worth its memory.
@@ -88,10 +85,6 @@ void MatMulShared(std::span<const WeightView> ws, const float* x, int64_t n,
 // Reference implementation: dequantise each row with DequantizeRow and accumulate in
 // double. Used by tests only.
 void MatMulReference(const WeightView& w, const float* x, int64_t n, float* y);
-
-// True when every x[0, n) is finite (no NaN, no Inf): 8 running sums of x * 0, which stay 0
-// for finite values and turn NaN for the others (no overflow, vectorisable).
-bool AllFinite(const float* x, int64_t n);
 
 // Copy row `row` of an embedding matrix stored as W (any supported type) into dst[cols].
 void EmbeddingRow(const WeightView& w, int64_t row, float* dst);

@@ -2,7 +2,6 @@
 
 #include <span>
 
-#include "model/cpu/cpu_matmul.h"
 #include "model/llama/sampling.h"
 #include "model/status_macros.h"
 

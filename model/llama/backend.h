@@ -39,7 +39,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/cpu/cpu_matmul.h"
+#include "model/cpu/act_quant.h"
+#include "model/gguf/weight_view.h"
 #include "model/llama/device.h"
 #include "model/llama/llama_weights.h"
 

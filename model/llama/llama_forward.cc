@@ -5,8 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "model/cpu/cpu_matmul.h"
-#include "model/llama/cpu_backend.h"
+#include "model/cpu/finite.h"
 #include "model/llama/sampling.h"
 #include "model/status_macros.h"
 
@@ -57,16 +56,6 @@ LlamaForward::LlamaForward(const LlamaConfig& config, std::shared_ptr<const Llam
       n_heads_(w_->n_heads_local),
       n_kv_heads_(w_->n_kv_heads_local),
       d_ff_(w_->d_ff_local) {}
-
-LlamaForward::LlamaForward(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
-                           PartialSumReducer* reducer)
-    : LlamaForward(config,
-                   std::shared_ptr<const LlamaWeights>(&weights, [](const LlamaWeights*) {}),
-                   nullptr, reducer) {
-  owned_backend_ = std::make_unique<CpuBackend>(pool, weights.activations);
-  backend_ = owned_backend_.get();
-  w_ = CpuBackend::ForKernels(std::move(w_), weights.activations);
-}
 
 LlamaForward::~LlamaForward() = default;
 

@@ -20,8 +20,8 @@
 // Everything before the final norm is one Backend::Record body when the pass has no
 // all-reduce (a device may replay it as a recording, e.g. a CUDA graph).
 //
-// Not thread-safe: one Forward() at a time per LlamaForward. The weights, backend, reducer
-// (and a given pool) must outlive it.
+// Not thread-safe: one Forward() at a time per LlamaForward. The weights, backend and reducer
+// must outlive it.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/cpu/thread_pool.h"
 #include "model/llama/backend.h"
 #include "model/llama/kv_cache.h"
 #include "model/llama/llama_config.h"
@@ -60,11 +59,8 @@ class LlamaForward {
   // `reducer`: a tensor-parallel shard's all-reduce (null for a whole model).
   LlamaForward(const LlamaConfig& config, std::shared_ptr<const LlamaWeights> weights,
                Backend* backend, PartialSumReducer* reducer = nullptr);
-  // The CPU reference: a CpuBackend of its own over `pool` (may be null) rounding
-  // activations as weights.activations says, over host `weights` (borrowed).
-  LlamaForward(const LlamaConfig& config, const LlamaWeights& weights, ThreadPool* pool,
-               PartialSumReducer* reducer = nullptr);
-  ~LlamaForward();
+  // The CPU reference over a CpuBackend of its own: CpuLlamaForward (cpu_forward.h).
+  virtual ~LlamaForward();
 
   // Runs the batch and fills `logits` with [n_rows, vocab] rows: for each entry in order,
   // every token's row when all_logits, else the last token's. Checks token ids, that the
@@ -123,7 +119,6 @@ class LlamaForward {
 
   LlamaConfig config_;
   std::shared_ptr<const LlamaWeights> w_;
-  std::unique_ptr<Backend> owned_backend_;  // the CPU reference constructor's
   Backend* backend_;
   PartialSumReducer* reducer_;
   int n_heads_, n_kv_heads_, d_ff_;

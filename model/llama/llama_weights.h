@@ -22,7 +22,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/cpu/cpu_matmul.h"
+#include "model/cpu/act_quant.h"
+#include "model/gguf/weight_view.h"
 #include "model/llama/llama_config.h"
 
 namespace specnode {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "model/cpu/act_quant.h"
 #include "model/tokenizer/chat_template.h"
 #include "node/serve/metrics_http.h"
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "model/cpu/act_quant.h"
 #include "model/status_macros.h"
 
 namespace specnode {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvstore/kv_cache_factory.h"
+#include "model/llama/cpu_forward.h"
 #include "model/cpu/thread_pool.h"
 #include "model/llama/llama_model.h"
 #include "model/status_macros.h"
@@ -61,7 +62,7 @@ class Engine final : public GoldenEngine {
         p->reducer = std::make_unique<CommunicatorReducer>(group_->Rank(r));
         reducer = p->reducer.get();
       }
-      p->forward = std::make_unique<LlamaForward>(m.config(), m.weights(), p->pool.get(), reducer);
+      p->forward = std::make_unique<CpuLlamaForward>(m.config(), m.weights(), p->pool.get(), reducer);
       SPECNODE_ASSIGN_OR_RETURN(
           p->cache, MakeKvCache(m.config(), m.weights().n_kv_heads_local, KvOptionsFor(mode)));
       vocab_ = m.config().vocab_size;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/kv_attention_kernels.h"
 #include "kvstore/kv_store.h"
 #include "model/cpu/thread_pool.h"
@@ -275,7 +276,7 @@ TEST_P(KvStoreDeterminism, BatchAndThreadsDoNotChangeOutputs) {
   c.head_dim = 64;
   c.gqa_group = 3;
   c.mass_sample_every = 1000;  // no mass observation: this test calls Attend repeatedly
-  auto store = KvStore::Create(c);
+  auto store = MakeHostKvStore(c);
   ASSERT_TRUE(store.ok());
   std::mt19937 gen(4);
   ASSERT_TRUE(kvtest::Feed(**store, c, 1, 90, gen).ok());

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store.h"
 #include "tests/kvstore/kv_store_test_util.h"
@@ -179,7 +180,7 @@ TEST(KvStoreDeviceProtocol, DeferredMassQueuedDemotionAndBulkSwapMatchTheCpuPool
   DeviceLikePool* dev = pool.get();
   auto device = KvStore::Create(c, std::move(pool));
   ASSERT_TRUE(device.ok()) << device.status();
-  auto cpu = KvStore::Create(c);
+  auto cpu = MakeHostKvStore(c);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   std::mt19937 rng(17);
   std::map<SeqId, bool> live;

@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/kv_store.h"
 #include "model/llama/dense_kv_cache.h"
 #include "tests/kvstore/kv_store_test_util.h"
@@ -26,7 +27,7 @@ class Recorder : public KvCacheEventListener {
 };
 
 std::unique_ptr<KvStore> Make(const KvStoreConfig& c) {
-  auto s = KvStore::Create(c);
+  auto s = MakeHostKvStore(c);
   EXPECT_TRUE(s.ok()) << s.status();
   return std::move(s).value();
 }

@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_store.h"
 #include "model/llama/dense_kv_cache.h"
+#include "model/llama/cpu_forward.h"
 #include "model/llama/llama_forward.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
@@ -114,7 +116,7 @@ TEST(KvStorePool, RefusesWhatThePoolCannotStoreNamingTheDevice) {
   EXPECT_FALSE(KvStore::Create(other, std::make_unique<PageOrderPool>(GeometryOf(c))).ok());
   // Dense is the reference cache, not a store mode.
   KvStoreConfig dense = SmallConfig(KvMode::kDense);
-  EXPECT_FALSE(KvStore::Create(dense).ok());
+  EXPECT_FALSE(MakeHostKvStore(dense).ok());
   // Unset rotation: the device's default (here: unrotated), accepted.
   EXPECT_TRUE(KvStore::Create(c, std::make_unique<PageOrderPool>(GeometryOf(c))).ok());
 }
@@ -128,7 +130,7 @@ TEST(KvStorePool, PageOrderHoldsThroughTruncationAndRefill) {
   PageOrderPool* pool = nullptr;
   auto ordered = PageOrderStore(c, &pool);
   ASSERT_NE(ordered, nullptr);
-  auto plain = KvStore::Create(c);
+  auto plain = MakeHostKvStore(c);
   ASSERT_TRUE(plain.ok());
   std::mt19937 rng(11), gen_a(5), gen_b(5);
   std::map<SeqId, int> len;
@@ -226,7 +228,7 @@ TEST(KvStorePool, ForwardRefusesACacheOnAnotherDevice) {
   c.capacity_bytes = 1 << 20;
   auto store = PageOrderStore(c);
   ASSERT_NE(store, nullptr);
-  LlamaForward fwd(mc, (*m)->weights(), nullptr);
+  CpuLlamaForward fwd(mc, (*m)->weights(), nullptr);
   std::vector<int32_t> toks = {1, 2, 3};
   BatchEntry e{1, toks, false};
   std::vector<float> logits;

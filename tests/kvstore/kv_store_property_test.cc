@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/kv_store.h"
 #include "model/llama/dense_kv_cache.h"
 #include "tests/kvstore/kv_store_test_util.h"
@@ -66,12 +67,12 @@ class PropertyTest : public ::testing::TestWithParam<KvMode> {};
 
 TEST_P(PropertyTest, RandomOperationsKeepInvariants) {
   KvStoreConfig c = SmallConfig(GetParam());
-  auto probe = KvStore::Create(c);
+  auto probe = MakeHostKvStore(c);
   ASSERT_TRUE(probe.ok());
   const int64_t page = (*probe)->BytesForTokens(1) / 2;
   c.capacity_bytes = 14 * page;
   c.host_capacity_bytes = 12 * page;
-  auto created = KvStore::Create(c);
+  auto created = MakeHostKvStore(c);
   ASSERT_TRUE(created.ok());
   KvStore& store = **created;
   std::mt19937 gen(GetParam() == KvMode::kFull ? 1234 : 4321);

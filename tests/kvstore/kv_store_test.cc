@@ -1,3 +1,4 @@
+#include "kvstore/kv_cache_factory.h"
 #include "kvstore/kv_store.h"
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "model/cpu/thread_pool.h"
 #include "model/llama/dense_kv_cache.h"
+#include "model/llama/cpu_forward.h"
 #include "model/llama/llama_forward.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
@@ -24,7 +26,7 @@ using kvtest::SettleNow;
 using kvtest::SmallConfig;
 
 std::unique_ptr<KvStore> Make(const KvStoreConfig& c) {
-  auto s = KvStore::Create(c);
+  auto s = MakeHostKvStore(c);
   EXPECT_TRUE(s.ok()) << s.status();
   return std::move(s).value();
 }
@@ -230,7 +232,7 @@ TEST(KvStore, ReserveFailureChangesNothing) {
   EXPECT_EQ(store->Length(2), 0);
   EXPECT_EQ(store->Usage().used_bytes, before.used_bytes);
   EXPECT_EQ(Query(*store, c, 1, 9), q_before);
-  EXPECT_FALSE(KvStore::Create([&] {
+  EXPECT_FALSE(MakeHostKvStore([&] {
                  KvStoreConfig bad = c;
                  bad.capacity_bytes = page;
                  return bad;
@@ -356,7 +358,7 @@ TEST(KvStore, ForwardPassWithFullPrecisionStoreMatchesDenseCache) {
   ASSERT_TRUE(m.ok()) << m.status();
   const LlamaConfig& mc = (*m)->config();
   ThreadPool pool(2);
-  LlamaForward fwd(mc, (*m)->weights(), &pool);
+  CpuLlamaForward fwd(mc, (*m)->weights(), &pool);
   KvStoreConfig c;
   c.n_layers = mc.n_layers;
   c.n_kv_heads = mc.n_kv_heads;

@@ -1,6 +1,7 @@
 // Forward-pass properties on tiny models: batch invariance, incremental == one-pass, a
 // verification pass == one token at a time, rollback, errors that leave the cache untouched,
 // and tensor-parallel shards summing to the unsharded result.
+#include "model/llama/cpu_forward.h"
 #include "model/llama/llama_forward.h"
 
 #include <unistd.h>
@@ -50,7 +51,7 @@ struct Harness {
     model = std::move(m).value();
     const LlamaConfig& c = model->config();
     pool = std::make_unique<ThreadPool>(threads);
-    fwd = std::make_unique<LlamaForward>(c, model->weights(), pool.get(), reducer);
+    fwd = std::make_unique<CpuLlamaForward>(c, model->weights(), pool.get(), reducer);
     cache = std::make_unique<DenseKvCache>(c.n_layers, model->weights().n_kv_heads_local,
                                            c.head_dim, c.gqa_group(), c.context_length, kv_tokens);
   }

@@ -18,6 +18,7 @@
 #include "coordinator/spec_engine.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
+#include "model/llama/cpu_forward.h"
 #include "model/cpu/thread_pool.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/device.h"
@@ -77,7 +78,7 @@ TEST(RunnerFactoryTest, CpuRunnerEqualsTheReferencePassAndManagesItsStore) {
   auto runner = MakeRunner(m.config(), m.weights(), o);
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_EQ((*runner)->device(), "cpu");
-  LlamaForward ref(m.config(), m.weights(), &pool);
+  CpuLlamaForward ref(m.config(), m.weights(), &pool);
   auto cache = MakeKvCache(m.config(), m.weights().n_kv_heads_local, o.kv);
   ASSERT_TRUE(cache.ok());
   const auto prompt = Tokens(9, 1);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "model/llama/cpu_forward.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_model.h"
 #include "tensor-parallel/local_tp_target.h"
@@ -71,7 +72,7 @@ int Main(int argc, char** argv) {
   const int vocab = c.vocab_size;
   ThreadPool pool(1);
   CommunicatorReducer reducer(comm->get());
-  LlamaForward fwd(c, (*model)->weights(), &pool, &reducer);
+  CpuLlamaForward fwd(c, (*model)->weights(), &pool, &reducer);
   DenseKvCache cache(c.n_layers, (*model)->weights().n_kv_heads_local, c.head_dim, c.gqa_group(),
                      c.context_length, 1024);
 
