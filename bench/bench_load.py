@@ -675,7 +675,8 @@ def main() -> int:
     serve_log = None
     if args.serve:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
-        cmd = [args.specnode, "serve", "--model", args.serve, "--bind", endpoint] + args.serve_args.split()
+        cmd = [args.specnode, "serve", "--http-bind", "off", "--model", args.serve, "--bind",
+               endpoint] + args.serve_args.split()
         serve_log = Path(args.out) / "serve-last.log"
         serve_log.parent.mkdir(parents=True, exist_ok=True)
         print(f"starting: {' '.join(cmd)} (log: {serve_log})", file=sys.stderr)

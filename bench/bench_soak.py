@@ -113,7 +113,7 @@ def run(args) -> int:
     endpoint = args.endpoint
     if args.serve:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
-        cmd = [args.specnode, "serve", "--model", args.serve, "--bind", endpoint,
+        cmd = [args.specnode, "serve", "--http-bind", "off", "--model", args.serve, "--bind", endpoint,
                "--max-active", str(args.max_active), *args.serve_arg]
         log = open(args.log, "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

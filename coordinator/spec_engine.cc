@@ -71,6 +71,7 @@ SpeculativeEngine::SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup
     assert(g.target->vocab_size() == target_->vocab_size());
     assert(g.target->max_positions() == target_->max_positions());
   }
+  assert(options_.max_model_len >= 0 && options_.max_model_len <= target_->max_positions());
 }
 
 void SpeculativeEngine::FreeInDrafters(SeqId id) {

@@ -84,6 +84,9 @@ struct SpecEngineOptions {
   // every committed token's whole full-precision pages when the sequence is finished (a
   // follow-up turn starts from them). Off: nothing is shared.
   bool prefix_cache = false;
+  // The longest sequence (prompt + max_tokens) a request may take, in tokens: 0 = the
+  // target's context length; otherwise at most that (serve.max_model_len; callers check).
+  int32_t max_model_len = 0;
 };
 
 struct SpecRequest {
@@ -135,8 +138,11 @@ class SpeculativeEngine {
   // prompt + max_new_tokens beyond the target's context.
   absl::Status Start(const SpecRequest& request);
   // What a request must fit: the target's vocabulary and context (request_validator.h).
+  // The context is options.max_model_len when set.
   RequestLimits limits() const {
-    return {target_->vocab_size(), target_->max_positions(), target_->max_positions()};
+    const int32_t len =
+        options_.max_model_len > 0 ? options_.max_model_len : target_->max_positions();
+    return {target_->vocab_size(), len, len};
   }
 
   // Advances each listed sequence by one step (prefill chunk or decode step) in one target

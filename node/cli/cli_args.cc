@@ -12,7 +12,8 @@ namespace specnode {
 
 absl::StatusOr<CliArgs> CliArgs::Parse(int argc, char** argv,
                                        const std::set<std::string>& value_keys,
-                                       const std::set<std::string>& flag_keys) {
+                                       const std::set<std::string>& flag_keys,
+                                       const std::set<std::string>& list_keys) {
   CliArgs args;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -32,6 +33,19 @@ absl::StatusOr<CliArgs> CliArgs::Parse(int argc, char** argv,
         return absl::InvalidArgumentError(absl::StrCat("--", key, " takes no value"));
       }
       args.values_[key] = "true";
+    } else if (list_keys.count(key)) {
+      std::vector<std::string>& list = args.lists_[key];
+      const size_t before = list.size();
+      if (has_inline) {
+        list.push_back(value);
+      } else {
+        while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
+          list.push_back(argv[++i]);
+      }
+      if (list.size() == before) {
+        return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
+      }
+      args.values_[key] = list.back();
     } else if (value_keys.count(key)) {
       if (!has_inline) {
         if (i + 1 >= argc) {
@@ -45,6 +59,11 @@ absl::StatusOr<CliArgs> CliArgs::Parse(int argc, char** argv,
     }
   }
   return args;
+}
+
+std::vector<std::string> CliArgs::GetList(const std::string& key) const {
+  auto it = lists_.find(key);
+  return it == lists_.end() ? std::vector<std::string>{} : it->second;
 }
 
 std::string CliArgs::Get(const std::string& key, const std::string& fallback) const {

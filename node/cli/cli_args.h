@@ -14,10 +14,13 @@ namespace specnode {
 
 class CliArgs {
  public:
-  // value_keys take a value; flag_keys do not. argv[0] is the subcommand name.
+  // value_keys take a value; flag_keys do not; list_keys take one or more values (every
+  // following argument up to the next "--option", as vLLM's --served-model-name A B; a
+  // repeated list key appends). argv[0] is the subcommand name.
   static absl::StatusOr<CliArgs> Parse(int argc, char** argv,
                                        const std::set<std::string>& value_keys,
-                                       const std::set<std::string>& flag_keys);
+                                       const std::set<std::string>& flag_keys,
+                                       const std::set<std::string>& list_keys = {});
 
   bool Has(const std::string& key) const { return values_.count(key) > 0; }
   std::string Get(const std::string& key, const std::string& fallback = "") const;
@@ -26,11 +29,14 @@ class CliArgs {
                                  int64_t hi) const;
   absl::StatusOr<double> GetDouble(const std::string& key, double fallback, double lo,
                                    double hi) const;
+  // A list key's values in command-line order (empty when absent).
+  std::vector<std::string> GetList(const std::string& key) const;
   // Comma-separated integers ("1,2,3").
   absl::StatusOr<std::vector<int64_t>> GetIntList(const std::string& key) const;
 
  private:
-  std::map<std::string, std::string> values_;
+  std::map<std::string, std::string> values_;  // a list key's: its last value
+  std::map<std::string, std::vector<std::string>> lists_;
 };
 
 }  // namespace specnode

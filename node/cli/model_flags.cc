@@ -156,13 +156,13 @@ absl::StatusOr<AcceptanceRule> AcceptanceFromArgs(const CliArgs& args) {
 
 int RunModelCommand(const char* name, const std::string& help, int argc, char** argv,
                     std::set<std::string> value_keys, std::set<std::string> flag_keys,
-                    absl::Status (*run)(const CliArgs&)) {
+                    absl::Status (*run)(const CliArgs&), std::set<std::string> list_keys) {
   value_keys.merge(KvValueKeys());
   value_keys.insert("activations");
   value_keys.insert("device");
   value_keys.insert("chat-template");
   flag_keys.insert("help");
-  auto args = CliArgs::Parse(argc, argv, value_keys, WithKvFlags(std::move(flag_keys)));
+  auto args = CliArgs::Parse(argc, argv, value_keys, WithKvFlags(std::move(flag_keys)), list_keys);
   if (!args.ok()) {
     std::fprintf(stderr, "specnode %s: %s\n%s%s%s", name,
                  std::string(args.status().message()).c_str(), help.c_str(),

@@ -50,13 +50,13 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args,
 // (coordinator/acceptance.h).
 absl::StatusOr<AcceptanceRule> AcceptanceFromArgs(const CliArgs& args);
 
-// The shared entry of the model-running subcommands: parses argv with `value_keys` and
-// `flag_keys` plus the KV keys and --help, prints usage (`help` + the KV flags) on a
-// usage error (returns 2) or --help (0), otherwise runs `run`, printing
-// "specnode <name>: <message>" and returning 1 when it fails (a status with an empty
+// The shared entry of the model-running subcommands: parses argv with `value_keys`,
+// `flag_keys` and the multi-value `list_keys` plus the KV keys and --help, prints usage
+// (`help` + the KV flags) on a usage error (returns 2) or --help (0), otherwise runs `run`,
+// printing "specnode <name>: <message>" and returning 1 when it fails (a status with an empty
 // message returns 1 silently: it was reported elsewhere, e.g. by MPI rank 0).
 int RunModelCommand(const char* name, const std::string& help, int argc, char** argv,
                     std::set<std::string> value_keys, std::set<std::string> flag_keys,
-                    absl::Status (*run)(const CliArgs&));
+                    absl::Status (*run)(const CliArgs&), std::set<std::string> list_keys = {});
 
 }  // namespace specnode

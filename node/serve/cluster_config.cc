@@ -113,6 +113,25 @@ class Reader {
     return absl::OkStatus();
   }
 
+  // A string or a sequence of strings (absent: `out` unchanged).
+  absl::Status Strings(const YAML::Node& parent, const std::string& section, const char* name,
+                       std::vector<std::string>* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    const YAML::Node n = parent[name];
+    if (!n.IsDefined() || n.IsNull()) return absl::OkStatus();
+    out->clear();
+    if (n.IsScalar()) {
+      out->push_back(n.as<std::string>());
+      return absl::OkStatus();
+    }
+    if (!n.IsSequence()) return Error(n, section + "." + name, "expected a string or a list");
+    for (const YAML::Node& e : n) {
+      if (!e.IsScalar()) return Error(e, section + "." + name, "expected a list of strings");
+      out->push_back(e.as<std::string>());
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status String(const YAML::Node& parent, const std::string& section, const char* name,
                       std::string* out) {
     if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
@@ -249,8 +268,8 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
       serve, "serve",
       {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes", "curve_secret_key",
        "metrics_bind", "drain_timeout_s", "http_bind", "http_api_key_env", "http_max_body_bytes",
-       "http_threads", "model_name", "kv_events_bind", "kv_events_replay_bind", "kv_events_topic",
-       "kv_events_encoding"}));
+       "http_threads", "served_model_name", "model_name", "max_model_len", "kv_events_bind",
+       "kv_events_replay_bind", "kv_events_topic", "kv_events_encoding"}));
   CFG_TRY(r.String(serve, "serve", "bind", &c.bind));
   CFG_TRY(r.Int(serve, "serve", "max_active", 1, 4096, &c.max_active));
   CFG_TRY(r.Int(serve, "serve", "max_queue", 0, 1 << 20, &c.max_queue));
@@ -267,20 +286,31 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     return r.Error(serve["metrics_bind"], "serve.metrics_bind",
                    "expected IPV4:PORT (e.g. 127.0.0.1:9464) or \"\"");
   }
-  std::string http_bind;
+  std::string http_bind = c.http_bind.has_value() ? c.http_bind->text() : "off";
   CFG_TRY(r.String(serve, "serve", "http_bind", &http_bind));
-  if (!http_bind.empty()) {
-    absl::StatusOr<HttpAddress> a = ParseHttpAddress(http_bind);
-    if (!a.ok())
-      return r.Error(serve["http_bind"], "serve.http_bind", std::string(a.status().message()));
-    c.http_bind = *a;
-  }
+  absl::StatusOr<std::optional<HttpAddress>> api = ParseHttpBind(http_bind);
+  if (!api.ok())
+    return r.Error(serve["http_bind"], "serve.http_bind", std::string(api.status().message()));
+  c.http_bind = *api;
   CFG_TRY(r.String(serve, "serve", "http_api_key_env", &c.http_api_key_env));
   int body = static_cast<int>(c.http_max_body_bytes);
   CFG_TRY(r.Int(serve, "serve", "http_max_body_bytes", 1024, 1 << 30, &body));
   c.http_max_body_bytes = body;
   CFG_TRY(r.Int(serve, "serve", "http_threads", 1, 4096, &c.http_threads));
-  CFG_TRY(r.String(serve, "serve", "model_name", &c.model_name));
+  // model_name: the key's name before served_model_name (vLLM's flag) was adopted.
+  if (serve.IsDefined() && serve.IsMap() && serve["served_model_name"].IsDefined() &&
+      serve["model_name"].IsDefined()) {
+    return r.Error(serve["model_name"], "serve.model_name",
+                   "is the older name of serve.served_model_name; give one of them");
+  }
+  for (const char* key : {"served_model_name", "model_name"}) {
+    CFG_TRY(r.Strings(serve, "serve", key, &c.served_model_names));
+  }
+  if (absl::Status st = CheckServedModelNames(c.served_model_names); !st.ok()) {
+    const char* key = serve["model_name"].IsDefined() ? "model_name" : "served_model_name";
+    return r.Error(serve[key], absl::StrCat("serve.", key), std::string(st.message()));
+  }
+  CFG_TRY(r.Int(serve, "serve", "max_model_len", 0, 1 << 24, &c.max_model_len));
   for (const char* key : {"kv_events_bind", "kv_events_replay_bind"}) {
     std::string* out =
         std::string(key) == "kv_events_bind" ? &c.kv_events_bind : &c.kv_events_replay_bind;
@@ -452,6 +482,25 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return ParseServeConfig(text.str(), path);
+}
+
+absl::Status CheckServedModelNames(const std::vector<std::string>& names) {
+  std::set<std::string> seen;
+  for (const std::string& n : names) {
+    if (n.empty()) return absl::InvalidArgumentError("a served model name is empty");
+    if (n.size() > 256) return absl::InvalidArgumentError("a served model name is over 256 bytes");
+    for (unsigned char ch : n) {
+      if (ch <= ' ' || ch == 0x7f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the served model name '", n, "' has whitespace or a control character"));
+      }
+    }
+    if (!seen.insert(n).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the served model name '", n, "' is given twice"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 SpecControllerConfig ControllerConfigFor(const ServeConfig& c) {

@@ -48,6 +48,9 @@ struct Topology {
   bool single_process() const { return world_size == 1; }
 };
 
+// vLLM's default API port: `serve` answers the OpenAI API there unless told otherwise.
+inline constexpr int kDefaultHttpPort = 8000;
+
 struct ServeConfig {
   std::string source = "(defaults)";        // file name, for messages
   std::string model = "default";            // "default" = DefaultModelPath()
@@ -72,17 +75,25 @@ struct ServeConfig {
   // HTTP Prometheus endpoint "IPV4:PORT" (GET /metrics, /health only; http_server.h); "" = off.
   std::string metrics_bind;
   // serve.http_bind: the OpenAI-compatible API with /metrics and /health (http_server.h),
-  // parsed ("PORT" = 127.0.0.1:PORT); unset = off.
-  std::optional<HttpAddress> http_bind;
+  // parsed ("PORT" = 127.0.0.1:PORT); unset ("off" or "" in the file) = off. On by default
+  // on vLLM's port 8000, loopback only: the API has no key unless serve.http_api_key_env's
+  // variable is set, so exposing it (--host 0.0.0.0) is the user's explicit choice.
+  std::optional<HttpAddress> http_bind = HttpAddress{"127.0.0.1", kDefaultHttpPort};
   // serve.http_api_key_env: the environment variable holding the API key /v1 routes require
   // as "Authorization: Bearer KEY" (unset or empty variable: no auth). The key itself stays
   // out of config files.
   std::string http_api_key_env = "SPECNODE_API_KEY";
   int64_t http_max_body_bytes = 4 << 20;  // serve.http_max_body_bytes
   int http_threads = 512;                 // serve.http_threads: concurrent HTTP requests
-  // serve.model_name: the model id of /v1/models (and the `model` requests must name);
-  // "" = the model file's name without ".gguf".
-  std::string model_name;
+  // serve.served_model_name (a name or a list; flag --served-model-name A [B ...]): the
+  // model ids /v1/models lists and a request's `model` may name, the first being the one
+  // answered when a request names none and the metrics' model_name label; empty = the model
+  // file's name without ".gguf" (ServedModelNames, serve_node.h).
+  std::vector<std::string> served_model_names;
+  // serve.max_model_len (flag --max-model-len): the longest sequence (prompt + completion,
+  // in tokens) a request may take; 0 = the target's context length. Larger than that
+  // context is refused at load; /v1/models reports it.
+  int max_model_len = 0;
   // serve.kv_events_bind: ZeroMQ PUB endpoint for the prefix cache's KV events in vLLM's
   // format (kv_event_publisher.h); "" = off. kv_events_replay_bind: the ROUTER endpoint
   // answering replay requests ("" = no replay). kv_events_topic: the PUB topic frame.
@@ -107,6 +118,11 @@ struct ServeConfig {
 absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
                                              const std::string& source);
 absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path);
+
+// The served names' rules (config and --served-model-name alike): each non-empty, at most
+// 256 bytes, no whitespace or control characters, no name twice. InvalidArgument naming the
+// offending name.
+absl::Status CheckServedModelNames(const std::vector<std::string>& names);
 
 // The adaptive controller a config's `speculation` section asks for (k range, thresholds,
 // probing); everything else at SpecControllerConfig's defaults.

@@ -53,21 +53,31 @@ std::string Help() {
       "usage: specnode serve [--config FILE.yaml] [--model PATH] [--bind ENDPOINT] [options]\n"
       "       specnode serve --check-config [--config FILE.yaml] [--model PATH] [options]\n"
       "\n"
-      "Serves the ZeroMQ protocol of docs/protocol.md until SIGINT/SIGTERM (then drains and\n"
-      "exits 0). Settings come from --config (cluster-configs/, schema in docs/configs.md;\n"
-      "default: the embedded cluster-configs/local-cpu.yaml); flags override it.\n"
-      "Under mpirun with a multi-rank config, rank 0 serves and ranks 1..T run the\n"
-      "tensor-parallel target, e.g. mpirun -np 4 specnode serve --config\n"
-      "cluster-configs/mpirun-cpu-tp3.yaml (docs/serving.md, \"Cluster (mpirun)\").\n"
+      "Serves the OpenAI API (docs/openai-api.md) and the ZeroMQ protocol (docs/protocol.md)\n"
+      "until SIGINT/SIGTERM (then drains and exits 0). Settings come from --config\n"
+      "(cluster-configs/, schema in docs/configs.md; default: the embedded\n"
+      "cluster-configs/local-cpu.yaml); flags override it. Under mpirun with a multi-rank\n"
+      "config, rank 0 serves and ranks 1..T run the tensor-parallel target, e.g.\n"
+      "  mpirun -np 4 --mca odls_base_sigkill_timeout 16 specnode serve \\\n"
+      "      --config cluster-configs/mpirun-cpu-tp3.yaml\n"
+      "(the sigkill timeout gives a SIGTERM'd node time to drain; docs/serving.md,\n"
+      "\"Cluster (mpirun)\").\n"
       "  --config FILE       YAML cluster config\n"
       "  --model PATH        target GGUF (default: $SPECNODE_MODEL or the fetch-model cache)\n"
-      "  --bind ENDPOINT     ROUTER endpoint (default %s)\n"
+      "  --bind ENDPOINT     ZeroMQ ROUTER endpoint (default %s)\n"
       "  --metrics-bind A    HTTP Prometheus endpoint IPV4:PORT (GET /metrics, /health),\n"
       "                      e.g. 127.0.0.1:9464; keep it on loopback (default: off)\n"
-      "  --http-bind A       OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n"
-      "                      /v1/models) + /metrics + /health: PORT (on 127.0.0.1) or\n"
-      "                      HOST:PORT (default: off); API key from $SPECNODE_API_KEY\n"
+      "  --host H, --port P  the OpenAI-compatible API (/v1/chat/completions,\n"
+      "                      /v1/completions, /v1/models) with /metrics and /health, beside\n"
+      "                      the ZeroMQ endpoint (default %s; --host 0.0.0.0\n"
+      "                      exposes it); API key from $SPECNODE_API_KEY\n"
       "                      (serve.http_api_key_env names another variable)\n"
+      "  --http-bind A       the same as one setting: HOST:PORT, PORT (on 127.0.0.1) or off\n"
+      "  --served-model-name NAME [NAME ...]\n"
+      "                      model ids /v1/models lists and requests may name; the first is\n"
+      "                      the metrics' model_name label (default: the file's name)\n"
+      "  --max-model-len N   longest prompt + completion in tokens (default: the model's\n"
+      "                      context; above it is refused at load)\n"
       "  --kv-events-bind E  ZeroMQ PUB endpoint for KV events in vLLM's format, e.g.\n"
       "                      tcp://127.0.0.1:5557 (default: off)\n"
       "  --threads N         CPU threads (default: all cores available)\n"
@@ -96,8 +106,47 @@ std::string Help() {
       "  --gpus-per-node N   with --check-config: nodes of N GPUs each (CUDA_VISIBLE_DEVICES\n"
       "                      still applies) instead of this host's: checks a GPU layout from a\n"
       "                      machine without those GPUs\n",
-      d.bind, d.draft.text(), d.k_max, std::string(AcceptanceRuleName(d.acceptance)).c_str(),
-      d.max_active, d.max_queue, d.limits.max_tokens, d.limits.max_frame_bytes);
+      d.bind, (d.http_bind.has_value() ? d.http_bind->text() : std::string("off")).c_str(),
+      d.draft.text(), d.k_max, std::string(AcceptanceRuleName(d.acceptance)).c_str(), d.max_active,
+      d.max_queue, d.limits.max_tokens, d.limits.max_frame_bytes);
+}
+
+// The OpenAI API's flags over the config: --http-bind (HOST:PORT, PORT or "off") first,
+// then --host and --port (vLLM's), each replacing its half of the address (the API is
+// turned on by either, at 127.0.0.1 / 8000 for the half not given); --served-model-name
+// (one or more names) and --max-model-len.
+absl::Status ApplyHttpFlags(const CliArgs& args, ServeConfig* c) {
+  if (args.Has("http-bind")) {
+    absl::StatusOr<std::optional<HttpAddress>> a = ParseHttpBind(args.Get("http-bind"));
+    if (!a.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--http-bind: ", a.status().message()));
+    c->http_bind = *a;
+  }
+  if (args.Has("host") || args.Has("port")) {
+    HttpAddress addr = c->http_bind.value_or(HttpAddress{"127.0.0.1", kDefaultHttpPort});
+    if (args.Has("host")) {
+      absl::StatusOr<HttpAddress> h = ParseHttpAddress(absl::StrCat(args.Get("host"), ":0"));
+      if (!h.ok())
+        return absl::InvalidArgumentError(absl::StrCat("--host: ", h.status().message()));
+      addr.host = h->host;
+    }
+    if (args.Has("port")) {
+      SPECNODE_ASSIGN_OR_RETURN(int64_t port, args.GetInt("port", addr.port, 0, 65535));
+      addr.port = static_cast<int>(port);
+    }
+    c->http_bind = addr;
+  }
+  if (args.Has("served-model-name")) {
+    c->served_model_names = args.GetList("served-model-name");
+    if (absl::Status st = CheckServedModelNames(c->served_model_names); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--served-model-name: ", st.message()));
+    }
+  }
+  if (args.Has("max-model-len")) {
+    SPECNODE_ASSIGN_OR_RETURN(int64_t n, args.GetInt("max-model-len", 0, 0, 1 << 24));
+    c->max_model_len = static_cast<int>(n);
+  }
+  return absl::OkStatus();
 }
 
 // The config (--config FILE, else the embedded local-cpu.yaml) with command-line flags
@@ -129,12 +178,7 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
     c.metrics_bind = args.Get("metrics-bind");
     SPECNODE_RETURN_IF_ERROR(ValidateMetricsAddress(c.metrics_bind));
   }
-  if (args.Has("http-bind")) {
-    absl::StatusOr<HttpAddress> a = ParseHttpAddress(args.Get("http-bind"));
-    if (!a.ok())
-      return absl::InvalidArgumentError(absl::StrCat("--http-bind: ", a.status().message()));
-    c.http_bind = *a;
-  }
+  SPECNODE_RETURN_IF_ERROR(ApplyHttpFlags(args, &c));
   if (args.Has("kv-events-bind")) c.kv_events_bind = args.Get("kv-events-bind");
   if (args.Has("draft")) {
     absl::StatusOr<DraftSpec> d = ParseDraftSpec(args.Get("draft"));
@@ -354,6 +398,7 @@ absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_opti
       !s.ok()) {
     chat = absl::StrCat("UNUSABLE, chat requests will fail: ", s.message());
   }
+  SPECNODE_ASSIGN_OR_RETURN(const int32_t max_len, EffectiveMaxModelLen(cfg, mc.context_length));
   uint64_t weight_bytes = 0;
   for (const GgufTensorInfo& t : target.file->tensors()) weight_bytes += t.n_bytes;
   // KV bytes per token at f16 and int4 (K and V rows of every layer's kv heads).
@@ -366,10 +411,12 @@ absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_opti
           ? KvStore::ResolvedMode(cfg.kv.mode, CpuPagePool::Caps(mc.head_dim, cfg.kv.rotate))
           : cfg.kv.mode;
   std::string kv = absl::StrFormat(
-      "%s%s, %.0f MiB per target rank (~%.0f tokens at f16, ~%.0f at int4), host tier %.0f MiB",
+      "%s%s, %.0f MiB per target rank (~%.0f tokens at f16, ~%.0f at int4: %.1f sequences of "
+      "%d tokens at f16), host tier %.0f MiB",
       std::string(KvModeName(cfg.kv.mode)),
       mode == cfg.kv.mode ? "" : absl::StrCat(" (", std::string(KvModeName(mode)), ")"),
       cap / (1 << 20), cap / per_token(KvPrecision::kFull), cap / per_token(KvPrecision::kInt4),
+      cap / per_token(KvPrecision::kFull) / max_len, max_len,
       cfg.kv.host_capacity_bytes / double{1 << 20});
   if (cfg.kv.mode == KvMode::kDense) kv = "dense (the f32 reference cache)";
   // The endpoints serve would open; none is opened here.
@@ -377,9 +424,11 @@ absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_opti
   if (cfg.http_bind.has_value()) {
     const char* key =
         cfg.http_api_key_env.empty() ? nullptr : std::getenv(cfg.http_api_key_env.c_str());
-    http = absl::StrFormat("http://%s (/v1, /metrics, /health; bearer key from $%s: %s)",
-                           cfg.http_bind->text(), cfg.http_api_key_env,
-                           key != nullptr && *key != '\0' ? "set" : "unset, no authentication");
+    http = absl::StrFormat(
+        "http://%s (/v1 as \"%s\", max_model_len %d; /metrics, /health; bearer key from $%s: "
+        "%s)",
+        cfg.http_bind->text(), absl::StrJoin(ServedModelNames(cfg), "\", \""), max_len,
+        cfg.http_api_key_env, key != nullptr && *key != '\0' ? "set" : "unset, no authentication");
   }
   absl::PrintF(
       "specnode serve --check-config: %s: ok\n"
@@ -428,11 +477,14 @@ absl::Status Run(const CliArgs& args) {
 
 int RunServe(int argc, char** argv) {
   return RunModelCommand("serve", Help(), argc, argv,
-                         {"config", "model", "bind", "metrics-bind", "http-bind", "kv-events-bind",
-                          "threads", "draft", "spec-k", "acceptance", "router-rules", "max-active",
-                          "max-queue", "max-tokens", "max-frame-bytes", "ranks-per-node",
-                          "gpus-per-node"},
-                         {"check-config"}, Run);
+                         {"config",         "model",         "bind",
+                          "metrics-bind",   "http-bind",     "host",
+                          "port",           "max-model-len", "kv-events-bind",
+                          "threads",        "draft",         "spec-k",
+                          "acceptance",     "router-rules",  "max-active",
+                          "max-queue",      "max-tokens",    "max-frame-bytes",
+                          "ranks-per-node", "gpus-per-node"},
+                         {"check-config"}, Run, {"served-model-name"});
 }
 
 }  // namespace specnode

@@ -55,4 +55,13 @@ absl::Status ValidateMetricsAddress(const std::string& address) {
   return ParseMetricsAddress(address).status();
 }
 
+absl::StatusOr<std::optional<HttpAddress>> ParseHttpBind(const std::string& text) {
+  if (text.empty() || text == "off") return std::optional<HttpAddress>();
+  absl::StatusOr<HttpAddress> a = ParseHttpAddress(text);
+  if (!a.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(a.status().message(), ", or \"off\""));
+  }
+  return std::optional<HttpAddress>(*a);
+}
+
 }  // namespace specnode

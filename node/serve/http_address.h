@@ -1,6 +1,7 @@
 // Addresses of the node's HTTP listeners, checked where a config or flag is read.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -17,6 +18,10 @@ struct HttpAddress {
 // serve.http_bind: "PORT" (loopback: 127.0.0.1), "HOST:PORT" with HOST an IPv4 literal or
 // "localhost"; PORT 0..65535. InvalidArgument saying what is expected otherwise.
 absl::StatusOr<HttpAddress> ParseHttpAddress(const std::string& text);
+
+// serve.http_bind / --http-bind as a setting: "off" or "" = no API listener (nullopt),
+// anything else as ParseHttpAddress.
+absl::StatusOr<std::optional<HttpAddress>> ParseHttpBind(const std::string& text);
 
 // serve.metrics_bind: strictly "IPV4:PORT" (e.g. 127.0.0.1:9464).
 absl::StatusOr<HttpAddress> ParseMetricsAddress(const std::string& text);

@@ -128,12 +128,39 @@ absl::string_view EngineSeriesHelp(absl::string_view name) {
   return it != kHelp.end() ? it->second : "Engine series (see docs/serving.md, Metrics).";
 }
 
+// The inference gateway's model-server protocol (Gateway API Inference Extension, llm-d)
+// under vLLM's names, labelled with the served model: the endpoint picker's default flags
+// (--total-queued-requests-metric, --total-running-requests-metric,
+// --kv-cache-usage-percentage-metric) read these as they read a vLLM server's.
+void GatewaySeries(const SchedulerSnapshot& s, absl::string_view model_name, Exposition& e) {
+  const std::string label = Label("model_name", model_name);
+  e.Family("vllm:num_requests_waiting", "gauge",
+           "Requests waiting for admission (specnode_queue_depth, vLLM's name).");
+  e.Sample("vllm:num_requests_waiting", label, int64_t{s.queued});
+  e.Family("vllm:num_requests_running", "gauge",
+           "Sequences running (specnode_active_sequences, vLLM's name).");
+  e.Sample("vllm:num_requests_running", label, int64_t{s.active});
+  const auto gauge = [&s](const char* name) {
+    auto it = s.gauges.find(name);
+    return it == s.gauges.end() ? 0.0 : it->second;
+  };
+  const double capacity = gauge("specnode_kv_capacity_bytes");
+  e.Family("vllm:kv_cache_usage_perc", "gauge",
+           "KV cache in use as a fraction of its capacity, 0 to 1 (1 = full; vLLM's name).");
+  e.Sample("vllm:kv_cache_usage_perc", label,
+           capacity > 0 ? gauge("specnode_kv_used_bytes") / capacity : 0.0);
+  e.Family("specnode_model_info", "gauge", "The served model's name (always 1).");
+  e.Sample("specnode_model_info", label, int64_t{1});
+}
+
 }  // namespace
 
 std::string PrometheusText(
     const SchedulerSnapshot& s,
-    const std::vector<std::pair<std::string, const SpecController*>>& controllers) {
+    const std::vector<std::pair<std::string, const SpecController*>>& controllers,
+    absl::string_view model_name) {
   Exposition e;
+  if (!model_name.empty()) GatewaySeries(s, model_name, e);
   e.Family("specnode_requests_total", "counter", "Requests by outcome.");
   for (const auto& [outcome, n] : {std::pair<const char*, int64_t>{"submitted", s.submitted},
                                    {"completed", s.completed},

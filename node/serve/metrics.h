@@ -25,10 +25,15 @@
 
 namespace specnode {
 
-// controllers: (drafter name, its controller), may be empty.
+// controllers: (drafter name, its controller), may be empty. model_name (the first served
+// name) non-empty adds the gateway series under vLLM's names, labelled model_name:
+// vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc (a 0..1
+// ratio of the engine's specnode_kv_used_bytes to specnode_kv_capacity_bytes), and
+// specnode_model_info.
 std::string PrometheusText(
     const SchedulerSnapshot& s,
-    const std::vector<std::pair<std::string, const SpecController*>>& controllers);
+    const std::vector<std::pair<std::string, const SpecController*>>& controllers,
+    absl::string_view model_name = "");
 
 // A label value as the text format wants it between its quotes: backslash, double quote
 // and newline escaped (\\, \", \n). For code that formats series names itself

@@ -1,5 +1,6 @@
 #include "node/serve/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -7,6 +8,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/request_error.h"
 #include "nlohmann/json.hpp"
 
@@ -175,7 +177,7 @@ Json Envelope(const OpenAiRequest& r, const std::string& id, int64_t created, bo
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const std::string& body,
                                                  const ProtocolLimits& limits,
-                                                 const std::string& served_model) {
+                                                 std::span<const std::string> served_models) {
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return RequestErrorStatus(RequestError::kBadJson,
@@ -208,14 +210,15 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   if (j.contains("model") && !j["model"].is_null()) {
     if (!j["model"].is_string()) return Bad("'model' must be a string");
     r.model = j["model"].get<std::string>();
-    if (!r.model.empty() && r.model != served_model) {
+    if (!r.model.empty() &&
+        std::find(served_models.begin(), served_models.end(), r.model) == served_models.end()) {
       return RequestErrorStatus(
           RequestError::kUnknownModel,
-          absl::StrCat("the model '", r.model, "' does not exist; this node serves '", served_model,
-                       "'"));
+          absl::StrCat("the model '", r.model, "' does not exist; this node serves '",
+                       absl::StrJoin(served_models, "', '"), "'"));
     }
   }
-  if (r.model.empty()) r.model = served_model;
+  if (r.model.empty()) r.model = served_models.front();
   int64_t n = 1;
   if (absl::Status st = Integer(j, "n", INT64_MIN, INT64_MAX, &n); !st.ok()) return st;
   if (n != 1) return Bad("only n = 1 is supported");
@@ -316,13 +319,17 @@ std::string OpenAiUsageChunk(const OpenAiRequest& r, const std::string& id, int6
   return Dump(j);
 }
 
-std::string OpenAiModelList(const std::string& model, int64_t created, int64_t max_model_len) {
-  Json m = {{"id", model},
-            {"object", "model"},
-            {"created", created},
-            {"owned_by", "specnode"},
-            {"max_model_len", max_model_len}};
-  return Dump({{"object", "list"}, {"data", Json::array({m})}});
+std::string OpenAiModelList(std::span<const std::string> models, int64_t created,
+                            int64_t max_model_len) {
+  Json data = Json::array();
+  for (const std::string& name : models) {
+    data.push_back({{"id", name},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "specnode"},
+                    {"max_model_len", max_model_len}});
+  }
+  return Dump({{"object", "list"}, {"data", data}});
 }
 
 std::string OpenAiError(RequestError code, const std::string& message) {

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -41,10 +42,11 @@ struct OpenAiRequest {
 
 // Parses a request body. Errors carry their RequestError (request_error.h): bad_json for a
 // body that is not a JSON object, bad_request naming the field otherwise, unknown_model when
-// `model` is given and is neither `served_model` nor empty.
+// `model` is given and is neither one of `served_models` nor empty. An empty or absent
+// `model` is answered as served_models[0] (never empty: the node's first served name).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const std::string& body,
                                                  const ProtocolLimits& limits,
-                                                 const std::string& served_model);
+                                                 std::span<const std::string> served_models);
 
 // "stop" or "length": what OpenAI calls the finish. kStopString is "stop" (a stop string
 // matched); kCancelled has no OpenAI name and is answered as an error by the routes.
@@ -65,8 +67,10 @@ std::string OpenAiChunk(const OpenAiRequest& r, const std::string& id, int64_t c
 std::string OpenAiUsageChunk(const OpenAiRequest& r, const std::string& id, int64_t created,
                              const RequestStats& stats);
 
-// {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "specnode", ...}]}
-std::string OpenAiModelList(const std::string& model, int64_t created, int64_t max_model_len);
+// {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "specnode",
+// "max_model_len": ...}, ...]}: one entry per served name (all the same model), in order.
+std::string OpenAiModelList(std::span<const std::string> models, int64_t created,
+                            int64_t max_model_len);
 
 // {"error": {"message", "type", "code", "param": null}}: type invalid_request_error below
 // HTTP 500, server_error otherwise; code is the wire code of the one error table.

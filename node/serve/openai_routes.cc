@@ -147,20 +147,20 @@ OpenAiService::OpenAiService(OpenAiServiceOptions options, Scheduler* scheduler,
 
 void OpenAiService::Register(HttpRouter& router) {
   router.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(OpenAiModelList(options_.model_name, created_, options_.max_positions),
+    res.set_content(OpenAiModelList(options_.model_names, created_, options_.max_model_len),
                     "application/json");
   });
   auto route = [this](OpenAiEndpoint endpoint) {
     return [this, endpoint](const httplib::Request& req, const std::string& body,
                             httplib::Response& res) {
       absl::StatusOr<OpenAiRequest> r =
-          ParseOpenAiRequest(endpoint, body, options_.limits, options_.model_name);
+          ParseOpenAiRequest(endpoint, body, options_.limits, options_.model_names);
       if (!r.ok()) return SetError(res, r.status());
       absl::StatusOr<GenerationRequest> g =
           BuildGenerationRequest(r->submit, *tokenizer_, *router_);
       if (!g.ok()) return SetError(res, g.status());
       if (r->max_tokens_fill) {
-        const int64_t room = options_.max_positions - static_cast<int64_t>(g->prompt.size());
+        const int64_t room = options_.max_model_len - static_cast<int64_t>(g->prompt.size());
         g->max_tokens = std::max<int64_t>(1, std::min(options_.limits.max_tokens, room));
       }
       auto channel = std::make_shared<Channel>();

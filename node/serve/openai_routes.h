@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "coordinator/domain_router.h"
 #include "coordinator/scheduler.h"
@@ -36,9 +37,13 @@ namespace specnode {
 class HttpRouter;
 
 struct OpenAiServiceOptions {
-  std::string model_name;     // the id /v1/models lists and `model` must name
-  ProtocolLimits limits;      // stop strings, messages, max_tokens cap
-  int64_t max_positions = 0;  // the target's context length (prompt + completion)
+  // The ids /v1/models lists and a request's `model` may name; [0] answers a request naming
+  // none. Never empty.
+  std::vector<std::string> model_names;
+  ProtocolLimits limits;  // stop strings, messages, max_tokens cap
+  // The longest sequence a request may take (prompt + completion): serve.max_model_len, else
+  // the target's context length.
+  int64_t max_model_len = 0;
 };
 
 class OpenAiService {

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/drafter_factory.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/spec_controller.h"
@@ -274,7 +275,7 @@ struct HttpFrontDoors {
 
 absl::Status StartHttp(const ServeConfig& cfg, HttpServerOptions ho, Scheduler* scheduler,
                        ModelSession* session, const DomainRouter* router, ErrorCounter* errors,
-                       int64_t max_positions, HttpFrontDoors* doors) {
+                       int64_t max_model_len, HttpFrontDoors* doors) {
   if (!cfg.metrics_bind.empty()) {
     HttpServerOptions mo = ho;
     SPECNODE_ASSIGN_OR_RETURN(mo.address, ParseMetricsAddress(cfg.metrics_bind));
@@ -284,9 +285,9 @@ absl::Status StartHttp(const ServeConfig& cfg, HttpServerOptions ho, Scheduler* 
   }
   if (!cfg.http_bind.has_value()) return absl::OkStatus();
   OpenAiServiceOptions ao;
-  ao.model_name = ServedModelName(cfg);
+  ao.model_names = ServedModelNames(cfg);
   ao.limits = cfg.limits;
-  ao.max_positions = max_positions;
+  ao.max_model_len = max_model_len;
   doors->service = std::make_unique<OpenAiService>(ao, scheduler, &session->model().tokenizer(),
                                                    router, errors);
   ho.address = *cfg.http_bind;
@@ -339,7 +340,7 @@ void LogServing(const ServeConfig& cfg, const std::string& compute, const std::s
                  "specnode serve: OpenAI API on http://%s:%d/v1 (model \"%s\"%s), metrics and "
                  "health on the same port\n",
                  doors.api->options().address.host.c_str(), doors.api->port(),
-                 ServedModelName(cfg).c_str(),
+                 absl::StrJoin(ServedModelNames(cfg), "\", \"").c_str(),
                  doors.api->options().api_key.empty() ? ", no API key" : ", bearer key required");
   }
   if (kv_events != nullptr) {
@@ -351,11 +352,21 @@ void LogServing(const ServeConfig& cfg, const std::string& compute, const std::s
 
 }  // namespace
 
-std::string ServedModelName(const ServeConfig& cfg) {
-  if (!cfg.model_name.empty()) return cfg.model_name;
+std::vector<std::string> ServedModelNames(const ServeConfig& cfg) {
+  if (!cfg.served_model_names.empty()) return cfg.served_model_names;
   std::string name = cfg.model.substr(cfg.model.find_last_of('/') + 1);
   if (name.size() > 5 && name.ends_with(".gguf")) name.resize(name.size() - 5);
-  return name;
+  return {name};
+}
+
+absl::StatusOr<int32_t> EffectiveMaxModelLen(const ServeConfig& cfg, int32_t context_length) {
+  if (cfg.max_model_len == 0) return context_length;
+  if (cfg.max_model_len > context_length) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "serve.max_model_len (--max-model-len) %d is longer than the model's context length %d",
+        cfg.max_model_len, context_length));
+  }
+  return cfg.max_model_len;
 }
 
 double MpirunSigkillTimeoutS() {
@@ -378,7 +389,9 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   }
   ModelRunner* target = serve_groups[0].target;
   SPECNODE_ASSIGN_OR_RETURN(EngineGroups groups, MakeEngineGroups(cfg, session, serve_groups));
-  SpeculativeEngine engine(target, groups.groups, EngineOptionsFor(cfg, session));
+  SpecEngineOptions eo = EngineOptionsFor(cfg, session);
+  SPECNODE_ASSIGN_OR_RETURN(eo.max_model_len, EffectiveMaxModelLen(cfg, target->max_positions()));
+  SpeculativeEngine engine(target, groups.groups, std::move(eo));
   SchedulerOptions so = cfg.sla;
   so.max_tokens = cfg.limits.max_tokens;
   so.gauges = GaugesFor(serve_groups, groups.groups.size() > 1, &engine);
@@ -391,11 +404,12 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   Scheduler scheduler(&engine, &session->model().tokenizer(), so,
                       [&frontend](GenerationEvent ev) { frontend->OnEvent(std::move(ev)); });
   frontend = std::make_unique<Frontend>(
-      fo, session, router.get(), &scheduler, [&scheduler, &frontend, c = groups.controllers] {
+      fo, session, router.get(), &scheduler,
+      [&scheduler, &frontend, c = groups.controllers, model_name = ServedModelNames(cfg)[0]] {
         SchedulerSnapshot s = scheduler.Snapshot();
         // Error replies of the front end (bad input, overloaded, ...) and of the scheduler.
         for (const auto& [code, n] : frontend->errors().Counts()) s.errors_by_code[code] += n;
-        return PrometheusText(s, c);
+        return PrometheusText(s, c, model_name);
       });
   SPECNODE_RETURN_IF_ERROR(frontend->Bind());
   // Declared after the engine (which the targets' caches report through); `detach` after
@@ -415,9 +429,9 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
   HttpServerOptions ho;
   ho.metrics = &metrics_exchange;
   ho.errors = &frontend->errors();
-  ho.health = HealthFor(&scheduler, ServedModelName(cfg));
+  ho.health = HealthFor(&scheduler, ServedModelNames(cfg)[0]);
   SPECNODE_RETURN_IF_ERROR(StartHttp(cfg, ho, &scheduler, session, router.get(),
-                                     &frontend->errors(), target->max_positions(), &doors));
+                                     &frontend->errors(), engine.limits().context_length, &doors));
   InstallStopSignals(fo.teardown_drain_s > 0);
   // The target's backend when it runs here; a remote target's ranks are listed.
   LogServing(cfg,

@@ -36,9 +36,13 @@ struct ServeGroup {
 absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
                        std::vector<ServeGroup>& groups, std::vector<RankInfo> ranks);
 
-// The model id the OpenAI API serves: serve.model_name, else the model file's name without
-// its directory and ".gguf".
-std::string ServedModelName(const ServeConfig& cfg);
+// The model ids the OpenAI API serves: serve.served_model_name, else the model file's name
+// without its directory and ".gguf". Never empty; [0] is the metrics' model_name label.
+std::vector<std::string> ServedModelNames(const ServeConfig& cfg);
+
+// The longest sequence (prompt + completion) served: serve.max_model_len, else the target's
+// context. InvalidArgument when max_model_len exceeds the target's context length.
+absl::StatusOr<int32_t> EffectiveMaxModelLen(const ServeConfig& cfg, int32_t context_length);
 
 // mpirun's teardown on Ctrl-C (OpenMPI 4.1): SIGCONT to every rank at once, SIGTERM
 // odls_base_sigkill_timeout (T, seconds, default 1; mpirun passes it in the ranks'

@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace specnode {
@@ -29,6 +31,12 @@ TEST(ServeConfigTest, EmbeddedConfigStatesTheDefaults) {
   EXPECT_EQ(e.limits.max_tokens, d.limits.max_tokens);
   EXPECT_EQ(e.limits.max_frame_bytes, d.limits.max_frame_bytes);
   EXPECT_EQ(e.metrics_bind, d.metrics_bind);
+  // The OpenAI API on by default, on vLLM's port, loopback only (docs/openai-api.md).
+  ASSERT_TRUE(e.http_bind.has_value() && d.http_bind.has_value());
+  EXPECT_EQ(e.http_bind->text(), d.http_bind->text());
+  EXPECT_EQ(d.http_bind->text(), "127.0.0.1:8000");
+  EXPECT_EQ(e.served_model_names, d.served_model_names);
+  EXPECT_EQ(e.max_model_len, d.max_model_len);
   EXPECT_EQ(e.draft, d.draft);
   EXPECT_EQ(e.k_max, d.k_max);
   EXPECT_EQ(e.free_threshold, d.free_threshold);
@@ -60,6 +68,56 @@ TEST(ServeConfigTest, EmbeddedConfigStatesTheDefaults) {
     EXPECT_EQ(e.sla.classes[i].tpot_p99_ms, d.sla.classes[i].tpot_p99_ms);
     EXPECT_EQ(e.sla.classes[i].priority, d.sla.classes[i].priority);
   }
+}
+
+TEST(ServeConfigTest, ServedModelNamesAreANameOrAList) {
+  auto one = ParseServeConfig("serve:\n  served_model_name: smol\n", "n.yaml");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->served_model_names, std::vector<std::string>{"smol"});
+  auto two = ParseServeConfig("serve:\n  served_model_name: [smol, gpt-4o-mini]\n", "n.yaml");
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->served_model_names, (std::vector<std::string>{"smol", "gpt-4o-mini"}));
+  // The older key still reads; both at once is an error naming it.
+  auto legacy = ParseServeConfig("serve:\n  model_name: old\n", "n.yaml");
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_EQ(legacy->served_model_names, std::vector<std::string>{"old"});
+  auto both = ParseServeConfig("serve:\n  served_model_name: a\n  model_name: b\n", "n.yaml");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("n.yaml:3: serve.model_name: is the older name"),
+            std::string_view::npos)
+      << both.status();
+  for (const char* bad : {"[a, a]", "\"a b\"", "\"\"", "[a, {x: 1}]", "{x: 1}"}) {
+    auto c = ParseServeConfig(absl::StrCat("serve:\n  served_model_name: ", bad, "\n"), "n.yaml");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find("n.yaml:2: serve.served_model_name"),
+              std::string_view::npos)
+        << c.status();
+  }
+  EXPECT_TRUE(CheckServedModelNames({"a", "b/c:1"}).ok());
+  EXPECT_FALSE(CheckServedModelNames({"tab\there"}).ok());
+  EXPECT_FALSE(CheckServedModelNames({std::string(257, 'x')}).ok());
+}
+
+TEST(ServeConfigTest, MaxModelLenAndHttpBindAreRead) {
+  auto c = ParseServeConfig("serve:\n  max_model_len: 2048\n  http_bind: 0.0.0.0:8080\n", "m.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_model_len, 2048);
+  ASSERT_TRUE(c->http_bind.has_value());
+  EXPECT_EQ(c->http_bind->text(), "0.0.0.0:8080");
+  for (const char* off : {"off", "\"\""}) {
+    auto o = ParseServeConfig(absl::StrCat("serve:\n  http_bind: ", off, "\n"), "m.yaml");
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_FALSE(o->http_bind.has_value()) << off;
+  }
+  auto neg = ParseServeConfig("serve:\n  max_model_len: -1\n", "m.yaml");
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.status().message().find("m.yaml:2: serve.max_model_len"), std::string_view::npos)
+      << neg.status();
+  auto bad =
+      ParseServeConfig("serve:\n  bind: tcp://127.0.0.1:1\n  http_bind: nowhere\n", "m.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("m.yaml:3: serve.http_bind"), std::string_view::npos)
+      << bad.status();
 }
 
 TEST(ServeConfigTest, DuplicateKeysAreErrorsWithTheirLine) {

@@ -27,7 +27,7 @@ DRAIN_MCA = ["--mca", "odls_base_sigkill_timeout", "16"]
 
 def mpirun_cmd(np_, specnode, *args, mpirun_extra=()):
     return [MPIRUN, "-np", str(np_), "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
-            *mpirun_extra, specnode, "serve", *args]
+            *mpirun_extra, specnode, "serve", "--http-bind", "off", *args]
 
 
 class MpiNode(Node):

@@ -55,11 +55,15 @@ def health(endpoint: str, timeout_s: float = 1.0):
 
 
 class Node:
-    """`specnode serve` as a subprocess on a free loopback port."""
+    """`specnode serve` as a subprocess on a free loopback port (HTTP API off unless `extra`
+    turns it on)."""
 
     def __init__(self, specnode: str, model: str, log_path: Path, extra=(), env=None):
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.cmd = [specnode, "serve", "--model", model, "--bind", self.endpoint, *extra]
+        # The OpenAI API is on by default at 127.0.0.1:8000; tests that want it pass
+        # --http-bind PORT or --port PORT in `extra` (later flags win).
+        self.cmd = [specnode, "serve", "--http-bind", "off", "--model", model, "--bind",
+                    self.endpoint, *extra]
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,

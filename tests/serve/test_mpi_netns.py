@@ -171,7 +171,7 @@ class NetnsJob:
                   "--mca", "odls_base_sigkill_timeout", str(SIGKILL_TIMEOUT), *KEEPALIVE,
                   "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
                   specnode, "serve", "--config", str(cfg), "--model", model,
-                  "--bind", "tcp://0.0.0.0:5601", "--threads", "1"]
+                  "--bind", "tcp://0.0.0.0:5601", "--threads", "1", "--http-bind", "off"]
         script = "hostname host-a; exec " + " ".join(f"'{a}'" for a in mpirun)
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         self.log_path = log_path

@@ -440,6 +440,55 @@ def test_api_key(specnode, tiny_model, tmp_path):
         assert n.stop() == 0
 
 
+def test_vllm_flags_port_served_model_names_and_max_model_len(specnode, tiny_model, tmp_path):
+    """vLLM's everyday flags: --port turns the API on (over --http-bind off), every
+    --served-model-name is listed and accepted (a request is answered under the name it
+    gave; one naming none under the first), and --max-model-len caps prompt + completion
+    below the model's context (issue 37)."""
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("SPECNODE_API_KEY", None)
+    n = Node(specnode, tiny_model, tmp_path / "serve.log", env=env,
+             extra=["--threads", "1", "--port", str(port), "--served-model-name", "smol",
+                    "alias", "--max-model-len", "48"])
+    try:
+        n.wait_ready(180)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                          max_retries=0, timeout=120)
+        models = c.models.list().data
+        assert [m.id for m in models] == ["smol", "alias"]
+        assert all(m.model_extra["max_model_len"] == 48 for m in models)
+        r = c.completions.create(model="alias", prompt="a b", max_tokens=3, temperature=0)
+        assert r.model == "alias" and r.usage.completion_tokens > 0
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions",
+                data=json.dumps({"prompt": "a b", "max_tokens": 2}).encode(),
+                headers={"Content-Type": "application/json"}), timeout=60) as resp:
+            assert json.loads(resp.read())["model"] == "smol"
+        with pytest.raises(openai.NotFoundError) as e:
+            c.completions.create(model="other", prompt="a", max_tokens=2)
+        assert "'smol', 'alias'" in e.value.body["message"], e.value.body
+        # 48 positions: a 40-token completion after a short prompt fits, 60 does not.
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="smol", prompt="a b", max_tokens=60)
+        assert "context length 48" in e.value.body["message"], e.value.body
+        assert "smol" in n.log() and "alias" in n.log()
+    finally:
+        assert n.stop() == 0
+
+
+def test_max_model_len_beyond_the_context_is_refused(specnode, tiny_model):
+    import subprocess
+
+    r = subprocess.run([specnode, "serve", "--model", tiny_model, "--http-bind", "off", "--bind",
+                        f"tcp://127.0.0.1:{free_port()}", "--max-model-len", "16000000"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "longer than the model's context length" in r.stderr, r.stderr
+    r = subprocess.run([specnode, "serve", "--model", tiny_model, "--served-model-name", "a b"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "--served-model-name" in r.stderr, r.stderr
+
+
 def test_bad_http_bind_is_a_clear_error(specnode, tiny_model):
     import subprocess
 

@@ -13,6 +13,10 @@ import zmq
 
 from serve_helpers import Node
 
+# Series exported under vLLM's names for the inference gateway (node/serve/metrics.h).
+GATEWAY_SERIES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                  "vllm:kv_cache_usage_perc")
+
 
 class Conn:
     """One DEALER connection speaking raw frames."""
@@ -322,8 +326,13 @@ def test_metrics_pass_promtool_check(conn, tmp_path):
     text = conn.recv()["metrics"]
     res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                          text=True, timeout=60)
-    assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), \
+    # The one lint allowed: the colon in the gateway series' vLLM names (docs/serving.md,
+    # "Inference gateway"); promtool exits 3 for lint findings, 1 for a parse error.
+    allowed = {f"{name} metric names should not contain ':'" for name in GATEWAY_SERIES}
+    findings = [l for l in (res.stdout + res.stderr).splitlines() if l.strip()]
+    assert res.returncode in (0, 3) and set(findings) <= allowed, \
         f"{res.stdout}{res.stderr}\n{text}"
+    assert res.returncode == 0 or findings
 
 
 def test_overloaded_queue_and_graceful_shutdown(specnode, tiny_model, tmp_path):
