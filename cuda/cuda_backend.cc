@@ -89,6 +89,14 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
+absl::StatusOr<DeviceMemoryInfo> CudaBackend::MemoryInfo() const {
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  size_t free_bytes = 0, total_bytes = 0;
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return DeviceMemoryInfo{static_cast<int64_t>(total_bytes),
+                          static_cast<int64_t>(total_bytes - free_bytes)};
+}
+
 std::string CudaBackend::Describe() const {
   // Which matmuls run, so that a log or a bench record says which path it measured.
   return absl::StrCat(

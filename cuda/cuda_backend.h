@@ -36,6 +36,7 @@
 #include "cuda/cuda_matmul.h"
 #include "cuda/cuda_qmatvec_kernels.h"
 #include "cuda/device_buffer.h"
+#include "kvstore/kv_budget.h"
 #include "model/llama/backend.h"
 #include "model/llama/backend_caps.h"
 
@@ -166,6 +167,9 @@ class CudaBackend final : public Backend {
   // Null when graphs are off.
   const CudaGraphCache* graphs() const { return graphs_.get(); }
   int64_t weight_bytes() const { return weight_bytes_; }
+  // This GPU's memory now (cudaMemGetInfo: total, and total − free as used by every
+  // process), for the KV budget of kv.memory_utilization (kvstore/kv_budget.h).
+  absl::StatusOr<DeviceMemoryInfo> MemoryInfo() const;
 
  private:
   CudaBackend() = default;

@@ -38,6 +38,9 @@ absl::Status KvOptions::Validate(std::string_view prefix) const {
   };
   if (capacity_bytes <= 0) return bad("capacity", "must be positive");
   if (host_capacity_bytes < 0) return bad("host_capacity", "must be >= 0");
+  if (!(memory_utilization >= 0.0 && memory_utilization <= 1.0)) {
+    return bad("memory_utilization", "must be in (0, 1], or 0 for capacity_mb");
+  }
   if (page_tokens < 1 || page_tokens > 4096) return bad("page_tokens", "must be in [1, 4096]");
   if (sink_tokens < 0) return bad("sink_tokens", "must be >= 0");
   if (window_tokens < 1) return bad("window_tokens", "must be >= 1");

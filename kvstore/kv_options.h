@@ -28,6 +28,10 @@ absl::StatusOr<KvMode> ParseKvMode(std::string_view name);
 struct KvOptions {
   KvMode mode = KvMode::kAuto;
   int64_t capacity_bytes = int64_t{1} << 30;       // device pages (the primary tier)
+  // kv.memory_utilization (--gpu-memory-utilization): in (0, 1], the KV cache takes what is
+  // left of this fraction of the device's memory once the model is loaded (kv_budget.h;
+  // the host's memory on the CPU), replacing capacity_bytes; 0 = capacity_bytes stands.
+  double memory_utilization = 0.0;
   int64_t host_capacity_bytes = int64_t{4} << 30;  // swap tier; 0 = none (preemption recomputes)
   // Mixed-mode defaults tuned with `specnode kv-eval` on tests/data/kv-eval (SmolLM2-135M,
   // docs/kvstore.md): 8-token pages waste fewer bytes in partly used pages than 16, and

@@ -1,11 +1,16 @@
 #include "runtime/runner_factory.h"
 
+#include <functional>
+
 #include "absl/strings/str_cat.h"
 #include "kvstore/cpu_page_pool.h"
+#include "kvstore/kv_budget.h"
 #include "kvstore/kv_cache_factory.h"
+#include "kvstore/kv_precision.h"
 #include "kvstore/kv_store.h"
 #include "model/llama/cpu_backend.h"
 #include "model/status_macros.h"
+#include "runtime/host_memory.h"
 
 #ifdef SPECNODE_HAVE_CUDA
 #include "cuda/cuda_backend.h"
@@ -27,6 +32,20 @@ bool HaveCudaBackend() {
 }
 
 namespace {
+
+// kv with capacity_bytes from kv.memory_utilization, when set: what `memory` (measured with
+// the model loaded) leaves of that fraction, at least two of the largest pages.
+absl::StatusOr<KvOptions> BudgetedKv(
+    const LlamaConfig& config, int n_kv_heads, KvOptions kv, Device device,
+    const std::function<absl::StatusOr<DeviceMemoryInfo>()>& memory) {
+  if (kv.memory_utilization <= 0) return kv;
+  SPECNODE_ASSIGN_OR_RETURN(const DeviceMemoryInfo m, memory());
+  const int64_t page = static_cast<int64_t>(kv.page_tokens) * 2 * config.n_layers * n_kv_heads *
+                       KvRowBytes(KvPrecision::kFull, config.head_dim);
+  SPECNODE_ASSIGN_OR_RETURN(kv.capacity_bytes, KvCapacityFromUtilization(kv.memory_utilization, m,
+                                                                         2 * page, device.name()));
+  return kv;
+}
 
 // The host weights as a shared pointer that does not own them (the model does).
 std::shared_ptr<const LlamaWeights> Borrowed(const LlamaWeights& w) {
@@ -91,9 +110,11 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
   SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(o, &config));
   if (o.device.is_cpu()) {
     // CheckRunnerOptions above was the options' one check.
-    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
-                              MakeKvCache(config, weights.n_kv_heads_local, o.kv, nullptr,
-                                          KvStore::OptionsChecked::kYes));
+    SPECNODE_ASSIGN_OR_RETURN(const KvOptions kv, BudgetedKv(config, weights.n_kv_heads_local, o.kv,
+                                                             o.device, HostMemory));
+    SPECNODE_ASSIGN_OR_RETURN(
+        std::unique_ptr<KvCache> cache,
+        MakeKvCache(config, weights.n_kv_heads_local, kv, nullptr, KvStore::OptionsChecked::kYes));
     const ActQuant act = o.activations.value_or(weights.activations);
     return std::make_unique<LocalModelRunner>(config, std::make_unique<CpuBackend>(o.pool, act),
                                               CpuBackend::ForKernels(Borrowed(weights), act),
@@ -107,10 +128,13 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
   SPECNODE_ASSIGN_OR_RETURN(std::shared_ptr<const LlamaWeights> device_weights,
                             backend->UploadWeights(Borrowed(weights)));
   CudaBackend* device = backend.get();
+  SPECNODE_ASSIGN_OR_RETURN(const KvOptions kv,
+                            BudgetedKv(config, weights.n_kv_heads_local, o.kv, o.device,
+                                       [device] { return device->MemoryInfo(); }));
   SPECNODE_ASSIGN_OR_RETURN(
       std::unique_ptr<KvCache> cache,
       MakeKvCache(
-          config, weights.n_kv_heads_local, o.kv,
+          config, weights.n_kv_heads_local, kv,
           [device](const KvPoolGeometry& g, int64_t capacity,
                    std::optional<bool> rotate) -> absl::StatusOr<std::unique_ptr<KvPagePool>> {
             SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,

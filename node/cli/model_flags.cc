@@ -17,7 +17,11 @@ std::string KvFlagsHelp() {
       "  --kv-mode MODE      KV cache: auto (default: mixed, on the CPU and a GPU), mixed\n"
       "                      (f16 sinks + recent window, older tokens INT8 if critical else\n"
       "                      INT4), full (f16), int8, int4, dense (f32 reference, CPU only)\n"
-      "  --kv-capacity-mb N  KV memory budget in MiB (default %d)\n"
+      "  --kv-capacity-mb N  KV memory budget in MiB per target rank (default %d)\n"
+      "  --gpu-memory-utilization F\n"
+      "                      instead: the KV cache takes what is left of F (0..1] of the\n"
+      "                      device's memory once the model is loaded (a GPU's, or the\n"
+      "                      host's on the CPU; memory other processes use counts)\n"
       "  --kv-window N       recent tokens kept full precision in mixed mode (default %d)\n"
       "  --kv-sinks N        leading tokens kept full precision (default %d)\n"
       "  --kv-page-tokens N  token slots per KV page (default %d)\n"
@@ -80,9 +84,9 @@ std::string ActivationsName(const ComputeOptions& compute) {
 }
 
 std::set<std::string> KvValueKeys() {
-  return {"kv-mode",         "kv-capacity-mb",        "kv-window",
-          "kv-sinks",        "kv-critical-threshold", "kv-sample-every",
-          "kv-demote-every", "kv-evict-window",       "kv-page-tokens"};
+  return {"kv-mode",         "kv-capacity-mb",        "kv-window",       "gpu-memory-utilization",
+          "kv-sinks",        "kv-critical-threshold", "kv-sample-every", "kv-demote-every",
+          "kv-evict-window", "kv-page-tokens"};
 }
 
 std::set<std::string> WithKvFlags(std::set<std::string> flags) {
@@ -106,6 +110,13 @@ absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* o) {
   if (args.Has("kv-capacity-mb")) {
     SPECNODE_ASSIGN_OR_RETURN(int64_t mb, args.GetInt("kv-capacity-mb", 0, 1, 1 << 24));
     o->capacity_bytes = mb << 20;
+  }
+  if (args.Has("gpu-memory-utilization")) {
+    SPECNODE_ASSIGN_OR_RETURN(o->memory_utilization,
+                              args.GetDouble("gpu-memory-utilization", 0, 0.0, 1.0));
+    if (o->memory_utilization <= 0) {
+      return absl::InvalidArgumentError("--gpu-memory-utilization must be in (0, 1]");
+    }
   }
   SPECNODE_RETURN_IF_ERROR(set_int("kv-window", 1, 1 << 20, &o->window_tokens));
   SPECNODE_RETURN_IF_ERROR(set_int("kv-sinks", 0, 1 << 20, &o->sink_tokens));

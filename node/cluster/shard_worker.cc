@@ -70,7 +70,9 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
     exec = std::make_unique<ShardExecutor>(model->config(), std::move(runner), comm);
     ack.model = FingerprintOf(*model);
     ack.n_kv_heads_local = model->weights().n_kv_heads_local;
-    ack.kv_capacity_bytes = o.kv.capacity_bytes;
+    // The store's own (kv.memory_utilization sizes it from this rank's device).
+    const std::optional<ModelRunner::KvMemory> memory = exec->model().Memory();
+    ack.kv_capacity_bytes = memory.has_value() ? memory->capacity_bytes : o.kv.capacity_bytes;
     if (const std::optional<ModelRunner::KvRoom> room = exec->model().Room(0)) {
       ack.kv_page_bytes = room->needed;  // Room(0): one page
       ack.kv_page_tokens = o.kv.page_tokens;

@@ -373,9 +373,9 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
 
   const YAML::Node kv = root["kv"];
   CFG_TRY(r.Section(kv, "kv",
-                    {"mode", "capacity_mb", "host_capacity_mb", "page_tokens", "sink_tokens",
-                     "window_tokens", "critical_threshold", "mass_sample_every", "demote_every",
-                     "evict_window", "rotate", "prefix_cache"}));
+                    {"mode", "capacity_mb", "memory_utilization", "host_capacity_mb", "page_tokens",
+                     "sink_tokens", "window_tokens", "critical_threshold", "mass_sample_every",
+                     "demote_every", "evict_window", "rotate", "prefix_cache"}));
   if (kv.IsDefined() && kv.IsMap() && kv["mode"].IsDefined() && !kv["mode"].IsNull()) {
     std::string mode;
     CFG_TRY(r.String(kv, "kv", "mode", &mode));
@@ -386,6 +386,8 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   int capacity_mb = static_cast<int>(c.kv.capacity_bytes >> 20);
   CFG_TRY(r.Int(kv, "kv", "capacity_mb", 1, 1 << 24, &capacity_mb));
   c.kv.capacity_bytes = static_cast<int64_t>(capacity_mb) << 20;
+  // A fraction of the device's memory instead (kvstore/kv_budget.h); 0 = capacity_mb.
+  CFG_TRY(r.Double(kv, "kv", "memory_utilization", 0, 1, &c.kv.memory_utilization));
   // The swap tier that preemption parks KV in (0 = none: preempted requests recompute).
   int host_mb = static_cast<int>(c.kv.host_capacity_bytes >> 20);
   CFG_TRY(r.Int(kv, "kv", "host_capacity_mb", 0, 1 << 24, &host_mb));

@@ -418,6 +418,15 @@ absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_opti
       cap / (1 << 20), cap / per_token(KvPrecision::kFull), cap / per_token(KvPrecision::kInt4),
       cap / per_token(KvPrecision::kFull) / max_len, max_len,
       cfg.kv.host_capacity_bytes / double{1 << 20});
+  if (cfg.kv.memory_utilization > 0) {
+    kv = absl::StrFormat(
+        "%s%s, what is left of %.2f of each target rank's device memory with the model loaded "
+        "(sized at start; ~%.0f bytes a token at f16, %d-token sequences), host tier %.0f MiB",
+        std::string(KvModeName(cfg.kv.mode)),
+        mode == cfg.kv.mode ? "" : absl::StrCat(" (", std::string(KvModeName(mode)), ")"),
+        cfg.kv.memory_utilization, per_token(KvPrecision::kFull), max_len,
+        cfg.kv.host_capacity_bytes / double{1 << 20});
+  }
   if (cfg.kv.mode == KvMode::kDense) kv = "dense (the f32 reference cache)";
   // The endpoints serve would open; none is opened here.
   std::string http = "off";

@@ -26,6 +26,7 @@
 #include "coordinator/spec_controller.h"
 #include "coordinator/spec_engine.h"
 #include "kvstore/kv_precision.h"
+#include "model/gguf/gguf_reader.h"
 #include "model/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "node/serve/frontend.h"
@@ -34,6 +35,7 @@
 #include "node/serve/metrics.h"
 #include "node/serve/metrics_http.h"
 #include "node/serve/openai_routes.h"
+#include "node/serve/startup_summary.h"
 #include "node/session/router_config.h"
 
 namespace specnode {
@@ -350,6 +352,19 @@ void LogServing(const ServeConfig& cfg, const std::string& compute, const std::s
   }
 }
 
+// The summary line: start time, weights, and what the KV budget holds at the served length.
+void LogCapacity(const ServeConfig& cfg, ModelSession* session, const ModelRunner& target,
+                 int32_t max_model_len) {
+  StartupFigures f;
+  f.ready_s = ProcessAgeS();
+  for (const GgufTensorInfo& t : session->model().file().tensors()) f.weight_bytes += t.n_bytes;
+  f.kv = target.Memory();
+  f.sequence_room = target.Room(max_model_len);
+  f.max_model_len = max_model_len;
+  f.max_active = cfg.max_active;
+  std::fprintf(stderr, "specnode serve: %s\n", StartupSummary(f).c_str());
+}
+
 }  // namespace
 
 std::vector<std::string> ServedModelNames(const ServeConfig& cfg) {
@@ -438,6 +453,7 @@ absl::Status ServeNode(const ServeConfig& cfg, ModelSession* session,
              target == &session->runner() ? session->kernel_name()
                                           : session->runner().backend().Describe(),
              groups.draft_name, fo, serve_groups.size(), doors, kv_events.get());
+  LogCapacity(cfg, session, *target, engine.limits().context_length);
 
   absl::Status st = frontend->Run(&g_stop);
   // The scheduler first: Stop ends every request still running (the drain cut, a lost

@@ -48,6 +48,7 @@ TEST(ServeConfigTest, EmbeddedConfigStatesTheDefaults) {
   // The KV section, field by field (the defaults the docs state: docs/kvstore.md).
   EXPECT_EQ(e.kv.mode, d.kv.mode);
   EXPECT_EQ(e.kv.capacity_bytes, d.kv.capacity_bytes);
+  EXPECT_EQ(e.kv.memory_utilization, d.kv.memory_utilization);
   EXPECT_EQ(e.kv.host_capacity_bytes, d.kv.host_capacity_bytes);
   EXPECT_EQ(e.kv.page_tokens, d.kv.page_tokens);
   EXPECT_EQ(e.kv.sink_tokens, d.kv.sink_tokens);

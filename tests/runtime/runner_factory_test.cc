@@ -18,12 +18,13 @@
 #include "coordinator/spec_engine.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
-#include "model/llama/cpu_forward.h"
 #include "model/cpu/thread_pool.h"
+#include "model/llama/cpu_forward.h"
 #include "model/llama/dense_kv_cache.h"
 #include "model/llama/device.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
+#include "runtime/host_memory.h"
 #include "tests/support/temp_file.h"
 
 namespace specnode {
@@ -120,6 +121,35 @@ TEST(RunnerFactoryTest, DenseCacheAnswersNoManagement) {
   EXPECT_FALSE((*runner)->SequenceTokens(1).has_value());
   EXPECT_EQ((*runner)->SwapOut(1).code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ((*runner)->Fork(1, 2).code(), absl::StatusCode::kUnimplemented);
+}
+
+// kv.memory_utilization sizes the store from the device's memory with the model loaded
+// (the host's on the CPU): a fraction that leaves room gives a capacity within what the
+// host has, one that leaves none is refused naming the flags (and builds nothing).
+TEST(RunnerFactoryTest, MemoryUtilizationSizesTheStoreFromTheDevice) {
+  auto model = LlamaModel::Load(TinyModel("budget"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto host = HostMemory();
+  ASSERT_TRUE(host.ok()) << host.status();
+  RunnerOptions o;
+  o.kv.mode = KvMode::kFull;
+  o.kv.memory_utilization = 1.0;
+  auto runner = MakeRunner((*model)->config(), (*model)->weights(), o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const auto mem = (*runner)->Memory();
+  ASSERT_TRUE(mem.has_value());
+  EXPECT_NE(mem->capacity_bytes, o.kv.capacity_bytes);
+  EXPECT_GT(mem->capacity_bytes, 0);
+  EXPECT_LE(mem->capacity_bytes, host->total_bytes);
+  EXPECT_EQ(mem->capacity_bytes % (int64_t{1} << 20), 0);
+  o.kv.memory_utilization = 1e-9;  // under a byte of the host
+  auto none = MakeRunner((*model)->config(), (*model)->weights(), o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("--gpu-memory-utilization"), std::string_view::npos)
+      << none.status();
+  o.kv.memory_utilization = 1.5;
+  EXPECT_EQ(CheckRunnerOptions(o).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RunnerFactoryTest, BadKvOptionsAreRefusedNamingTheField) {

@@ -202,3 +202,46 @@ def test_http_metrics_port_taken_is_a_clear_error(specnode, tiny_model, tmp_path
         s.close()
     assert res.returncode == 1, res.stderr
     assert f"metrics endpoint 127.0.0.1:{port}" in res.stderr, res.stderr
+
+
+def test_kv_budget_from_device_memory_and_the_startup_summary(specnode, tiny_model, tmp_path):
+    """--gpu-memory-utilization F sizes the KV store from the device's memory with the model
+    loaded (the host's on the CPU) instead of --kv-capacity-mb; the start-up summary states
+    the budget in MiB, tokens and sequences of the served length, and the metrics agree.
+    A fraction that leaves no room stops the start with the flags to change (issue 37)."""
+    import re
+
+    from specnode_client import SpecnodeClient
+
+    node = Node(specnode, tiny_model, tmp_path / "serve.log",
+                extra=["--threads", "1", "--gpu-memory-utilization", "0.9",
+                       "--max-model-len", "64"])
+    try:
+        node.wait_ready()
+        m = re.search(r"ready in [0-9.]+ s; weights ([0-9.]+) MiB; KV ([0-9]+) MiB "
+                      r"\(([0-9]+) tokens at f16: ([0-9.]+) sequences of 64 tokens, "
+                      r"max_active 16", node.log())
+        assert m, node.log()
+        kv_mib = int(m.group(2))
+        assert kv_mib != 1024 and kv_mib > 0
+        assert float(m.group(1)) > 0
+        with SpecnodeClient(node.endpoint, timeout_s=60) as c:
+            metrics = c.stats()["metrics"]
+        cap = next(float(l.split()[-1]) for l in metrics.splitlines()
+                   if l.startswith("specnode_kv_capacity_bytes "))
+        assert cap == kv_mib << 20
+    finally:
+        assert node.stop() == 0
+    res = subprocess.run([specnode, "serve", "--model", tiny_model, "--http-bind", "off",
+                          "--bind", "tcp://127.0.0.1:0", "--gpu-memory-utilization", "0.0000001"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert "cpu: " in res.stderr and "--gpu-memory-utilization" in res.stderr, res.stderr
+    res = subprocess.run([specnode, "serve", "--model", tiny_model, "--gpu-memory-utilization",
+                          "1.5"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "--gpu-memory-utilization" in res.stderr, res.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kv:\n  memory_utilization: 2\n")
+    res = subprocess.run([specnode, "serve", "--config", str(bad), "--model", tiny_model],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "bad.yaml:2: kv.memory_utilization" in res.stderr, res.stderr
