@@ -30,6 +30,12 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
+// What a request that names no sampling gets from the node: the ZeroMQ protocol
+// (docs/protocol.md) and `specnode generate` alike, so one prompt and seed sample the same
+// text either way. The OpenAI API keeps OpenAI's defaults instead (temperature 1, and a
+// fresh seed per request without one: what its clients assume; docs/openai-api.md).
+inline constexpr SamplingParams kDefaultSampling{0.7f, 0, 1.0f, 0};
+
 // InvalidArgument naming the parameter when out of range (negative or NaN temperature,
 // top_k < 0, top_p outside (0, 1]).
 absl::Status ValidateSamplingParams(const SamplingParams& params);

@@ -33,10 +33,11 @@ constexpr char kHelp[] =
     "  --prompt-ids IDS    prompt as comma-separated token ids (instead of --prompt)\n"
     "  --chat              wrap the prompt in the model's chat template as a user turn\n"
     "  --max-tokens N      tokens to generate (default 128)\n"
-    "  --temperature T     0 = greedy (default 0.7)\n"
-    "  --top-k K           keep the K most likely tokens, 0 = off (default 40)\n"
-    "  --top-p P           nucleus sampling threshold in (0, 1] (default 0.9)\n"
-    "  --seed S            sampling seed (default 0); same seed, same output\n"
+    "  --temperature T     0 = greedy (default %g)\n"
+    "  --top-k K           keep the K most likely tokens, 0 = off (default %d)\n"
+    "  --top-p P           nucleus sampling threshold in (0, 1], 1 = off (default %g)\n"
+    "  --seed S            sampling seed (default %d); same seed, same output, the same\n"
+    "                      as a ZeroMQ request with these values (docs/protocol.md)\n"
     "  --threads N         CPU threads (default: all cores available)\n"
     "  --ignore-eos        keep generating past end-of-generation tokens\n"
     "  --draft SPEC        speculative decoding with a drafter: ngram[:N] (prompt lookup,\n"
@@ -56,8 +57,7 @@ constexpr char kHelp[] =
 absl::Status Run(const CliArgs& args) {
   const bool json = args.Has("json");
   const bool quiet = args.Has("quiet");
-  SPECNODE_ASSIGN_OR_RETURN(const SamplingParams sp,
-                            SamplingFromArgs(args, SamplingParams{0.7f, 40, 0.9f, 0}));
+  SPECNODE_ASSIGN_OR_RETURN(const SamplingParams sp, SamplingFromArgs(args, kDefaultSampling));
   SPECNODE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 128, 1, 1 << 20));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
@@ -207,7 +207,10 @@ absl::Status Run(const CliArgs& args) {
 
 int RunGenerate(int argc, char** argv) {
   return RunModelCommand(
-      "generate", kHelp, argc, argv,
+      "generate",
+      absl::StrFormat(kHelp, kDefaultSampling.temperature, kDefaultSampling.top_k,
+                      kDefaultSampling.top_p, static_cast<int>(kDefaultSampling.seed)),
+      argc, argv,
       {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "seed",
        "threads", "draft", "spec-k", "domain", "router-rules", "acceptance"},
       {"chat", "ignore-eos", "json", "quiet", "spec-fixed"}, Run);

@@ -105,8 +105,8 @@ ParseResult ParseSubmit(const Json& j, const ProtocolLimits& limits, ParseResult
     }
   }
   std::string err;
-  double temperature = 0.7, top_p = 1.0;
-  int64_t top_k = 0, seed = 0;
+  double temperature = kDefaultSampling.temperature, top_p = kDefaultSampling.top_p;
+  int64_t top_k = kDefaultSampling.top_k, seed = static_cast<int64_t>(kDefaultSampling.seed);
   // Types and representable values only: what the values may be is the request
   // validator's (coordinator/request_validator.h, in Scheduler::Submit), for every way in.
   constexpr double kAnyNumber = std::numeric_limits<double>::max();

@@ -377,3 +377,28 @@ def test_req_socket_gets_replies(tiny_node):
         assert {c["name"] for c in stats["sla_classes"]} == {"interactive", "batch"}
     finally:
         s.close(linger=0)
+
+
+def test_default_sampling_is_the_same_through_generate_and_zeromq(conn, specnode, tiny_model):
+    """One set of node defaults (model/llama/sampling.h, kDefaultSampling): a request naming
+    no sampling field samples the tokens `specnode generate` samples with its defaults, and
+    the defaults docs/protocol.md states are generate --help's (issue 37)."""
+    msg = submit("defaults", max_tokens=12, stream=True)
+    del msg["temperature"]
+    conn.send(msg)
+    ids = [t for m in conn.until_terminal("defaults") if m["type"] == "tokens"
+           for t in m["token_ids"]]
+    res = subprocess.run([specnode, "generate", "--model", tiny_model, "--prompt", "hello there",
+                          "--max-tokens", "12", "--threads", "1", "--json", "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert ids == json.loads(res.stdout.splitlines()[-1])["generated_ids"]
+    help_text = subprocess.run([specnode, "generate", "--help"], capture_output=True,
+                               text=True).stdout
+    from serve_helpers import ROOT
+    table = (ROOT / "docs" / "protocol.md").read_text()
+    for flag, field in (("temperature", "temperature"), ("top-k", "top_k"), ("top-p", "top_p"),
+                        ("seed", "seed")):
+        code = re.search(rf"--{flag} .*?\(default ([0-9.]+)\)", help_text).group(1)
+        doc = re.search(rf"^\| `{field}` \| \w+ \| ([0-9.]+) \|", table, re.M).group(1)
+        assert float(code) == float(doc), (flag, code, doc)
