@@ -4,6 +4,8 @@
 // cluster's rank 0 or a shard rank (node/cluster/serve_cluster.h). --check-config checks
 // instead: the config, the models' GGUF headers and, for GPU ranks, where each rank lands
 // and which GPU it opens (node/serve/gpu_layout.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -472,9 +474,13 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(const GpuCheckOptions gpu_options, GpuCheckOptionsFromArgs(args));
   if (args.Has("check-config")) return CheckConfig(cfg, gpu_options);
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
+  // A progress bar on a terminal; a log (a file, journald) gets the line and the summary.
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  std::fprintf(stderr, "specnode serve: loading %s on %s\n", cfg.model.c_str(),
+               cfg.device.name().c_str());
   SPECNODE_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelSession> session,
-      ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
+      ModelSession::Open(cfg.model, cfg.threads, tty, cfg.kv,
                          ComputeOptions{cfg.activations, cfg.device, cfg.chat_template}));
   std::vector<ServeGroup> groups(1);
   groups[0].name = "local";
