@@ -474,6 +474,12 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(const GpuCheckOptions gpu_options, GpuCheckOptionsFromArgs(args));
   if (args.Has("check-config")) return CheckConfig(cfg, gpu_options);
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
+  // What the device is asked for is refused before the model is named as loading.
+  RunnerOptions asked;
+  asked.device = cfg.device;
+  asked.kv = cfg.kv;
+  asked.activations = cfg.activations;
+  SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(asked));
   // A progress bar on a terminal; a log (a file, journald) gets the line and the summary.
   const bool tty = isatty(STDERR_FILENO) != 0;
   std::fprintf(stderr, "specnode serve: loading %s on %s\n", cfg.model.c_str(),
