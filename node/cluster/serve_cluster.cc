@@ -27,6 +27,7 @@
 #include "node/cluster/remote_target_runner.h"
 #include "node/cluster/shard_worker.h"
 #include "node/cluster/transport_check.h"
+#include "node/serve/loading_listeners.h"
 #include "node/serve/serve_node.h"
 #include "tensor-parallel/mpi_check.h"
 #include "tensor-parallel/mpi_communicator.h"
@@ -133,6 +134,9 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     ShutdownShards(&channel, NonCoordinatorRanks(t), "rank 0 failed to start");
     return st;
   };
+  // Health answers "loading" (503) while the ranks load and connect.
+  absl::StatusOr<std::unique_ptr<LoadingListeners>> loading = LoadingListeners::Start(cfg);
+  if (!loading.ok()) return fail_start(loading.status());
   absl::StatusOr<std::unique_ptr<ModelSession>> session =
       ModelSession::Open(cfg.model, cfg.threads, false, cfg.kv,
                          ComputeOptions{cfg.activations, Device::Cpu(), cfg.chat_template});
@@ -201,6 +205,7 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
   }
   // groups (and the remote draft runners inside their drafters) outlive ServeNode: every
   // runner in `remotes` is shut down below, on success and on failure alike.
+  (*loading)->Stop();  // ServeNode binds the addresses again, serving
   absl::Status st = ServeNode(cfg, session->get(), groups, ranks);
   absl::Status lost;
   for (RemoteTargetRunner* r : remotes) {

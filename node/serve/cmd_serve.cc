@@ -37,6 +37,7 @@
 #include "node/serve/cluster_config.h"
 #include "node/serve/gpu_inventory.h"
 #include "node/serve/gpu_layout.h"
+#include "node/serve/loading_listeners.h"
 #include "node/serve/metrics_http.h"
 #include "node/serve/serve_node.h"
 #include "node/session/model_session.h"
@@ -480,6 +481,9 @@ absl::Status Run(const CliArgs& args) {
   asked.kv = cfg.kv;
   asked.activations = cfg.activations;
   SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(asked));
+  // Health answers "loading" (503) on the HTTP addresses while the weights load.
+  SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<LoadingListeners> loading,
+                            LoadingListeners::Start(cfg));
   // A progress bar on a terminal; a log (a file, journald) gets the line and the summary.
   const bool tty = isatty(STDERR_FILENO) != 0;
   std::fprintf(stderr, "specnode serve: loading %s on %s\n", cfg.model.c_str(),
@@ -491,6 +495,7 @@ absl::Status Run(const CliArgs& args) {
   std::vector<ServeGroup> groups(1);
   groups[0].name = "local";
   groups[0].target = &session->runner();
+  loading->Stop();  // ServeNode binds the addresses again, serving
   return ServeNode(cfg, session.get(), groups, {});
 }
 

@@ -422,6 +422,7 @@ void HttpServer::Routes() {
   router.Get("/health", [health](const httplib::Request&, httplib::Response& res) {
     const HealthReply h = health ? health() : HealthReply{200, "{\"status\":\"ok\"}"};
     res.status = h.status;
+    if (h.code.has_value()) res.set_header(kErrorHeader, std::string(WireCode(*h.code)));
     res.set_content(h.json, "application/json");
   });
   if (options_.routes) options_.routes(router);

@@ -43,6 +43,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -107,6 +108,9 @@ class HttpRouter {
 struct HealthReply {
   int status = 200;
   std::string json;
+  // The code a non-200 answer is counted and headed under (X-Specnode-Error-Code); unset:
+  // the status's (503: shutting_down).
+  std::optional<RequestError> code;
 };
 
 struct HttpServerOptions {

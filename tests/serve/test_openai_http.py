@@ -489,6 +489,46 @@ def test_max_model_len_beyond_the_context_is_refused(specnode, tiny_model):
     assert r.returncode == 1 and "--served-model-name" in r.stderr, r.stderr
 
 
+def test_health_answers_loading_while_the_model_loads(specnode, tmp_path):
+    """The HTTP address is bound before the weights are read: while the load is under way
+    (here it waits forever: the model is a FIFO nobody writes), /health answers 503
+    "loading" and the /v1 routes 503 `unavailable` with Retry-After, instead of refusing the
+    connection (issue 37)."""
+    import subprocess
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    port = free_port()
+    proc = subprocess.Popen([specnode, "serve", "--model", str(fifo), "--port", str(port),
+                             "--bind", f"tcp://127.0.0.1:{free_port()}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=5)
+                assert False, "200 while loading"
+            except urllib.error.HTTPError as e:
+                assert e.code == 503
+                assert json.loads(e.read())["status"] == "loading"
+                assert e.headers["X-Specnode-Error-Code"] == "unavailable"
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the listener never came up"
+                time.sleep(0.05)
+        req = urllib.request.Request(base + "/v1/completions", data=b'{"prompt": "x"}',
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=5)
+        assert e.value.code == 503 and e.value.headers["Retry-After"] == "5"
+        assert json.loads(e.value.read())["error"]["code"] == "unavailable"
+        assert proc.poll() is None  # still loading
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_bad_http_bind_is_a_clear_error(specnode, tiny_model):
     import subprocess
 
