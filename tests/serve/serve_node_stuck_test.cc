@@ -118,6 +118,24 @@ void HttpClient(int http_port) {
   Verdict(ok, "http: " + std::to_string(res->status) + " " + res->body);
 }
 
+// One HTTP exchange on this thread before the client threads start: httplib's client
+// parses a response with function-local static regexes inside the uninstrumented
+// libcpp-httplib, whose initialisation guard TSan cannot see, so two client threads making
+// their first exchange at once were reported as a race on the regex (CI, TSan). Initialised
+// here, thread creation orders them before both clients.
+void WarmHttplibClient() {
+  httplib::Server server;
+  server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("", "text/plain");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  std::thread t([&server] { server.listen_after_bind(); });
+  while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  httplib::Client("127.0.0.1", port).Get("/");
+  server.stop();
+  t.join();
+}
+
 // The death test's child: never returns.
 [[noreturn]] void ServeWithAStuckEngine(const std::string& model_path,
                                         std::unique_ptr<LocalModelRunner> inner) {
@@ -139,6 +157,7 @@ void HttpClient(int http_port) {
   cfg.http_api_key_env = "";
   cfg.http_threads = 4;
   std::at_quick_exit(CheckFrontDoorsAtExit);
+  WarmHttplibClient();
   std::thread(ZeroMqClient, cfg.bind, cfg.http_bind->port, &runner).detach();
   std::thread(HttpClient, cfg.http_bind->port).detach();
   std::thread([] {  // a node that hangs fails the test instead of the ctest timeout
