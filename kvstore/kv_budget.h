@@ -1,7 +1,8 @@
 // The KV cache's budget as a fraction of a device's memory (vLLM's
 // --gpu-memory-utilization): what is left of fraction × the device's total once the model is
 // loaded. Pure arithmetic on measured figures; the measurements come from the device
-// (runtime/host_memory.h for the CPU's host memory, cuda/cuda_check.h for a GPU).
+// (runtime/host_memory.h for the CPU's host memory, CudaBackend::MemoryInfo in
+// cuda/cuda_backend.h for a GPU).
 #pragma once
 
 #include <cstdint>

@@ -99,6 +99,12 @@ class GgufFile {
 
   // Tensors, in file order.
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  // Every tensor's bytes, summed: the weights' size.
+  uint64_t tensor_bytes() const {
+    uint64_t n = 0;
+    for (const GgufTensorInfo& t : tensors_) n += t.n_bytes;
+    return n;
+  }
   const GgufTensorInfo* FindTensor(std::string_view name) const;
   // Start of the tensor's bytes inside the mapping ([n_bytes] bytes, validated).
   const uint8_t* TensorData(const GgufTensorInfo& t) const { return base_ + t.offset; }

@@ -220,6 +220,25 @@ absl::Status ParseTopology(Reader& r, const YAML::Node& t, Topology* out) {
   return absl::OkStatus();
 }
 
+// serve.served_model_name (a name or a list) or its older name serve.model_name (not both),
+// checked by CheckServedModelNames with the key's line.
+absl::Status ReadServedModelNames(Reader& r, const YAML::Node& serve,
+                                  std::vector<std::string>* names) {
+  if (serve.IsDefined() && serve.IsMap() && serve["served_model_name"].IsDefined() &&
+      serve["model_name"].IsDefined()) {
+    return r.Error(serve["model_name"], "serve.model_name",
+                   "is the older name of serve.served_model_name; give one of them");
+  }
+  for (const char* key : {"served_model_name", "model_name"}) {
+    CFG_TRY(r.Strings(serve, "serve", key, names));
+  }
+  if (absl::Status st = CheckServedModelNames(*names); !st.ok()) {
+    const char* key = serve["model_name"].IsDefined() ? "model_name" : "served_model_name";
+    return r.Error(serve[key], absl::StrCat("serve.", key), std::string(st.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& source) {
   Reader r(source);
   ServeConfig c;
@@ -297,19 +316,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   CFG_TRY(r.Int(serve, "serve", "http_max_body_bytes", 1024, 1 << 30, &body));
   c.http_max_body_bytes = body;
   CFG_TRY(r.Int(serve, "serve", "http_threads", 1, 4096, &c.http_threads));
-  // model_name: the key's name before served_model_name (vLLM's flag) was adopted.
-  if (serve.IsDefined() && serve.IsMap() && serve["served_model_name"].IsDefined() &&
-      serve["model_name"].IsDefined()) {
-    return r.Error(serve["model_name"], "serve.model_name",
-                   "is the older name of serve.served_model_name; give one of them");
-  }
-  for (const char* key : {"served_model_name", "model_name"}) {
-    CFG_TRY(r.Strings(serve, "serve", key, &c.served_model_names));
-  }
-  if (absl::Status st = CheckServedModelNames(c.served_model_names); !st.ok()) {
-    const char* key = serve["model_name"].IsDefined() ? "model_name" : "served_model_name";
-    return r.Error(serve[key], absl::StrCat("serve.", key), std::string(st.message()));
-  }
+  CFG_TRY(ReadServedModelNames(r, serve, &c.served_model_names));
   CFG_TRY(r.Int(serve, "serve", "max_model_len", 0, 1 << 24, &c.max_model_len));
   for (const char* key : {"kv_events_bind", "kv_events_replay_bind"}) {
     std::string* out =

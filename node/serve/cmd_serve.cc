@@ -362,6 +362,57 @@ std::string ComputeLine(const ServeConfig& cfg) {
   return line;
 }
 
+// What a single-process node asks of its device (CheckRunnerOptions).
+RunnerOptions RunnerOptionsFor(const ServeConfig& cfg) {
+  RunnerOptions ro;
+  ro.device = cfg.device;
+  ro.kv = cfg.kv;
+  ro.activations = cfg.activations;
+  return ro;
+}
+
+// The summary's kv line: the mode (and what auto resolves to), the budget per target rank
+// and what it holds at f16 / int4 and in sequences of max_len tokens.
+std::string KvLine(const ServeConfig& cfg, const LlamaConfig& mc, int32_t max_len) {
+  if (cfg.kv.mode == KvMode::kDense) return "dense (the f32 reference cache)";
+  // KV bytes per token at f16 and int4 (K and V rows of every layer's kv heads).
+  const auto per_token = [&mc](KvPrecision p) {
+    return 2.0 * mc.n_layers * mc.n_kv_heads * KvRowBytes(p, mc.head_dim);
+  };
+  const KvMode mode =
+      cfg.device.is_cpu() && cfg.topology.single_process()
+          ? KvStore::ResolvedMode(cfg.kv.mode, CpuPagePool::Caps(mc.head_dim, cfg.kv.rotate))
+          : cfg.kv.mode;
+  const std::string mode_text = absl::StrCat(
+      std::string(KvModeName(cfg.kv.mode)),
+      mode == cfg.kv.mode ? "" : absl::StrCat(" (", std::string(KvModeName(mode)), ")"));
+  const double host_mib = cfg.kv.host_capacity_bytes / double{1 << 20};
+  if (cfg.kv.memory_utilization > 0) {
+    return absl::StrFormat(
+        "%s, what is left of %.2f of each target rank's device memory with the model loaded "
+        "(sized at start; ~%.0f bytes a token at f16, %d-token sequences), host tier %.0f MiB",
+        mode_text, cfg.kv.memory_utilization, per_token(KvPrecision::kFull), max_len, host_mib);
+  }
+  const double cap = static_cast<double>(cfg.kv.capacity_bytes);
+  return absl::StrFormat(
+      "%s, %.0f MiB per target rank (~%.0f tokens at f16, ~%.0f at int4: %.1f sequences of "
+      "%d tokens at f16), host tier %.0f MiB",
+      mode_text, cap / (1 << 20), cap / per_token(KvPrecision::kFull),
+      cap / per_token(KvPrecision::kInt4), cap / per_token(KvPrecision::kFull) / max_len, max_len,
+      host_mib);
+}
+
+// The summary's http line: the endpoint serve would open (none is opened here).
+std::string HttpLine(const ServeConfig& cfg, int32_t max_len) {
+  if (!cfg.http_bind.has_value()) return "off";
+  const char* key =
+      cfg.http_api_key_env.empty() ? nullptr : std::getenv(cfg.http_api_key_env.c_str());
+  return absl::StrFormat(
+      "http://%s (/v1 as \"%s\", max_model_len %d; /metrics, /health; bearer key from $%s: %s)",
+      cfg.http_bind->text(), absl::StrJoin(ServedModelNames(cfg), "\", \""), max_len,
+      cfg.http_api_key_env, key != nullptr && *key != '\0' ? "set" : "unset, no authentication");
+}
+
 absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_options) {
   // Where the ranks land needs no model: checked first, so a machine without the model
   // files still gets the layout's verdict.
@@ -370,11 +421,7 @@ absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_opti
                             OpenModelHeader("target", cfg.model, cfg.chat_template));
   const LlamaConfig& mc = target.config;
   if (cfg.topology.single_process()) {
-    RunnerOptions ro;
-    ro.device = cfg.device;
-    ro.kv = cfg.kv;
-    ro.activations = cfg.activations;
-    SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(ro, &mc));
+    SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(RunnerOptionsFor(cfg), &mc));
   } else {
     // The cluster's own start-up checks, with the world size mpirun would be given.
     SPECNODE_RETURN_IF_ERROR(CheckCluster(cfg, cfg.topology.world_size));
@@ -402,46 +449,6 @@ absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_opti
     chat = absl::StrCat("UNUSABLE, chat requests will fail: ", s.message());
   }
   SPECNODE_ASSIGN_OR_RETURN(const int32_t max_len, EffectiveMaxModelLen(cfg, mc.context_length));
-  uint64_t weight_bytes = 0;
-  for (const GgufTensorInfo& t : target.file->tensors()) weight_bytes += t.n_bytes;
-  // KV bytes per token at f16 and int4 (K and V rows of every layer's kv heads).
-  const auto per_token = [&mc](KvPrecision p) {
-    return 2.0 * mc.n_layers * mc.n_kv_heads * KvRowBytes(p, mc.head_dim);
-  };
-  const double cap = static_cast<double>(cfg.kv.capacity_bytes);
-  const KvMode mode =
-      cfg.device.is_cpu() && cfg.topology.single_process()
-          ? KvStore::ResolvedMode(cfg.kv.mode, CpuPagePool::Caps(mc.head_dim, cfg.kv.rotate))
-          : cfg.kv.mode;
-  std::string kv = absl::StrFormat(
-      "%s%s, %.0f MiB per target rank (~%.0f tokens at f16, ~%.0f at int4: %.1f sequences of "
-      "%d tokens at f16), host tier %.0f MiB",
-      std::string(KvModeName(cfg.kv.mode)),
-      mode == cfg.kv.mode ? "" : absl::StrCat(" (", std::string(KvModeName(mode)), ")"),
-      cap / (1 << 20), cap / per_token(KvPrecision::kFull), cap / per_token(KvPrecision::kInt4),
-      cap / per_token(KvPrecision::kFull) / max_len, max_len,
-      cfg.kv.host_capacity_bytes / double{1 << 20});
-  if (cfg.kv.memory_utilization > 0) {
-    kv = absl::StrFormat(
-        "%s%s, what is left of %.2f of each target rank's device memory with the model loaded "
-        "(sized at start; ~%.0f bytes a token at f16, %d-token sequences), host tier %.0f MiB",
-        std::string(KvModeName(cfg.kv.mode)),
-        mode == cfg.kv.mode ? "" : absl::StrCat(" (", std::string(KvModeName(mode)), ")"),
-        cfg.kv.memory_utilization, per_token(KvPrecision::kFull), max_len,
-        cfg.kv.host_capacity_bytes / double{1 << 20});
-  }
-  if (cfg.kv.mode == KvMode::kDense) kv = "dense (the f32 reference cache)";
-  // The endpoints serve would open; none is opened here.
-  std::string http = "off";
-  if (cfg.http_bind.has_value()) {
-    const char* key =
-        cfg.http_api_key_env.empty() ? nullptr : std::getenv(cfg.http_api_key_env.c_str());
-    http = absl::StrFormat(
-        "http://%s (/v1 as \"%s\", max_model_len %d; /metrics, /health; bearer key from $%s: "
-        "%s)",
-        cfg.http_bind->text(), absl::StrJoin(ServedModelNames(cfg), "\", \""), max_len,
-        cfg.http_api_key_env, key != nullptr && *key != '\0' ? "set" : "unset, no authentication");
-  }
   absl::PrintF(
       "specnode serve --check-config: %s: ok\n"
       "  model:     %s (%s, GGUF v%u, %d tensors, %.1f MiB of weights)\n"
@@ -459,11 +466,13 @@ absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_opti
       "  kv events: %s\n"
       "  limits:    max_active %d, max_queue %d, max_tokens %d; drain %g s after SIGTERM\n",
       cfg.source, cfg.model, mc.name.empty() ? mc.architecture : mc.name, target.file->version(),
-      static_cast<int>(target.file->tensors().size()), weight_bytes / double{1 << 20}, mc.Summary(),
+      static_cast<int>(target.file->tensors().size()), target.file->tensor_bytes() / double{1 << 20},
+      mc.Summary(),
       mc.n_layers, mc.context_length, mc.vocab_size, target.tokenizer->vocab_size(), chat,
-      ComputeLine(cfg), gpus.empty() ? "" : absl::StrCat("  gpus:      ", gpus, "\n"), kv,
+      ComputeLine(cfg), gpus.empty() ? "" : absl::StrCat("  gpus:      ", gpus, "\n"),
+      KvLine(cfg, mc, max_len),
       draft_line, cfg.k_max, std::string(AcceptanceRuleName(cfg.acceptance)), router_line,
-      cfg.bind, http,
+      cfg.bind, HttpLine(cfg, max_len),
       cfg.metrics_bind.empty() ? "off" : absl::StrCat("http://", cfg.metrics_bind, "/metrics"),
       cfg.kv_events_bind.empty() ? "off" : cfg.kv_events_bind, cfg.max_active, cfg.max_queue,
       static_cast<int>(cfg.limits.max_tokens), cfg.drain_timeout_s);
@@ -476,11 +485,7 @@ absl::Status Run(const CliArgs& args) {
   if (args.Has("check-config")) return CheckConfig(cfg, gpu_options);
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
   // What the device is asked for is refused before the model is named as loading.
-  RunnerOptions asked;
-  asked.device = cfg.device;
-  asked.kv = cfg.kv;
-  asked.activations = cfg.activations;
-  SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(asked));
+  SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(RunnerOptionsFor(cfg)));
   // Health answers "loading" (503) on the HTTP addresses while the weights load.
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<LoadingListeners> loading,
                             LoadingListeners::Start(cfg));

@@ -357,7 +357,7 @@ void LogCapacity(const ServeConfig& cfg, ModelSession* session, const ModelRunne
                  int32_t max_model_len) {
   StartupFigures f;
   f.ready_s = ProcessAgeS();
-  for (const GgufTensorInfo& t : session->model().file().tensors()) f.weight_bytes += t.n_bytes;
+  f.weight_bytes = static_cast<int64_t>(session->model().file().tensor_bytes());
   f.kv = target.Memory();
   f.sequence_room = target.Room(max_model_len);
   f.max_model_len = max_model_len;
