@@ -57,6 +57,11 @@ AcceptOutcome AcceptMatch(std::span<const int32_t> drafts, std::span<const float
   });
 }
 
+AcceptOutcome AcceptDrawn(std::span<const int32_t> drafts, std::span<const int32_t> t) {
+  assert(t.size() == drafts.size() + 1);
+  return AcceptWhileEqual(drafts, [&](size_t i) { return t[i]; });
+}
+
 AcceptOutcome AcceptRatio(std::span<const int32_t> drafts, std::span<const float> p,
                           std::span<const float> q, int32_t vocab, int64_t first_position,
                           const Sampler& sampler) {

@@ -72,6 +72,12 @@ AcceptOutcome AcceptRatio(std::span<const int32_t> drafts, std::span<const float
                           std::span<const float> q, int32_t vocab, int64_t first_position,
                           const Sampler& sampler);
 
+// A step's outcome from the target's own tokens t [drafts.size() + 1] (each row's draw:
+// ModelRunner::ForwardDrawn): accept while d_i == t_i, next = t at the first mismatch (or
+// t_k). What AcceptMatch (sampled) and AcceptGreedy (greedy: t the arg maxes) give from the
+// rows those tokens were drawn from.
+AcceptOutcome AcceptDrawn(std::span<const int32_t> drafts, std::span<const int32_t> t);
+
 // A pass's rows as their k largest logits (ModelRunner::ForwardTopK; k = 1 from
 // ForwardArgMax, with values null: greedy draws only): row r's ids at ids[r * k, r * k + k),
 // its logits at values likewise, in TopK's order (model/llama/sampling.h). Borrowed.

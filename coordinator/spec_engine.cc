@@ -48,6 +48,11 @@ struct SpeculativeEngine::Pass {
   // those alone, which a GPU target then keeps the logits for on the device; else (k == 0)
   // the rows (`logits`).
   HeadPlan head;
+  // Instead of the rows (head.k == 0), each row's draw (ModelRunner::EndForwardDrawn with
+  // `draws`, one per row; into `ids`) when every sequence's sampler prunes nothing and needs
+  // no distribution (PlanDraws).
+  bool drawn = false;
+  std::vector<sample::DrawParams> draws;
   std::vector<float> logits;
   std::vector<int32_t> ids;
   std::vector<float> values;
@@ -370,6 +375,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     }
     passes[p].tokens += inputs[i].size();
   }
+  PlanDraws(seqs, inputs, pass_of, passes);
   SPECNODE_RETURN_IF_ERROR(RunPasses(passes));
   // A pass's time is shared by its input tokens: a sequence verifying K drafts brought K+1
   // rows and pays for K+1, so in a large batch the controller sees what its drafts cost.
@@ -394,6 +400,15 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       const int k = static_cast<int>(s->drafts.size());
       // Row 0 predicts the token at the sequence's committed length.
       const int64_t position = static_cast<int64_t>(s->tokens.size());
+      if (pass.drawn) {  // the rows' draws: t_j predicts the token at position + j
+        const std::span<const int32_t> t(pass.ids.data() + row_of[i], static_cast<size_t>(k + 1));
+        if (s->prefilled < s->n_prompt) {
+          if (s->prefilled + s->chunk == s->n_prompt) first_token[i] = t[0];
+        } else {
+          outcomes[i] = AcceptDrawn(s->drafts, t);
+        }
+        continue;
+      }
       if (pass.head.k > 0) {  // the rows' largest logits: all greedy and top-k draws need
         const HeadRows head = pass.head.Rows(pass.ids, pass.values, row_of[i]);
         if (s->prefilled < s->n_prompt) {
@@ -497,6 +512,35 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
   return absl::OkStatus();
 }
 
+void SpeculativeEngine::PlanDraws(std::span<Seq* const> seqs,
+                                  const std::vector<std::vector<int32_t>>& inputs,
+                                  const std::vector<size_t>& pass_of, std::vector<Pass>& passes) {
+  const int32_t vocab = target_->vocab_size();
+  for (Pass& pass : passes) pass.drawn = pass.head.k == 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Seq* s = seqs[i];
+    if (inputs[i].empty()) continue;
+    // The ratio rule needs a sampled verification's distributions, pruning samplers the row.
+    const bool ratio = options_.acceptance == AcceptanceRule::kRatio && !s->drafts.empty() &&
+                       s->sampler.params().temperature != 0.0f;
+    if (ratio || !s->sampler.DrawsWithParams(vocab)) passes[pass_of[i]].drawn = false;
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Seq* s = seqs[i];
+    Pass& pass = passes[pass_of[i]];
+    if (inputs[i].empty() || !pass.drawn) continue;
+    const int64_t position = static_cast<int64_t>(s->tokens.size());
+    if (s->prefilled < s->n_prompt) {  // one row, drawn only when it ends the prompt
+      const bool last = s->prefilled + s->chunk == s->n_prompt;
+      pass.draws.push_back(last ? s->sampler.DrawAt(position) : sample::DrawParams{});
+      continue;
+    }
+    for (size_t j = 0; j <= s->drafts.size(); ++j) {
+      pass.draws.push_back(s->sampler.DrawAt(position + static_cast<int64_t>(j)));
+    }
+  }
+}
+
 absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
   // Lengths before the step, to undo the passes that succeeded if another failed.
   std::vector<std::vector<int32_t>> before(passes.size());
@@ -514,7 +558,8 @@ absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
   for (size_t p = 0; p < passes.size(); ++p) {
     if (!begun[p]) continue;
     Pass& pass = passes[p];
-    absl::Status st = pass.head.k == 0 ? pass.runner->EndForward(&pass.logits)
+    absl::Status st = pass.drawn         ? pass.runner->EndForwardDrawn(pass.draws, &pass.ids)
+                      : pass.head.k == 0 ? pass.runner->EndForward(&pass.logits)
                       : pass.head.sampled
                           ? pass.runner->EndForwardTopK(pass.head.k, &pass.ids, &pass.values)
                           : pass.runner->EndForwardArgMax(&pass.ids);

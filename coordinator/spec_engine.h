@@ -192,6 +192,10 @@ class SpeculativeEngine {
   void Emit(Seq& s, std::span<const int32_t> tokens, SeqStepResult* result);
   ModelRunner* TargetOf(const Seq& s) const;
   void FreeInDrafters(SeqId id);  // every drafter forgets the sequence
+  // Which passes draw on the runner instead of returning rows (Pass::drawn) and their
+  // draws, one per row in the pass's row order.
+  void PlanDraws(std::span<Seq* const> seqs, const std::vector<std::vector<int32_t>>& inputs,
+                 const std::vector<size_t>& pass_of, std::vector<Pass>& passes);
   // Runs every pass (begin all, then end each); on any failure rolls the others back.
   absl::Status RunPasses(std::vector<Pass>& passes);
 

@@ -9,6 +9,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_embedding.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/cuda_sample.h"
 #include "cuda/cuda_topk.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
@@ -395,6 +396,30 @@ absl::Status CudaBackend::FinishTopK(const float* logits, int64_t rows, int64_t 
     SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(values->data(), topk_values_.data(),
                                                   count * sizeof(float), cudaMemcpyDeviceToHost,
                                                   stream_));
+  }
+  return Sync();
+}
+
+absl::Status CudaBackend::FinishDraws(const float* logits, int64_t rows, int64_t vocab,
+                                      std::span<const sample::DrawParams> draws,
+                                      std::vector<float>* host, std::vector<int32_t>* ids) {
+  if (static_cast<int64_t>(draws.size()) != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FinishDraws: ", draws.size(), " draws for ", rows, " rows"));
+  }
+  ForgetQ16();
+  ids->resize(static_cast<size_t>(rows));
+  if (rows > 0) {
+    const size_t bytes = draws.size_bytes();
+    SPECNODE_RETURN_IF_ERROR(Ensure(draw_params_, bytes));
+    SPECNODE_RETURN_IF_ERROR(Ensure(argmax_ids_, static_cast<size_t>(rows) * sizeof(int32_t)));
+    SPECNODE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(draw_params_.data(), draws.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    SPECNODE_RETURN_IF_ERROR(CudaDrawRows(logits, rows, vocab,
+                                          draw_params_.as<sample::DrawParams>(),
+                                          argmax_ids_.as<int32_t>(), stream_));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        ids->data(), argmax_ids_.data(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   }
   return Sync();
 }

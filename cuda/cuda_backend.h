@@ -137,6 +137,11 @@ class CudaBackend final : public Backend {
                             bool selected) override;
   // Each row's k largest on the device (CudaTopKRows); only rows * k pairs are copied back.
   // k above kCudaTopKMax: the default (the logits to the host, TopK there).
+  // CudaDrawRows (cuda/cuda_sample.h) after the pass: the draws go up into draw_params_,
+  // one id a row comes back.
+  absl::Status FinishDraws(const float* logits, int64_t rows, int64_t vocab,
+                           std::span<const sample::DrawParams> draws, std::vector<float>* host,
+                           std::vector<int32_t>* ids) override;
   absl::Status FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
                           std::vector<float>* host, std::vector<int32_t>* ids,
                           std::vector<float>* values, bool selected) override;
@@ -199,6 +204,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer logits_;
   DeviceBuffer argmax_ids_;   // FinishArgMax's [rows] int32, FinishTopK's [rows, k]
   DeviceBuffer topk_values_;  // FinishTopK's [rows, k] float
+  DeviceBuffer draw_params_;  // FinishDraws' [rows] sample::DrawParams
   CudaStepTables tables_;
   int64_t ids_ = 0, positions_ = 0;  // the pass's offsets in tables_
   int64_t rows_ = 0;

@@ -77,6 +77,50 @@ absl::Status ModelRunner::EndForwardArgMax(std::vector<int32_t>* ids) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Each [vocab] row's draw (finite, as above).
+absl::Status HostDraws(const std::vector<float>& logits, int32_t vocab,
+                       std::span<const sample::DrawParams> draws, std::vector<int32_t>* ids) {
+  const size_t rows = logits.size() / static_cast<size_t>(vocab);
+  if (draws.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardDrawn: ", draws.size(), " draws for ", rows, " logit rows"));
+  }
+  ids->resize(rows);
+  DrawRows(logits.data(), static_cast<int64_t>(rows), vocab, draws.data(), ids->data());
+  for (size_t r = 0; r < rows; ++r) {
+    if ((*ids)[r] < 0) {
+      return absl::DataLossError(
+          absl::StrCat("the model produced non-finite logits (NaN or Inf) in row ", r));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ModelRunner::ForwardDrawn(std::span<const BatchEntry> batch,
+                                       std::span<const sample::DrawParams> draws,
+                                       std::vector<int32_t>* ids) {
+  if (draws.size() != LogitRows(batch).size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardDrawn: ", draws.size(), " draws for ",
+                                                   LogitRows(batch).size(), " logit rows"));
+  }
+  SPECNODE_RETURN_IF_ERROR(Forward(batch, &argmax_logits_));
+  return HostDraws(argmax_logits_, vocab_size(), draws, ids);
+}
+
+absl::Status ModelRunner::EndForwardDrawn(std::span<const sample::DrawParams> draws,
+                                          std::vector<int32_t>* ids) {
+  if (has_pending_) {
+    has_pending_ = false;
+    return ForwardDrawn(pending_, draws, ids);
+  }
+  SPECNODE_RETURN_IF_ERROR(EndForward(&argmax_logits_));
+  return HostDraws(argmax_logits_, vocab_size(), draws, ids);
+}
+
 std::optional<ModelRunner::KvRoom> ModelRunner::Room(int64_t) const { return std::nullopt; }
 
 std::optional<ModelRunner::KvMemory> ModelRunner::Memory() const { return std::nullopt; }
@@ -139,6 +183,12 @@ absl::Status LocalModelRunner::ForwardArgMax(std::span<const BatchEntry> batch,
 absl::Status LocalModelRunner::ForwardTopK(std::span<const BatchEntry> batch, int k,
                                            std::vector<int32_t>* ids, std::vector<float>* values) {
   return forward_->ForwardTopK(batch, cache_.get(), k, ids, values);
+}
+
+absl::Status LocalModelRunner::ForwardDrawn(std::span<const BatchEntry> batch,
+                                            std::span<const sample::DrawParams> draws,
+                                            std::vector<int32_t>* ids) {
+  return forward_->ForwardDrawn(batch, cache_.get(), draws, ids);
 }
 
 std::optional<ModelRunner::KvRoom> LocalModelRunner::Room(int64_t tokens) const {

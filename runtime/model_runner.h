@@ -64,6 +64,17 @@ class ModelRunner {
                                    std::vector<int32_t>* ids, std::vector<float>* values);
   virtual absl::Status EndForwardTopK(int k, std::vector<int32_t>* ids, std::vector<float>* values);
 
+  // For samplers that prune nothing (Sampler::DrawsWithParams): (*ids)[r] = the token row r
+  // of Forward's rows draws with draws[r] ([n_rows]; DrawRows of model/llama/sampling.h), the
+  // token Sampler::Sample would give; a runner whose logits live on a device draws there
+  // and moves one id a row. InvalidArgument when draws.size() is not the number of rows.
+  // Defaults and split phase as ForwardArgMax's (`draws` must stay valid until the end).
+  virtual absl::Status ForwardDrawn(std::span<const BatchEntry> batch,
+                                    std::span<const sample::DrawParams> draws,
+                                    std::vector<int32_t>* ids);
+  virtual absl::Status EndForwardDrawn(std::span<const sample::DrawParams> draws,
+                                       std::vector<int32_t>* ids);
+
   virtual int32_t Length(SeqId seq) const = 0;
   // Makes room for `count` more tokens of `seq` ahead of a Forward that adds them (KvCache
   // Reserve semantics: ResourceExhausted when the cache is full, nothing changes). Forward
@@ -152,6 +163,9 @@ class LocalModelRunner final : public ModelRunner {
   absl::Status ForwardArgMax(std::span<const BatchEntry> batch, std::vector<int32_t>* ids) override;
   absl::Status ForwardTopK(std::span<const BatchEntry> batch, int k, std::vector<int32_t>* ids,
                            std::vector<float>* values) override;
+  absl::Status ForwardDrawn(std::span<const BatchEntry> batch,
+                            std::span<const sample::DrawParams> draws,
+                            std::vector<int32_t>* ids) override;
   int32_t Length(SeqId seq) const override { return cache_->Length(seq); }
   absl::Status Reserve(SeqId seq, int32_t count) override { return cache_->Reserve(seq, count); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return cache_->Truncate(seq, n); }

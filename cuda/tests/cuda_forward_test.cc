@@ -164,10 +164,34 @@ TEST_P(CudaForwardTest, DeviceHeadsEqualTheHostHeadsOfTheSameLogits) {
   for (const std::vector<BatchEntry>& batch : passes) {
     const std::vector<float> logits = a.Gpu(batch);
     const size_t rows = logits.size() / vocab;
-    for (int k : {0, 1, 40, std::min(vocab, kCudaTopKMax + 1)}) {
+    // Back to where a's cache is, for the next head on the same pass.
+    auto Rewind = [&](int32_t len1, int32_t len2) {
+      if (len1 == 0) {
+        b.gpu->cache().Free(1);
+        b.gpu->cache().Free(2);
+      } else {
+        ASSERT_TRUE(b.gpu->cache().Truncate(1, len1).ok());
+        ASSERT_TRUE(b.gpu->cache().Truncate(2, len2).ok());
+      }
+    };
+    for (int k : {-1, 0, 1, 40, std::min(vocab, kCudaTopKMax + 1)}) {
       const int32_t len1 = b.gpu->cache().Length(1), len2 = b.gpu->cache().Length(2);
       std::vector<int32_t> ids;
       std::vector<float> values;
+      if (k < 0) {  // drawn heads: sampled and greedy rows alternate
+        std::vector<sample::DrawParams> draws;
+        for (size_t r = 0; r < rows; ++r) {
+          draws.push_back(Sampler({r % 2 == 0 ? 0.8f : 0.0f, 0, 1.0f, 7}).DrawAt(10 + r));
+        }
+        std::vector<int32_t> want(rows);
+        DrawRows(logits.data(), rows, vocab, draws.data(), want.data());
+        const absl::Status drawn =
+            b.gpu->forward->ForwardDrawn(batch, b.gpu->store.get(), draws, &ids);
+        ASSERT_TRUE(drawn.ok()) << drawn;
+        EXPECT_EQ(ids, want);
+        Rewind(len1, len2);
+        continue;
+      }
       const absl::Status st =
           k == 0 ? b.gpu->forward->ForwardArgMax(batch, b.gpu->store.get(), &ids)
                  : b.gpu->forward->ForwardTopK(batch, b.gpu->store.get(), k, &ids, &values);
@@ -189,14 +213,7 @@ TEST_P(CudaForwardTest, DeviceHeadsEqualTheHostHeadsOfTheSameLogits) {
               << "k " << k << " row " << r;
         }
       }
-      // Back to where a's cache is, for the next head on the same pass.
-      if (len1 == 0) {
-        b.gpu->cache().Free(1);
-        b.gpu->cache().Free(2);
-      } else {
-        ASSERT_TRUE(b.gpu->cache().Truncate(1, len1).ok());
-        ASSERT_TRUE(b.gpu->cache().Truncate(2, len2).ok());
-      }
+      Rewind(len1, len2);
     }
     // Leave b one pass along, as a is.
     std::vector<float> unused;

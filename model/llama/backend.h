@@ -43,6 +43,7 @@
 #include "model/gguf/weight_view.h"
 #include "model/llama/device.h"
 #include "model/llama/llama_weights.h"
+#include "model/llama/sample_math.h"
 
 namespace specnode {
 
@@ -155,6 +156,15 @@ class Backend {
   virtual absl::Status FinishTopK(const float* logits, int64_t rows, int64_t vocab, int k,
                                   std::vector<float>* host, std::vector<int32_t>* ids,
                                   std::vector<float>* values, bool selected);
+  // Drawn heads: (*ids)[r] = DrawRows' token for row r with draws[r] (model/llama/sampling.h:
+  // what Sampler::Sample draws for a sampler that prunes nothing), or -1 when the row holds
+  // a NaN or an infinity; draws.size() == rows. A device draws where the logits are and
+  // moves `rows` ints (and the draws' 16 bytes a row up); not recorded (each step's noise
+  // keys differ), it runs after the pass. The default brings the logits into *host and
+  // draws there (backend.cc).
+  virtual absl::Status FinishDraws(const float* logits, int64_t rows, int64_t vocab,
+                                   std::span<const sample::DrawParams> draws,
+                                   std::vector<float>* host, std::vector<int32_t>* ids);
   // Queues a greedy (k == 0) or top-k (k > 0) selection over `rows` rows of `vocab` logits as
   // an op (no host synchronisation; Record may capture it), whose result the FinishArgMax /
   // FinishTopK with the same arguments and selected = true brings back. The default does

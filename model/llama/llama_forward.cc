@@ -75,6 +75,20 @@ absl::Status LlamaForward::ForwardTopK(std::span<const BatchEntry> batch, KvCach
   return Pass(batch, cache, HeadOut{nullptr, ids, k, values});
 }
 
+absl::Status LlamaForward::ForwardDrawn(std::span<const BatchEntry> batch, KvCache* cache,
+                                        std::span<const sample::DrawParams> draws,
+                                        std::vector<int32_t>* ids) {
+  const size_t rows = LogitRows(batch).size();
+  if (draws.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardDrawn: ", draws.size(), " draws for ", rows, " logit rows"));
+  }
+  if (rows == 0) {
+    return Pass(batch, cache, HeadOut{nullptr, ids});  // nothing to draw: lengths only
+  }
+  return Pass(batch, cache, HeadOut{nullptr, ids, 0, nullptr, draws});
+}
+
 absl::Status LlamaForward::Pass(std::span<const BatchEntry> batch, KvCache* cache, HeadOut out) {
   SPECNODE_ASSIGN_OR_RETURN(const int64_t n, ValidateBatch(batch, config_.vocab_size));
   if (cache->device() != backend_->device()) {
@@ -151,7 +165,8 @@ absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vec
   SPECNODE_ASSIGN_OR_RETURN(b.up, backend_->Buffer(kUp, n * d_ff_));
 
   // The head's rows and buffers are set before the body, so that its ops (norm, matmul, a
-  // greedy or top-k selection) are recorded with the layers; only the fetch follows.
+  // greedy or top-k selection) are recorded with the layers; only the fetch (and a drawn
+  // head's draw) follows.
   const bool head = out.logits != nullptr || out.ids != nullptr;
   HeadBuffers hb;
   if (head) SPECNODE_RETURN_IF_ERROR(PrepareHead(batch, out, &hb));
@@ -166,7 +181,12 @@ absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vec
     for (const float* p : {b.x, b.h, b.q, b.k, b.v, b.attn, b.gate, b.up, hb.normed, hb.logits}) {
       sig = MixSignature(sig, reinterpret_cast<uintptr_t>(p));
     }
-    sig = MixSignature(sig, !head ? 0 : out.ids == nullptr ? 1 : 2 + out.top_k);
+    // Drawn heads record no selection (FinishDraws runs after the body).
+    const uint64_t head_kind = !head                ? 0
+                               : out.ids == nullptr ? 1
+                               : !out.draws.empty() ? uint64_t{1} << 40
+                                                    : 2 + static_cast<uint64_t>(out.top_k);
+    sig = MixSignature(sig, head_kind);
     for (int64_t r : hb.rows) sig = MixSignature(sig, static_cast<uint64_t>(r));
     SPECNODE_RETURN_IF_ERROR(backend_->Record(n, sig, body));
   } else {
@@ -272,7 +292,7 @@ absl::Status LlamaForward::HeadOps(const float* x, const HeadBuffers& hb, HeadOu
   SPECNODE_RETURN_IF_ERROR(
       backend_->RmsNormRows(x, hb.rows, w_->output_norm, d, config_.rms_eps, hb.normed));
   SPECNODE_RETURN_IF_ERROR(backend_->MatMul(w_->output, hb.normed, n_out, hb.logits));
-  if (out.ids == nullptr) return absl::OkStatus();
+  if (out.ids == nullptr || !out.draws.empty()) return absl::OkStatus();  // draws: after the pass
   return backend_->SelectHead(hb.logits, n_out, config_.vocab_size, out.top_k);
 }
 
@@ -286,6 +306,14 @@ absl::Status LlamaForward::FinishHead(const HeadBuffers& hb, HeadOut out) {
         absl::StrCat("the model produced non-finite logits (NaN or Inf) for batch row ", hb.rows[r],
                      ": its weights or activations overflow"));
   };
+  if (!out.draws.empty()) {
+    SPECNODE_RETURN_IF_ERROR(
+        backend_->FinishDraws(hb.logits, n_out, vocab, out.draws, hb.host, out.ids));
+    for (int64_t r = 0; r < n_out; ++r) {
+      if ((*out.ids)[r] < 0) return non_finite(r);
+    }
+    return absl::OkStatus();
+  }
   if (out.ids != nullptr) {
     const int k = std::max(out.top_k, 1);
     SPECNODE_RETURN_IF_ERROR(out.top_k > 0

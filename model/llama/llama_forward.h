@@ -82,6 +82,14 @@ class LlamaForward {
   absl::Status ForwardTopK(std::span<const BatchEntry> batch, KvCache* cache, int k,
                            std::vector<int32_t>* ids, std::vector<float>* values);
 
+  // Forward for samplers that prune nothing (Sampler::DrawsWithParams): (*ids)[r] = the
+  // token row r draws with draws[r] (DrawRows of model/llama/sampling.h), the token
+  // Sampler::Sample gives from Forward's row r; a device draws where the logits are
+  // (Backend::FinishDraws). draws: [n_rows] (LogitRows(batch).size()), else InvalidArgument
+  // before anything runs. Other errors as Forward.
+  absl::Status ForwardDrawn(std::span<const BatchEntry> batch, KvCache* cache,
+                            std::span<const sample::DrawParams> draws, std::vector<int32_t>* ids);
+
   const LlamaConfig& config() const { return config_; }
   Backend& backend() { return *backend_; }
 
@@ -92,12 +100,13 @@ class LlamaForward {
     float *x, *h, *q, *k, *v, *attn, *gate, *up;
   };
   // What a pass returns: logits rows, each row's arg max (ids, top_k 0), each row's top_k
-  // largest (ids and values), or nothing (Sync only).
+  // largest (ids and values), each row's draw (ids, draws non-empty), or nothing (Sync only).
   struct HeadOut {
     std::vector<float>* logits = nullptr;
     std::vector<int32_t>* ids = nullptr;
     int top_k = 0;
     std::vector<float>* values = nullptr;
+    std::span<const sample::DrawParams> draws = {};
   };
   absl::Status Pass(std::span<const BatchEntry> batch, KvCache* cache, HeadOut out);
   absl::Status Run(std::span<const BatchEntry> batch, const std::vector<int32_t>& pos0, int64_t n,

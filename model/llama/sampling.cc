@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "model/llama/sample_math.h"
 
 namespace specnode {
 
@@ -26,14 +27,9 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
 
 namespace {
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+using sample::kGolden;
+using sample::Mix;
 
-// splitmix64's output function: a bijective 64-bit mix with full avalanche.
-uint64_t Mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 uint64_t SplitMix64(uint64_t* x) { return Mix(*x += kGolden); }
 uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -49,11 +45,11 @@ int32_t RaceInOrder(const PositionNoise& noise, size_t n, IdOf id_of, ProbOf pro
     if (!(p > 0.0)) continue;
     const int32_t id = id_of(i);
     const double u = noise.Uniform(static_cast<uint64_t>(id));
-    // -ln(u) >= 1 - u, so an entry whose (1 - u) / p already reaches the best cannot win:
-    // most of a large vocabulary is skipped without a logarithm. The 1e-9 margin keeps the
-    // skip on the safe side of ln's rounding (a skipped entry would have lost anyway).
-    if (1.0 - u >= best * p * (1.0 + 1e-9)) continue;
-    const double e = -std::log(u) / p;
+    // An entry that cannot beat the best is skipped without a logarithm (sample_math.h); a
+    // skipped entry would have lost anyway, so any order of the entries (a device's
+    // threads) finds the same winner.
+    if (sample::RaceSkip(u, p, best)) continue;
+    const double e = sample::RaceEntry(u, p);
     if (e < best) {  // strict: the lowest id wins a tie
       best = e;
       winner = id;
@@ -69,10 +65,13 @@ PositionNoise::PositionNoise(uint64_t seed, int64_t position, NoiseStream stream
                Mix((static_cast<uint64_t>(position) << 2 | static_cast<uint64_t>(stream)) +
                    2 * kGolden))) {}
 
-double PositionNoise::Uniform(uint64_t index) const {
-  // Centre of one of 2^53 equal cells: never 0 or 1, so ln(u) is finite and 1 - u > 0.
-  return (static_cast<double>(Mix(key_ + (index + 1) * kGolden) >> 11) + 0.5) * 0x1.0p-53;
+PositionNoise PositionNoise::FromKey(uint64_t key) {
+  PositionNoise noise;
+  noise.key_ = key;
+  return noise;
 }
+
+double PositionNoise::Uniform(uint64_t index) const { return sample::NoiseUniform(key_, index); }
 
 int32_t RaceDraw(std::span<const float> probs, const PositionNoise& noise) {
   return RaceInOrder(
@@ -124,10 +123,9 @@ int32_t ArgMax(std::span<const float> logits) {
 namespace {
 
 // The unnormalised weight of a logit, exp((l - max) / T): one expression for the pruned
-// (Candidates) and unpruned (DenseProbabilities) paths, so both give the same bits.
-double LogitWeight(float logit, float max_logit, float inv_t) {
-  return std::exp(static_cast<double>(logit - max_logit) * inv_t);
-}
+// (Candidates) and unpruned (DenseProbabilities) paths and the device's draws, so all give
+// the same bits.
+using sample::LogitWeight;
 
 }  // namespace
 
@@ -236,21 +234,40 @@ bool Sampler::KeepsWholeVocabulary(size_t vocab) const {
          params_.top_p >= 1.0f;
 }
 
-void Sampler::DenseProbabilities(std::span<const float> logits, float* probs) const {
-  // Candidates' arithmetic without its id list: the same weights (LogitWeight), sum and
-  // quotients.
-  const size_t vocab = logits.size();
-  const float inv_t = 1.0f / params_.temperature;
+namespace {
+
+// Candidates' arithmetic without its id list: the same weights (LogitWeight), sum and
+// quotients, for a row of `vocab` logits at 1 / temperature `inv_t`.
+void DenseProbabilitiesAt(const float* logits, size_t vocab, float inv_t, float* probs) {
   float max_logit = logits[0];
   for (size_t i = 0; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
-  double sum = 0.0;
   thread_local std::vector<double> w;  // scratch, per thread (samplers run on the pool)
   w.resize(vocab);
+  // The sum in sample::kSumLanes interleaved lanes and their fixed tree: the order the
+  // device's draw kernel sums in (sample_math.h).
+  double lanes[sample::kSumLanes] = {};
   for (size_t i = 0; i < vocab; ++i) {
     w[i] = LogitWeight(logits[i], max_logit, inv_t);
-    sum += w[i];
+    lanes[i % sample::kSumLanes] += w[i];
   }
+  const double sum = sample::FoldLanes(lanes);
   for (size_t i = 0; i < vocab; ++i) probs[i] = static_cast<float>(w[i] / sum);
+}
+
+}  // namespace
+
+void Sampler::DenseProbabilities(std::span<const float> logits, float* probs) const {
+  DenseProbabilitiesAt(logits.data(), logits.size(), 1.0f / params_.temperature, probs);
+}
+
+bool Sampler::DrawsWithParams(int64_t vocab) const {
+  return params_.temperature == 0.0f || KeepsWholeVocabulary(static_cast<size_t>(vocab));
+}
+
+sample::DrawParams Sampler::DrawAt(int64_t position) const {
+  assert(params_.temperature >= 0.0f);
+  return {Noise(position, NoiseStream::kToken).key(),
+          params_.temperature == 0.0f ? 0.0f : 1.0f / params_.temperature};
 }
 
 void Sampler::Distribution(std::span<const float> logits, std::vector<float>* probs) const {
@@ -339,6 +356,24 @@ void TopKRows(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* 
       continue;
     }
     TopK({row, static_cast<size_t>(vocab)}, k, ids + r * k, values + r * k);
+  }
+}
+
+void DrawRows(const float* logits, int64_t rows, int64_t vocab, const sample::DrawParams* draws,
+              int32_t* ids) {
+  std::vector<float> probs;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits + r * vocab;
+    const std::span<const float> span(row, static_cast<size_t>(vocab));
+    if (!RowFinite(row, vocab)) {
+      ids[r] = -1;
+    } else if (draws[r].inv_t == 0.0f) {
+      ids[r] = ArgMax(span);
+    } else {
+      probs.resize(static_cast<size_t>(vocab));
+      DenseProbabilitiesAt(row, static_cast<size_t>(vocab), draws[r].inv_t, probs.data());
+      ids[r] = RaceDraw(probs, PositionNoise::FromKey(draws[r].key));
+    }
   }
 }
 

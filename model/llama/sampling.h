@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "model/llama/sample_math.h"
 
 namespace specnode {
 
@@ -65,11 +66,17 @@ enum class NoiseStream : uint64_t {
 class PositionNoise {
  public:
   PositionNoise(uint64_t seed, int64_t position, NoiseStream stream);
+  // The noise whose key() is `key` (a DrawParams' key).
+  static PositionNoise FromKey(uint64_t key);
   // Uniform in the open interval (0, 1), 53 random bits; a function of the key and index only.
   double Uniform(uint64_t index) const;
+  // What Uniform is a function of besides the index (sample::NoiseUniform): a device's
+  // draw takes it instead of the seed and position.
+  uint64_t key() const { return key_; }
 
  private:
-  uint64_t key_;
+  PositionNoise() = default;
+  uint64_t key_ = 0;
 };
 
 // The exponential race over probs ([n], need not be normalised; entries <= 0 or NaN never
@@ -92,6 +99,13 @@ absl::Status ValidateHeadK(int k, int64_t vocab);
 // (ids, values [rows * k]); a row holding a NaN or an infinity gets id -1 (its first).
 void ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids);
 void TopKRows(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids, float* values);
+
+// The host's draws of `rows` rows of `vocab` logits with per-row DrawParams (draws [rows]):
+// ids[r] is what Sampler::Sample gives for row r when the row's sampler prunes nothing and
+// draws[r] = sampler.DrawAt(position) — the reference of a device's draw kernel
+// (Backend::FinishDraws). A row holding a NaN or an infinity gets -1.
+void DrawRows(const float* logits, int64_t rows, int64_t vocab, const sample::DrawParams* draws,
+              int32_t* ids);
 
 // One sampler per sequence: its parameters and scratch. Holds no generator state (the noise
 // is a function of the seed and the position), so calls commute. Not thread-safe (scratch).
@@ -123,6 +137,14 @@ class Sampler {
                      int64_t position) const;
   void DistributionTopK(std::span<const int32_t> ids, std::span<const float> values, int64_t vocab,
                         std::vector<float>* probs) const;
+
+  // True when Sample needs nothing but DrawAt's parameters and the row: greedy, or sampled
+  // with no top-k or top-p pruning a vocabulary of `vocab` (the OpenAI API's default). A
+  // device then draws the row where its logits are (ModelRunner::ForwardDrawn).
+  bool DrawsWithParams(int64_t vocab) const;
+  // The row's draw parameters at `position` (DrawsWithParams only): the kToken noise key and
+  // 1 / temperature (0 for greedy).
+  sample::DrawParams DrawAt(int64_t position) const;
 
   // Draws an index from a probability vector (need not be normalised; sum > 0) at
   // `position`: RaceDraw with Noise(position, kToken).

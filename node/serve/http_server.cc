@@ -420,7 +420,7 @@ void HttpServer::Routes() {
   });
   std::function<HealthReply()> health = options_.health;
   router.Get("/health", [health](const httplib::Request&, httplib::Response& res) {
-    const HealthReply h = health ? health() : HealthReply{200, "{\"status\":\"ok\"}"};
+    const HealthReply h = health ? health() : HealthReply{200, "{\"status\":\"ok\"}", std::nullopt};
     res.status = h.status;
     if (h.code.has_value()) res.set_header(kErrorHeader, std::string(WireCode(*h.code)));
     res.set_content(h.json, "application/json");

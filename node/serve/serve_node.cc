@@ -263,7 +263,8 @@ std::function<HealthReply()> HealthFor(const Scheduler* scheduler, std::string n
                               {"queued", s.queued},
                               {"uptime_s", uptime}};
     return HealthReply{std::string(status) == "ok" ? 200 : 503,
-                       j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+                       j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                       std::nullopt};
   };
 }
 

@@ -356,18 +356,52 @@ class HeadCountingRunner final : public ModelRunner {
     max_k = std::max(max_k, k);
     return inner_->ForwardTopK(batch, k, ids, values);
   }
+  absl::Status ForwardDrawn(std::span<const BatchEntry> batch,
+                            std::span<const sample::DrawParams> draws,
+                            std::vector<int32_t>* ids) override {
+    ++drawn_passes;
+    return inner_->ForwardDrawn(batch, draws, ids);
+  }
   int32_t Length(SeqId seq) const override { return inner_->Length(seq); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return inner_->Truncate(seq, n); }
   void Free(SeqId seq) override { inner_->Free(seq); }
-  int logits_passes = 0, argmax_passes = 0, topk_passes = 0, max_k = 0;
+  int logits_passes = 0, argmax_passes = 0, topk_passes = 0, max_k = 0, drawn_passes = 0;
 
  private:
   ModelRunner* inner_;
 };
 
+// How often a target was asked for each head.
+struct HeadCounts {
+  int logits_passes = 0, argmax_passes = 0, topk_passes = 0, max_k = 0, drawn_passes = 0;
+};
+
+class SpecEngineHeadTest : public SpecEngineTest {
+ protected:
+  // `requests` through a fresh engine whose target counts its heads into *counts: target-only
+  // or speculating with the "draft30" model drafter, under `rule`.
+  std::vector<std::vector<int32_t>> RunCountingHeads(const std::vector<SpecRequest>& requests,
+                                                     AcceptanceRule rule, bool speculate,
+                                                     HeadCounts* counts) {
+    auto inner = MakeRunner("full");
+    HeadCountingRunner runner(inner.get());
+    auto drafter = MakeDrafter("draft30", "full");
+    auto controller = NewController();
+    std::vector<DraftGroup> groups;
+    if (speculate) groups.push_back({drafter.get(), controller.get()});
+    SpecEngineOptions options;
+    options.acceptance = rule;
+    SpeculativeEngine engine(&runner, std::move(groups), options);
+    auto got = Run(engine, requests, inner.get());
+    *counts = {runner.logits_passes, runner.argmax_passes, runner.topk_passes, runner.max_k,
+               runner.drawn_passes};
+    return got;
+  }
+};
+
 // A pass whose sequences all decode greedily asks the target for arg maxes only (a GPU
 // target then keeps the logits on the device), with the same tokens, speculating or not;
-// one sampled sequence in the pass makes it ask for logits.
+// one sampled sequence in the pass makes it ask for its draws, a top-p one for logits.
 TEST_F(SpecEngineTest, GreedyPassesTakeArgMaxesNotLogits) {
   auto plain_runner = MakeRunner("full");
   SpeculativeEngine plain(plain_runner.get(), {}, {});
@@ -390,14 +424,54 @@ TEST_F(SpecEngineTest, GreedyPassesTakeArgMaxesNotLogits) {
   std::vector<SpecRequest> mixed = Prompts(0.0f, 8);
   mixed[1].sampling.temperature = 0.7f;
   Run(engine, mixed, inner.get());
+  EXPECT_GT(runner.drawn_passes, 0);
+  EXPECT_EQ(runner.logits_passes, 0);
+  mixed[1].sampling.top_p = 0.9f;
+  mixed[1].id = 50;
+  Run(engine, mixed, inner.get());
   EXPECT_GT(runner.logits_passes, 0);
+}
+
+// Sampled passes whose samplers prune nothing (temperature only, the OpenAI API's default;
+// greedy mates) ask for each row's draw, one id a row: under the match rule speculating or
+// not, and under the ratio rule without drafts. The text equals the rows path's (a top-p
+// mate forces whole rows and changes nothing for the others). Sampled verification under
+// the ratio rule needs distributions, so it ships the rows.
+TEST_F(SpecEngineHeadTest, UnprunedSampledPassesTakeEachRowsDrawNotTheRows) {
+  std::vector<SpecRequest> requests = Prompts(0.9f, 24, 5);
+  requests[1].sampling.temperature = 0.0f;
+  std::vector<SpecRequest> with_mate = requests;
+  with_mate.push_back(Prompts(0.8f, 24, 9)[0]);
+  with_mate.back().id = 999;
+  with_mate.back().sampling.top_p = 0.95f;
+  auto base_inner = MakeRunner("full");
+  HeadCountingRunner base_runner(base_inner.get());
+  SpeculativeEngine base(&base_runner, {}, {});
+  std::vector<std::vector<int32_t>> expected = Run(base, with_mate, base_inner.get());
+  expected.pop_back();
+  EXPECT_EQ(base_runner.drawn_passes, 0);
+  EXPECT_GT(base_runner.logits_passes, 0);
+  for (AcceptanceRule rule : {AcceptanceRule::kMatch, AcceptanceRule::kRatio}) {
+    for (bool speculate : {false, true}) {
+      HeadCounts runner;
+      const auto got = RunCountingHeads(requests, rule, speculate, &runner);
+      const bool ratio_verifies = rule == AcceptanceRule::kRatio && speculate;
+      if (!ratio_verifies) {
+        EXPECT_EQ(got, expected) << speculate;
+        EXPECT_EQ(runner.logits_passes, 0) << speculate;
+      } else {
+        EXPECT_GT(runner.logits_passes, 0);
+      }
+      EXPECT_GT(runner.drawn_passes, 0) << static_cast<int>(rule) << " " << speculate;
+    }
+  }
 }
 
 // Top-k sampled passes (with greedy mates) ask for each row's largest logits, as many as
 // the largest top_k of the pass, under both rules and with a sampled model drafter; the
 // seeded text is the same as target-only decoding's and as a pass that ships logits (a
 // top-p-only mate forces those).
-TEST_F(SpecEngineTest, TopKPassesTakeTheLargestLogitsNotTheRows) {
+TEST_F(SpecEngineHeadTest, TopKPassesTakeTheLargestLogitsNotTheRows) {
   std::vector<SpecRequest> requests = Prompts(0.8f, 24, 5);
   for (size_t i = 0; i < requests.size(); ++i) {
     requests[i].sampling.top_k = i % 3 == 0 ? 5 : 17;
@@ -409,16 +483,8 @@ TEST_F(SpecEngineTest, TopKPassesTakeTheLargestLogitsNotTheRows) {
   const auto expected = Run(base, requests);
   for (AcceptanceRule rule : {AcceptanceRule::kMatch, AcceptanceRule::kRatio}) {
     for (bool speculate : {false, true}) {
-      auto inner = MakeRunner("full");
-      HeadCountingRunner runner(inner.get());
-      auto drafter = MakeDrafter("draft30", "full");
-      auto controller = NewController();
-      std::vector<DraftGroup> groups;
-      if (speculate) groups.push_back({drafter.get(), controller.get()});
-      SpecEngineOptions options;
-      options.acceptance = rule;
-      SpeculativeEngine engine(&runner, std::move(groups), options);
-      const auto got = Run(engine, requests, inner.get());
+      HeadCounts runner;
+      const auto got = RunCountingHeads(requests, rule, speculate, &runner);
       if (rule == AcceptanceRule::kMatch || !speculate) {
         EXPECT_EQ(got, expected) << speculate;
       }

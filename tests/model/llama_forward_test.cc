@@ -202,6 +202,44 @@ TEST_P(ForwardTest, TopKHeadIsTheLogitsTopK) {
   EXPECT_EQ(b.cache->Length(3), 0);
 }
 
+// A drawn head gives each row the token its sampler draws from Forward's row (greedy and
+// sampled rows mixed), and refuses a draw count that is not the row count before anything
+// runs.
+TEST_P(ForwardTest, DrawnHeadIsWhatSampleDrawsFromTheRows) {
+  const std::string path = Path();
+  Harness a = Make(path, 2), b = Make(path, 2);
+  const int vocab = a.model->config().vocab_size;
+  const auto p1 = Tokens(7, 5), p2 = Tokens(4, 8), drafts = Tokens(5, 40);
+  for (const std::vector<BatchEntry>& batch :
+       {std::vector<BatchEntry>{{1, p1, false}, {2, p2, false}},
+        std::vector<BatchEntry>{{1, drafts, true}, {2, std::span(drafts).subspan(0, 1), false}}}) {
+    const std::vector<float> logits = a.Run(batch);
+    const size_t rows = logits.size() / vocab;
+    std::vector<Sampler> samplers;
+    std::vector<sample::DrawParams> draws;
+    for (size_t r = 0; r < rows; ++r) {
+      samplers.emplace_back(SamplingParams{r % 3 == 1 ? 0.0f : 1.1f, 0, 1.0f, 40 + r});
+      draws.push_back(samplers.back().DrawAt(20 + r));
+    }
+    std::vector<int32_t> ids;
+    const absl::Status st = b.fwd->ForwardDrawn(batch, b.cache.get(), draws, &ids);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(ids.size(), rows);
+    for (size_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(ids[r], samplers[r].Sample(std::span<const float>(logits).subspan(r * vocab, vocab),
+                                           20 + r))
+          << "row " << r;
+    }
+    EXPECT_EQ(b.cache->Length(1), a.cache->Length(1));
+  }
+  std::vector<int32_t> ids;
+  const std::vector<BatchEntry> one = {{3, p1, false}};
+  const sample::DrawParams two[2] = {};
+  EXPECT_EQ(b.fwd->ForwardDrawn(one, b.cache.get(), two, &ids).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.cache->Length(3), 0);
+}
+
 TEST_P(ForwardTest, TruncateRollsBackLikeAFreshSequence) {
   Harness h = Make(Path(), 2);
   auto prefix = Tokens(6, 3), wrong = Tokens(4, 50), right = Tokens(4, 60);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -311,6 +312,113 @@ TEST(Sampling, TopKOrdersByLogitThenLowerIdAndTreatsSignedZerosAlike) {
   EXPECT_EQ(values[4], 0.0f);
   TopK(logits, 1, ids, values);
   EXPECT_EQ(ids[0], ArgMax(logits));
+}
+
+// Samplers that prune nothing draw from DrawAt's parameters alone (a device's draw head):
+// DrawRows gives Sample's token for greedy and sampled rows, over vocabularies around the
+// sum's lane count, and flags rows that are not finite.
+TEST(Sampling, DrawRowsDrawWhatSampleDraws) {
+  Rng gen(11);
+  for (int64_t vocab : {1, 7, 1023, 1024, 1025, 5000, 49152}) {
+    for (float temperature : {0.0f, 0.05f, 0.7f, 1.0f, 2.5f}) {
+      const SamplingParams params{temperature, 0, 1.0f, 1234 + static_cast<uint64_t>(vocab)};
+      Sampler sampler(params);
+      ASSERT_TRUE(sampler.DrawsWithParams(vocab));
+      constexpr int kRows = 6;
+      std::vector<float> logits(static_cast<size_t>(kRows * vocab));
+      for (float& l : logits) l = static_cast<float>(gen.Uniform() * 12.0 - 6.0);
+      std::vector<sample::DrawParams> draws;
+      for (int r = 0; r < kRows; ++r) draws.push_back(sampler.DrawAt(100 + r));
+      std::vector<int32_t> ids(kRows);
+      DrawRows(logits.data(), kRows, vocab, draws.data(), ids.data());
+      for (int r = 0; r < kRows; ++r) {
+        const std::span<const float> row(logits.data() + r * vocab, static_cast<size_t>(vocab));
+        EXPECT_EQ(ids[r], sampler.Sample(row, 100 + r))
+            << "vocab " << vocab << " T " << temperature << " row " << r;
+      }
+    }
+  }
+  std::vector<float> bad = {0.0f, std::numeric_limits<float>::infinity(), 1.0f, 2.0f};
+  const sample::DrawParams d[2] = {{5, 1.0f}, {5, 0.0f}};
+  int32_t ids[2];
+  DrawRows(bad.data(), 2, 2, d, ids);
+  EXPECT_EQ(ids[0], -1);
+  EXPECT_EQ(ids[1], 1);
+}
+
+TEST(Sampling, OnlyUnprunedSamplersDrawWithParams) {
+  EXPECT_TRUE(Sampler({0.0f, 40, 0.9f, 1}).DrawsWithParams(100));  // greedy ignores the rest
+  EXPECT_TRUE(Sampler({1.0f, 0, 1.0f, 1}).DrawsWithParams(100));
+  EXPECT_TRUE(Sampler({1.0f, 100, 1.0f, 1}).DrawsWithParams(100));  // k >= vocab prunes nothing
+  EXPECT_FALSE(Sampler({1.0f, 40, 1.0f, 1}).DrawsWithParams(100));
+  EXPECT_FALSE(Sampler({1.0f, 0, 0.9f, 1}).DrawsWithParams(100));
+  const sample::DrawParams greedy = Sampler({0.0f, 0, 1.0f, 9}).DrawAt(3);
+  EXPECT_EQ(greedy.inv_t, 0.0f);
+  const sample::DrawParams hot = Sampler({0.5f, 0, 1.0f, 9}).DrawAt(3);
+  EXPECT_EQ(hot.inv_t, 2.0f);
+  EXPECT_EQ(hot.key, PositionNoise(9, 3, NoiseStream::kToken).key());
+}
+
+// The device's draw kernel (cuda/cuda_sample.cu) in its order on the host: kSumLanes
+// threads, thread t taking ids t, t + kSumLanes, ...; each sums its lane and runs its own
+// race (its own best, so its skips differ from the sequential race's), then the block keeps
+// the smallest (entry, id). It must find the sequential draw's token: the skip never drops a
+// possible winner, whatever order the entries come in.
+int32_t BlockOrderDraw(std::span<const float> row, sample::DrawParams d) {
+  constexpr int kThreads = sample::kSumLanes;
+  float max_logit = row[0];
+  for (float l : row) max_logit = std::max(max_logit, l);
+  double lanes[kThreads] = {};
+  for (int t = 0; t < kThreads; ++t) {
+    for (size_t i = t; i < row.size(); i += kThreads) {
+      lanes[t] = sample::Add(lanes[t], sample::LogitWeight(row[i], max_logit, d.inv_t));
+    }
+  }
+  const double sum = sample::FoldLanes(lanes);
+  double best = std::numeric_limits<double>::infinity();
+  int32_t winner = -1;
+  for (int t = 0; t < kThreads; ++t) {
+    double mine = std::numeric_limits<double>::infinity();
+    int32_t mine_id = -1;
+    for (size_t i = t; i < row.size(); i += kThreads) {
+      const double p = static_cast<float>(sample::LogitWeight(row[i], max_logit, d.inv_t) / sum);
+      if (!(p > 0.0)) continue;
+      const double u = sample::NoiseUniform(d.key, i);
+      if (sample::RaceSkip(u, p, mine)) continue;
+      const double e = sample::RaceEntry(u, p);
+      if (e < mine) {
+        mine = e;
+        mine_id = static_cast<int32_t>(i);
+      }
+    }
+    if (mine_id >= 0 && (mine < best || (mine == best && mine_id < winner))) {
+      best = mine;
+      winner = mine_id;
+    }
+  }
+  return winner >= 0 ? winner : 0;
+}
+
+TEST(Sampling, TheDrawKernelsOrderFindsTheSequentialToken) {
+  Rng gen(5);
+  int differ_from_argmax = 0;
+  for (int64_t vocab : {3, 1024, 3000, 49152}) {
+    for (float temperature : {0.02f, 0.3f, 1.0f, 4.0f}) {
+      Sampler sampler({temperature, 0, 1.0f, 77});
+      std::vector<float> row(static_cast<size_t>(vocab));
+      for (int trial = 0; trial < 8; ++trial) {
+        // Quarter steps: ties in the weights, and so in the race's entries' inputs.
+        for (float& l : row) l = static_cast<float>(static_cast<int>(gen.Uniform() * 48)) * 0.25f;
+        const sample::DrawParams d = sampler.DrawAt(trial);
+        int32_t want = 0;
+        DrawRows(row.data(), 1, vocab, &d, &want);
+        EXPECT_EQ(BlockOrderDraw(row, d), want)
+            << "vocab " << vocab << " T " << temperature << " trial " << trial;
+        differ_from_argmax += want != ArgMax(row);
+      }
+    }
+  }
+  EXPECT_GT(differ_from_argmax, 0);  // the draws are not all the arg max
 }
 
 }  // namespace
