@@ -103,9 +103,10 @@ absl::Status HostDraws(const std::vector<float>& logits, int32_t vocab,
 absl::Status ModelRunner::ForwardDrawn(std::span<const BatchEntry> batch,
                                        std::span<const sample::DrawParams> draws,
                                        std::vector<int32_t>* ids) {
-  if (draws.size() != LogitRows(batch).size()) {
-    return absl::InvalidArgumentError(absl::StrCat("ForwardDrawn: ", draws.size(), " draws for ",
-                                                   LogitRows(batch).size(), " logit rows"));
+  const size_t rows = LogitRows(batch).size();
+  if (draws.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardDrawn: ", draws.size(), " draws for ", rows, " logit rows"));
   }
   SPECNODE_RETURN_IF_ERROR(Forward(batch, &argmax_logits_));
   return HostDraws(argmax_logits_, vocab_size(), draws, ids);
