@@ -187,8 +187,8 @@ int RunMpi(Args a, int argc, char** argv) {
   ThreadPool pool(a.threads_per_rank);
   CommunicatorReducer reducer(comm->get());
   CpuLlamaForward fwd(c, (*model)->weights(), &pool, tp > 1 ? &reducer : nullptr);
-  DenseKvCache cache(c.n_layers, (*model)->weights().n_kv_heads_local, c.head_dim, c.gqa_group(),
-                     c.context_length, 4096);
+  DenseKvCache cache(c.n_layers, (*model)->weights().n_kv_heads_local, c.head_dim,
+                     (*model)->weights().kv_heads_held().gqa_group, c.context_length, 4096);
   std::vector<float> logits;
   const int32_t warm = 100;
   (void)fwd.Forward(std::vector<BatchEntry>{{99, std::span<const int32_t>(&warm, 1), false}},

@@ -167,10 +167,24 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
     if (batch.empty()) return absl::OkStatus();
     // A round whose samplers all draw from a row's largest logits (greedy, top-k) takes only
     // those (a draft on a GPU keeps its logits there): the arg max when every one is greedy.
+    // One whose samplers need whole rows only to draw from them (no top-k, no q to keep)
+    // takes each row's draw instead.
     HeadPlan plan;
     for (size_t i : who) plan.Add(*requests[i].sampler, vocab);
     const int head_k = plan.k;
-    if (head_k == 0) {
+    const bool drawn = head_k == 0 && std::all_of(who.begin(), who.end(), [&](size_t i) {
+                         const Sampler& sampler = *requests[i].sampler;
+                         return sampler.DrawsWithParams(vocab) &&
+                                (sampler.params().temperature == 0.0f || !requests[i].need_q);
+                       });
+    if (drawn) {
+      std::vector<sample::DrawParams> draws;
+      for (size_t i : who) {
+        draws.push_back(requests[i].sampler->DrawAt(
+            static_cast<int64_t>(requests[i].context.size() + (*drafts)[i].tokens.size())));
+      }
+      SPECNODE_RETURN_IF_ERROR(runner_->ForwardDrawn(batch, draws, &ids_));
+    } else if (head_k == 0) {
       SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
     } else if (plan.sampled) {
       SPECNODE_RETURN_IF_ERROR(runner_->ForwardTopK(batch, head_k, &ids_, &values_));
@@ -188,7 +202,9 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
       // noise, as the target draws its own token there.
       const int64_t position = static_cast<int64_t>(r.context.size() + d.tokens.size());
       int32_t token;
-      if (head_k > 0 && (r.sampler->params().temperature == 0.0f || !r.need_q)) {
+      if (drawn) {
+        token = ids_[b];  // drawn with DrawAt(position), as above
+      } else if (head_k > 0 && (r.sampler->params().temperature == 0.0f || !r.need_q)) {
         token = head.Sample(b, *r.sampler, position);  // greedy: q one-hot, left implicit
       } else if (head_k > 0) {
         r.sampler->DistributionTopK(head.Ids(b), head.Values(b), vocab, &q);

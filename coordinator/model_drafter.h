@@ -78,7 +78,7 @@ class ModelDrafter final : public Drafter {
   std::unique_ptr<ModelRunner> runner_;
   std::map<SeqId, std::vector<int32_t>> cached_;  // tokens whose K/V the runner holds
   std::vector<float> logits_;
-  std::vector<int32_t> ids_;   // a round's head: arg maxes or top-k ids (ModelRunner::ForwardTopK)
+  std::vector<int32_t> ids_;   // a round's head: arg maxes, top-k ids or draws (ModelRunner)
   std::vector<float> values_;  // a sampled top-k round's largest logits
 };
 

@@ -13,6 +13,7 @@
 #include "cuda/cuda_topk.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
+#include "model/llama/sampling.h"
 #include "model/status_macros.h"
 
 namespace specnode {
@@ -403,25 +404,44 @@ absl::Status CudaBackend::FinishTopK(const float* logits, int64_t rows, int64_t 
 absl::Status CudaBackend::FinishDraws(const float* logits, int64_t rows, int64_t vocab,
                                       std::span<const sample::DrawParams> draws,
                                       std::vector<float>* host, std::vector<int32_t>* ids) {
-  if (static_cast<int64_t>(draws.size()) != rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("FinishDraws: ", draws.size(), " draws for ", rows, " rows"));
-  }
+  SPECNODE_RETURN_IF_ERROR(CheckDrawCount("FinishDraws", draws.size(), rows));
   ForgetQ16();
   ids->resize(static_cast<size_t>(rows));
-  if (rows > 0) {
-    const size_t bytes = draws.size_bytes();
-    SPECNODE_RETURN_IF_ERROR(Ensure(draw_params_, bytes));
-    SPECNODE_RETURN_IF_ERROR(Ensure(argmax_ids_, static_cast<size_t>(rows) * sizeof(int32_t)));
-    SPECNODE_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(draw_params_.data(), draws.data(), bytes, cudaMemcpyHostToDevice, stream_));
-    SPECNODE_RETURN_IF_ERROR(CudaDrawRows(logits, rows, vocab,
-                                          draw_params_.as<sample::DrawParams>(),
-                                          argmax_ids_.as<int32_t>(), stream_));
-    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        ids->data(), argmax_ids_.data(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  if (rows == 0) return Sync();
+  const size_t bytes = draws.size_bytes();
+  SPECNODE_RETURN_IF_ERROR(Ensure(draw_params_, bytes));
+  SPECNODE_RETURN_IF_ERROR(Ensure(argmax_ids_, static_cast<size_t>(rows) * sizeof(int32_t)));
+  SPECNODE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(draw_params_.data(), draws.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  CudaDrawHead head;
+  const bool nucleus = std::any_of(draws.begin(), draws.end(), [](const sample::DrawParams& d) {
+    return d.inv_t != 0.0f && d.top_p < 1.0f;
+  });
+  if (nucleus) {  // top-p rows race the heads of every row, sorted first
+    static_assert(sample::kNucleusHead <= kCudaTopKMax, "the top-k kernel sorts the head");
+    head.k = static_cast<int>(std::min<int64_t>(sample::kNucleusHead, vocab));
+    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(head.k);
+    SPECNODE_RETURN_IF_ERROR(Ensure(draw_head_ids_, count * sizeof(int32_t)));
+    SPECNODE_RETURN_IF_ERROR(Ensure(draw_head_values_, count * sizeof(float)));
+    SPECNODE_RETURN_IF_ERROR(CudaTopKRows(logits, rows, vocab, head.k, draw_head_ids_.as<int32_t>(),
+                                          draw_head_values_.as<float>(), stream_));
+    head.ids = draw_head_ids_.as<int32_t>();
+    head.values = draw_head_values_.as<float>();
   }
-  return Sync();
+  SPECNODE_RETURN_IF_ERROR(CudaDrawRows(logits, rows, vocab, draw_params_.as<sample::DrawParams>(),
+                                        head, argmax_ids_.as<int32_t>(), stream_));
+  SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      ids->data(), argmax_ids_.data(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  SPECNODE_RETURN_IF_ERROR(Sync());
+  // A nucleus wider than the head (a flat distribution): that row's logits come to the host.
+  for (int64_t r = 0; r < rows; ++r) {
+    if ((*ids)[r] != -2) continue;
+    host->resize(static_cast<size_t>(vocab));
+    SPECNODE_CUDA_RETURN_IF_ERROR(cudaMemcpy(host->data(), logits + r * vocab,
+                                             vocab * sizeof(float), cudaMemcpyDeviceToHost));
+    DrawRows(host->data(), 1, vocab, &draws[r], &(*ids)[r]);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Sync() {

@@ -138,7 +138,9 @@ class CudaBackend final : public Backend {
   // Each row's k largest on the device (CudaTopKRows); only rows * k pairs are copied back.
   // k above kCudaTopKMax: the default (the logits to the host, TopK there).
   // CudaDrawRows (cuda/cuda_sample.h) after the pass: the draws go up into draw_params_,
-  // one id a row comes back.
+  // one id a row comes back. With a top-p row, CudaTopKRows first sorts every row's head of
+  // sample::kNucleusHead into draw_head_ids_ / draw_head_values_; a row whose nucleus is
+  // wider than that comes to the host (`host`) and is drawn there (DrawRows).
   absl::Status FinishDraws(const float* logits, int64_t rows, int64_t vocab,
                            std::span<const sample::DrawParams> draws, std::vector<float>* host,
                            std::vector<int32_t>* ids) override;
@@ -205,6 +207,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer argmax_ids_;   // FinishArgMax's [rows] int32, FinishTopK's [rows, k]
   DeviceBuffer topk_values_;  // FinishTopK's [rows, k] float
   DeviceBuffer draw_params_;  // FinishDraws' [rows] sample::DrawParams
+  DeviceBuffer draw_head_ids_;     // FinishDraws' top-p heads: [rows, kNucleusHead] int32
+  DeviceBuffer draw_head_values_;  // and their logits, float
   CudaStepTables tables_;
   int64_t ids_ = 0, positions_ = 0;  // the pass's offsets in tables_
   int64_t rows_ = 0;

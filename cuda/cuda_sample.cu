@@ -7,9 +7,16 @@
 //      A thread's skips differ from the host's sequential race, but a skip never drops an
 //      entry that could win (sample::RaceSkip), so the winner is the host's
 //      (tests/model/sampling_test.cc TheDrawKernelsOrderFindsTheSequentialToken).
+//   3'. Top-p rows instead: thread j weighs the row's j-th largest logit (the head the top-k
+//      kernel sorted), thread 0 runs top-p's cut over the head's weights in order
+//      (sample::NucleusCut, the host's loop), and the kept threads race one entry each; a
+//      nucleus wider than the head gives -2, drawn on the host
+//      (sampling_test.cc TheNucleusKernelsOrderFindsTheSequentialToken).
 #include "cuda/cuda_sample.h"
 
 #include <math_constants.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_check.h"
@@ -20,6 +27,7 @@ namespace {
 constexpr int kThreads = sample::kSumLanes;
 constexpr int kWarps = kThreads / 32;
 static_assert(kThreads % 32 == 0 && kThreads <= 1024, "a block of whole warps");
+static_assert(sample::kNucleusHead <= kThreads, "one thread per entry of a top-p head");
 
 struct Shared {
   double lanes[kThreads];
@@ -28,6 +36,8 @@ struct Shared {
   int warp_id[kWarps];
   float max_logit;
   int first_id;
+  int keep;         // top-p's kept entries of the head (0: wider than the head)
+  double kept_sum;  // their weights' sum
 };
 
 // (entry, id) a is better than b: the smaller entry, then the lower id; id -1 is no entry.
@@ -90,8 +100,44 @@ __device__ int BlockBest(double e, int id, Shared& s) {
   return s.warp_id[0];
 }
 
+// Step 3' for a top-p row: the winner among the head's kept entries (ids, values [k]: the
+// row's k largest in TopK's order), -1 when none has a positive probability, or -2 when
+// the cut is not within the head and the head is not the whole row (`whole`).
+__device__ int NucleusDraw(const int32_t* head_ids, const float* head_values, int k, bool whole,
+                           float max_logit, sample::DrawParams d, double sum, Shared& s) {
+  const int tid = threadIdx.x;
+  __syncthreads();  // every thread has read the sum out of s.lanes[0]
+  double w = 0.0;
+  if (tid < k) {
+    w = sample::LogitWeight(head_values[tid], max_logit, d.inv_t);
+    s.lanes[tid] = w;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    double kept_sum = 0.0;
+    int keep = sample::NucleusCut(s.lanes, k, d.top_p, sum, &kept_sum);
+    if (keep == 0 && whole) keep = k;  // rounding kept the cut from closing: the whole row
+    s.keep = keep;
+    s.kept_sum = kept_sum;
+  }
+  __syncthreads();
+  if (s.keep == 0) return -2;
+  double e = CUDART_INF;
+  int id = -1;
+  if (tid < s.keep) {
+    // The host's float probability, widened back (sampling.cc RaceKeptWith).
+    const double p = static_cast<float>(sample::Div(w, s.kept_sum));
+    if (p > 0.0) {
+      id = head_ids[tid];
+      e = sample::RaceEntry(sample::NoiseUniform(d.key, static_cast<uint64_t>(id)), p);
+    }
+  }
+  return BlockBest(e, id, s);
+}
+
 __global__ void __launch_bounds__(kThreads)
-    DrawRowsKernel(const float* x, int cols, const sample::DrawParams* draws, int32_t* ids) {
+    DrawRowsKernel(const float* x, int cols, const sample::DrawParams* draws,
+                   const int32_t* head_ids, const float* head_values, int head_k, int32_t* ids) {
   __shared__ Shared s;
   const int tid = threadIdx.x;
   const float* row = x + static_cast<size_t>(blockIdx.x) * cols;
@@ -123,6 +169,16 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
   const double sum = s.lanes[0];
+  if (d.top_p < 1.0f) {
+    int won = -2;  // no head given: the host draws the row
+    if (head_ids != nullptr) {
+      const size_t at = static_cast<size_t>(blockIdx.x) * head_k;
+      won = NucleusDraw(head_ids + at, head_values + at, head_k, head_k == cols, max_logit, d, sum,
+                        s);
+    }
+    if (tid == 0) ids[blockIdx.x] = won == -1 ? 0 : won;
+    return;
+  }
   double best = CUDART_INF;
   int winner = -1;
   for (int i = tid; i < cols; i += kThreads) {
@@ -145,17 +201,22 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 absl::Status CudaDrawRows(const float* x, int64_t n, int64_t cols, const sample::DrawParams* draws,
-                          int32_t* ids, cudaStream_t stream) {
+                          const CudaDrawHead& head, int32_t* ids, cudaStream_t stream) {
   if (n < 0 || n > 0x7fffffff || cols <= 0 || cols > 0x7fffffff) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaDrawRows: bad shape n=", n, " cols=", cols));
+  }
+  if (head.ids != nullptr &&
+      (head.values == nullptr || head.k != std::min<int64_t>(sample::kNucleusHead, cols))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaDrawRows: a top-p head of ", head.k, " entries over rows of ", cols));
   }
   if (n == 0) return absl::OkStatus();
   if (x == nullptr || draws == nullptr || ids == nullptr) {
     return absl::InvalidArgumentError("CudaDrawRows: null pointer");
   }
-  DrawRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, static_cast<int>(cols),
-                                                                    draws, ids);
+  DrawRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+      x, static_cast<int>(cols), draws, head.ids, head.values, head.k, ids);
   SPECNODE_CUDA_RETURN_IF_LAUNCH_ERROR("DrawRowsKernel");
   return absl::OkStatus();
 }

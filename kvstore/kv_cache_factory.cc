@@ -8,18 +8,19 @@
 
 namespace specnode {
 
-KvStoreConfig KvStoreConfigFor(const LlamaConfig& model, int n_kv_heads, const KvOptions& options) {
+KvStoreConfig KvStoreConfigFor(const LlamaConfig& model, KvHeadsHeld heads,
+                               const KvOptions& options) {
   KvStoreConfig c;
   static_cast<KvOptions&>(c) = options;
   c.n_layers = model.n_layers;
-  c.n_kv_heads = n_kv_heads;
+  c.n_kv_heads = heads.n_kv_heads;
   c.head_dim = model.head_dim;
-  c.gqa_group = model.gqa_group();
+  c.gqa_group = heads.gqa_group;
   c.max_seq_len = model.context_length;
   return c;
 }
 
-absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, int n_kv_heads,
+absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, KvHeadsHeld heads,
                                                      const KvOptions& o,
                                                      const KvPoolMaker& make_pool,
                                                      KvStore::OptionsChecked checked) {
@@ -28,13 +29,13 @@ absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const LlamaConfig& config, 
     if (make_pool != nullptr) {
       return absl::InvalidArgumentError("kv mode dense is the host's f32 reference cache");
     }
-    const int64_t bytes_per_token = int64_t{2} * config.n_layers * n_kv_heads * config.head_dim *
-                                    static_cast<int64_t>(sizeof(float));
-    return std::make_unique<DenseKvCache>(config.n_layers, n_kv_heads, config.head_dim,
-                                          config.gqa_group(), config.context_length,
+    const int64_t bytes_per_token = int64_t{2} * config.n_layers * heads.n_kv_heads *
+                                    config.head_dim * static_cast<int64_t>(sizeof(float));
+    return std::make_unique<DenseKvCache>(config.n_layers, heads.n_kv_heads, config.head_dim,
+                                          heads.gqa_group, config.context_length,
                                           std::max<int64_t>(1, o.capacity_bytes / bytes_per_token));
   }
-  const KvStoreConfig kc = KvStoreConfigFor(config, n_kv_heads, o);
+  const KvStoreConfig kc = KvStoreConfigFor(config, heads, o);
   std::unique_ptr<KvStore> store;
   if (make_pool == nullptr) {
     SPECNODE_ASSIGN_OR_RETURN(store, MakeHostKvStore(kc, checked));

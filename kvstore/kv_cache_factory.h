@@ -14,12 +14,15 @@
 #include "kvstore/kv_store.h"
 #include "model/llama/kv_cache.h"
 #include "model/llama/llama_config.h"
+#include "model/llama/llama_weights.h"
 
 namespace specnode {
 
-// The store's config for `model` with `options`: geometry from the model, n_kv_heads the
-// kv heads this process holds (a tensor-parallel shard's).
-KvStoreConfig KvStoreConfigFor(const LlamaConfig& model, int n_kv_heads, const KvOptions& options);
+// The store's config for `model` with `options`: geometry from the model, `heads` the kv
+// heads this process holds and their query heads (a tensor-parallel shard's:
+// LlamaWeights::kv_heads_held).
+KvStoreConfig KvStoreConfigFor(const LlamaConfig& model, KvHeadsHeld heads,
+                               const KvOptions& options);
 
 // Makes the page pool of a store: its geometry, capacity in bytes and rotation request.
 using KvPoolMaker = std::function<absl::StatusOr<std::unique_ptr<KvPagePool>>(
@@ -34,7 +37,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeHostKvStore(
 // `checked` kYes: the caller validated `options` against the device already (the runner
 // factory's CheckRunnerOptions), so they are not checked again.
 absl::StatusOr<std::unique_ptr<KvCache>> MakeKvCache(
-    const LlamaConfig& config, int n_kv_heads, const KvOptions& options,
+    const LlamaConfig& config, KvHeadsHeld heads, const KvOptions& options,
     const KvPoolMaker& make_pool = nullptr,
     KvStore::OptionsChecked checked = KvStore::OptionsChecked::kNo);
 

@@ -83,10 +83,7 @@ namespace {
 absl::Status HostDraws(const std::vector<float>& logits, int32_t vocab,
                        std::span<const sample::DrawParams> draws, std::vector<int32_t>* ids) {
   const size_t rows = logits.size() / static_cast<size_t>(vocab);
-  if (draws.size() != rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardDrawn: ", draws.size(), " draws for ", rows, " logit rows"));
-  }
+  SPECNODE_RETURN_IF_ERROR(CheckDrawCount("ForwardDrawn", draws.size(), rows));
   ids->resize(rows);
   DrawRows(logits.data(), static_cast<int64_t>(rows), vocab, draws.data(), ids->data());
   for (size_t r = 0; r < rows; ++r) {
@@ -103,11 +100,8 @@ absl::Status HostDraws(const std::vector<float>& logits, int32_t vocab,
 absl::Status ModelRunner::ForwardDrawn(std::span<const BatchEntry> batch,
                                        std::span<const sample::DrawParams> draws,
                                        std::vector<int32_t>* ids) {
-  const size_t rows = LogitRows(batch).size();
-  if (draws.size() != rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardDrawn: ", draws.size(), " draws for ", rows, " logit rows"));
-  }
+  SPECNODE_RETURN_IF_ERROR(
+      CheckDrawCount("ForwardDrawn", draws.size(), static_cast<int64_t>(LogitRows(batch).size())));
   SPECNODE_RETURN_IF_ERROR(Forward(batch, &argmax_logits_));
   return HostDraws(argmax_logits_, vocab_size(), draws, ids);
 }

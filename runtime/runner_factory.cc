@@ -36,12 +36,12 @@ namespace {
 // kv with capacity_bytes from kv.memory_utilization, when set: what `memory` (measured with
 // the model loaded) leaves of that fraction, at least two of the largest pages.
 absl::StatusOr<KvOptions> BudgetedKv(
-    const LlamaConfig& config, int n_kv_heads, KvOptions kv, Device device,
+    const LlamaConfig& config, KvHeadsHeld heads, KvOptions kv, Device device,
     const std::function<absl::StatusOr<DeviceMemoryInfo>()>& memory) {
   if (kv.memory_utilization <= 0) return kv;
   SPECNODE_ASSIGN_OR_RETURN(const DeviceMemoryInfo m, memory());
-  const int64_t page = static_cast<int64_t>(kv.page_tokens) * 2 * config.n_layers * n_kv_heads *
-                       KvRowBytes(KvPrecision::kFull, config.head_dim);
+  const int64_t page = static_cast<int64_t>(kv.page_tokens) * 2 * config.n_layers *
+                       heads.n_kv_heads * KvRowBytes(KvPrecision::kFull, config.head_dim);
   SPECNODE_ASSIGN_OR_RETURN(kv.capacity_bytes, KvCapacityFromUtilization(kv.memory_utilization, m,
                                                                          2 * page, device.name()));
   return kv;
@@ -110,11 +110,11 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
   SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(o, &config));
   if (o.device.is_cpu()) {
     // CheckRunnerOptions above was the options' one check.
-    SPECNODE_ASSIGN_OR_RETURN(const KvOptions kv, BudgetedKv(config, weights.n_kv_heads_local, o.kv,
+    SPECNODE_ASSIGN_OR_RETURN(const KvOptions kv, BudgetedKv(config, weights.kv_heads_held(), o.kv,
                                                              o.device, HostMemory));
     SPECNODE_ASSIGN_OR_RETURN(
         std::unique_ptr<KvCache> cache,
-        MakeKvCache(config, weights.n_kv_heads_local, kv, nullptr, KvStore::OptionsChecked::kYes));
+        MakeKvCache(config, weights.kv_heads_held(), kv, nullptr, KvStore::OptionsChecked::kYes));
     const ActQuant act = o.activations.value_or(weights.activations);
     return std::make_unique<LocalModelRunner>(config, std::make_unique<CpuBackend>(o.pool, act),
                                               CpuBackend::ForKernels(Borrowed(weights), act),
@@ -129,12 +129,12 @@ absl::StatusOr<std::unique_ptr<LocalModelRunner>> MakeRunner(const LlamaConfig& 
                             backend->UploadWeights(Borrowed(weights)));
   CudaBackend* device = backend.get();
   SPECNODE_ASSIGN_OR_RETURN(const KvOptions kv,
-                            BudgetedKv(config, weights.n_kv_heads_local, o.kv, o.device,
+                            BudgetedKv(config, weights.kv_heads_held(), o.kv, o.device,
                                        [device] { return device->MemoryInfo(); }));
   SPECNODE_ASSIGN_OR_RETURN(
       std::unique_ptr<KvCache> cache,
       MakeKvCache(
-          config, weights.n_kv_heads_local, kv,
+          config, weights.kv_heads_held(), kv,
           [device](const KvPoolGeometry& g, int64_t capacity,
                    std::optional<bool> rotate) -> absl::StatusOr<std::unique_ptr<KvPagePool>> {
             SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<CudaPagePool> pool,

@@ -117,8 +117,8 @@ absl::StatusOr<std::unique_ptr<LocalTpTarget>> LocalTpTarget::Load(
     rank->forward =
         std::make_unique<CpuLlamaForward>(c, rank->model->weights(), rank->pool.get(), reducer);
     rank->cache = std::make_unique<DenseKvCache>(
-        c.n_layers, rank->model->weights().n_kv_heads_local, c.head_dim, c.gqa_group(),
-        c.context_length, options.kv_tokens);
+        c.n_layers, rank->model->weights().n_kv_heads_local, c.head_dim,
+        rank->model->weights().kv_heads_held().gqa_group, c.context_length, options.kv_tokens);
     t->ranks_.push_back(std::move(rank));
   }
   t->workers_ = std::make_unique<Workers>(options.tp_size);

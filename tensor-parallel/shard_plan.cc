@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "model/gguf/ggml_types.h"
 #include "model/gguf/gguf_reader.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 namespace {
@@ -20,13 +21,13 @@ std::string ModelName(const LlamaConfig& c) {
 std::string Problem(const LlamaConfig& c, int t) {
   const std::string who = ModelName(c);
   if (t < 1) return absl::StrCat("tensor parallelism must be at least 1, got ", t);
-  if (t > c.n_kv_heads) {
+  if (t > c.n_kv_heads && t % c.n_kv_heads != 0) {
     return absl::StrFormat(
-        "tensor parallelism %d exceeds %s %d KV heads (replicating KV heads across ranks is "
-        "not supported)",
-        t, who, c.n_kv_heads);
+        "tensor parallelism %d exceeds %s %d KV heads and is not a multiple of them (each KV "
+        "head is replicated on T / %d ranks)",
+        t, who, c.n_kv_heads, c.n_kv_heads);
   }
-  if (c.n_kv_heads % t != 0) {
+  if (t < c.n_kv_heads && c.n_kv_heads % t != 0) {
     return absl::StrFormat("tensor parallelism %d does not divide %s %d KV heads", t, who,
                            c.n_kv_heads);
   }
@@ -59,7 +60,7 @@ std::string Problem(const LlamaConfig& c, int t) {
 
 std::vector<int> ShardPlan::ValidSizes(const LlamaConfig& config) {
   std::vector<int> sizes;
-  for (int t = 1; t <= std::max(1, config.n_kv_heads); ++t) {
+  for (int t = 1; t <= std::max(1, config.n_heads); ++t) {
     if (Problem(config, t).empty()) sizes.push_back(t);
   }
   if (sizes.empty()) sizes.push_back(1);
@@ -82,14 +83,17 @@ absl::StatusOr<ShardPlan> ShardPlan::Create(const LlamaConfig& config, int tp_si
   ShardPlan plan;
   plan.config_ = config;
   const int t = tp_size;
-  const int h = config.n_heads / t, kv = config.n_kv_heads / t, ff = config.d_ff / t;
+  const int ff = config.d_ff / t;
   for (int r = 0; r < t; ++r) {
+    // The loader's slicing, so the plan and the shards agree by construction.
+    SPECNODE_ASSIGN_OR_RETURN(const ShardHeads h, HeadsOfShard(config, ShardSpec{r, t}));
     RankShard s;
     s.rank = r;
-    s.heads = {r * h, (r + 1) * h};
-    s.kv_heads = {r * kv, (r + 1) * kv};
+    s.heads = {h.q_begin, h.q_begin + h.q_count};
+    s.kv_heads = {h.kv_begin, h.kv_begin + h.kv_count};
     s.ffn = {r * ff, (r + 1) * ff};
-    s.q_cols = {r * h * config.head_dim, (r + 1) * h * config.head_dim};
+    s.q_cols = {h.q_begin * config.head_dim, (h.q_begin + h.q_count) * config.head_dim};
+    plan.kv_replicas_ = h.kv_replicas;
     plan.ranks_.push_back(s);
   }
   return plan;
@@ -100,14 +104,21 @@ absl::StatusOr<ShardPlan> ShardPlan::ForFile(const GgufFile& file, const LlamaCo
   auto plan = Create(config, tp_size);
   if (!plan.ok()) return plan.status();
   const int t = tp_size;
+  // The share of K and V rows a rank holds: its kv heads of all (1 / t, or one head of
+  // n_kv_heads under replication).
+  const int64_t kv_held = plan->rank(0).kv_heads.count(), kv_all = config.n_kv_heads;
   int64_t sharded = 0, replicated = 0;
   for (const GgufTensorInfo& info : file.tensors()) {
     const std::string& n = info.name;
+    const bool kv = n.ends_with("attn_k.weight") || n.ends_with("attn_v.weight") ||
+                    n.ends_with("attn_k.bias") || n.ends_with("attn_v.bias");
     // Q/K/V biases (qwen2) follow their matrices' rows; a vector's "rows" are its values.
-    const bool bias =
-        n.ends_with("attn_q.bias") || n.ends_with("attn_k.bias") || n.ends_with("attn_v.bias");
-    if (bias) {
+    if (n.ends_with("attn_q.bias")) {
       sharded += static_cast<int64_t>(info.n_bytes) / t;
+      continue;
+    }
+    if (kv && n.ends_with(".bias")) {
+      sharded += static_cast<int64_t>(info.n_bytes) * kv_held / kv_all;
       continue;
     }
     const bool row_split = n.ends_with("attn_q.weight") || n.ends_with("attn_k.weight") ||
@@ -122,7 +133,9 @@ absl::StatusOr<ShardPlan> ShardPlan::ForFile(const GgufFile& file, const LlamaCo
       return absl::InvalidArgumentError(absl::StrCat("tensor ", n, " is not a matrix"));
     }
     const int64_t cols = info.dims[0], rows = info.dims[1];
-    if (row_split) {
+    if (kv) {
+      sharded += static_cast<int64_t>(GgmlRowBytes(info.type, cols)) * (rows * kv_held / kv_all);
+    } else if (row_split) {
       sharded += static_cast<int64_t>(GgmlRowBytes(info.type, cols)) * (rows / t);
     } else {
       sharded += static_cast<int64_t>(GgmlRowBytes(info.type, cols / t)) * rows;
@@ -137,8 +150,11 @@ absl::StatusOr<ShardPlan> ShardPlan::ForFile(const GgufFile& file, const LlamaCo
 
 std::string ShardPlan::Summary() const {
   const RankShard& s = ranks_[0];
-  return absl::StrFormat("TP %d over %s: per rank %d heads, %d kv heads, %d ffn units", size(),
-                         config_.Summary(), s.heads.count(), s.kv_heads.count(), s.ffn.count());
+  return absl::StrFormat(
+      "TP %d over %s: per rank %d heads, %d kv heads%s, %d ffn units", size(), config_.Summary(),
+      s.heads.count(), s.kv_heads.count(),
+      kv_replicas_ > 1 ? absl::StrCat(" (each on ", kv_replicas_, " ranks)") : std::string(),
+      s.ffn.count());
 }
 
 }  // namespace specnode

@@ -74,7 +74,7 @@ struct GpuPass {
     kc.n_layers = c.n_layers;
     kc.n_kv_heads = m.weights().n_kv_heads_local;
     kc.head_dim = c.head_dim;
-    kc.gqa_group = c.gqa_group();
+    kc.gqa_group = m.weights().kv_heads_held().gqa_group;
     kc.max_seq_len = c.context_length;
     kc.page_tokens = page_tokens;
     kc.capacity_bytes = kv_bytes;

@@ -6,7 +6,9 @@
 // call SPECNODE_SKIP_WITHOUT_CUDA() first in a plain TEST.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -60,6 +62,25 @@ inline std::vector<float> RandomVector(size_t n, uint32_t seed, float stddev = 1
   std::vector<float> v(n);
   for (float& x : v) x = dist(gen);
   return v;
+}
+
+// Logit rows for the head kernels' tests (top-k, draws), kHeadRows of `cols`: 0 random
+// (x 8: a flat distribution), 1 every value equal (ties everywhere: the lowest ids win), 2
+// quarter steps (many ties, across any cut), 3 signed zeros above negatives, 4 a NaN, 5 +inf,
+// 6 one large logit (a sharp distribution).
+constexpr int64_t kHeadRows = 7;
+inline std::vector<float> HeadRows(int64_t cols, uint32_t seed) {
+  std::vector<float> x = RandomVector(kHeadRows * cols, seed);
+  for (int64_t c = 0; c < cols; ++c) {
+    x[0 * cols + c] *= 8.0f;
+    x[1 * cols + c] = 0.5f;
+    x[2 * cols + c] = std::round(x[2 * cols + c] * 16.0f) / 4.0f;
+    x[3 * cols + c] = c % 5 == 0 ? (c % 2 == 0 ? 0.0f : -0.0f) : -1.0f - static_cast<float>(c % 7);
+  }
+  x[4 * cols + cols / 2] = std::nanf("");
+  x[5 * cols] = INFINITY;
+  x[6 * cols + cols / 3] = 30.0f;
+  return x;
 }
 
 template <typename T>

@@ -19,32 +19,19 @@ namespace {
 
 using cuda_test::CudaTest;
 using cuda_test::Download;
-using cuda_test::RandomVector;
+using cuda_test::HeadRows;
+using cuda_test::kHeadRows;
 using cuda_test::Upload;
 
 class CudaTopKTest : public CudaTest {};
-
-// Rows: 0 random; 1 every value equal (ties everywhere: the lowest ids win); 2 quarter steps
-// (many ties, one crossing the k-th place); 3 signed zeros above negatives; 4 a NaN; 5 +inf.
-std::vector<float> Rows(int64_t n, int64_t cols, uint32_t seed) {
-  std::vector<float> x = RandomVector(n * cols, seed);
-  for (int64_t c = 0; c < cols; ++c) {
-    x[1 * cols + c] = 0.5f;
-    x[2 * cols + c] = std::round(x[2 * cols + c] * 4.0f) / 4.0f;
-    x[3 * cols + c] = c % 5 == 0 ? (c % 2 == 0 ? 0.0f : -0.0f) : -1.0f - static_cast<float>(c % 7);
-  }
-  x[4 * cols + cols / 2] = std::nanf("");
-  x[5 * cols] = INFINITY;
-  return x;
-}
 
 TEST_F(CudaTopKTest, EqualsTheHostTopKAndFlagsNonFiniteRows) {
   for (int64_t cols :
        {int64_t{1}, int64_t{40}, int64_t{1023}, int64_t{1025}, int64_t{49152}, int64_t{151936}}) {
     for (int k : {1, 2, 17, 40, 256, 1000, kCudaTopKMax}) {
       if (k > cols) continue;
-      const int64_t n = 6;
-      const std::vector<float> x = Rows(n, cols, static_cast<uint32_t>(cols + k));
+      const int64_t n = kHeadRows;
+      const std::vector<float> x = HeadRows(cols, static_cast<uint32_t>(cols + k));
       absl::StatusOr<DeviceBuffer> x_dev = Upload(x);
       absl::StatusOr<DeviceBuffer> ids_dev = DeviceBuffer::Allocate(n * k * sizeof(int32_t));
       absl::StatusOr<DeviceBuffer> val_dev = DeviceBuffer::Allocate(n * k * sizeof(float));

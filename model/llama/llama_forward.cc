@@ -79,10 +79,7 @@ absl::Status LlamaForward::ForwardDrawn(std::span<const BatchEntry> batch, KvCac
                                         std::span<const sample::DrawParams> draws,
                                         std::vector<int32_t>* ids) {
   const size_t rows = LogitRows(batch).size();
-  if (draws.size() != rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardDrawn: ", draws.size(), " draws for ", rows, " logit rows"));
-  }
+  SPECNODE_RETURN_IF_ERROR(CheckDrawCount("ForwardDrawn", draws.size(), rows));
   if (rows == 0) {
     return Pass(batch, cache, HeadOut{nullptr, ids});  // nothing to draw: lengths only
   }

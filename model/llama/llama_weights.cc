@@ -74,19 +74,40 @@ WeightView ConvertToComputeType(const WeightView& v,
   return c;
 }
 
-absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaConfig& config,
-                                              ShardSpec shard, int n_layers) {
+absl::StatusOr<ShardHeads> HeadsOfShard(const LlamaConfig& config, ShardSpec shard) {
   const int t = shard.size;
   if (t < 1 || shard.rank < 0 || shard.rank >= t) {
     return absl::InvalidArgumentError(
         absl::StrFormat("invalid shard %d of %d", shard.rank, shard.size));
   }
-  if (config.n_heads % t != 0 || config.n_kv_heads % t != 0 || config.d_ff % t != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("tensor-parallel size %d must divide head_count %d, head_count_kv %d and "
-                        "feed_forward_length %d",
-                        t, config.n_heads, config.n_kv_heads, config.d_ff));
+  const int n_kv = config.n_kv_heads;
+  if (n_kv < 1 || config.n_heads % t != 0 || config.d_ff % t != 0 ||
+      (n_kv % t != 0 && t % n_kv != 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor-parallel size %d must divide head_count %d and feed_forward_length %d, and "
+        "divide head_count_kv %d or be a multiple of it",
+        t, config.n_heads, config.d_ff, n_kv));
   }
+  ShardHeads h;
+  h.q_count = config.n_heads / t;
+  h.q_begin = shard.rank * h.q_count;
+  if (n_kv % t == 0) {
+    h.kv_count = n_kv / t;
+    h.kv_begin = shard.rank * h.kv_count;
+  } else {
+    // Each kv head's query heads span t / n_kv ranks: rank r's all belong to kv head
+    // r / (t / n_kv) (heads [g k, g (k + 1)) use kv head k, g = n_heads / n_kv).
+    h.kv_replicas = t / n_kv;
+    h.kv_count = 1;
+    h.kv_begin = shard.rank / h.kv_replicas;
+  }
+  return h;
+}
+
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaConfig& config,
+                                              ShardSpec shard, int n_layers) {
+  SPECNODE_ASSIGN_OR_RETURN(const ShardHeads heads, HeadsOfShard(config, shard));
+  const int t = shard.size;
   if (n_layers < 0) n_layers = config.n_layers;
   if (n_layers == 0 || n_layers > config.n_layers) {
     return absl::InvalidArgumentError(
@@ -94,8 +115,8 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   }
   LlamaWeights w;
   w.shard = shard;
-  w.n_heads_local = config.n_heads / t;
-  w.n_kv_heads_local = config.n_kv_heads / t;
+  w.n_heads_local = heads.q_count;
+  w.n_kv_heads_local = heads.kv_count;
   w.d_ff_local = config.d_ff / t;
   const int64_t hd = config.head_dim;
   const int64_t d = config.d_model;
@@ -163,10 +184,10 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
   } else {
     SPECNODE_ASSIGN_OR_RETURN(w.output, Matrix(file, "output.weight", config.vocab_size, d));
   }
-  const int64_t q_begin = shard.rank * w.n_heads_local * hd;
-  const int64_t q_count = w.n_heads_local * hd;
-  const int64_t kv_begin = shard.rank * w.n_kv_heads_local * hd;
-  const int64_t kv_count = w.n_kv_heads_local * hd;
+  const int64_t q_begin = heads.q_begin * hd;
+  const int64_t q_count = heads.q_count * hd;
+  const int64_t kv_begin = heads.kv_begin * hd;
+  const int64_t kv_count = heads.kv_count * hd;
   const int64_t ff_begin = shard.rank * w.d_ff_local;
   const int64_t ff_count = w.d_ff_local;
   for (int l = 0; l < n_layers; ++l) {

@@ -35,6 +35,22 @@ struct ShardSpec {
   int size = 1;
 };
 
+// The heads a tensor-parallel shard holds (Megatron slicing; the rules and their messages:
+// tensor-parallel/shard_plan.h). Query heads: n_heads / size of them from q_begin. KV
+// heads: n_kv_heads / size of them from kv_begin when size divides n_kv_heads; when size is
+// a multiple of n_kv_heads (KV-head replication, as vLLM does), the one kv head its query
+// heads use, which kv_replicas = size / n_kv_heads ranks hold alike.
+struct ShardHeads {
+  int q_begin = 0;
+  int q_count = 0;
+  int kv_begin = 0;
+  int kv_count = 0;
+  int kv_replicas = 1;
+};
+// InvalidArgument unless 0 <= rank < size, size divides n_heads and d_ff, and size divides
+// n_kv_heads or is a multiple of it.
+absl::StatusOr<ShardHeads> HeadsOfShard(const LlamaConfig& config, ShardSpec shard);
+
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [d_model]
   WeightView wq;                     // [q_dim / T rows, d_model cols]
@@ -58,11 +74,21 @@ struct LayerWeights {
   WeightView w_down;                 // [d_model, d_ff / T]
 };
 
+// The kv heads a (shard's) KV cache holds, and how many query heads attend to each there:
+// the model's GQA group, or less under KV-head replication (ShardHeads).
+struct KvHeadsHeld {
+  int n_kv_heads = 0;
+  int gqa_group = 1;
+};
+
 struct LlamaWeights {
   ShardSpec shard;
   int n_heads_local = 0;     // query heads on this shard
   int n_kv_heads_local = 0;  // kv heads on this shard
   int d_ff_local = 0;
+  KvHeadsHeld kv_heads_held() const {
+    return {n_kv_heads_local, n_kv_heads_local > 0 ? n_heads_local / n_kv_heads_local : 1};
+  }
   WeightView token_embd;               // [vocab rows, d_model cols]
   const float* output_norm = nullptr;  // [d_model]
   WeightView output;                   // [vocab, d_model]; token_embd when tied

@@ -173,13 +173,39 @@ SPECNODE_SAMPLE_HD bool RaceSkip(double u, double p, double best) {
 }
 SPECNODE_SAMPLE_HD double RaceEntry(double u, double p) { return Div(-Log(u), p); }
 
-// What a device needs to draw one row exactly as Sampler::Sample draws it when nothing is
-// pruned (no top-k, top-p 1): the noise key of the row's position (PositionNoise::key) and
-// 1 / temperature as a float; inv_t == 0 draws greedily (the row's arg max).
+// What a device needs to draw one row exactly as Sampler::Sample draws it when top-k prunes
+// nothing: the noise key of the row's position (PositionNoise::key), 1 / temperature as a
+// float (inv_t == 0 draws greedily: the row's arg max) and top-p (1 = off).
 struct DrawParams {
   uint64_t key = 0;
   float inv_t = 0.0f;
+  float top_p = 1.0f;
 };
+
+// Top-p's cut over weights [n] (unnormalised, in descending logit order, ties lower id
+// first) whose whole row sums to `sum`: the shortest prefix whose weights, added one by one
+// in order, reach top_p * sum. Returns its length in [1, n] with *kept_sum = that prefix's
+// sum (the same sequential additions), or 0 when the n weights do not reach it, with
+// *kept_sum = all n's sum — the caller either has the whole row (and keeps it all) or
+// continues past n. One thread's loop, the same on host and device.
+SPECNODE_SAMPLE_HD int NucleusCut(const double* weights, int n, float top_p, double sum,
+                                  double* kept_sum) {
+  const double threshold = Mul(static_cast<double>(top_p), sum);
+  double cumulative = 0.0;
+  for (int i = 0; i < n; ++i) {
+    cumulative = Add(cumulative, weights[i]);
+    if (cumulative >= threshold) {
+      *kept_sum = cumulative;
+      return i + 1;
+    }
+  }
+  *kept_sum = cumulative;
+  return 0;
+}
+
+// How many of a row's largest logits a device sorts to find top-p's cut (the top-k head's
+// limit, cuda/cuda_topk.h kCudaTopKMax); a nucleus wider than this is drawn on the host.
+constexpr int kNucleusHead = 1024;
 
 // The lanes of a row's weight sum (see the file comment).
 constexpr int kSumLanes = 1024;

@@ -127,6 +127,98 @@ namespace {
 // the same bits.
 using sample::LogitWeight;
 
+float MaxLogit(const float* logits, size_t n) {
+  float max_logit = logits[0];
+  for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, logits[i]);
+  return max_logit;
+}
+
+// The weight sum of a whole row of n logits in sample::kSumLanes interleaved lanes and their
+// fixed tree: the order the device's draw kernel sums in (sample_math.h). Stores the
+// weights into w [n] unless null.
+double LaneWeightSum(const float* logits, size_t n, float max_logit, float inv_t, double* w) {
+  double lanes[sample::kSumLanes] = {};
+  for (size_t i = 0; i < n; ++i) {
+    const double weight = LogitWeight(logits[i], max_logit, inv_t);
+    if (w != nullptr) w[i] = weight;
+    lanes[i % sample::kSumLanes] += weight;
+  }
+  return sample::FoldLanes(lanes);
+}
+
+// The arithmetic after a selection: weights of n logits in descending order at inv_t, and
+// top-p's cut of them against their own sequential sum (top_p < 1); returns how many are
+// kept, with weights [keep] and *sum their sum.
+int32_t WeighSorted(const float* sorted_logits, int32_t n, float inv_t, float top_p,
+                    std::vector<double>* weights, double* sum) {
+  const float max_logit = MaxLogit(sorted_logits, static_cast<size_t>(n));
+  std::vector<double>& p = *weights;
+  p.resize(n);
+  *sum = 0.0;
+  for (int32_t i = 0; i < n; ++i) {
+    p[i] = LogitWeight(sorted_logits[i], max_logit, inv_t);
+    *sum += p[i];
+  }
+  int32_t keep = n;
+  if (top_p < 1.0f) {
+    double kept_sum = 0.0;
+    keep = sample::NucleusCut(p.data(), n, top_p, *sum, &kept_sum);
+    if (keep == 0) keep = n;  // rounding kept the cut from closing: keep them all
+    *sum = kept_sum;
+  }
+  p.resize(keep);
+  return keep;
+}
+
+// Top-p alone over a whole row (no top-k), as a device does it: the row's weight sum in
+// LaneWeightSum's order, then the cut (sample::NucleusCut) over the sample::kNucleusHead
+// largest logits, sorted; only a nucleus wider than those sorts the rest. ids, weights
+// [keep] of the kept, descending logit (ties lower id first), and *sum their sum.
+void NucleusCandidates(std::span<const float> logits, float inv_t, float top_p,
+                       std::vector<int32_t>* ids, std::vector<double>* weights, double* sum) {
+  const size_t vocab = logits.size();
+  const float max_logit = MaxLogit(logits.data(), vocab);
+  const double row_sum = LaneWeightSum(logits.data(), vocab, max_logit, inv_t, nullptr);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  ids->resize(vocab);
+  std::iota(ids->begin(), ids->end(), 0);
+  size_t sorted = std::min<size_t>(sample::kNucleusHead, vocab);
+  std::partial_sort(ids->begin(), ids->begin() + sorted, ids->end(), by_logit);
+  std::vector<double>& w = *weights;
+  auto cut = [&] {
+    w.resize(sorted);
+    for (size_t i = 0; i < sorted; ++i) w[i] = LogitWeight(logits[(*ids)[i]], max_logit, inv_t);
+    return sample::NucleusCut(w.data(), static_cast<int>(sorted), top_p, row_sum, sum);
+  };
+  int keep = cut();
+  if (keep == 0 && sorted < vocab) {  // wider than the head: the rest sorted after it
+    std::sort(ids->begin() + static_cast<std::ptrdiff_t>(sorted), ids->end(), by_logit);
+    sorted = vocab;
+    keep = cut();
+  }
+  if (keep == 0) keep = static_cast<int>(vocab);  // rounding: the whole row, *sum its sum
+  ids->resize(keep);
+  w.resize(keep);
+}
+
+// The race over kept candidates (ids [n] in any order, weights / sum) with `noise`:
+// SampleFrom over the dense vector, restricted to its non-zero entries — the same float
+// probabilities raced with the same noise per id in the same (id) order.
+int32_t RaceKeptWith(std::span<const int32_t> ids, const std::vector<double>& weights, double sum,
+                     const PositionNoise& noise) {
+  std::vector<std::pair<int32_t, float>> kept(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    kept[i] = {ids[i], static_cast<float>(weights[i] / sum)};
+  }
+  // Pruned candidates come in logit order: back to id order.
+  std::sort(kept.begin(), kept.end());
+  return RaceInOrder(
+      noise, kept.size(), [&](size_t i) { return kept[i].first; },
+      [&](size_t i) { return kept[i].second; });
+}
+
 }  // namespace
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {}
@@ -140,14 +232,15 @@ void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* id
   // Candidates sorted by logit (descending, ties by id): top-k or top-p prunes here (the
   // unpruned case goes to DenseProbabilities instead).
   assert(!KeepsWholeVocabulary(logits.size()));
-  ids->resize(vocab);
-  std::iota(ids->begin(), ids->end(), 0);
   int32_t keep = vocab;
   if (params_.top_k > 0 && params_.top_k < vocab) {
+    ids->resize(vocab);
+    std::iota(ids->begin(), ids->end(), 0);
     keep = params_.top_k;
     std::partial_sort(ids->begin(), ids->begin() + keep, ids->end(), by_logit);
-  } else if (params_.top_p < 1.0f) {
-    std::sort(ids->begin(), ids->end(), by_logit);
+  } else {
+    NucleusCandidates(logits, 1.0f / params_.temperature, params_.top_p, ids, weights, sum);
+    return;
   }
   std::vector<float> sorted(keep);
   for (int32_t i = 0; i < keep; ++i) sorted[i] = logits[(*ids)[i]];
@@ -156,46 +249,12 @@ void Sampler::Candidates(std::span<const float> logits, std::vector<int32_t>* id
 
 int32_t Sampler::Weigh(const float* sorted_logits, int32_t n, std::vector<double>* weights,
                        double* sum) const {
-  const float inv_t = 1.0f / params_.temperature;
-  float max_logit = sorted_logits[0];
-  for (int32_t i = 0; i < n; ++i) max_logit = std::max(max_logit, sorted_logits[i]);
-  std::vector<double>& p = *weights;
-  p.resize(n);
-  *sum = 0.0;
-  for (int32_t i = 0; i < n; ++i) {
-    p[i] = LogitWeight(sorted_logits[i], max_logit, inv_t);
-    *sum += p[i];
-  }
-  int32_t keep = n;
-  if (params_.top_p < 1.0f) {
-    // The candidates are sorted: keep the shortest prefix reaching top_p.
-    double cumulative = 0.0;
-    for (int32_t i = 0; i < n; ++i) {
-      cumulative += p[i] / *sum;
-      if (cumulative >= params_.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-    *sum = std::accumulate(p.begin(), p.begin() + keep, 0.0);
-  }
-  p.resize(keep);
-  return keep;
+  return WeighSorted(sorted_logits, n, 1.0f / params_.temperature, params_.top_p, weights, sum);
 }
 
 int32_t Sampler::RaceKept(std::span<const int32_t> ids, const std::vector<double>& weights,
                           double sum, int64_t position) const {
-  // SampleFrom over the dense vector, restricted to its non-zero entries: the same float
-  // probabilities raced with the same noise per id in the same (id) order.
-  std::vector<std::pair<int32_t, float>> kept(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    kept[i] = {ids[i], static_cast<float>(weights[i] / sum)};
-  }
-  // Pruned candidates come in logit order: back to id order.
-  std::sort(kept.begin(), kept.end());
-  return RaceInOrder(
-      Noise(position, NoiseStream::kToken), kept.size(), [&](size_t i) { return kept[i].first; },
-      [&](size_t i) { return kept[i].second; });
+  return RaceKeptWith(ids, weights, sum, Noise(position, NoiseStream::kToken));
 }
 
 int Sampler::HeadCandidates(int64_t vocab) const {
@@ -239,18 +298,9 @@ namespace {
 // Candidates' arithmetic without its id list: the same weights (LogitWeight), sum and
 // quotients, for a row of `vocab` logits at 1 / temperature `inv_t`.
 void DenseProbabilitiesAt(const float* logits, size_t vocab, float inv_t, float* probs) {
-  float max_logit = logits[0];
-  for (size_t i = 0; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
   thread_local std::vector<double> w;  // scratch, per thread (samplers run on the pool)
   w.resize(vocab);
-  // The sum in sample::kSumLanes interleaved lanes and their fixed tree: the order the
-  // device's draw kernel sums in (sample_math.h).
-  double lanes[sample::kSumLanes] = {};
-  for (size_t i = 0; i < vocab; ++i) {
-    w[i] = LogitWeight(logits[i], max_logit, inv_t);
-    lanes[i % sample::kSumLanes] += w[i];
-  }
-  const double sum = sample::FoldLanes(lanes);
+  const double sum = LaneWeightSum(logits, vocab, MaxLogit(logits, vocab), inv_t, w.data());
   for (size_t i = 0; i < vocab; ++i) probs[i] = static_cast<float>(w[i] / sum);
 }
 
@@ -261,13 +311,13 @@ void Sampler::DenseProbabilities(std::span<const float> logits, float* probs) co
 }
 
 bool Sampler::DrawsWithParams(int64_t vocab) const {
-  return params_.temperature == 0.0f || KeepsWholeVocabulary(static_cast<size_t>(vocab));
+  return params_.temperature == 0.0f || params_.top_k <= 0 || params_.top_k >= vocab;
 }
 
 sample::DrawParams Sampler::DrawAt(int64_t position) const {
   assert(params_.temperature >= 0.0f);
-  return {Noise(position, NoiseStream::kToken).key(),
-          params_.temperature == 0.0f ? 0.0f : 1.0f / params_.temperature};
+  if (params_.temperature == 0.0f) return {Noise(position, NoiseStream::kToken).key(), 0.0f};
+  return {Noise(position, NoiseStream::kToken).key(), 1.0f / params_.temperature, params_.top_p};
 }
 
 void Sampler::Distribution(std::span<const float> logits, std::vector<float>* probs) const {
@@ -369,12 +419,24 @@ void DrawRows(const float* logits, int64_t rows, int64_t vocab, const sample::Dr
       ids[r] = -1;
     } else if (draws[r].inv_t == 0.0f) {
       ids[r] = ArgMax(span);
+    } else if (draws[r].top_p < 1.0f) {
+      std::vector<int32_t> kept;
+      std::vector<double> weights;
+      double sum = 0.0;
+      NucleusCandidates(span, draws[r].inv_t, draws[r].top_p, &kept, &weights, &sum);
+      ids[r] = RaceKeptWith(kept, weights, sum, PositionNoise::FromKey(draws[r].key));
     } else {
       probs.resize(static_cast<size_t>(vocab));
       DenseProbabilitiesAt(row, static_cast<size_t>(vocab), draws[r].inv_t, probs.data());
       ids[r] = RaceDraw(probs, PositionNoise::FromKey(draws[r].key));
     }
   }
+}
+
+absl::Status CheckDrawCount(const char* where, size_t draws, int64_t rows) {
+  if (static_cast<int64_t>(draws) == rows) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": ", draws, " draws for ", rows, " logit rows"));
 }
 
 }  // namespace specnode

@@ -13,6 +13,10 @@
 // Order of operations (as llama.cpp and HF do): temperature scaling -> top-k -> softmax ->
 // top-p (smallest set whose probability reaches top_p, at least one token) -> renormalise
 // -> draw. temperature == 0 means greedy (argmax, lowest id on ties), ignoring the rest.
+// The arithmetic is sample_math.h's, fixed so that a device repeats it bit for bit: weights
+// exp((l - max) / T) in double; with top-k the k's sum in logit order, without it the whole
+// row's in sample::kSumLanes lanes; top-p keeps the shortest logit-ordered prefix whose
+// weights, added in order, reach top_p times that sum (sample::NucleusCut).
 #pragma once
 
 #include <cstdint>
@@ -101,11 +105,15 @@ void ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids);
 void TopKRows(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids, float* values);
 
 // The host's draws of `rows` rows of `vocab` logits with per-row DrawParams (draws [rows]):
-// ids[r] is what Sampler::Sample gives for row r when the row's sampler prunes nothing and
+// ids[r] is what Sampler::Sample gives for row r when the row's sampler DrawsWithParams and
 // draws[r] = sampler.DrawAt(position) — the reference of a device's draw kernel
 // (Backend::FinishDraws). A row holding a NaN or an infinity gets -1.
 void DrawRows(const float* logits, int64_t rows, int64_t vocab, const sample::DrawParams* draws,
               int32_t* ids);
+
+// InvalidArgument naming `where` unless there is one draw per logit row (what every drawn
+// head checks before it runs).
+absl::Status CheckDrawCount(const char* where, size_t draws, int64_t rows);
 
 // One sampler per sequence: its parameters and scratch. Holds no generator state (the noise
 // is a function of the seed and the position), so calls commute. Not thread-safe (scratch).
@@ -139,11 +147,12 @@ class Sampler {
                         std::vector<float>* probs) const;
 
   // True when Sample needs nothing but DrawAt's parameters and the row: greedy, or sampled
-  // with no top-k or top-p pruning a vocabulary of `vocab` (the OpenAI API's default). A
-  // device then draws the row where its logits are (ModelRunner::ForwardDrawn).
+  // with no top-k pruning a vocabulary of `vocab` (top-p or not: the OpenAI API's default
+  // and its usual top_p). A device then draws the row where its logits are
+  // (ModelRunner::ForwardDrawn).
   bool DrawsWithParams(int64_t vocab) const;
-  // The row's draw parameters at `position` (DrawsWithParams only): the kToken noise key and
-  // 1 / temperature (0 for greedy).
+  // The row's draw parameters at `position` (DrawsWithParams only): the kToken noise key,
+  // 1 / temperature (0 for greedy) and top_p (1 for greedy).
   sample::DrawParams DrawAt(int64_t position) const;
 
   // Draws an index from a probability vector (need not be normalised; sum > 0) at
@@ -163,8 +172,8 @@ class Sampler {
   // unnormalised weights exp((l - max) / T) with their sum.
   void Candidates(std::span<const float> logits, std::vector<int32_t>* ids,
                   std::vector<double>* weights, double* sum) const;
-  // The arithmetic after the selection: weights of n candidate logits in descending order,
-  // their sum, and top-p's cut; returns how many are kept.
+  // The arithmetic after a top-k selection: weights of n candidate logits in descending
+  // order, their sum, and top-p's cut; returns how many are kept.
   int32_t Weigh(const float* sorted_logits, int32_t n, std::vector<double>* weights,
                 double* sum) const;
   // The race over kept candidates (ids [n] in any order, weights / sum) at `position`.

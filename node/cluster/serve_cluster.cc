@@ -29,6 +29,7 @@
 #include "node/cluster/transport_check.h"
 #include "node/serve/loading_listeners.h"
 #include "node/serve/serve_node.h"
+#include "node/serve/startup_summary.h"
 #include "tensor-parallel/mpi_check.h"
 #include "tensor-parallel/mpi_communicator.h"
 #include "tensor-parallel/mpi_layer.h"
@@ -107,6 +108,22 @@ ModelFingerprint FingerprintOf(const LlamaModel& m) {
 // after another T. Rank 0 drains from the SIGCONT (serve_node.cc), so the drain gets 2T less
 // a margin; mpirun hands MCA parameters to the ranks' environment, so rank 0 can say at
 // start-up what T would give the whole serve.drain_timeout_s.
+// The start-up line of a group's TP target: the plan, and per rank its device, host,
+// weight bytes (the plan's, from the file's header) and the KV budget it sized.
+absl::StatusOr<std::string> TargetRanks(const GroupTopology& g, const LlamaModel& m,
+                                        const std::vector<ShardInfo>& shards) {
+  SPECNODE_ASSIGN_OR_RETURN(
+      const ShardPlan plan,
+      ShardPlan::ForFile(m.file(), m.config(), static_cast<int>(g.target.size())));
+  std::vector<RankMemory> ranks;
+  for (const ShardInfo& s : shards) {
+    if (s.tp_rank < 0 || s.tp_rank >= plan.size()) continue;
+    ranks.push_back({s.world_rank, g.target[s.tp_rank].device.name(), s.host,
+                     plan.rank(s.tp_rank).weight_bytes(), s.kv_capacity_bytes});
+  }
+  return TargetRanksLine(g.name, plan.Summary(), ranks);
+}
+
 void WarnIfMpirunKillsBeforeTheDrain(const ServeConfig& cfg) {
   const double t = MpirunSigkillTimeoutS();
   const double window = MpirunTeardownWindowS();
@@ -164,6 +181,9 @@ absl::Status RunCoordinator(const ServeConfig& cfg) {
     if (!target.ok()) return fail_start(target.status());
     for (const ShardInfo& s : (*target)->shards()) {
       ranks.push_back({s.world_rank, "target", s.pid, s.host});
+    }
+    if (absl::StatusOr<std::string> line = TargetRanks(g, m, (*target)->shards()); line.ok()) {
+      std::fprintf(stderr, "specnode serve: %s\n", line->c_str());
     }
     ServeGroup group;
     group.name = g.name;

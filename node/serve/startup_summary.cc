@@ -29,6 +29,17 @@ std::string StartupSummary(const StartupFigures& f) {
   return out;
 }
 
+std::string TargetRanksLine(std::string_view group, std::string_view plan,
+                            std::span<const RankMemory> ranks) {
+  constexpr double kMiB = 1 << 20;
+  std::string out = absl::StrFormat("group %s target, %s", group, plan);
+  for (const RankMemory& r : ranks) {
+    absl::StrAppendFormat(&out, "; rank %d %s on %s: weights %.1f MiB, KV %.0f MiB", r.rank,
+                          r.device, r.host, r.weight_bytes / kMiB, r.kv_bytes / kMiB);
+  }
+  return out;
+}
+
 double ProcessAgeS() {
   std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
   std::string line;

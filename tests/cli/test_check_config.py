@@ -205,9 +205,10 @@ def two_node_rank_lines(gpu):
     for r in range(16):
         node, local = divmod(r, 8)
         host = ("nodeA", "nodeB")[node]
+        group, first, size = (host, 0, 4) if local < 5 else (f"{host}-2", 5, 2)
         role = ("coordinator + draft of group nodeA" if r == 0 else
-                "draft of group nodeB" if r == 8 else
-                f"target of group {host} (TP rank {local - 1} of 7)")
+                f"draft of group {group}" if local == first else
+                f"target of group {group} (TP rank {local - first - 1} of {size})")
         lines.append(f"rank {r}: node {node} (host {host}), local rank {local}, {role}, "
                      f"cuda:{local}{gpu(r, node, local)}")
     return lines
@@ -231,12 +232,13 @@ def assert_no_gpu_layout(res):
 
 
 @pytest.fixture(scope="module")
-def tp7_models(specnode, tmp_path_factory):
-    """A target whose 7 KV heads split over TP 7 and a draft with its vocabulary."""
-    d = tmp_path_factory.mktemp("tp7")
-    target, draft = d / "tp7.gguf", d / "draft.gguf"
+def kv2_models(specnode, tmp_path_factory):
+    """A target whose 2 KV heads split over TP 2 and are replicated over TP 4 (8 query
+    heads), and a draft with its vocabulary."""
+    d = tmp_path_factory.mktemp("kv2")
+    target, draft = d / "kv2.gguf", d / "draft.gguf"
     subprocess.run([specnode, "tiny-model", "--out", str(target), "--layers", "1", "--d-model",
-                    "224", "--heads", "7", "--kv-heads", "7", "--ff", "448"], check=True,
+                    "256", "--heads", "8", "--kv-heads", "2", "--ff", "512"], check=True,
                    capture_output=True)
     subprocess.run([specnode, "tiny-model", "--out", str(draft)], check=True,
                    capture_output=True)
@@ -270,10 +272,10 @@ def test_empty_cuda_visible_devices_hides_every_gpu(specnode, tiny_model):
     assert assert_no_gpu_layout(res).endswith(", CUDA_VISIBLE_DEVICES=)")
 
 
-def test_gpus_per_node_plans_the_two_node_layout(specnode, tp7_models):
+def test_gpus_per_node_plans_the_two_node_layout(specnode, kv2_models):
     """--gpus-per-node 8: the layout passes on a machine without the GPUs and the summary
     lists it; a build without CUDA then stops at the devices, after the layout."""
-    target, draft = tp7_models
+    target, draft = kv2_models
     res = check(specnode, "--config", str(TWO_NODES), "--model", target, "--draft", draft,
                 "--gpus-per-node", "8", env=env_without_cuda_visible_devices())
     if res.returncode != 0:
@@ -300,7 +302,7 @@ def test_cuda_visible_devices_subset_fails_the_ranks_beyond_it(specnode, tiny_mo
                  "\n  rank 8: node 1 (host nodeB), local rank 0, draft of group nodeB, "
                  "cuda:0 = GPU 4\n",
                  "\n  rank 12: node 1 (host nodeB), local rank 4, target of group nodeB "
-                 "(TP rank 3 of 7), cuda:4: does not exist on node 1 (4 GPUs visible)\n")
+                 "(TP rank 3 of 4), cuda:4: does not exist on node 1 (4 GPUs visible)\n")
     assert "checks the layout for nodes of N GPUs" not in res.stderr  # N was given
     # A GPU listed twice is refused as such.
     res = check(specnode, "--config", str(TWO_NODES), "--model", tiny_model,
@@ -316,7 +318,7 @@ def test_ranks_per_node_against_the_configs_hosts(specnode, tiny_model):
     assert_fails(res, "the GPU layout fails for ranks 0-15:\n",
                  "\n  16 ranks on 1 node, 16 per node (--ranks-per-node 16)",
                  "\n  rank 9: node 0 (host nodeB), local rank 9, target of group nodeB (TP rank "
-                 "0 of 7), cuda:1 = GPU 1: GPU 1 of node 0 is opened by rank 1 too (one GPU per "
+                 "0 of 4), cuda:1 = GPU 1: GPU 1 of node 0 is opened by rank 1 too (one GPU per "
                  "rank); host nodeB, but it lands on node 0, whose rank 0 names host nodeA\n",
                  "\n  (the config's hosts hold 8 ranks each: check with --ranks-per-node 8 and "
                  "launch with mpirun --map-by ppr:8:node)\n")

@@ -128,7 +128,7 @@ class SchedulerTest : public testing::Test {
     kv.capacity_bytes = capacity_bytes;
     kv.host_capacity_bytes = host_capacity_bytes;
     kv.page_tokens = 8;
-    auto cache = MakeKvCache(model_->config(), model_->weights().n_kv_heads_local, kv);
+    auto cache = MakeKvCache(model_->config(), model_->weights().kv_heads_held(), kv);
     EXPECT_TRUE(cache.ok()) << cache.status();
     return std::make_unique<LocalModelRunner>(model_->config(), model_->weights(), pool_.get(),
                                               std::move(cache).value());

@@ -82,7 +82,7 @@ class SpecEngineTest : public testing::Test {
 
   std::unique_ptr<LocalModelRunner> MakeRunner(const std::string& kv_mode) {
     const KvOptions kv = KvFor(kv_mode);
-    auto cache = MakeKvCache(target_->config(), target_->weights().n_kv_heads_local, kv);
+    auto cache = MakeKvCache(target_->config(), target_->weights().kv_heads_held(), kv);
     EXPECT_TRUE(cache.ok()) << cache.status();
     return std::make_unique<LocalModelRunner>(target_->config(), target_->weights(), pool_.get(),
                                               std::move(cache).value());

@@ -64,7 +64,7 @@ class Engine final : public GoldenEngine {
       }
       p->forward = std::make_unique<CpuLlamaForward>(m.config(), m.weights(), p->pool.get(), reducer);
       SPECNODE_ASSIGN_OR_RETURN(
-          p->cache, MakeKvCache(m.config(), m.weights().n_kv_heads_local, KvOptionsFor(mode)));
+          p->cache, MakeKvCache(m.config(), m.weights().kv_heads_held(), KvOptionsFor(mode)));
       vocab_ = m.config().vocab_size;
       parts_.push_back(std::move(p));
     }

@@ -53,7 +53,8 @@ struct Harness {
     pool = std::make_unique<ThreadPool>(threads);
     fwd = std::make_unique<CpuLlamaForward>(c, model->weights(), pool.get(), reducer);
     cache = std::make_unique<DenseKvCache>(c.n_layers, model->weights().n_kv_heads_local,
-                                           c.head_dim, c.gqa_group(), c.context_length, kv_tokens);
+                                           c.head_dim, model->weights().kv_heads_held().gqa_group,
+                                           c.context_length, kv_tokens);
   }
 
   std::vector<float> Run(std::vector<BatchEntry> batch) {

@@ -102,5 +102,24 @@ TEST(SampleMath, FoldLanesSumsInTheBlockOrder) {
   EXPECT_EQ(sample::FoldLanes(lanes.data()), want);
 }
 
+// Top-p's cut: the shortest prefix whose weights, added in order, reach top_p * sum.
+TEST(SampleMath, NucleusCutKeepsTheShortestPrefixReachingTopP) {
+  const double w[4] = {4.0, 3.0, 2.0, 1.0};
+  double kept = 0.0;
+  EXPECT_EQ(sample::NucleusCut(w, 4, 0.5f, 10.0, &kept), 2);  // 4 < 5 <= 7
+  EXPECT_EQ(kept, 7.0);
+  EXPECT_EQ(sample::NucleusCut(w, 4, 0.25f, 10.0, &kept), 1);  // 4 >= 2.5
+  EXPECT_EQ(kept, 4.0);
+  EXPECT_EQ(sample::NucleusCut(w, 4, 0.75f, 10.0, &kept), 3);  // 7 < 7.5 <= 9
+  EXPECT_EQ(kept, 9.0);
+  EXPECT_EQ(sample::NucleusCut(w, 4, 0.7f, 10.0, &kept), 2);  // 0.7f is a bit below 0.7
+  // A head of a larger row (sum 20) that does not reach the cut: 0, with the head's sum.
+  EXPECT_EQ(sample::NucleusCut(w, 4, 0.9f, 20.0, &kept), 0);
+  EXPECT_EQ(kept, 10.0);
+  // The threshold is top_p widened from float, times the sum: 0.1f is a bit above 0.1.
+  const double tenths[2] = {1.0, 9.0};
+  EXPECT_EQ(sample::NucleusCut(tenths, 2, 0.1f, 10.0, &kept), 2);
+}
+
 }  // namespace
 }  // namespace specnode

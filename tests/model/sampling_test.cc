@@ -321,20 +321,22 @@ TEST(Sampling, DrawRowsDrawWhatSampleDraws) {
   Rng gen(11);
   for (int64_t vocab : {1, 7, 1023, 1024, 1025, 5000, 49152}) {
     for (float temperature : {0.0f, 0.05f, 0.7f, 1.0f, 2.5f}) {
-      const SamplingParams params{temperature, 0, 1.0f, 1234 + static_cast<uint64_t>(vocab)};
-      Sampler sampler(params);
-      ASSERT_TRUE(sampler.DrawsWithParams(vocab));
-      constexpr int kRows = 6;
-      std::vector<float> logits(static_cast<size_t>(kRows * vocab));
-      for (float& l : logits) l = static_cast<float>(gen.Uniform() * 12.0 - 6.0);
-      std::vector<sample::DrawParams> draws;
-      for (int r = 0; r < kRows; ++r) draws.push_back(sampler.DrawAt(100 + r));
-      std::vector<int32_t> ids(kRows);
-      DrawRows(logits.data(), kRows, vocab, draws.data(), ids.data());
-      for (int r = 0; r < kRows; ++r) {
-        const std::span<const float> row(logits.data() + r * vocab, static_cast<size_t>(vocab));
-        EXPECT_EQ(ids[r], sampler.Sample(row, 100 + r))
-            << "vocab " << vocab << " T " << temperature << " row " << r;
+      for (float top_p : {1.0f, 0.95f, 0.5f}) {
+        const SamplingParams params{temperature, 0, top_p, 1234 + static_cast<uint64_t>(vocab)};
+        Sampler sampler(params);
+        ASSERT_TRUE(sampler.DrawsWithParams(vocab));
+        constexpr int kRows = 6;
+        std::vector<float> logits(static_cast<size_t>(kRows * vocab));
+        for (float& l : logits) l = static_cast<float>(gen.Uniform() * 12.0 - 6.0);
+        std::vector<sample::DrawParams> draws;
+        for (int r = 0; r < kRows; ++r) draws.push_back(sampler.DrawAt(100 + r));
+        std::vector<int32_t> ids(kRows);
+        DrawRows(logits.data(), kRows, vocab, draws.data(), ids.data());
+        for (int r = 0; r < kRows; ++r) {
+          const std::span<const float> row(logits.data() + r * vocab, static_cast<size_t>(vocab));
+          EXPECT_EQ(ids[r], sampler.Sample(row, 100 + r))
+              << "vocab " << vocab << " T " << temperature << " top_p " << top_p << " row " << r;
+        }
       }
     }
   }
@@ -346,16 +348,19 @@ TEST(Sampling, DrawRowsDrawWhatSampleDraws) {
   EXPECT_EQ(ids[1], 1);
 }
 
-TEST(Sampling, OnlyUnprunedSamplersDrawWithParams) {
+TEST(Sampling, SamplersWithoutTopKDrawWithParams) {
   EXPECT_TRUE(Sampler({0.0f, 40, 0.9f, 1}).DrawsWithParams(100));  // greedy ignores the rest
   EXPECT_TRUE(Sampler({1.0f, 0, 1.0f, 1}).DrawsWithParams(100));
   EXPECT_TRUE(Sampler({1.0f, 100, 1.0f, 1}).DrawsWithParams(100));  // k >= vocab prunes nothing
+  EXPECT_TRUE(Sampler({1.0f, 0, 0.9f, 1}).DrawsWithParams(100));    // top-p alone
   EXPECT_FALSE(Sampler({1.0f, 40, 1.0f, 1}).DrawsWithParams(100));
-  EXPECT_FALSE(Sampler({1.0f, 0, 0.9f, 1}).DrawsWithParams(100));
-  const sample::DrawParams greedy = Sampler({0.0f, 0, 1.0f, 9}).DrawAt(3);
+  EXPECT_FALSE(Sampler({1.0f, 40, 0.9f, 1}).DrawsWithParams(100));
+  const sample::DrawParams greedy = Sampler({0.0f, 0, 0.9f, 9}).DrawAt(3);
   EXPECT_EQ(greedy.inv_t, 0.0f);
-  const sample::DrawParams hot = Sampler({0.5f, 0, 1.0f, 9}).DrawAt(3);
+  EXPECT_EQ(greedy.top_p, 1.0f);
+  const sample::DrawParams hot = Sampler({0.5f, 0, 0.8f, 9}).DrawAt(3);
   EXPECT_EQ(hot.inv_t, 2.0f);
+  EXPECT_EQ(hot.top_p, 0.8f);
   EXPECT_EQ(hot.key, PositionNoise(9, 3, NoiseStream::kToken).key());
 }
 
@@ -419,6 +424,78 @@ TEST(Sampling, TheDrawKernelsOrderFindsTheSequentialToken) {
     }
   }
   EXPECT_GT(differ_from_argmax, 0);  // the draws are not all the arg max
+}
+
+// The device's top-p draw (cuda/cuda_sample.cu) in its order on the host: the whole row's
+// lane sum as above, the row's head of sample::kNucleusHead sorted (the top-k kernel's),
+// thread 0's cut over the head's weights, then one thread per kept entry racing it and the
+// block's smallest (entry, id). -2 when the nucleus is wider than the head (the host draws
+// that row).
+int32_t BlockOrderNucleusDraw(std::span<const float> row, sample::DrawParams d) {
+  const int64_t vocab = static_cast<int64_t>(row.size());
+  const int k = static_cast<int>(std::min<int64_t>(sample::kNucleusHead, vocab));
+  std::vector<int32_t> ids(k);
+  std::vector<float> values(k);
+  TopK(row, k, ids.data(), values.data());
+  const float max_logit = values[0];
+  double lanes[sample::kSumLanes] = {};
+  for (size_t i = 0; i < row.size(); ++i) {
+    lanes[i % sample::kSumLanes] =
+        sample::Add(lanes[i % sample::kSumLanes], sample::LogitWeight(row[i], max_logit, d.inv_t));
+  }
+  const double sum = sample::FoldLanes(lanes);
+  std::vector<double> w(k);
+  for (int j = 0; j < k; ++j) w[j] = sample::LogitWeight(values[j], max_logit, d.inv_t);
+  double kept_sum = 0.0;
+  int keep = sample::NucleusCut(w.data(), k, d.top_p, sum, &kept_sum);
+  if (keep == 0 && k < vocab) return -2;
+  if (keep == 0) keep = k;
+  double best = std::numeric_limits<double>::infinity();
+  int32_t winner = -1;
+  for (int j = 0; j < keep; ++j) {  // thread j, each with one entry: no skips
+    const double p = static_cast<float>(sample::Div(w[j], kept_sum));
+    if (!(p > 0.0)) continue;
+    const double e = sample::RaceEntry(sample::NoiseUniform(d.key, ids[j]), p);
+    if (e < best || (e == best && ids[j] < winner)) {
+      best = e;
+      winner = ids[j];
+    }
+  }
+  return winner >= 0 ? winner : 0;
+}
+
+TEST(Sampling, TheNucleusKernelsOrderFindsTheSequentialToken) {
+  Rng gen(9);
+  int on_device = 0, on_host = 0, differ_from_argmax = 0;
+  for (int64_t vocab : {3, 1000, 1024, 3000, 49152}) {
+    for (float temperature : {0.05f, 0.5f, 1.0f, 3.0f}) {
+      for (float top_p : {0.3f, 0.9f, 0.99f}) {
+        Sampler sampler({temperature, 0, top_p, 31});
+        std::vector<float> row(static_cast<size_t>(vocab));
+        for (int trial = 0; trial < 4; ++trial) {
+          // Quarter steps: ties in the weights, across the cut too.
+          for (float& l : row) l = static_cast<float>(static_cast<int>(gen.Uniform() * 48)) * 0.25f;
+          const sample::DrawParams d = sampler.DrawAt(trial);
+          int32_t want = 0;
+          DrawRows(row.data(), 1, vocab, &d, &want);
+          ASSERT_EQ(want, sampler.Sample(row, trial));
+          const int32_t got = BlockOrderNucleusDraw(row, d);
+          if (got == -2) {
+            ++on_host;
+            continue;
+          }
+          ++on_device;
+          EXPECT_EQ(got, want) << "vocab " << vocab << " T " << temperature << " top_p " << top_p
+                               << " trial " << trial;
+          differ_from_argmax += want != ArgMax(row);
+        }
+      }
+    }
+  }
+  // Both outcomes occur: nuclei inside the head, and flat rows wider than it.
+  EXPECT_GT(on_device, 100);
+  EXPECT_GT(on_host, 0);
+  EXPECT_GT(differ_from_argmax, 0);
 }
 
 }  // namespace

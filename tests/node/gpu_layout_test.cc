@@ -30,34 +30,28 @@ Topology Parse(const std::string& groups) {
   return c.ok() ? c->topology : Topology{};
 }
 
-// One group per node as cluster-configs/gpu-2node-16gpu.yaml: the draft on GPU 0 of each
-// node, a TP-7 target on GPUs 1-7.
-Topology TwoNodes() {
-  std::string groups;
-  for (int node = 0; node < 2; ++node) {
-    const std::string host = node == 0 ? "nodeA" : "nodeB";
-    absl::StrAppend(&groups, "    - name: ", host, "\n      draft: ", At(8 * node, "cuda:0", host),
-                    "\n      target:\n");
-    for (int g = 1; g < 8; ++g) {
-      absl::StrAppend(&groups, "        - ", At(8 * node + g, absl::StrCat("cuda:", g), host),
-                      "\n");
-    }
+// Groups of `ranks` ranks from `first`: a draft on the first, the target on the rest, at
+// cuda:(rank - base) on `host`.
+std::string Group(const std::string& name, int first, int ranks, int base,
+                  const std::string& host = "") {
+  std::string g = absl::StrCat(
+      "    - name: ", name, "\n      draft: ", At(first, absl::StrCat("cuda:", first - base), host),
+      "\n      target:\n");
+  for (int r = first + 1; r < first + ranks; ++r) {
+    absl::StrAppend(&g, "        - ", At(r, absl::StrCat("cuda:", r - base), host), "\n");
   }
-  return Parse(groups);
+  return g;
 }
 
-// cluster-configs/gpu-1node-8gpu.yaml: two groups, each a draft GPU + a TP-3 target.
-Topology OneNode() {
-  std::string groups;
-  for (int k = 0; k < 2; ++k) {
-    absl::StrAppend(&groups, "    - name: ", k == 0 ? "a" : "b",
-                    "\n      draft: ", At(4 * k, absl::StrCat("cuda:", 4 * k)),
-                    "\n      target:\n");
-    for (int g = 1; g < 4; ++g) {
-      absl::StrAppend(&groups, "        - ", At(4 * k + g, absl::StrCat("cuda:", 4 * k + g)), "\n");
-    }
-  }
-  return Parse(groups);
+// As cluster-configs/gpu-1node-8gpu.yaml: group a a draft GPU + a TP-4 target, group b a
+// draft GPU + a TP-2 target.
+Topology OneNode() { return Parse(Group("a", 0, 5, 0) + Group("b", 5, 3, 0)); }
+
+// As cluster-configs/gpu-2node-16gpu.yaml: that on each node (groups nodeA, nodeA-2,
+// nodeB, nodeB-2), cuda:N = the rank's local rank.
+Topology TwoNodes() {
+  return Parse(Group("nodeA", 0, 5, 0, "nodeA") + Group("nodeA-2", 5, 3, 0, "nodeA") +
+               Group("nodeB", 8, 5, 8, "nodeB") + Group("nodeB-2", 13, 3, 8, "nodeB"));
 }
 
 NodeGpus Gpus(int n, std::optional<std::string> cvd = std::nullopt) {
@@ -101,13 +95,15 @@ TEST(GpuLayoutTest, TwoNodesOfEightGpusFit) {
   }
   EXPECT_EQ(RankOf(l, 0).role, "coordinator + draft of group nodeA");
   EXPECT_EQ(RankOf(l, 8).role, "draft of group nodeB");
-  EXPECT_EQ(RankOf(l, 11).role, "target of group nodeB (TP rank 2 of 7)");
+  EXPECT_EQ(RankOf(l, 11).role, "target of group nodeB (TP rank 2 of 4)");
+  EXPECT_EQ(RankOf(l, 13).role, "draft of group nodeB-2");
+  EXPECT_EQ(RankOf(l, 15).role, "target of group nodeB-2 (TP rank 1 of 2)");
   const std::string text = DescribeGpuLayout(l, "  ");
   EXPECT_THAT(text, HasSubstr("16 ranks on 2 nodes, 8 per node (test): mpirun --map-by "
                               "ppr:8:node puts rank r on node r / 8 as local rank r % 8\n"
                               "  each node: 8 GPUs visible (8 GPUs)\n"));
   EXPECT_THAT(text, HasSubstr("\n  rank 9: node 1 (host nodeB), local rank 1, target of group "
-                              "nodeB (TP rank 0 of 7), cuda:1 = GPU 1\n"));
+                              "nodeB (TP rank 0 of 4), cuda:1 = GPU 1\n"));
 }
 
 TEST(GpuLayoutTest, NoGpusFailsEveryGpuRankNamingItsNode) {
@@ -199,11 +195,11 @@ TEST(GpuLayoutTest, TwoRanksOnOneGpuFailBoth) {
 }
 
 TEST(GpuLayoutTest, ADraftOnAGpuOfItsOwn) {
-  // The 1-node config: drafts on GPUs 0 and 4, targets on the rest: one GPU per rank.
+  // The 1-node config: drafts on GPUs 0 and 5, targets on the rest: one GPU per rank.
   const GpuLayout l = Plan(OneNode(), 8, {Gpus(8)});
   EXPECT_TRUE(l.ok()) << DescribeGpuLayout(l, "  ");
-  EXPECT_EQ(RankOf(l, 4).role, "draft of group b");
-  EXPECT_EQ(RankOf(l, 4).gpu, "4");
+  EXPECT_EQ(RankOf(l, 5).role, "draft of group b");
+  EXPECT_EQ(RankOf(l, 5).gpu, "5");
   // Rank 0 drafting for both groups on one GPU is one process on one GPU: no conflict.
   const Topology shared =
       Parse(absl::StrCat("    - name: a\n      draft: ", At(0, "cuda:0"), "\n      target: [",

@@ -50,7 +50,7 @@ class ShardExecutorTest : public ::testing::Test {
     KvOptions o;
     o.mode = KvMode::kFull;
     o.capacity_bytes = capacity;
-    auto c = MakeKvCache(m.config(), m.weights().n_kv_heads_local, o);
+    auto c = MakeKvCache(m.config(), m.weights().kv_heads_held(), o);
     EXPECT_TRUE(c.ok()) << c.status();
     return std::move(c).value();
   }
@@ -166,7 +166,7 @@ TEST_F(ShardExecutorTest, KvExhaustedOnOneShardFailsTheStepOnEveryShard) {
   int64_t cap = 1024;
   for (; cap < (int64_t{1} << 24); cap *= 2) {
     small.capacity_bytes = cap;
-    if (MakeKvCache(shard_models_[1]->config(), shard_models_[1]->weights().n_kv_heads_local, small)
+    if (MakeKvCache(shard_models_[1]->config(), shard_models_[1]->weights().kv_heads_held(), small)
             .ok()) {
       break;
     }

@@ -80,7 +80,7 @@ TEST(RunnerFactoryTest, CpuRunnerEqualsTheReferencePassAndManagesItsStore) {
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_EQ((*runner)->device(), "cpu");
   CpuLlamaForward ref(m.config(), m.weights(), &pool);
-  auto cache = MakeKvCache(m.config(), m.weights().n_kv_heads_local, o.kv);
+  auto cache = MakeKvCache(m.config(), m.weights().kv_heads_held(), o.kv);
   ASSERT_TRUE(cache.ok());
   const auto prompt = Tokens(9, 1);
   std::vector<BatchEntry> batch = {{1, prompt, true}};

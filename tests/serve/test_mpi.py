@@ -227,6 +227,31 @@ def test_tiny_model_tp2_matches_single_process(specnode, tiny_model, tmp_path):
         assert a.token_ids == w.token_ids, (w.text, a.text)
 
 
+def test_tp4_over_two_kv_heads_replicates_them_and_matches_single_process(specnode, tmp_path):
+    """TP 4 of a model with 2 KV heads: each kv head lives on two target ranks (vLLM's
+    replication), each rank a quarter of the query heads; greedy and seeded text equal one
+    process's, and each rank reports its one kv head's store."""
+    model = tmp_path / "kv2.gguf"
+    subprocess.run([specnode, "tiny-model", "--out", str(model), "--d-model", "256", "--heads",
+                    "8", "--kv-heads", "2", "--ff", "512"], check=True, capture_output=True)
+    cfg = tp_config(tmp_path, 4)
+    prompts = ["hello world", "the the the the the the"]
+    want = single_process_greedy(specnode, model, tmp_path, cfg, prompts, 16, sampled=True)
+    node = MpiNode(specnode, model, tmp_path / "mpi.log", 5, cfg)
+    try:
+        h = node.wait_ready(180)
+        assert [r["role"] for r in h["ranks"]] == ["coordinator"] + ["target"] * 4, h
+        got = greedy(node.endpoint, prompts, 16, sampled=True)
+        log = node.log()
+    finally:
+        node.stop()
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids, (w.text, g.text)
+    line = next(l for l in log.splitlines() if "group cpu target, TP 4" in l)
+    assert "per rank 2 heads, 1 kv heads (each on 2 ranks), 128 ffn units" in line, line
+    assert len(re.findall(r"rank \d cpu on \S+: weights [\d.]+ MiB, KV 64 MiB", line)) == 4, line
+
+
 def kv_events(rep, array_like=True):
     """Every event the node published, replayed from seq 0, as comparable tuples."""
     from kv_events_decode import event_types, replay

@@ -73,8 +73,8 @@ int Main(int argc, char** argv) {
   ThreadPool pool(1);
   CommunicatorReducer reducer(comm->get());
   CpuLlamaForward fwd(c, (*model)->weights(), &pool, &reducer);
-  DenseKvCache cache(c.n_layers, (*model)->weights().n_kv_heads_local, c.head_dim, c.gqa_group(),
-                     c.context_length, 1024);
+  DenseKvCache cache(c.n_layers, (*model)->weights().n_kv_heads_local, c.head_dim,
+                     (*model)->weights().kv_heads_held().gqa_group, c.context_length, 1024);
 
   // Prefill with every row's logits, then 6 greedy decode steps; all on every rank.
   auto ids = (*model)->tokenizer().Encode("The capital of France is", false);

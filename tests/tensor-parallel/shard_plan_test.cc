@@ -81,8 +81,11 @@ TEST(ShardPlan, SmolLm2RefusesTwoAndFourWithClearMessages) {
   const absl::Status four = ShardPlan::Create(c, 4).status();
   EXPECT_EQ(four.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(four.message(),
-            "tensor parallelism 4 exceeds SmolLM2's 3 KV heads (replicating KV heads across "
-            "ranks is not supported); use 1 or 3");
+            "tensor parallelism 4 exceeds SmolLM2's 3 KV heads and is not a multiple of them "
+            "(each KV head is replicated on T / 3 ranks); use 1 or 3");
+  // 6 replicates each kv head twice but does not divide the 9 query heads.
+  EXPECT_THAT(ShardPlan::Create(c, 6).status().message(),
+              HasSubstr("tensor parallelism 6 does not divide SmolLM2's 9 attention heads"));
   const absl::Status zero = ShardPlan::Create(c, 0).status();
   EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(zero.message(), HasSubstr("at least 1, got 0"));
@@ -90,14 +93,48 @@ TEST(ShardPlan, SmolLm2RefusesTwoAndFourWithClearMessages) {
 
 TEST(ShardPlan, TinyModelsSplitTwoAndFour) {
   const LlamaConfig c = Tiny(256, 8, 4, 512);
-  EXPECT_THAT(ShardPlan::ValidSizes(c), ElementsAre(1, 2, 4));
+  EXPECT_THAT(ShardPlan::ValidSizes(c), ElementsAre(1, 2, 4, 8));  // 8: kv heads replicated
   auto p = ShardPlan::Create(c, 4);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->rank(3).heads.begin, 6);
   EXPECT_EQ(p->rank(3).kv_heads.begin, 3);
   EXPECT_EQ(p->rank(3).ffn.begin, 384);
   EXPECT_EQ(ShardPlan::Create(c, 3).status().message(),
-            "tensor parallelism 3 does not divide the model's 4 KV heads; use 1 or 2 or 4");
+            "tensor parallelism 3 does not divide the model's 4 KV heads; use 1 or 2 or 4 or 8");
+}
+
+// TP above the kv-head count, a multiple of it: each kv head on T / n_kv ranks, each rank
+// a 1 / T share of the query heads, all of one GQA group (vLLM's replication).
+TEST(ShardPlan, ReplicatesKvHeadsWhenTpIsAMultipleOfThem) {
+  LlamaConfig c = Tiny(4096, 32, 8, 14336);  // Llama-3-8B's attention and ffn shapes
+  c.name = "Llama 3 8B";
+  EXPECT_THAT(ShardPlan::ValidSizes(c), ElementsAre(1, 2, 4, 8, 16, 32));
+  auto p = ShardPlan::Create(c, 16);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->kv_replicas(), 2);
+  for (int r = 0; r < 16; ++r) {
+    const RankShard& s = p->rank(r);
+    EXPECT_EQ(s.heads.begin, 2 * r);
+    EXPECT_EQ(s.heads.count(), 2);
+    EXPECT_EQ(s.kv_heads.begin, r / 2);  // heads 4k..4k+3 use kv head k
+    EXPECT_EQ(s.kv_heads.count(), 1);
+    EXPECT_EQ(s.heads.begin / c.gqa_group(), s.kv_heads.begin);
+    EXPECT_EQ(s.q_cols.count(), 256);
+    EXPECT_EQ(s.ffn.count(), 896);
+  }
+  EXPECT_THAT(p->Summary(), HasSubstr("per rank 2 heads, 1 kv heads (each on 2 ranks), 896"));
+  EXPECT_EQ(ShardPlan::Create(c, 8)->kv_replicas(), 1);
+  EXPECT_EQ(ShardPlan::Create(c, 12).status().message(),
+            "tensor parallelism 12 exceeds Llama's 8 KV heads and is not a multiple of them "
+            "(each KV head is replicated on T / 8 ranks); use 1 or 2 or 4 or 8 or 16 or 32");
+  // The loader slices the same heads (LoadLlamaWeights uses HeadsOfShard).
+  auto h = HeadsOfShard(c, ShardSpec{5, 16});
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->q_begin, 10);
+  EXPECT_EQ(h->kv_begin, 2);
+  EXPECT_EQ(h->kv_replicas, 2);
+  EXPECT_FALSE(HeadsOfShard(c, ShardSpec{0, 12}).ok());
+  EXPECT_FALSE(HeadsOfShard(c, ShardSpec{16, 16}).ok());
 }
 
 TEST(ShardPlan, ColumnSlicesMustFallOnQuantBlocks) {
@@ -143,6 +180,17 @@ TEST(ShardPlan, ForFileCountsBytesPerRank) {
     EXPECT_EQ(p2->rank(0).sharded_bytes * 2, p1->rank(0).sharded_bytes);
     EXPECT_EQ(p2->rank(1).replicated_bytes, p1->rank(0).replicated_bytes);
     EXPECT_GT(p2->rank(0).sharded_bytes, 0);
+    // TP 4 over 2 kv heads: K and V (and their biases) held at 1/2, the rest at 1/4.
+    auto p4 = ShardPlan::ForFile(**file, *config, 4);
+    ASSERT_TRUE(p4.ok()) << p4.status();
+    int64_t kv_bytes = 0;
+    for (const auto& t : (*file)->tensors()) {
+      if (t.name.find("attn_k.") != std::string::npos ||
+          t.name.find("attn_v.") != std::string::npos) {
+        kv_bytes += t.n_bytes;
+      }
+    }
+    EXPECT_EQ(p4->rank(3).sharded_bytes, (p1->rank(0).sharded_bytes - kv_bytes) / 4 + kv_bytes / 2);
     const int64_t replicated = p1->rank(0).replicated_bytes;
     if (std::string(arch) == "llama") llama_replicated = replicated;
     if (std::string(arch) == "qwen2") {

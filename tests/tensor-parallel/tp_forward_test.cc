@@ -86,6 +86,7 @@ struct TinyCase {
   GgmlType type;
   // qwen2: biases row-sliced with Q/K/V; qwen3: Q/K norms replicated; gemma3: post-norms too
   const char* arch = "llama";
+  bool replicated = false;  // fewer kv heads than ranks: KV-head replication
 };
 
 class TinyTp : public ::testing::TestWithParam<TinyCase> {};
@@ -109,6 +110,8 @@ TEST_P(TinyTp, LogitsAndGreedyTokensMatchOneProcess) {
   const double tolerance = kTinyRelTolerance;
   if (IsKQuantType(tc.type)) {
     o.d_model = 512, o.n_heads = 8, o.n_kv_heads = 4, o.d_ff = 1024;
+  } else if (tc.replicated) {  // TP 4 over 2 kv heads: each on two ranks
+    o.d_model = 256, o.n_heads = 8, o.n_kv_heads = 2, o.d_ff = 512;
   } else if (tc.tp == 4) {
     o.d_model = 256, o.n_heads = 8, o.n_kv_heads = 4, o.d_ff = 512;
   } else {
@@ -175,9 +178,11 @@ INSTANTIATE_TEST_SUITE_P(
                       TinyCase{2, GgmlType::kQ8_0, "qwen3"}, TinyCase{4, GgmlType::kF32, "qwen3"},
                       TinyCase{2, GgmlType::kQ8_0, "gemma3"}, TinyCase{4, GgmlType::kF32, "gemma3"},
                       TinyCase{2, GgmlType::kQ4_K}, TinyCase{2, GgmlType::kQ6_K},
-                      TinyCase{2, GgmlType::kQ5_K}),
+                      TinyCase{2, GgmlType::kQ5_K}, TinyCase{4, GgmlType::kF32, "llama", true},
+                      TinyCase{4, GgmlType::kQ8_0, "qwen2", true}),
     [](const auto& info) {
-      return std::string(info.param.arch) + "_tp" + std::to_string(info.param.tp) + "_" +
+      return std::string(info.param.arch) + "_tp" + std::to_string(info.param.tp) +
+             (info.param.replicated ? "_replicated_" : "_") +
              std::string(GgmlTypeName(static_cast<uint32_t>(info.param.type)));
     });
 
@@ -191,7 +196,8 @@ TEST(TinyTp, BadSizeIsRefusedBeforeLoading) {
   lo.tp_size = 3;
   auto t = LocalTpTarget::Load(path, lo);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(t.status().message().find("tensor parallelism 3 exceeds specnode-tiny's 2 KV heads"),
+  EXPECT_NE(t.status().message().find("tensor parallelism 3 exceeds specnode-tiny's 2 KV heads "
+                                      "and is not a multiple of them"),
             std::string::npos)
       << t.status();
   EXPECT_NE(t.status().message().find("use 1 or 2"), std::string::npos) << t.status();
