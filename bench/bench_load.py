@@ -201,7 +201,7 @@ def wait_health(ctx, endpoint: str, timeout_s: float, proc=None) -> Optional[dic
         if proc is not None and proc.poll() is not None:
             return None
         h = one_shot(ctx, endpoint, {"type": "health"}, 1.0)
-        if h is not None and h.get("type") == "health":
+        if h is not None and h.get("type") == "health" and h.get("status") != "loading":
             return h
         time.sleep(0.2)
     return None

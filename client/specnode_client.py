@@ -239,7 +239,8 @@ class SpecnodeClient:
         return self.stats().get("metrics", "")
 
     def health(self) -> dict:
-        """The node's `health` reply: status ("ok" | "draining"), model, uptime_s, ..."""
+        """The node's `health` reply: status ("ok" | "draining" | "failed" | "loading"),
+        model, uptime_s, ..."""
         return self._one_shot({"type": "health"}, "health")
 
     # -- plumbing ------------------------------------------------------------------------

@@ -30,9 +30,12 @@ std::string KvFlagsHelp() {
       "  --kv-demote-every N mixed mode demotes when a length reaches a multiple of N\n"
       "                      (default %d)\n"
       "  --kv-evict-window N drop tokens older than N except the sinks (lossy; off by default)\n"
-      "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n",
+      "  --kv-no-rotate      store K/V unrotated (default: Hadamard-rotated before quantising)\n"
+      "  --kv-host-capacity-mb N  host (swap) tier for preempted sequences' KV in MiB\n"
+      "                      (default %d; 0: preempted sequences recompute)\n"
+      "  --kv-no-prefix-cache  no sharing of equal prompt prefixes' pages (default: shared)\n",
       d.capacity_bytes >> 20, d.window_tokens, d.sink_tokens, d.page_tokens, d.critical_threshold,
-      d.mass_sample_every, d.demote_every);
+      d.mass_sample_every, d.demote_every, static_cast<int>(d.host_capacity_bytes >> 20));
 }
 
 const char kComputeFlagsHelp[] =
@@ -84,13 +87,15 @@ std::string ActivationsName(const ComputeOptions& compute) {
 }
 
 std::set<std::string> KvValueKeys() {
-  return {"kv-mode",         "kv-capacity-mb",        "kv-window",       "gpu-memory-utilization",
-          "kv-sinks",        "kv-critical-threshold", "kv-sample-every", "kv-demote-every",
-          "kv-evict-window", "kv-page-tokens"};
+  return {
+      "kv-mode",         "kv-capacity-mb",        "kv-window",          "gpu-memory-utilization",
+      "kv-sinks",        "kv-critical-threshold", "kv-sample-every",    "kv-demote-every",
+      "kv-evict-window", "kv-page-tokens",        "kv-host-capacity-mb"};
 }
 
 std::set<std::string> WithKvFlags(std::set<std::string> flags) {
   flags.insert("kv-no-rotate");
+  flags.insert("kv-no-prefix-cache");
   return flags;
 }
 
@@ -111,6 +116,11 @@ absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* o) {
     SPECNODE_ASSIGN_OR_RETURN(int64_t mb, args.GetInt("kv-capacity-mb", 0, 1, 1 << 24));
     o->capacity_bytes = mb << 20;
   }
+  if (args.Has("kv-host-capacity-mb")) {
+    SPECNODE_ASSIGN_OR_RETURN(int64_t mb, args.GetInt("kv-host-capacity-mb", 0, 0, 1 << 24));
+    o->host_capacity_bytes = mb << 20;
+  }
+  if (args.Has("kv-no-prefix-cache")) o->prefix_cache = false;
   if (args.Has("gpu-memory-utilization")) {
     SPECNODE_ASSIGN_OR_RETURN(o->memory_utilization,
                               args.GetDouble("gpu-memory-utilization", 0, 0.0, 1.0));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/cpu/act_quant.h"
 #include "model/tokenizer/chat_template.h"
+#include "node/serve/config_keys.h"
 #include "node/serve/metrics_http.h"
 
 namespace specnode {
@@ -152,9 +153,11 @@ class Reader {
     if (!_st.ok()) return _st; \
   } while (0)
 
+// table_key: the placement's rows in config_keys.h ("topology.groups[].draft", or
+// "topology.groups[].target[]").
 absl::Status ParsePlacement(Reader& r, const YAML::Node& n, const std::string& key,
-                            RankPlacement* out) {
-  CFG_TRY(r.Section(n, key, {"rank", "device", "host"}));
+                            std::string_view table_key, RankPlacement* out) {
+  CFG_TRY(r.Section(n, key, ConfigKeysUnder(table_key)));
   if (!n.IsDefined() || !n.IsMap() || !n["rank"].IsDefined()) {
     return r.Error(n, key + ".rank", "required");
   }
@@ -168,7 +171,7 @@ absl::Status ParsePlacement(Reader& r, const YAML::Node& n, const std::string& k
 //                                  target: [{rank, device, host}...]}]}
 absl::Status ParseTopology(Reader& r, const YAML::Node& t, Topology* out) {
   if (!t.IsDefined() || t.IsNull()) return absl::OkStatus();
-  CFG_TRY(r.Section(t, "topology", {"groups", "timeout_s"}));
+  CFG_TRY(r.Section(t, "topology", ConfigKeysUnder("topology")));
   CFG_TRY(r.Double(t, "topology", "timeout_s", 0.1, 3600, &out->timeout_s));
   const YAML::Node groups = t["groups"];
   if (!groups.IsDefined() || !groups.IsSequence() || groups.size() == 0) {
@@ -180,12 +183,12 @@ absl::Status ParseTopology(Reader& r, const YAML::Node& t, Topology* out) {
   for (size_t i = 0; i < groups.size(); ++i) {
     const std::string key = absl::StrCat("topology.groups[", i, "]");
     const YAML::Node g = groups[i];
-    CFG_TRY(r.Section(g, key, {"name", "draft", "target"}));
+    CFG_TRY(r.Section(g, key, ConfigKeysUnder("topology.groups[]")));
     GroupTopology gt;
     gt.name = absl::StrCat("group", i);
     CFG_TRY(r.String(g, key, "name", &gt.name));
     if (!names.insert(gt.name).second) return r.Error(g, key + ".name", "duplicate group name");
-    CFG_TRY(ParsePlacement(r, g["draft"], key + ".draft", &gt.draft));
+    CFG_TRY(ParsePlacement(r, g["draft"], key + ".draft", "topology.groups[].draft", &gt.draft));
     const YAML::Node target = g["target"];
     if (!target.IsDefined() || !target.IsSequence() || target.size() == 0) {
       return r.Error(target.IsDefined() ? target : g, key + ".target",
@@ -193,7 +196,8 @@ absl::Status ParseTopology(Reader& r, const YAML::Node& t, Topology* out) {
     }
     for (size_t j = 0; j < target.size(); ++j) {
       RankPlacement p;
-      CFG_TRY(ParsePlacement(r, target[j], absl::StrCat(key, ".target[", j, "]"), &p));
+      CFG_TRY(ParsePlacement(r, target[j], absl::StrCat(key, ".target[", j, "]"),
+                             "topology.groups[].target[]", &p));
       gt.target.push_back(p);
     }
     std::vector<const RankPlacement*> placed = {&gt.draft};
@@ -243,16 +247,14 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   Reader r(source);
   ServeConfig c;
   c.source = source;
-  CFG_TRY(r.Section(
-      root, "", {"version", "model", "serve", "speculation", "router", "kv", "sla", "topology"}));
+  CFG_TRY(r.Section(root, "", ConfigKeysUnder("")));
   if (root["version"].IsDefined()) {
     int version = 0;
     CFG_TRY(r.Int(root, "", "version", 1, 1, &version));
   }
   CFG_TRY(ParseTopology(r, root["topology"], &c.topology));
   const YAML::Node model = root["model"];
-  CFG_TRY(
-      r.Section(model, "model", {"target", "threads", "activations", "device", "chat_template"}));
+  CFG_TRY(r.Section(model, "model", ConfigKeysUnder("model")));
   CFG_TRY(r.String(model, "model", "target", &c.model));
   CFG_TRY(r.Int(model, "model", "threads", 0, 1024, &c.threads));
   std::string activations;
@@ -283,12 +285,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
 
   const YAML::Node serve = root["serve"];
-  CFG_TRY(r.Section(
-      serve, "serve",
-      {"bind", "max_active", "max_queue", "max_tokens", "max_frame_bytes", "curve_secret_key",
-       "metrics_bind", "drain_timeout_s", "http_bind", "http_api_key_env", "http_max_body_bytes",
-       "http_threads", "served_model_name", "model_name", "max_model_len", "kv_events_bind",
-       "kv_events_replay_bind", "kv_events_topic", "kv_events_encoding"}));
+  CFG_TRY(r.Section(serve, "serve", ConfigKeysUnder("serve")));
   CFG_TRY(r.String(serve, "serve", "bind", &c.bind));
   CFG_TRY(r.Int(serve, "serve", "max_active", 1, 4096, &c.max_active));
   CFG_TRY(r.Int(serve, "serve", "max_queue", 0, 1 << 20, &c.max_queue));
@@ -345,9 +342,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
 
   const YAML::Node spec = root["speculation"];
-  CFG_TRY(r.Section(
-      spec, "speculation",
-      {"draft", "k_max", "free_threshold", "disable_threshold", "probe_every", "acceptance"}));
+  CFG_TRY(r.Section(spec, "speculation", ConfigKeysUnder("speculation")));
   std::string draft;
   CFG_TRY(r.String(spec, "speculation", "draft", &draft));
   if (spec.IsDefined() && spec.IsMap() && spec["draft"].IsDefined() && !spec["draft"].IsNull()) {
@@ -374,15 +369,12 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
 
   const YAML::Node router = root["router"];
-  CFG_TRY(r.Section(router, "router", {"rules_file", "default_domain"}));
+  CFG_TRY(r.Section(router, "router", ConfigKeysUnder("router")));
   CFG_TRY(r.String(router, "router", "rules_file", &c.router_rules_file));
   CFG_TRY(r.String(router, "router", "default_domain", &c.default_domain));
 
   const YAML::Node kv = root["kv"];
-  CFG_TRY(r.Section(kv, "kv",
-                    {"mode", "capacity_mb", "memory_utilization", "host_capacity_mb", "page_tokens",
-                     "sink_tokens", "window_tokens", "critical_threshold", "mass_sample_every",
-                     "demote_every", "evict_window", "rotate", "prefix_cache"}));
+  CFG_TRY(r.Section(kv, "kv", ConfigKeysUnder("kv")));
   if (kv.IsDefined() && kv.IsMap() && kv["mode"].IsDefined() && !kv["mode"].IsNull()) {
     std::string mode;
     CFG_TRY(r.String(kv, "kv", "mode", &mode));
@@ -429,7 +421,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
 
   const YAML::Node sla = root["sla"];
-  CFG_TRY(r.Section(sla, "sla", {"default", "window_fraction", "classes"}));
+  CFG_TRY(r.Section(sla, "sla", ConfigKeysUnder("sla")));
   CFG_TRY(r.String(sla, "sla", "default", &c.sla.default_class));
   CFG_TRY(r.Double(sla, "sla", "window_fraction", 0, 1, &c.sla.window_fraction));
   if (sla.IsDefined() && sla.IsMap() && sla["classes"].IsDefined()) {
@@ -442,7 +434,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     for (size_t i = 0; i < classes.size(); ++i) {
       const std::string key = absl::StrCat("sla.classes[", i, "]");
       const YAML::Node e = classes[i];
-      CFG_TRY(r.Section(e, key, {"name", "ttft_p99_ms", "tpot_p99_ms", "priority", "shed"}));
+      CFG_TRY(r.Section(e, key, ConfigKeysUnder("sla.classes[]")));
       SlaClass cls;
       CFG_TRY(r.String(e, key, "name", &cls.name));
       if (cls.name.empty()) return r.Error(e, key + ".name", "required");

@@ -35,6 +35,7 @@
 #include "node/cli/model_flags.h"
 #include "node/cluster/serve_cluster.h"
 #include "node/serve/cluster_config.h"
+#include "node/serve/config_keys.h"
 #include "node/serve/gpu_inventory.h"
 #include "node/serve/gpu_layout.h"
 #include "node/serve/loading_listeners.h"
@@ -83,12 +84,18 @@ std::string Help() {
       "                      context; above it is refused at load)\n"
       "  --kv-events-bind E  ZeroMQ PUB endpoint for KV events in vLLM's format, e.g.\n"
       "                      tcp://127.0.0.1:5557 (default: off)\n"
+      "  --kv-events-replay-bind E, --kv-events-topic T, --kv-events-encoding array|map\n"
+      "                      the KV events' replay endpoint, topic frame and layout\n"
+      "  --drain-timeout-s S after SIGTERM, how long running requests may finish (default %g)\n"
+      "  --http-api-key-env VAR  environment variable holding the API's bearer key\n"
+      "  --http-max-body-bytes N, --http-threads N  the API's body limit and connections\n"
       "  --threads N         CPU threads (default: all cores available)\n"
       "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default %s)\n"
       "  --spec-k K          largest speculation length (default %d)\n"
       "  --acceptance RULE   sampled drafts: match (a seed's text does not depend on the\n"
       "                      drafter) or ratio (min(1, p/q) test) (default %s)\n"
       "  --router-rules FILE JSON rules naming a request's domain from its prompt\n"
+      "  --default-domain D  the domain of a prompt no rule names (default %s)\n"
       "  --max-active N      sequences running at once (default %d)\n"
       "  --max-queue N       waiting requests before `overloaded` (default %d)\n"
       "  --max-tokens N      largest max_tokens a request may ask (default %d)\n"
@@ -108,9 +115,12 @@ std::string Help() {
       "                      rank on one node)\n"
       "  --gpus-per-node N   with --check-config: nodes of N GPUs each (CUDA_VISIBLE_DEVICES\n"
       "                      still applies) instead of this host's: checks a GPU layout from a\n"
-      "                      machine without those GPUs\n",
+      "                      machine without those GPUs\n"
+      "  --print-flag-table  print which flag sets each YAML key (docs/configs.md) and exit\n"
+      "  --print-config      print every key's value after the config and the flags, and exit\n",
       d.bind, (d.http_bind.has_value() ? d.http_bind->text() : std::string("off")).c_str(),
-      d.draft.text(), d.k_max, std::string(AcceptanceRuleName(d.acceptance)).c_str(), d.max_active,
+      d.drain_timeout_s, d.draft.text(), d.k_max,
+      std::string(AcceptanceRuleName(d.acceptance)).c_str(), d.default_domain, d.max_active,
       d.max_queue, d.limits.max_tokens, d.limits.max_frame_bytes);
 }
 
@@ -152,6 +162,37 @@ absl::Status ApplyHttpFlags(const CliArgs& args, ServeConfig* c) {
   return absl::OkStatus();
 }
 
+// The flags of the serve keys a first hour rarely needs (config_keys.h has the whole map).
+absl::Status ApplyMoreServeFlags(const CliArgs& args, ServeConfig* c) {
+  if (args.Has("drain-timeout-s")) {
+    SPECNODE_ASSIGN_OR_RETURN(c->drain_timeout_s,
+                              args.GetDouble("drain-timeout-s", c->drain_timeout_s, 0, 3600));
+  }
+  if (args.Has("http-api-key-env")) c->http_api_key_env = args.Get("http-api-key-env");
+  if (args.Has("http-max-body-bytes")) {
+    SPECNODE_ASSIGN_OR_RETURN(c->http_max_body_bytes,
+                              args.GetInt("http-max-body-bytes", 0, 1024, 1 << 30));
+  }
+  if (args.Has("http-threads")) {
+    SPECNODE_ASSIGN_OR_RETURN(int64_t n, args.GetInt("http-threads", 0, 1, 4096));
+    c->http_threads = static_cast<int>(n);
+  }
+  if (args.Has("kv-events-replay-bind")) {
+    c->kv_events_replay_bind = args.Get("kv-events-replay-bind");
+  }
+  if (args.Has("kv-events-topic")) c->kv_events_topic = args.Get("kv-events-topic");
+  if (args.Has("kv-events-encoding")) {
+    const std::string e = args.Get("kv-events-encoding");
+    if (e != "array" && e != "map") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv-events-encoding: expected array (vLLM <= 0.23's layout) or map, got \"", e, "\""));
+    }
+    c->kv_events_encoding = e == "map" ? KvEventEncoding::kMap : KvEventEncoding::kArray;
+  }
+  if (args.Has("default-domain")) c->default_domain = args.Get("default-domain");
+  return absl::OkStatus();
+}
+
 // The config (--config FILE, else the embedded local-cpu.yaml) with command-line flags
 // applied on top.
 absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
@@ -182,6 +223,7 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
     SPECNODE_RETURN_IF_ERROR(ValidateMetricsAddress(c.metrics_bind));
   }
   SPECNODE_RETURN_IF_ERROR(ApplyHttpFlags(args, &c));
+  SPECNODE_RETURN_IF_ERROR(ApplyMoreServeFlags(args, &c));
   if (args.Has("kv-events-bind")) c.kv_events_bind = args.Get("kv-events-bind");
   if (args.Has("draft")) {
     absl::StatusOr<DraftSpec> d = ParseDraftSpec(args.Get("draft"));
@@ -480,7 +522,15 @@ absl::Status CheckConfig(const ServeConfig& cfg, const GpuCheckOptions& gpu_opti
 }
 
 absl::Status Run(const CliArgs& args) {
+  if (args.Has("print-flag-table")) {
+    std::fputs(ConfigKeysMarkdown().c_str(), stdout);
+    return absl::OkStatus();
+  }
   SPECNODE_ASSIGN_OR_RETURN(const ServeConfig cfg, ConfigFromArgs(args));
+  if (args.Has("print-config")) {
+    std::fputs(ConfigValues(cfg).c_str(), stdout);
+    return absl::OkStatus();
+  }
   SPECNODE_ASSIGN_OR_RETURN(const GpuCheckOptions gpu_options, GpuCheckOptionsFromArgs(args));
   if (args.Has("check-config")) return CheckConfig(cfg, gpu_options);
   if (NeedsCluster(cfg)) return RunServeCluster(cfg);
@@ -508,14 +558,36 @@ absl::Status Run(const CliArgs& args) {
 
 int RunServe(int argc, char** argv) {
   return RunModelCommand("serve", Help(), argc, argv,
-                         {"config",         "model",         "bind",
-                          "metrics-bind",   "http-bind",     "host",
-                          "port",           "max-model-len", "kv-events-bind",
-                          "threads",        "draft",         "spec-k",
-                          "acceptance",     "router-rules",  "max-active",
-                          "max-queue",      "max-tokens",    "max-frame-bytes",
-                          "ranks-per-node", "gpus-per-node"},
-                         {"check-config"}, Run, {"served-model-name"});
+                         {"config",
+                          "model",
+                          "bind",
+                          "metrics-bind",
+                          "http-bind",
+                          "host",
+                          "port",
+                          "max-model-len",
+                          "kv-events-bind",
+                          "threads",
+                          "draft",
+                          "spec-k",
+                          "acceptance",
+                          "router-rules",
+                          "max-active",
+                          "max-queue",
+                          "max-tokens",
+                          "max-frame-bytes",
+                          "ranks-per-node",
+                          "gpus-per-node",
+                          "drain-timeout-s",
+                          "http-api-key-env",
+                          "http-max-body-bytes",
+                          "http-threads",
+                          "kv-events-replay-bind",
+                          "kv-events-topic",
+                          "kv-events-encoding",
+                          "default-domain"},
+                         {"check-config", "print-flag-table", "print-config"}, Run,
+                         {"served-model-name"});
 }
 
 }  // namespace specnode

@@ -13,6 +13,7 @@
 #include "coordinator/request_error.h"
 #include "nlohmann/json.hpp"
 #include "node/serve/submit_builder.h"
+#include "node/serve/zmq_frames.h"
 
 namespace specnode {
 
@@ -284,16 +285,8 @@ absl::Status Frontend::Run(const std::atomic<bool>* stop) {
     }
     // Incoming frames (non-blocking, all that are ready).
     while (true) {
-      frames.clear();
       try {
-        zmq::message_t msg;
-        if (!sock_->recv(msg, zmq::recv_flags::dontwait)) break;
-        frames.push_back(std::move(msg));
-        while (frames.back().more()) {
-          zmq::message_t part;
-          if (!sock_->recv(part, zmq::recv_flags::none)) break;
-          frames.push_back(std::move(part));
-        }
+        if (!RecvFrames(*sock_, &frames)) break;
       } catch (const zmq::error_t& e) {
         if (e.num() == EINTR) continue;
         break;

@@ -13,6 +13,13 @@ namespace specnode {
 
 absl::StatusOr<std::unique_ptr<LoadingListeners>> LoadingListeners::Start(const ServeConfig& cfg) {
   std::unique_ptr<LoadingListeners> l(new LoadingListeners());
+  // The ZeroMQ endpoint first: it is the default front end, and a taken one fails the start.
+  LoadingZmqOptions zo;
+  zo.endpoint = cfg.bind;
+  zo.curve_secret_key = cfg.curve_secret_key;
+  zo.model_name = ServedModelNames(cfg)[0];
+  zo.limits = cfg.limits;
+  SPECNODE_ASSIGN_OR_RETURN(l->zmq_, LoadingZmq::Start(zo));
   const auto started = std::chrono::steady_clock::now();
   HttpServerOptions o;
   o.threads = 2;

@@ -1,5 +1,6 @@
-// The node's HTTP addresses while the model loads (issue 37): serve.http_bind and
-// serve.metrics_bind are bound before the weights are read, so a load balancer or an
+// The node's addresses while the model loads (issue 37): serve.http_bind and
+// serve.metrics_bind are bound before the weights are read (and serve.bind, the ZeroMQ
+// endpoint: loading_zmq.h), so a load balancer or an
 // orchestrator's probe gets an answer instead of "connection refused" — GET /health
 // 503 {"status": "loading", "model", "uptime_s"}, the /v1 routes 503 `unavailable` ("the
 // model is loading"), GET /metrics an empty exposition — and an address already taken fails
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "node/serve/cluster_config.h"
 #include "node/serve/http_server.h"
+#include "node/serve/loading_zmq.h"
 
 namespace specnode {
 
@@ -25,12 +27,17 @@ class LoadingListeners {
   ~LoadingListeners() { Stop(); }
 
   // Closes every listener (idempotent).
-  void Stop() { servers_.clear(); }
+  void Stop() {
+    servers_.clear();
+    zmq_.reset();
+  }
+  // HTTP listeners held (the ZeroMQ endpoint aside).
   size_t size() const { return servers_.size(); }
 
  private:
   LoadingListeners() = default;
   std::vector<std::unique_ptr<HttpServer>> servers_;
+  std::unique_ptr<LoadingZmq> zmq_;
 };
 
 }  // namespace specnode

@@ -2,6 +2,7 @@
 // each row's k largest logits for top-k samplers, each row's draw for samplers without
 // top-k, whole rows otherwise — and the same tokens whichever it asks for.
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -60,6 +61,16 @@ class SpecEngineHeadTest : public SpecEngineTest {
  protected:
   // `requests` through a fresh engine whose target counts its heads into *counts: target-only
   // or speculating with the "draft30" model drafter, under `rule`.
+  // `requests` and one more sequence (id 999, seed 9, temperature 0.8) whose sampling
+  // `change` edits: a mate that changes which head the passes ask for.
+  static std::vector<SpecRequest> WithMate(std::vector<SpecRequest> requests,
+                                           const std::function<void(SamplingParams&)>& change) {
+    requests.push_back(Prompts(0.8f, 24, 9)[0]);
+    requests.back().id = 999;
+    change(requests.back().sampling);
+    return requests;
+  }
+
   std::vector<std::vector<int32_t>> RunCountingHeads(const std::vector<SpecRequest>& requests,
                                                      AcceptanceRule rule, bool speculate,
                                                      HeadCounts* counts) {
@@ -128,10 +139,8 @@ TEST_F(SpecEngineHeadTest, SampledPassesWithoutTopKTakeEachRowsDrawNotTheRows) {
   requests[1].sampling.temperature = 0.0f;
   requests[2].sampling.top_p = 0.8f;
   requests[3].sampling.top_p = 0.95f;
-  std::vector<SpecRequest> with_mate = requests;
-  with_mate.push_back(Prompts(0.8f, 24, 9)[0]);
-  with_mate.back().id = 999;
-  with_mate.back().sampling.top_k = 5;
+  const std::vector<SpecRequest> with_mate =
+      WithMate(requests, [](SamplingParams& p) { p.top_k = 5; });
   auto base_inner = MakeRunner("full");
   HeadCountingRunner base_runner(base_inner.get());
   SpeculativeEngine base(&base_runner, {}, {});
@@ -182,10 +191,8 @@ TEST_F(SpecEngineHeadTest, TopKPassesTakeTheLargestLogitsNotTheRows) {
     }
   }
   // A mate without top-k needs whole rows: that pass ships logits, the text stays the same.
-  std::vector<SpecRequest> with_mate = requests;
-  with_mate.push_back(Prompts(0.8f, 24, 9)[0]);
-  with_mate.back().id = 999;
-  with_mate.back().sampling.top_p = 0.95f;
+  const std::vector<SpecRequest> with_mate =
+      WithMate(requests, [](SamplingParams& p) { p.top_p = 0.95f; });
   auto inner = MakeRunner("full");
   HeadCountingRunner runner(inner.get());
   SpeculativeEngine engine(&runner, {}, {});

@@ -5,11 +5,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "node/serve/config_keys.h"
 
 namespace specnode {
 namespace {
@@ -169,6 +171,32 @@ TEST(ServeConfigTest, ADirectoryIsNotAConfig) {
   EXPECT_NE(c.status().message().find("is a directory"), std::string_view::npos) << c.status();
   auto missing = LoadServeConfig(dir + "/no-such-config.yaml");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+// The reader takes its keys from the flag table (config_keys.h): each section's names
+// come from the rows, every row is one key, and a key without a row is unknown.
+TEST(ServeConfigTest, TheKeysAreTheFlagTablesRows) {
+  EXPECT_EQ(ConfigKeysUnder(""), (std::set<std::string>{"version", "model", "serve", "speculation",
+                                                        "router", "kv", "sla", "topology"}));
+  EXPECT_EQ(ConfigKeysUnder("topology.groups[]"),
+            (std::set<std::string>{"name", "draft", "target"}));
+  EXPECT_EQ(ConfigKeysUnder("topology.groups[].target[]"),
+            (std::set<std::string>{"rank", "device", "host"}));
+  EXPECT_TRUE(ConfigKeysUnder("serve").count("http_threads"));
+  std::set<std::string> keys;
+  for (const ConfigKey& k : ConfigKeys()) {
+    EXPECT_TRUE(keys.insert(std::string(k.key)).second) << k.key;
+    EXPECT_TRUE(k.flag.empty() || k.flag.starts_with("--")) << k.key;
+    EXPECT_TRUE(!k.flag.empty() || !k.note.empty()) << k.key << ": no flag says why";
+  }
+  absl::StatusOr<ServeConfig> c = ParseServeConfig("serve:\n  http_thread: 3\n", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "t.yaml:2: serve.http_thread: unknown key");
+  EXPECT_TRUE(ParseServeConfig("serve:\n  http_threads: 3\n", "t.yaml").ok());
+  // Every value the table prints reads back from a parsed config.
+  c = ParseServeConfig("kv:\n  page_tokens: 16\n", "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(ConfigValues(*c).find("kv.page_tokens: 16\n"), std::string::npos);
 }
 
 }  // namespace

@@ -79,7 +79,8 @@ class Node:
             if self.proc.poll() is not None:
                 pytest.fail(f"specnode serve exited with {self.proc.returncode}:\n{self.log()}")
             h = health(self.endpoint, 1.0)
-            if h is not None and h.get("type") == "health":
+            # "loading": the endpoint is bound but the model is not served yet.
+            if h is not None and h.get("type") == "health" and h.get("status") != "loading":
                 return h
             time.sleep(0.2)
         log = self.log()  # before stop() closes the log file

@@ -245,3 +245,106 @@ def test_kv_budget_from_device_memory_and_the_startup_summary(specnode, tiny_mod
     res = subprocess.run([specnode, "serve", "--config", str(bad), "--model", tiny_model],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "bad.yaml:2: kv.memory_utilization" in res.stderr, res.stderr
+
+
+# --- one map between the YAML keys and the flags (node/serve/config_keys.h) ---------------
+
+def _flag_table(specnode):
+    res = subprocess.run([specnode, "serve", "--print-flag-table"], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    rows = []
+    for line in res.stdout.splitlines()[2:]:
+        key, flag, _ = [c.strip() for c in line.strip("|").split("|")]
+        rows.append((key.strip("`"), None if flag == "—" else flag.strip("`")))
+    return res.stdout, rows
+
+
+def test_docs_quote_the_flag_table_and_help_has_every_flag(specnode):
+    """docs/configs.md quotes `serve --print-flag-table` verbatim, and every flag in it is
+    one `serve --help` documents."""
+    text, rows = _flag_table(specnode)
+    assert text in (ROOT / "docs" / "configs.md").read_text(), "regenerate the table in docs"
+    assert len(rows) > 50
+    helptext = subprocess.run([specnode, "serve", "--help"], capture_output=True, text=True,
+                              timeout=60).stdout
+    for key, flag in rows:
+        if flag:
+            assert flag in helptext, (key, flag)
+
+
+# key -> (YAML value, the flag's arguments): a value other than the default.
+EXAMPLES = {
+    "model.target": ("/tmp/x.gguf", ["/tmp/x.gguf"]),
+    "model.threads": ("3", ["3"]),
+    "model.activations": ("int8", ["int8"]),
+    "model.chat_template": ("chatml", ["chatml"]),
+    "serve.bind": ("tcp://127.0.0.1:5599", ["tcp://127.0.0.1:5599"]),
+    "serve.max_active": ("8", ["8"]),
+    "serve.max_queue": ("9", ["9"]),
+    "serve.max_tokens": ("100", ["100"]),
+    "serve.max_frame_bytes": ("4096", ["4096"]),
+    "serve.drain_timeout_s": ("7", ["7"]),
+    "serve.metrics_bind": ("127.0.0.1:9999", ["127.0.0.1:9999"]),
+    "serve.http_bind": ("127.0.0.1:8123", ["127.0.0.1:8123"]),
+    "serve.http_api_key_env": ("MY_KEY", ["MY_KEY"]),
+    "serve.http_max_body_bytes": ("5000", ["5000"]),
+    "serve.http_threads": ("7", ["7"]),
+    "serve.served_model_name": ("[a, b]", ["a", "b"]),
+    "serve.max_model_len": ("100", ["100"]),
+    "serve.kv_events_bind": ("tcp://127.0.0.1:5601", ["tcp://127.0.0.1:5601"]),
+    "serve.kv_events_topic": ("t1", ["t1"]),
+    "serve.kv_events_encoding": ("map", ["map"]),
+    "speculation.draft": ("none", ["none"]),
+    "speculation.k_max": ("3", ["3"]),
+    "speculation.acceptance": ("ratio", ["ratio"]),
+    "router.default_domain": ("code", ["code"]),
+    "kv.mode": ("int8", ["int8"]),
+    "kv.capacity_mb": ("512", ["512"]),
+    "kv.memory_utilization": ("0.5", ["0.5"]),
+    "kv.host_capacity_mb": ("100", ["100"]),
+    "kv.page_tokens": ("16", ["16"]),
+    "kv.sink_tokens": ("2", ["2"]),
+    "kv.window_tokens": ("32", ["32"]),
+    "kv.critical_threshold": ("2", ["2"]),
+    "kv.mass_sample_every": ("2", ["2"]),
+    "kv.demote_every": ("32", ["32"]),
+    "kv.evict_window": ("128", ["128"]),
+    "kv.rotate": ("false", []),
+    "kv.prefix_cache": ("false", []),
+}
+
+
+def _print_config(specnode, tmp_path, yaml, flags):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("version: 1\n" + yaml)
+    res = subprocess.run([specnode, "serve", "--print-config", "--config", str(cfg), *flags],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, (yaml, flags, res.stderr)
+    return dict(line.split(": ", 1) if ": " in line else (line.rstrip(":"), "")
+                for line in res.stdout.splitlines())
+
+
+def test_each_flag_sets_what_its_key_sets(specnode, tmp_path):
+    """For every key with a flag: the flag and the key give the same effective value
+    (`serve --print-config`), and one other than the default."""
+    _, rows = _flag_table(specnode)
+    rules = tmp_path / "rules.json"
+    rules.write_text('{"rules": []}')
+    examples = dict(EXAMPLES, **{"router.rules_file": (str(rules), [str(rules)])})
+    base = _print_config(specnode, tmp_path, "", [])
+    checked = set()
+    for key, flag in rows:
+        if not flag or key not in examples:
+            continue
+        value, args = examples[key]
+        section, name = key.split(".", 1)
+        from_yaml = _print_config(specnode, tmp_path, f"{section}:\n  {name}: {value}\n", [])
+        from_flag = _print_config(specnode, tmp_path, "", [flag, *args])
+        assert from_flag[key] == from_yaml[key], (key, flag, from_flag[key], from_yaml[key])
+        assert from_flag[key] != base[key], (key, "the example is the default")
+        checked.add(key)
+    # Every key with a flag is checked, but the aliases and those only a GPU build takes.
+    unchecked = {k for k, f in rows if f} - checked
+    assert unchecked <= {"serve.model_name", "model.device", "serve.kv_events_replay_bind"}, \
+        unchecked

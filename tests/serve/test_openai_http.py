@@ -490,17 +490,19 @@ def test_max_model_len_beyond_the_context_is_refused(specnode, tiny_model):
 
 
 def test_health_answers_loading_while_the_model_loads(specnode, tmp_path):
-    """The HTTP address is bound before the weights are read: while the load is under way
-    (here it waits forever: the model is a FIFO nobody writes), /health answers 503
-    "loading" and the /v1 routes 503 `unavailable` with Retry-After, instead of refusing the
-    connection (issue 37)."""
+    """The HTTP address and the ZeroMQ endpoint are bound before the weights are read: while
+    the load is under way (here it waits forever: the model is a FIFO nobody writes),
+    /health answers 503 "loading" and the /v1 routes 503 `unavailable` with Retry-After,
+    ZeroMQ `health` "loading" and submits `unavailable`, instead of refusing the connection
+    or never answering (issue 37)."""
     import subprocess
 
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)
     port = free_port()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     proc = subprocess.Popen([specnode, "serve", "--model", str(fifo), "--port", str(port),
-                             "--bind", f"tcp://127.0.0.1:{free_port()}"],
+                             "--bind", endpoint],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -523,6 +525,29 @@ def test_health_answers_loading_while_the_model_loads(specnode, tmp_path):
             urllib.request.urlopen(req, timeout=5)
         assert e.value.code == 503 and e.value.headers["Retry-After"] == "5"
         assert json.loads(e.value.read())["error"]["code"] == "unavailable"
+        # The ZeroMQ endpoint too: health says loading, a submit is refused `unavailable`
+        # with its id, a bad frame gets the usual error.
+        import zmq
+
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 5000)
+        sock.connect(endpoint)
+        try:
+            sock.send_json({"type": "health"})
+            h = sock.recv_json()
+            assert h["type"] == "health" and h["status"] == "loading", h
+            assert h["model"] == "model" and h["active"] == 0, h
+            sock.send_json({"type": "submit", "id": "a", "prompt": "x"})
+            r = sock.recv_json()
+            assert r == {"type": "error", "id": "a", "code": "unavailable",
+                         "message": "the model is loading; retry shortly"}, r
+            sock.send(b"{not json")
+            assert sock.recv_json()["code"] == "bad_json"
+        finally:
+            sock.close()
+            ctx.term()
         assert proc.poll() is None  # still loading
     finally:
         proc.kill()
