@@ -11,7 +11,11 @@ import functools
 
 import gguf
 import jinja2
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+# The pre-tokenizer regex of Qwen2's tokenizer.json (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2).
+QWEN2_PRE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
@@ -50,12 +54,22 @@ class GGUFTokenizer:
         self.chat_template = reader.fields["tokenizer.chat_template"].contents() \
             if "tokenizer.chat_template" in reader.fields else None
 
+        pre = reader.fields["tokenizer.ggml.pre"].contents() \
+            if "tokenizer.ggml.pre" in reader.fields else ""
         vocab = {tok: i for i, tok in enumerate(tokens)}
         tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ])
+        if pre == "qwen2":
+            # Qwen2's tokenizer.json: one Split on its regex (digits one by one, "\n\n" one
+            # piece), then ByteLevel without GPT-2's regex.
+            tk.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(QWEN2_PRE_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ])
+        else:
+            tk.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ])
         tk.decoder = decoders.ByteLevel()
         special = [AddedToken(tokens[i], special=True, normalized=False)
                    for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
