@@ -331,11 +331,13 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   CFG_TRY(r.String(serve, "serve", "kv_events_topic", &c.kv_events_topic));
   std::string encoding;
   CFG_TRY(r.String(serve, "serve", "kv_events_encoding", &encoding));
-  if (encoding == "map") {
-    c.kv_events_encoding = KvEventEncoding::kMap;
-  } else if (!encoding.empty() && encoding != "array") {
-    return r.Error(serve["kv_events_encoding"], "serve.kv_events_encoding",
-                   "expected array (vLLM <= 0.23's layout) or map (later vLLM)");
+  if (!encoding.empty()) {
+    const std::optional<KvEventEncoding> e = ParseKvEventEncoding(encoding);
+    if (!e.has_value()) {
+      return r.Error(serve["kv_events_encoding"], "serve.kv_events_encoding",
+                     "expected array (vLLM <= 0.23's layout) or map (later vLLM)");
+    }
+    c.kv_events_encoding = *e;
   }
   if (!c.curve_secret_key.empty() && c.curve_secret_key.size() != 40) {
     return r.Error(serve, "serve.curve_secret_key", "expected a 40-character Z85 key");

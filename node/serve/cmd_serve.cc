@@ -183,11 +183,12 @@ absl::Status ApplyMoreServeFlags(const CliArgs& args, ServeConfig* c) {
   if (args.Has("kv-events-topic")) c->kv_events_topic = args.Get("kv-events-topic");
   if (args.Has("kv-events-encoding")) {
     const std::string e = args.Get("kv-events-encoding");
-    if (e != "array" && e != "map") {
+    const std::optional<KvEventEncoding> encoding = ParseKvEventEncoding(e);
+    if (!encoding.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--kv-events-encoding: expected array (vLLM <= 0.23's layout) or map, got \"", e, "\""));
     }
-    c->kv_events_encoding = e == "map" ? KvEventEncoding::kMap : KvEventEncoding::kArray;
+    c->kv_events_encoding = *encoding;
   }
   if (args.Has("default-domain")) c->default_domain = args.Get("default-domain");
   return absl::OkStatus();

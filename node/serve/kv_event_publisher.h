@@ -62,6 +62,13 @@ enum class KvEventEncoding {
   kMap,    // each event a tagged map (current vLLM; newer routers decode both)
 };
 
+// "array" or "map" (serve.kv_events_encoding, --kv-events-encoding); nullopt otherwise.
+inline std::optional<KvEventEncoding> ParseKvEventEncoding(std::string_view name) {
+  if (name == "array") return KvEventEncoding::kArray;
+  if (name == "map") return KvEventEncoding::kMap;
+  return std::nullopt;
+}
+
 // The msgpack bytes of one batch (layout above). Pure; never throws except std::bad_alloc.
 std::string EncodeKvEventBatch(double ts, std::span<const KvCacheEvent> events,
                                std::optional<int> data_parallel_rank,
