@@ -19,7 +19,9 @@
 // The integer sums fit int32 (|Σ| <= 128 * 32767 * 32) and are products of int16 pairs:
 // vpmaddwd / vpdpwssd after widening the weights to int16.
 // F32/F16/BF16 weights use the f32 activations directly. The K-quants (Q4_K, Q5_K, Q6_K)
-// run on the x8 path only: 32-value sub-blocks with their own factors (cpu_repack_kquant.h).
+// run on the x8 path only: 32-value sub-blocks with their own factors (cpu_repack_kquant.h);
+// so do Q5_0 / Q5_1 (unsigned 5-bit codes: Q5_0 corrected by -16 d_w s_b, Q5_1 by m_w s_b;
+// cpu_repack.h).
 //
 // Int8 activations (ActQuant::kInt8, opt-in; llama.cpp's Q8_1 exactly): blocks of 32 int8
 //   qs[j] = round_nearest_even(x[j] * (1 / d_b)),  d_b = max|x| over block b / 127,
@@ -149,6 +151,10 @@ struct KernelTable {
   // (int8 activations, PackedKQuantReference8).
   bool kquant_x8 = false;
   bool kquant8_x8 = false;
+  // True when matmul_quant_x8 (q5_8_x8: matmul_quant8_x8) also takes Q5_0 and Q5_1, packed
+  // as cpu_repack.h (bit-identical to PackedMatMulReference / PackedMatMulReference8).
+  bool q5_x8 = false;
+  bool q5_8_x8 = false;
 };
 
 // SwiGLU's exponential, one arithmetic for every table so that scalar and SIMD results

@@ -395,6 +395,8 @@ const KernelTable kAvx2Kernels = {.name = "avx2",
                                   .matmul_quant8_x8 = &MatMulQuant8X8Avx2,
                                   .swiglu = &SwiGluAvx2,
                                   .kquant_x8 = true,
-                                  .kquant8_x8 = true};
+                                  .kquant8_x8 = true,
+                                  .q5_x8 = true,
+                                  .q5_8_x8 = true};
 
 }  // namespace specnode::cpu_kernels

@@ -26,7 +26,8 @@
 // K-quants (Q4_K, Q5_K, Q6_K; TileKX8, int8 TileK8X8): per 32-value sub-block the Q4 paths
 // above, with high bits or'ed into the widened nibbles (int16: Q6_K's codes re-centred;
 // int8: corrected by 32 h16), and the low / high nibble sums kept apart for Q6_K's two
-// per-half scales (cpu_repack_kquant.h).
+// per-half scales (cpu_repack_kquant.h). Q5_0 / Q5_1 blocks run the same tiles (their bit 4
+// is laid out as Q5_K's) with a Q4 block's per-block factors (BlockWalk).
 //
 // Arithmetic (and so the bits of every result) is PackedMatMulReference's (int8:
 // PackedMatMulReference8's); FMAs are spelled out, so -ffp-contract has nothing to fuse.
@@ -97,14 +98,17 @@ struct TileTokens {
 };
 
 // A packed block's 8 row scales d_w, and the multiplier of s_t in its minimum term: m_w
-// (Q4_1), -8 d_w (Q4_0), -128 d_w (Q8_0 with int8 activations), none (Q8_0, int16).
+// (Q4_1, Q5_1), -8 d_w (Q4_0), -16 d_w (Q5_0), -128 d_w (Q8_0 with int8 activations), none
+// (Q8_0, int16).
 template <GgmlType kType, bool kInt8>
 inline void BlockScales(const uint8_t* blk, __m256* dw, __m256* mw) {
   *dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-  if constexpr (kType == GgmlType::kQ4_1) {
+  if constexpr (kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1) {
     *mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
   } else if constexpr (kType == GgmlType::kQ4_0) {
     *mw = _mm256_mul_ps(*dw, _mm256_set1_ps(-8.0f));
+  } else if constexpr (kType == GgmlType::kQ5_0) {
+    *mw = _mm256_mul_ps(*dw, _mm256_set1_ps(-16.0f));
   } else if constexpr (kInt8) {
     *mw = _mm256_mul_ps(*dw, _mm256_set1_ps(-128.0f));
   } else {
@@ -143,10 +147,16 @@ inline void KScales(const uint8_t* h, int j, __m256 d, __m256 neg_dmin, __m256* 
   }
 }
 
+// Average bytes of a walked 32-value block of 8 rows: what the block-by-block prefetch
+// steps by (a K-quant super-block holds 8 of them).
+constexpr size_t WalkBlockBytes(GgmlType type) {
+  return IsKQuantType(type) ? PackedKSuperBytes(type) / 8 : PackedBlockBytes(type);
+}
+
 // Walks a group's 32-value K-quant blocks in order: block b's quants and factors, d / dmin
 // converted once at each super-block's first block.
 template <GgmlType kType>
-struct KBlockWalk {
+struct BlockWalk {
   __m256 d = _mm256_setzero_ps();
   __m256 neg_dmin = _mm256_setzero_ps();
 
@@ -159,13 +169,24 @@ struct KBlockWalk {
   }
 };
 
+// Q5_0 / Q5_1: each block carries its own factors (BlockScales); the quants follow them.
+template <GgmlType kType>
+requires(IsQ5Type(kType)) struct BlockWalk<kType> {
+  const uint8_t* Next(const uint8_t* group, int64_t b, __m256* dw, __m256* mw, __m256*) {
+    const uint8_t* blk = group + b * PackedBlockBytes(kType);
+    BlockScales<kType, false>(blk, dw, mw);
+    return blk + PackedHeadBytes(kType);
+  }
+};
+
 // v shifted so that bit `from` lands on bit 4 (a constant after unrolling).
 inline __m256i ToBit4(__m256i v, int from) {
   return from <= 4 ? _mm256_slli_epi16(v, 4 - from) : _mm256_srli_epi16(v, from - 4);
 }
 
-// Group `group`'s super-blocks (K-quants) against tokens [t0, t0 + T): out[t] = the 8 rows'
-// results (PackedKQuantReference's arithmetic); `pf` as TileX8.
+// Group `group`'s super-blocks (K-quants) or Q5 blocks against tokens [t0, t0 + T): out[t] =
+// the 8 rows' results (PackedKQuantReference's / PackedMatMulReference's arithmetic); `pf`
+// as TileX8.
 template <GgmlType kType, int T>
 void TileKX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const uint8_t* pf,
              __m256 (&out)[T]) {
@@ -176,9 +197,9 @@ void TileKX8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const u
   const __m256i nibble = _mm256_set1_epi16(0x0F);
   const __m256i high_mask = _mm256_set1_epi16(static_cast<int16_t>(((1 << kHigh) - 1) << 4));
   const __m256i center = _mm256_set1_epi16(32);
-  KBlockWalk<kType> walk;
+  BlockWalk<kType> walk;
   for (int64_t b = 0; b < a.blocks; ++b) {
-    PrefetchBlock<PackedKSuperBytes(kType) / 8>(pf, b);
+    PrefetchBlock<WalkBlockBytes(kType)>(pf, b);
     __m256 dw, mw, dw2;
     const uint8_t* q = walk.Next(group, b, &dw, &mw, &dw2);
     __m256i dot[T], dot2[T];
@@ -354,7 +375,7 @@ void Tile8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const u
   for (int t = 0; t < T; ++t) out[t] = tok.acc[t];
 }
 
-// TileKX8 over int8 activations (vpmaddubsw, the codes unsigned; Q6_K's halves are
+// TileKX8 over int8 activations (vpmaddubsw, the codes unsigned, Q5's too; Q6_K's halves are
 // corrected by 32 h16 as cpu_repack_kquant.h says). A row's dword lane holds the codes of
 // values 2c .. 2c + 3 (JoinChunkPair), their high bits joined the same way from the one high
 // chunk serving chunks c, c + 1 (low word: chunk c's fields, high word: c + 1's, taken by
@@ -371,9 +392,9 @@ void TileK8X8(const QuantMatMulArgs& a, const uint8_t* group, int64_t t0, const 
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i field = _mm256_set1_epi8(static_cast<char>((1 << kHigh) - 1));
   const __m256i ones = _mm256_set1_epi16(1);
-  KBlockWalk<kType> walk;
+  BlockWalk<kType> walk;
   for (int64_t b = 0; b < a.blocks; ++b) {
-    PrefetchBlock<PackedKSuperBytes(kType) / 8>(pf, b);
+    PrefetchBlock<WalkBlockBytes(kType)>(pf, b);
     __m256 dw, mw, dw2;
     const uint8_t* q = walk.Next(group, b, &dw, &mw, &dw2);
     __m256i dot[T], dot2[T], part[T], part2[T];
@@ -463,9 +484,9 @@ template <GgmlType kType, bool kInt8, int T>
 inline void RunTile(const QuantMatMulArgs& a, const uint8_t* group, int64_t r0, int64_t row_end,
                     int64_t t, const uint8_t* pf) {
   __m256 v[T];
-  if constexpr (IsKQuantType(kType) && kInt8) {
+  if constexpr (RunsPackedOnly(kType) && kInt8) {
     TileK8X8<kType, T>(a, group, t, pf, v);
-  } else if constexpr (IsKQuantType(kType)) {
+  } else if constexpr (RunsPackedOnly(kType)) {
     TileKX8<kType, T>(a, group, t, pf, v);
   } else if constexpr (kInt8) {
     Tile8X8<kType, T>(a, group, t, pf, v);
@@ -519,6 +540,10 @@ void MatMulX8(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
       return RowsX8<GgmlType::kQ4_1, kInt8>(a, row_begin, row_end);
     case GgmlType::kQ8_0:
       return RowsX8<GgmlType::kQ8_0, kInt8>(a, row_begin, row_end);
+    case GgmlType::kQ5_0:
+      return RowsX8<GgmlType::kQ5_0, kInt8>(a, row_begin, row_end);
+    case GgmlType::kQ5_1:
+      return RowsX8<GgmlType::kQ5_1, kInt8>(a, row_begin, row_end);
     default:
       break;
   }

@@ -534,7 +534,8 @@ const KernelTable kAvx512Kernels = {.name = "avx512",
                                     .quantize8_x8 = nullptr,
                                     .matmul_quant8_x8 = nullptr,
                                     .swiglu = &SwiGluAvx2,
-                                    .kquant_x8 = true};
+                                    .kquant_x8 = true,
+                                    .q5_x8 = true};
 const KernelTable kAvx512VnniKernels = {.name = "avx512-vnni",
                                         .quantize = &Quantize,
                                         .matmul_quant = &MatMulQuant<true>,
@@ -547,6 +548,8 @@ const KernelTable kAvx512VnniKernels = {.name = "avx512-vnni",
                                         .matmul_quant8_x8 = &MatMulQuant8X8Avx512Vnni,
                                         .swiglu = &SwiGluAvx2,
                                         .kquant_x8 = true,
-                                        .kquant8_x8 = true};
+                                        .kquant8_x8 = true,
+                                        .q5_x8 = true,
+                                        .q5_8_x8 = true};
 
 }  // namespace specnode::cpu_kernels

@@ -23,7 +23,9 @@
 // masked per nibble vector; int8: joined like the nibbles, one variable word shift) and,
 // int16, re-centred (Q6_K: - 32; int8 subtracts 32 h16 from the sums instead), with its
 // factors d * sc / -dmin * m converted per sub-block (d, dmin once per super-block); Q6_K
-// scales the low and high nibbles' sums (its two 16-value halves) separately.
+// scales the low and high nibbles' sums (its two 16-value halves) separately. Q5_0 / Q5_1
+// blocks (bit 4 laid out as Q5_K's, cpu_repack.h) take the same dot paths with a Q4 block's
+// factors (d_w and m_w / -16 d_w per block).
 //
 // Arithmetic per (row, token), block by block (PackedMatMulReference, and for int8
 // PackedMatMulReference8 whose Q8_0 dot carries the +128 and is corrected by -128 d_w s_t);
@@ -244,15 +246,17 @@ inline void ScaleHalves(const __m512i (&dot)[T], const __m512i (&dot2)[T], __m51
   }
 }
 
-// The block's 16 weight scales, and the offset factor (Q4_1: m_w; Q4_0: -8 d_w; int8 Q8_0:
-// -128 d_w; int16 Q8_0: unused).
+// The block's 16 weight scales, and the offset factor (Q4_1 / Q5_1: m_w; Q4_0: -8 d_w;
+// Q5_0: -16 d_w; int8 Q8_0: -128 d_w; int16 Q8_0: unused).
 template <GgmlType kType, bool kInt8>
 inline void BlockScales(const uint8_t* ba, const uint8_t* bb, __m512* dw, __m512* mw) {
   *dw = _mm512_cvtph_ps(Join128(ba, bb));
-  if constexpr (kType == GgmlType::kQ4_1) {
+  if constexpr (kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1) {
     *mw = _mm512_cvtph_ps(Join128(ba + 16, bb + 16));
   } else if constexpr (kType == GgmlType::kQ4_0) {
     *mw = _mm512_mul_ps(*dw, _mm512_set1_ps(-8.0f));
+  } else if constexpr (kType == GgmlType::kQ5_0) {
+    *mw = _mm512_mul_ps(*dw, _mm512_set1_ps(-16.0f));
   } else if constexpr (kInt8) {
     *mw = _mm512_mul_ps(*dw, _mm512_set1_ps(-128.0f));
   } else {
@@ -268,7 +272,8 @@ void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int6
             const uint8_t* pa, const uint8_t* pb, __m512 (&out)[T]) {
   constexpr bool kQ8 = kType == GgmlType::kQ8_0;
   constexpr bool kK = IsKQuantType(kType);
-  static_assert(!kK || !kInt8 || kVnni, "int8 K-quant kernels need VNNI");
+  constexpr bool kHighChunks = RunsPackedOnly(kType);  // K-quants, Q5_0, Q5_1
+  static_assert(!kHighChunks || !kInt8 || kVnni, "int8 K-quant / Q5 kernels need VNNI");
   // K-quants: the average bytes of a 32-value block (super-blocks are 8 of them), what the
   // block-by-block prefetch steps by.
   constexpr size_t kBlockBytes = kK ? PackedKSuperBytes(kType) / 8 : PackedBlockBytes(kType);
@@ -294,18 +299,27 @@ void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int6
   for (int64_t b = 0; b < a.blocks; ++b) {
     PrefetchBlock<kBlockBytes>(pa, b);
     PrefetchBlock<kBlockBytes>(pb, b);
-    if constexpr (kK) {
-      const size_t so = (b / 8) * PackedKSuperBytes(kType);
-      const int j = static_cast<int>(b % 8);
-      if (j == 0) KSuperScales<kType>(ga + so, gb + so, &kd, &kneg_dmin);
+    if constexpr (kHighChunks) {
       __m512 dw, mw, dw2;
-      KScales<kType>(ga + so, gb + so, j, kd, kneg_dmin, &dw, &mw, &dw2);
-      const size_t qo = so + PackedKHeadBytes(kType) + j * PackedKSubBytes(kType);
+      const uint8_t *qa, *qb;  // the 32-value block's quants in groups a, b
+      if constexpr (kK) {
+        const size_t so = (b / 8) * PackedKSuperBytes(kType);
+        const int j = static_cast<int>(b % 8);
+        if (j == 0) KSuperScales<kType>(ga + so, gb + so, &kd, &kneg_dmin);
+        KScales<kType>(ga + so, gb + so, j, kd, kneg_dmin, &dw, &mw, &dw2);
+        const size_t qo = so + PackedKHeadBytes(kType) + j * PackedKSubBytes(kType);
+        qa = ga + qo;
+        qb = gb + qo;
+      } else {
+        BlockScales<kType, kInt8>(ga + b * kBlockBytes, gb + b * kBlockBytes, &dw, &mw);
+        qa = ga + b * kBlockBytes + kHead;
+        qb = gb + b * kBlockBytes + kHead;
+      }
       __m512i dot[T], dot2[T];
 #pragma GCC unroll 12
       for (int t = 0; t < T; ++t) dot[t] = dot2[t] = _mm512_setzero_si512();
       if constexpr (kInt8 && kType == GgmlType::kQ6_K) {
-        KDots8<kType, T>(ga + qo, gb + qo, xq, b * kBlock, order, dot, dot2);
+        KDots8<kType, T>(qa, qb, xq, b * kBlock, order, dot, dot2);
 #pragma GCC unroll 12
         for (int t = 0; t < T; ++t) {  // codes q, not q - 32: subtract 32 Σ qs per half
           const int32_t* h = a.x.h16 + (t0 + t) * 2 * a.x.ds_stride + 2 * b;
@@ -313,9 +327,9 @@ void Tile16(const QuantMatMulArgs& a, const uint8_t* ga, const uint8_t* gb, int6
           dot2[t] = _mm512_sub_epi32(dot2[t], _mm512_set1_epi32(32 * h[1]));
         }
       } else if constexpr (kInt8) {
-        KDots8<kType, T>(ga + qo, gb + qo, xq, b * kBlock, order, dot, dot);
+        KDots8<kType, T>(qa, qb, xq, b * kBlock, order, dot, dot);
       } else {
-        KDots<kType, kVnni, T>(ga + qo, gb + qo, xq, b * kBlock * 2, dot, dot2);
+        KDots<kType, kVnni, T>(qa, qb, xq, b * kBlock * 2, dot, dot2);
       }
       if constexpr (kType == GgmlType::kQ6_K) {
         ScaleHalves<T>(dot, dot2, dw, dw2, xd, b, acc);
@@ -461,9 +475,13 @@ void MatMulX16(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
     default:
       break;
   }
-  // K-quants (int8 with VNNI: the only int8 tables here).
+  // K-quants and Q5 (int8 with VNNI: the only int8 tables here).
   if constexpr (!kInt8 || kVnni) {
     switch (a.type) {
+      case GgmlType::kQ5_0:
+        return RowsX16<GgmlType::kQ5_0, kVnni, kInt8>(a, row_begin, row_end);
+      case GgmlType::kQ5_1:
+        return RowsX16<GgmlType::kQ5_1, kVnni, kInt8>(a, row_begin, row_end);
       case GgmlType::kQ4_K:
         return RowsX16<GgmlType::kQ4_K, kVnni, kInt8>(a, row_begin, row_end);
       case GgmlType::kQ5_K:

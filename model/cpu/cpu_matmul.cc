@@ -40,7 +40,15 @@ bool EnvIsZero(const char* name) {
 }
 
 bool IsQuantised(GgmlType t) {
-  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 || IsKQuantType(t);
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 || RunsPackedOnly(t);
+}
+
+// Does table k's x8 kernel for the width (int8 or not) take `type` (RunsPackedOnly types
+// need their own kernels: KernelTable::kquant_x8 / q5_x8 and the int8 flags)?
+bool X8KernelTakes(const KernelTable& k, GgmlType type, bool int8) {
+  if (IsKQuantType(type)) return int8 ? k.kquant8_x8 : k.kquant_x8;
+  if (IsQ5Type(type)) return int8 ? k.q5_8_x8 : k.q5_x8;
+  return true;
 }
 
 void RunRows(ThreadPool* pool, int64_t rows, int64_t work,
@@ -83,8 +91,8 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   assert(ws.size() == ys.size());
   if (n <= 0 || ws.empty()) return;
   for (const WeightView& w : ws) {
-    assert((IsComputeGgmlType(w.type) || IsKQuantType(w.type)) &&
-           "Q5_0 / Q5_1 are converted at load (ggml_converted_types.h)");
+    assert((IsComputeGgmlType(w.type) || RunsPackedOnly(w.type)) &&
+           "other types are converted at load (ggml_converted_types.h)");
     (void)w;
   }
   // One quantisation and one dispatch serve every matrix only if they agree on the input
@@ -141,20 +149,19 @@ void MatMulSharedWith(const KernelTable& kernels, std::span<const WeightView> ws
   assert(cols % kQuantBlock == 0);
   const GgmlType type = ws[0].type;
   const int64_t blocks = cols / kQuantBlock;
-  // K-quants run on the x8 kernels only (cpu_repack_kquant.h); int8 where the table has an
-  // int8 K-quant kernel, else int16.
-  const bool kquant = IsKQuantType(type);
-  const bool int8 = RunsInt8(kernels, act) && (!kquant || kernels.kquant8_x8);
+  // K-quants and Q5_0 / Q5_1 run on the x8 kernels only (cpu_repack.h); int8 where the table
+  // has an int8 kernel for the type, else int16.
+  const bool packed_only = RunsPackedOnly(type);
+  const bool int8 = RunsInt8(kernels, act) && X8KernelTakes(kernels, type, true);
   // The packed (x8) path serves the call if the table has a kernel for this width and every
   // matrix has its packed copy: the activations are then quantised in its natural order.
   const auto matmul_x8 = int8 ? kernels.matmul_quant8_x8 : kernels.matmul_quant_x8;
-  bool packed =
-      matmul_x8 != nullptr && (!kquant || (int8 ? kernels.kquant8_x8 : kernels.kquant_x8));
+  bool packed = matmul_x8 != nullptr && X8KernelTakes(kernels, type, int8);
   for (const WeightView& w : ws) packed = packed && w.packed != nullptr;
-  if (kquant && !packed) {
+  if (packed_only && !packed) {
     // The caller's bug (RunsStorageType says which types need converting first): NaN
     // outputs make it loud in release builds too.
-    assert(false && "K-quant matrix without its packed copy or kernel (RunsStorageType)");
+    assert(false && "K-quant / Q5 matrix without its packed copy or kernel (RunsStorageType)");
     for (size_t i = 0; i < ws.size(); ++i) {
       std::fill(ys[i], ys[i] + n * ws[i].rows, std::numeric_limits<float>::quiet_NaN());
     }
@@ -274,10 +281,12 @@ bool UsesPackedWeights(ActQuant act) {
 
 bool RunsStorageType(GgmlType type, ActQuant act) {
   static const bool convert_k = cpu_kernels::EnvIsZero("SPECNODE_KQUANT_NATIVE");
+  static const bool convert_q5 = cpu_kernels::EnvIsZero("SPECNODE_Q5_NATIVE");
   if (IsComputeGgmlType(type)) return true;
-  if (!IsKQuantType(type) || convert_k || !UsesPackedWeights(act)) return false;
+  if (!cpu_kernels::RunsPackedOnly(type) || !UsesPackedWeights(act)) return false;
+  if (IsKQuantType(type) ? convert_k : convert_q5) return false;
   const cpu_kernels::KernelTable& k = cpu_kernels::SelectedKernels();
-  return cpu_kernels::RunsInt8(k, act) ? k.kquant8_x8 : k.kquant_x8;
+  return cpu_kernels::X8KernelTakes(k, type, cpu_kernels::RunsInt8(k, act));
 }
 
 int64_t MatMulReadBytes(const WeightView& w, ActQuant act) {

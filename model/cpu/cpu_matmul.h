@@ -46,12 +46,13 @@ const char* ActQuantName(ActQuant requested);
 // for A/B benchmarks and diagnosis, as llama.cpp's --no-repack); read once.
 bool UsesPackedWeights(ActQuant act);
 // True when MatMul with `act` on this CPU runs a matrix of `type` as stored (with its packed
-// copy, PackWeights): every compute type (IsComputeGgmlType), and Q4_K / Q5_K / Q6_K where
-// packed weights are used and the selected kernels have K-quant x8 kernels for the
-// activations that run (KernelTable::kquant_x8 / kquant8_x8). Matrices of other types must
-// be converted to their compute type first (ConvertToComputeType, llama_weights.h).
-// SPECNODE_KQUANT_NATIVE=0 in the environment makes it false for the K-quants (converted as
-// before native kernels existed: for A/B benchmarks and diagnosis); read once.
+// copy, PackWeights): every compute type (IsComputeGgmlType), and Q4_K / Q5_K / Q6_K / Q5_0 /
+// Q5_1 where packed weights are used and the selected kernels have x8 kernels for the type
+// and the activations that run (KernelTable::kquant_x8 / kquant8_x8, q5_x8 / q5_8_x8).
+// Matrices of other types must be converted to their compute type first
+// (ConvertToComputeType, llama_weights.h). SPECNODE_KQUANT_NATIVE=0 in the environment makes
+// it false for the K-quants, SPECNODE_Q5_NATIVE=0 for Q5_0 / Q5_1 (converted as before
+// native kernels existed: for A/B benchmarks and diagnosis); read once.
 bool RunsStorageType(GgmlType type, ActQuant act);
 // The row-interleaved copy of `w` that WeightView::packed may point at (cpu_repack.h), or
 // an empty vector when w's type has no packed layout (float types).
@@ -67,9 +68,9 @@ struct MatMulScratch {
   std::vector<uint8_t> buffer;
 };
 
-// y[n, w.rows] = x[n, w.cols] · Wᵀ. `pool` may be nullptr (single thread). A K-quant W
-// needs its packed copy and a K-quant kernel (else: an assertion, NaN in release builds);
-// it runs int16 activations where the table has no int8 K-quant kernel.
+// y[n, w.rows] = x[n, w.cols] · Wᵀ. `pool` may be nullptr (single thread). A K-quant or
+// Q5_0 / Q5_1 W needs its packed copy and an x8 kernel for its type (else: an assertion, NaN
+// in release builds); it runs int16 activations where the table has no int8 kernel for it.
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool,
             MatMulScratch* scratch, ActQuant act = ActQuant::kInt16);
 

@@ -16,13 +16,34 @@ size_t QuantOffset(GgmlType type) { return type == GgmlType::kQ4_1 ? 4 : 2; }
 
 bool IsPackable(GgmlType type) {
   return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0 ||
-         IsKQuantType(type);
+         RunsPackedOnly(type);
 }
 
 size_t PackedGroupBytes(GgmlType type, int64_t blocks) {
   if (IsKQuantType(type)) return static_cast<size_t>(blocks / 8) * PackedKSuperBytes(type);
   return static_cast<size_t>(blocks) * PackedBlockBytes(type);
 }
+
+namespace {
+
+// Row i's 32 five-bit codes q into a packed Q5 block's nibble chunks `nib` and the 2 high
+// chunks after them (cpu_repack.h: Q5_K's sub-block layout).
+void PackQ5Codes(const uint8_t* q, int i, uint8_t* nib) {
+  constexpr GgmlType kType = GgmlType::kQ5_0;  // Q5_1's high-bit layout is the same
+  uint8_t* high = nib + 128;
+  for (int c = 0; c < 8; ++c) {
+    for (int h = 0; h < 2; ++h) {
+      const int e = 2 * i + h;
+      const uint8_t lo = q[2 * c + h], hi = q[2 * c + h + 16];
+      nib[16 * c + e] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
+      uint8_t& byte = high[16 * KHighChunk(kType, c) + e];
+      byte |= static_cast<uint8_t>(((lo >> 4) & 1) << KHighShift(kType, c, 0));
+      byte |= static_cast<uint8_t>(((hi >> 4) & 1) << KHighShift(kType, c, 1));
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<uint8_t> PackRows(const WeightView& w) {
   if (IsKQuantType(w.type)) return PackKQuantRows(w);
@@ -44,6 +65,14 @@ std::vector<uint8_t> PackRows(const WeightView& w) {
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* from = row + b * nb;
       uint8_t* to = group + b * pb;
+      if (IsQ5Type(w.type)) {
+        Q5Codes k;
+        DecodeQ5Block(w.type, from, &k);
+        std::memcpy(to + 2 * i, &k.d, 2);
+        if (w.type == GgmlType::kQ5_1) std::memcpy(to + 16 + 2 * i, &k.m, 2);
+        PackQ5Codes(k.q, i, to + head);
+        continue;
+      }
       std::memcpy(to + 2 * i, from, 2);                                          // d
       if (w.type == GgmlType::kQ4_1) std::memcpy(to + 16 + 2 * i, from + 2, 2);  // m
       for (int c = 0; c < chunks; ++c) {
@@ -56,7 +85,8 @@ std::vector<uint8_t> PackRows(const WeightView& w) {
 
 namespace {
 
-// Both references: Act = int16_t (x.qs) or int8_t (x.qs8, Q8_0 with the +128 offset).
+// Both references: Act = int16_t (x.qs) or int8_t (x.qs8, Q8_0 with the +128 offset); the
+// Q5 codes are unsigned at both widths (vpdpbusd's / vpmaddubsw's operand as they are).
 template <typename Act>
 void PackedReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_end) {
   assert(row_begin % kPackRows == 0);
@@ -81,19 +111,28 @@ void PackedReference(const QuantMatMulArgs& a, int64_t row_begin, int64_t row_en
             }
           }
         } else {
+          const bool q5 = IsQ5Type(type);
           for (int c = 0; c < 8; ++c) {
             for (int k = 0; k < 2; ++k) {
               const uint8_t byte = q[16 * c + 2 * i + k];
-              dot += (byte & 0x0F) * xb[2 * c + k] + (byte >> 4) * xb[2 * c + k + 16];
+              int lo = byte & 0x0F, hi = byte >> 4;
+              if (q5) {  // bit 4 from the high chunks (Q5_K's layout)
+                const uint8_t hb = q[128 + 16 * KHighChunk(type, c) + 2 * i + k];
+                lo |= ((hb >> KHighShift(type, c, 0)) & 1) << 4;
+                hi |= ((hb >> KHighShift(type, c, 1)) & 1) << 4;
+              }
+              dot += lo * xb[2 * c + k] + hi * xb[2 * c + k + 16];
             }
           }
         }
         acc = std::fma(static_cast<float>(dot), dw * dt, acc);
-        if (type == GgmlType::kQ4_1) {
+        if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1) {
           std::memcpy(&h, blk + 16 + 2 * i, 2);
           acc = std::fma(Fp16ToFp32(h), st, acc);
         } else if (type == GgmlType::kQ4_0) {
           acc = std::fma(-8.0f * dw, st, acc);
+        } else if (type == GgmlType::kQ5_0) {
+          acc = std::fma(-16.0f * dw, st, acc);
         } else if (kInt8) {
           acc = std::fma(-128.0f * dw, st, acc);
         }

@@ -14,21 +14,28 @@
 // group g at g * PackedGroupBytes(type, blocks); inside a group, block j at
 // j * PackedBlockBytes(type), each:
 //   d[8]   f16, row i's block scale at d[i]
-//   m[8]   f16, row i's block minimum (Q4_1 only)
+//   m[8]   f16, row i's block minimum (Q4_1 and Q5_1 only)
 //   quants, as 16-byte chunks; byte 2i + h of chunk c (row i < 8, h < 2) is
 //     Q4_0/Q4_1 (8 chunks):  row i's quant byte 2c + h of the block (ggml order: low nibble
 //                            is value 2c + h, high nibble value 2c + h + 16), so the low
 //                            nibbles of a chunk are the value pair (2c, 2c + 1) of 8 rows
 //                            and the high nibbles the pair (2c + 16, 2c + 17);
+//     Q5_0/Q5_1 (8 + 2):     the 8 chunks of Q4, holding bits 0-3 of the 5-bit codes, then
+//                            2 high chunks with their bit 4 as a packed Q5_K sub-block
+//                            holds it (cpu_repack_kquant.h: bit f of byte 2i + h of high
+//                            chunk k is nibble chunk 4k + f / 2's, low nibble for even f);
 //     Q8_0 (16 chunks):      row i's value 2c + h: chunk c is the value pair (2c, 2c + 1).
-// Bytes equal the natural layout's (no extra memory traffic per token).
+// Bytes equal the natural layout's (no extra memory traffic per token). Q5_0 / Q5_1 run on
+// the x8 kernels only (KernelTable::q5_x8): without them they are converted at load.
 //
 // Arithmetic of the x8 kernels (row r of group lane i, token t, int16 activations in the
 // natural order of cpu_kernels.h), per block b in order, one accumulator per (row, token):
 //   dot  = Σ_j q_w[j] qs_t[j]                  (int32, exact; Q4: unsigned nibbles)
 //   acc  = fma(float(dot), d_w * d_t, acc)      (float(dot) rounds to nearest)
-//   acc  = fma(m_w, s_t, acc)                   Q4_1
+//   acc  = fma(m_w, s_t, acc)                   Q4_1, Q5_1
 //   acc  = fma(-8 d_w, s_t, acc)                Q4_0
+//   acc  = fma(-16 d_w, s_t, acc)               Q5_0
+// (Q5: q_w the unsigned 5-bit code, 0..31; a dot is at most 31 * 32767 * 32 < 2^31)
 // with acc starting at +0 and y = acc. Every step is per lane, so a row's result does not
 // depend on the number of tokens, the tile a token falls in or the rows around it (batch
 // invariance, cpu_matmul.h); PackedMatMulReference computes exactly this in scalar code.
@@ -44,22 +51,30 @@
 #include <vector>
 
 #include "model/cpu/cpu_kernels.h"
+#include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
 
 namespace specnode::cpu_kernels {
 
 inline constexpr int kPackRows = 8;
 
-// True for the types with a packed layout (Q4_0, Q4_1, Q8_0; and Q4_K, Q5_K, Q6_K, whose
-// layout is cpu_repack_kquant.h's).
+// True for the types with a packed layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; and Q4_K, Q5_K,
+// Q6_K, whose layout is cpu_repack_kquant.h's).
 bool IsPackable(GgmlType type);
-// Bytes before the quants in a packed block: d[8] (and m[8] for Q4_1). Constant
+// True for the types MatMul runs from their packed copy only, on x8 kernels that take them
+// (KernelTable::kquant_x8 / q5_x8): Q5_0, Q5_1 and the K-quants.
+static constexpr bool RunsPackedOnly(GgmlType type) { return IsQ5Type(type) || IsKQuantType(type); }
+// Bytes before the quants in a packed block: d[8] (and m[8] for Q4_1 / Q5_1). Constant
 // expressions, so the kernels' templates use them too (static: see cpu_kernels.h).
-static constexpr size_t PackedHeadBytes(GgmlType type) { return type == GgmlType::kQ4_1 ? 32 : 16; }
-// Bytes of one block of 8 rows (of a packable type).
+static constexpr size_t PackedHeadBytes(GgmlType type) {
+  return type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 ? 32 : 16;
+}
+// Bytes of one block of 8 rows (of a packable type other than the K-quants).
 static constexpr size_t PackedBlockBytes(GgmlType type) {
   return kPackRows * (type == GgmlType::kQ8_0   ? sizeof(BlockQ8_0)
                       : type == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
+                      : type == GgmlType::kQ5_0 ? sizeof(BlockQ5_0)
+                      : type == GgmlType::kQ5_1 ? sizeof(BlockQ5_1)
                                                 : sizeof(BlockQ4_0));
 }
 // Bytes of one group of 8 rows of `blocks` blocks of 32 values (K-quants: blocks % 8 == 0).

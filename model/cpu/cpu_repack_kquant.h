@@ -64,9 +64,10 @@ static constexpr size_t PackedKSubBytes(GgmlType type) {
 static constexpr size_t PackedKSuperBytes(GgmlType type) {
   return PackedKHeadBytes(type) + 8 * PackedKSubBytes(type);
 }
-// High bits per code held in the high chunks (0: Q4_K).
+// High bits per code held in the high chunks (0: Q4_K). Q5_0 / Q5_1 blocks carry theirs in
+// Q5_K's high-chunk layout (cpu_repack.h), so the helpers below serve them too.
 static constexpr int KHighBits(GgmlType type) {
-  return type == GgmlType::kQ6_K ? 2 : type == GgmlType::kQ5_K ? 1 : 0;
+  return type == GgmlType::kQ6_K ? 2 : type == GgmlType::kQ5_K || IsQ5Type(type) ? 1 : 0;
 }
 // Nibble chunk c's high bits: high chunk KHighChunk(c), low nibble's field at bit
 // KHighShift(c, 0), high nibble's at KHighShift(c, 1) (KHighBits(type) bits each).

@@ -303,6 +303,23 @@ void QuantizeConvertedRow(GgmlType type, const float* src, void* dst, int64_t co
   for (int64_t b = 0; b < cols / bs; ++b) QuantizeBlock(type, src + b * bs, bytes + b * bb);
 }
 
+void DecodeQ5Block(GgmlType type, const void* src, Q5Codes* out) {
+  assert(type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1);
+  *out = Q5Codes{};
+  if (type == GgmlType::kQ5_0) {
+    BlockQ5_0 b;
+    std::memcpy(&b, src, sizeof(b));
+    out->d = b.d;
+    DecodeQ5(b, out->q);
+    return;
+  }
+  BlockQ5_1 b;
+  std::memcpy(&b, src, sizeof(b));
+  out->d = b.d;
+  out->m = b.m;
+  DecodeQ5(b, out->q);
+}
+
 void DecodeKQuantBlock(GgmlType type, const void* src, KQuantCodes* out) {
   assert(IsKQuantType(type));
   *out = KQuantCodes{};

@@ -90,6 +90,11 @@ constexpr bool IsKQuantType(GgmlType type) {
   return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
 }
 
+// Q5_0 or Q5_1: the 32-value types the CPU's x8 kernels also run natively (cpu_repack.h).
+constexpr bool IsQ5Type(GgmlType type) {
+  return type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
+}
+
 // One K-quant super-block as integer codes and its factors (for repacking):
 //   Q4_K / Q5_K: value i = (d * sc[j]) * q[i] - dmin * m[j], j = i / 32 (sc, m < 64,
 //                q < 16 / 32);
@@ -103,6 +108,16 @@ struct KQuantCodes {
 };
 // IsKQuantType(type); src: one block of GgmlBlockBytes(type) bytes.
 void DecodeKQuantBlock(GgmlType type, const void* src, KQuantCodes* out);
+
+// One Q5_0 / Q5_1 block as its 32 five-bit codes and f16 factors (for repacking):
+//   Q5_0: value i = d * (q[i] - 16);  Q5_1: value i = d * q[i] + m   (q < 32).
+struct Q5Codes {
+  uint16_t d = 0;  // f16
+  uint16_t m = 0;  // f16 (Q5_1; 0 for Q5_0)
+  uint8_t q[32] = {};
+};
+// type Q5_0 or Q5_1; src: one block of GgmlBlockBytes(type) bytes.
+void DecodeQ5Block(GgmlType type, const void* src, Q5Codes* out);
 
 // Exact dequantisation (ggml's order of operations). cols % GgmlBlockSize(type) == 0.
 void DequantizeConvertedRow(GgmlType type, const void* src, float* dst /*[cols]*/, int64_t cols);

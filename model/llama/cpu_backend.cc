@@ -30,8 +30,10 @@ std::string CpuBackend::Describe() const {
   // Whether Q4_K / Q5_K / Q6_K matrices run as stored or converted (RunsStorageType): the
   // same answer for the three types.
   const char* k_quants = RunsStorageType(GgmlType::kQ4_K, act_) ? "native" : "converted";
+  // The same for Q5_0 / Q5_1.
+  const char* q5 = RunsStorageType(GgmlType::kQ5_0, act_) ? "native" : "converted";
   return absl::StrCat("cpu (", CpuKernelName(), " kernels, ", ActQuantName(act_),
-                      " activations, K-quants ", k_quants, ", ",
+                      " activations, K-quants ", k_quants, ", Q5 ", q5, ", ",
                       pool_ == nullptr ? 1 : pool_->n_threads(), " threads)");
 }
 
@@ -59,9 +61,9 @@ std::shared_ptr<const LlamaWeights> CpuBackend::ForKernels(
   auto p = std::make_shared<PackedWeights>();
   p->original = weights;
   auto matrix = [&](const WeightView& m) -> absl::StatusOr<WeightView> {
-    // Storage types these kernels do not run (Q5_0 / Q5_1 always; K-quants on tables
-    // without K-quant kernels or with SPECNODE_REPACK=0 / SPECNODE_KQUANT_NATIVE=0) become
-    // their 32-value compute type first.
+    // Storage types these kernels do not run (K-quants and Q5_0 / Q5_1 on tables without
+    // x8 kernels for them, or with SPECNODE_REPACK=0 / SPECNODE_KQUANT_NATIVE=0 /
+    // SPECNODE_Q5_NATIVE=0) become their 32-value compute type first.
     WeightView v = RunsStorageType(m.type, act) ? m : ConvertToComputeType(m, &p->converted);
     if (!pack) return v;
     std::vector<uint8_t> copy = PackWeights(v);

@@ -25,15 +25,19 @@ namespace specnode {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: specnode tokenize [--model PATH] (--text TEXT | --decode 1,2,3) [--special]\n"
-    "         [--chat [--chat-template NAME]]\n"
+    "usage: specnode tokenize [--model PATH] (--text TEXT | --decode 1,2,3 | --messages JSON)\n"
+    "         [--special] [--chat [--chat-template NAME]]\n"
     "\n"
     "  --model PATH   GGUF file (default: $SPECNODE_MODEL or the fetch-model cache)\n"
     "  --text TEXT    encode TEXT; prints {\"ids\":[...],\"pieces\":[...]}\n"
     "  --decode IDS   decode comma-separated ids; prints {\"text\":\"...\"}\n"
     "  --special      encode: match special tokens in the text; decode: render them\n"
     "  --chat         encode TEXT as one user turn of the model's chat template\n"
-    "                 (with the assistant opener; implies --special)\n"
+    "                 (with the assistant opener; implies --special); adds \"prompt\",\n"
+    "                 the rendered text, to the output\n"
+    "  --messages JSON  encode a conversation, [{\"role\": \"system\"|\"user\"|\"assistant\",\n"
+    "                 \"content\": \"...\"}, ...], rendered by the chat template as the chat\n"
+    "                 API renders it (with the assistant opener; implies --chat)\n"
     "  --chat-template NAME  chatml, llama3, zephyr, gemma, mistral or llama2 instead of the\n"
     "                 file's template\n";
 
@@ -49,6 +53,31 @@ int Usage(absl::string_view message) {
   return 2;
 }
 
+// The conversation of --messages: a JSON array of {"role": system|user|assistant,
+// "content": string} objects (the roles the chat API takes).
+absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_array() || j.empty()) {
+    return absl::InvalidArgumentError("--messages must be a non-empty JSON array of messages");
+  }
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& m = j[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--messages[", i, "] must be {\"role\": \"...\", \"content\": \"...\"}"));
+    }
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--messages[", i, "].role must be system, user or assistant"));
+    }
+    out.push_back({role, m["content"].get<std::string>()});
+  }
+  return out;
+}
+
 // ASCII-only JSON; invalid UTF-8 becomes U+FFFD rather than an exception.
 void PrintJson(const nlohmann::json& j) {
   const std::string s =
@@ -59,18 +88,30 @@ void PrintJson(const nlohmann::json& j) {
 }  // namespace
 
 int RunTokenize(int argc, char** argv) {
-  absl::StatusOr<CliArgs> args = CliArgs::Parse(
-      argc, argv, {"model", "text", "decode", "chat-template"}, {"special", "chat", "help"});
+  absl::StatusOr<CliArgs> args =
+      CliArgs::Parse(argc, argv, {"model", "text", "decode", "messages", "chat-template"},
+                     {"special", "chat", "help"});
   if (!args.ok()) return Usage(args.status().message());
   if (args->Has("help")) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  const bool encode = args->Has("text");
-  if (encode == args->Has("decode")) return Usage("give exactly one of --text and --decode");
-  if (!encode && args->Has("chat")) return Usage("--chat applies to --text only");
-  if (args->Has("chat-template") && !args->Has("chat"))
-    return Usage("--chat-template needs --chat");
+  const bool messages = args->Has("messages");
+  const bool encode = args->Has("text") || messages;
+  if (static_cast<int>(args->Has("text")) + static_cast<int>(args->Has("decode")) +
+          static_cast<int>(messages) !=
+      1) {
+    return Usage("give exactly one of --text, --decode and --messages");
+  }
+  if (!encode && args->Has("chat")) return Usage("--chat applies to --text and --messages only");
+  if (args->Has("chat-template") && !args->Has("chat") && !messages)
+    return Usage("--chat-template needs --chat or --messages");
+  std::vector<ChatMessage> conversation;
+  if (messages) {
+    absl::StatusOr<std::vector<ChatMessage>> parsed = ParseMessages(args->Get("messages"));
+    if (!parsed.ok()) return Usage(parsed.status().message());
+    conversation = *std::move(parsed);
+  }
   absl::StatusOr<std::string> chat_template = ChatTemplateFromArgs(*args);
   if (!chat_template.ok()) return Usage(chat_template.status().message());
   std::vector<int64_t> ids64;
@@ -104,10 +145,11 @@ int RunTokenize(int argc, char** argv) {
   }
 
   std::string text = args->Get("text");
-  const bool chat = args->Has("chat");
+  const bool chat = args->Has("chat") || messages;
   if (chat) {
+    if (!messages) conversation = {{"user", text}};
     absl::StatusOr<std::string> prompt =
-        ApplyChatTemplate((*tok)->spec().chat_template, {{"user", text}}, true);
+        ApplyChatTemplate((*tok)->spec().chat_template, conversation, true);
     if (!prompt.ok()) return Fail(1, prompt.status().message());
     text = *std::move(prompt);
   }
@@ -115,7 +157,9 @@ int RunTokenize(int argc, char** argv) {
   if (!ids.ok()) return Fail(1, ids.status().message());
   nlohmann::json pieces = nlohmann::json::array();
   for (int32_t id : *ids) pieces.push_back((*tok)->TokenToBytes(id, /*render_special=*/true));
-  PrintJson({{"ids", *ids}, {"pieces", pieces}});
+  nlohmann::json out = {{"ids", *ids}, {"pieces", pieces}};
+  if (chat) out["prompt"] = text;
+  PrintJson(out);
   return 0;
 }
 

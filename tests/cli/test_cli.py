@@ -54,6 +54,37 @@ def test_named_chat_template_replaces_the_files(specnode, tiny_model):
                             "--chat-template", "gemma"]), "--chat-template needs --chat")
 
 
+def test_tokenize_messages_renders_a_conversation(specnode, tiny_model):
+    """--messages renders a whole conversation with the chat template (the tiny model's is
+    ChatML) and reports the rendered prompt; --chat reports it too; bad conversations get a
+    usage error naming the problem."""
+    convo = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+             {"role": "assistant", "content": "yo"}, {"role": "user", "content": "bye"}]
+    enc = run([specnode, "tokenize", "--model", tiny_model, "--messages", json.dumps(convo)])
+    assert enc.returncode == 0, enc.stderr
+    reply = json.loads(enc.stdout)
+    want = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+            "<|im_start|>assistant\nyo<|im_end|>\n<|im_start|>user\nbye<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    assert reply["prompt"] == want
+    dec = run([specnode, "tokenize", "--model", tiny_model, "--special", "--decode",
+               ",".join(map(str, reply["ids"]))])
+    assert json.loads(dec.stdout)["text"] == want
+    one = run([specnode, "tokenize", "--model", tiny_model, "--text", "hi", "--chat"])
+    assert json.loads(one.stdout)["prompt"].endswith("<|im_start|>user\nhi<|im_end|>\n"
+                                                    "<|im_start|>assistant\n")
+    assert "prompt" not in json.loads(run([specnode, "tokenize", "--model", tiny_model,
+                                           "--text", "hi"]).stdout)
+    for bad, msg in [("[", "non-empty JSON array"), ("[]", "non-empty JSON array"),
+                     ('[{"role": "user"}]', "--messages[0] must be"),
+                     ('[{"role": "tool", "content": "x"}]',
+                      "--messages[0].role must be system, user or assistant")]:
+        assert_clean_error(run([specnode, "tokenize", "--model", tiny_model, "--messages", bad]),
+                           msg)
+    assert_clean_error(run([specnode, "tokenize", "--model", tiny_model, "--text", "a",
+                            "--messages", "[]"]), "exactly one of --text, --decode and --messages")
+
+
 def test_generate_on_tiny_model_is_deterministic(specnode, tiny_model):
     cmd = [specnode, "generate", "--model", tiny_model, "--prompt", "hello there",
            "--max-tokens", "12", "--temperature", "0.9", "--seed", "5", "--ignore-eos",

@@ -195,8 +195,6 @@ TEST(KQuantDispatchTest, RunsStorageTypeFollowsTheKernels) {
     EXPECT_TRUE(RunsStorageType(type, ActQuant::kInt16));
     EXPECT_TRUE(RunsStorageType(type, ActQuant::kInt8));
   }
-  EXPECT_FALSE(RunsStorageType(GgmlType::kQ5_0, ActQuant::kInt16));
-  EXPECT_FALSE(RunsStorageType(GgmlType::kQ5_1, ActQuant::kInt16));
   for (const GgmlType type : kKTypes) {
     EXPECT_EQ(RunsStorageType(type, ActQuant::kInt16),
               k.kquant_x8 && UsesPackedWeights(ActQuant::kInt16))

@@ -142,7 +142,8 @@ INSTANTIATE_TEST_SUITE_P(
     AllTypes, MatMulTest,
     ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
                                          GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                                         GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K),
+                                         GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
+                                         GgmlType::kQ5_K, GgmlType::kQ6_K),
                        ::testing::ValuesIn(kShapes),
                        ::testing::Values(ActQuant::kInt16, ActQuant::kInt8)),
     [](const ::testing::TestParamInfo<Param>& info) {
@@ -204,7 +205,8 @@ INSTANTIATE_TEST_SUITE_P(
     AllTypes, InvarianceTest,
     ::testing::Combine(::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
                                          GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                                         GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K),
+                                         GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
+                                         GgmlType::kQ5_K, GgmlType::kQ6_K),
                        ::testing::Values(ActQuant::kInt16, ActQuant::kInt8)),
     [](const ::testing::TestParamInfo<std::tuple<GgmlType, ActQuant>>& info) {
       return std::string(GgmlTypeName(static_cast<uint32_t>(std::get<0>(info.param)))) + "_" +
@@ -370,8 +372,8 @@ TEST(MatMulEdgeTest, ZerosAndExtremes) {
 // (K-quants: 1 and 3 super-blocks).
 TEST(PackedMatMulTest, EqualsReferenceForEveryTokenCount) {
   for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})
-    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ4_K,
-                          GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                          GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
       const std::vector<KernelRun> runs = PackedRunsFor(type, act);
       const std::vector<int64_t> widths =
           IsKQuantType(type) ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 160};

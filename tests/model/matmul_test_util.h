@@ -1,6 +1,7 @@
-// Helpers of the MatMul tests (cpu_matmul_test.cc, cpu_matmul_kquant_test.cc): weights and
-// activations made from fixed seeds, the kernel runs a type and activation width has, and
-// the bounds the tests hold results to (see cpu_matmul_test.cc's header).
+// Helpers of the MatMul tests (cpu_matmul_test.cc, cpu_matmul_kquant_test.cc,
+// cpu_matmul_q5_test.cc): weights and activations made from fixed seeds, the kernel runs a
+// type and activation width has, and the bounds the tests hold results to (see
+// cpu_matmul_test.cc's header).
 #pragma once
 
 #include <cmath>
@@ -19,7 +20,8 @@ namespace specnode::matmul_test {
 using cpu_kernels::KernelTable;
 
 inline bool IsQuantised(GgmlType t) {
-  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 || IsKQuantType(t);
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 ||
+         cpu_kernels::RunsPackedOnly(t);
 }
 
 // A weight matrix in storage form; `view` may be a column slice of the stored rows.
@@ -84,6 +86,8 @@ inline const KernelTable kPackedReference = [] {
   k.matmul_quant8_x8 = &cpu_kernels::PackedMatMulReference8;
   k.kquant_x8 = true;  // PackedMatMulReference(8) runs PackedKQuantReference(8) for them
   k.kquant8_x8 = true;
+  k.q5_x8 = true;
+  k.q5_8_x8 = true;
   return k;
 }();
 
@@ -99,25 +103,32 @@ struct KernelRun {
   std::string name() const { return std::string(table->name) + (packed ? " packed" : ""); }
 };
 
+// Does table k have an x8 kernel for `act` that takes `type` (K-quants and Q5_0 / Q5_1:
+// KernelTable::kquant_x8 / q5_x8 and their int8 flags)?
+inline bool TakesType(const KernelTable& k, GgmlType type, ActQuant act) {
+  const bool int8 = act == ActQuant::kInt8;
+  if (IsKQuantType(type)) return int8 ? k.kquant8_x8 : k.kquant_x8;
+  if (IsQ5Type(type)) return int8 ? k.q5_8_x8 : k.q5_x8;
+  return true;
+}
+
 // The scalar x8 reference, then every table with an x8 kernel for `act`, on the packed copy
-// (quantised types only; K-quants: the tables with a K-quant kernel for `act`).
+// (quantised types only; K-quants and Q5: the tables with a kernel for the type and `act`).
 inline std::vector<KernelRun> PackedRunsFor(GgmlType type, ActQuant act) {
   std::vector<KernelRun> runs;
   if (!IsQuantised(type)) return runs;
-  const bool k_quant = IsKQuantType(type);
   runs.push_back({&kPackedReference, true});
   for (const KernelTable* k : TablesFor(act)) {
-    const bool k_kernel = act == ActQuant::kInt8 ? k->kquant8_x8 : k->kquant_x8;
-    if (X8KernelFor(*k, act) != nullptr && (!k_quant || k_kernel)) runs.push_back({k, true});
+    if (X8KernelFor(*k, act) != nullptr && TakesType(*k, type, act)) runs.push_back({k, true});
   }
   return runs;
 }
 
-// TablesFor(act) on the natural layout (not for K-quants, which run packed only), then
-// PackedRunsFor.
+// TablesFor(act) on the natural layout (not for K-quants and Q5, which run packed only),
+// then PackedRunsFor.
 inline std::vector<KernelRun> RunsFor(GgmlType type, ActQuant act) {
   std::vector<KernelRun> runs;
-  if (!IsKQuantType(type)) {
+  if (!cpu_kernels::RunsPackedOnly(type)) {
     for (const KernelTable* k : TablesFor(act)) runs.push_back({k, false});
   }
   for (const KernelRun& run : PackedRunsFor(type, act)) runs.push_back(run);

@@ -112,6 +112,33 @@ def gemma3_path() -> str:
     return path
 
 
+def _required_model(var: str, fetch: str) -> str:
+    """The model file named by environment variable `var` (fetched by `scripts/fetch-model
+    --model <fetch>`; scripts/test sets it): skipped when unset, failed under
+    SPECNODE_REQUIRE_MODEL=1 or when the file is missing."""
+    path = os.environ.get(var, "")
+    if not path:
+        msg = f"{var} is unset (scripts/fetch-model --model {fetch})"
+        if os.environ.get("SPECNODE_REQUIRE_MODEL", "") == "1":
+            pytest.fail(msg + " but SPECNODE_REQUIRE_MODEL=1")
+        pytest.skip(msg)
+    if not os.path.isfile(path):
+        pytest.fail(f"{var}={path} does not exist")
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_target_path() -> str:
+    """Qwen2.5-Coder-1.5B-Instruct Q4_K_M, the real pair's target (SPECNODE_QWEN_MODEL)."""
+    return _required_model("SPECNODE_QWEN_MODEL", "qwen2.5-coder-1.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen_draft_path() -> str:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the real pair's draft (SPECNODE_QWEN_DRAFT_MODEL)."""
+    return _required_model("SPECNODE_QWEN_DRAFT_MODEL", "qwen2.5-coder-0.5b")
+
+
 @pytest.fixture(scope="session")
 def gemma3_oracle(gemma3_path):
     """The dequantised Gemma 3 oracle, loaded once per session (~0.7 GB in float32, ~16 s)."""

@@ -11,6 +11,7 @@ import functools
 
 import gguf
 import jinja2
+import jinja2.sandbox
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 # The pre-tokenizer regex of Qwen2's tokenizer.json (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2).
@@ -87,12 +88,22 @@ class GGUFTokenizer:
 
     def render_chat(self, user_text: str) -> str:
         """The GGUF's chat template applied to one user message, with the generation prompt."""
+        return self.render_messages([{"role": "user", "content": user_text}])
+
+    def render_messages(self, messages: list[dict]) -> str:
+        """The GGUF's chat template applied to a conversation with the generation prompt, as
+        transformers' apply_chat_template renders it (a sandboxed Jinja2 environment with
+        trim_blocks / lstrip_blocks, no tools)."""
         if not self.chat_template:
             raise ValueError("GGUF has no tokenizer.chat_template")
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        env.globals["raise_exception"] = raise_exception
         tmpl = env.from_string(self.chat_template)
-        return tmpl.render(messages=[{"role": "user", "content": user_text}],
-                           add_generation_prompt=True,
+        return tmpl.render(messages=messages, tools=None, add_generation_prompt=True,
                            bos_token=self.tokens[self.bos_id] if self.bos_id is not None else "",
                            eos_token=self.tokens[self.eos_id] if self.eos_id is not None else "")
 

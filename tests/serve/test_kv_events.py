@@ -90,8 +90,9 @@ def event_node(specnode, tiny_model, tmp_path):
 def test_stored_blocks_carry_the_prompt_and_chain_across_prompts(event_node, specnode,
                                                                  tiny_model):
     Batch, Stored, Removed, Cleared = event_types(True)
-    # A (re)started node says its cache is empty first.
-    first = event_node.events()
+    # A (re)started node says its cache is empty first (its publisher thread may send that
+    # just after the node answers health: wait for it).
+    first = event_node.wait_for(lambda e: bool(e))
     assert isinstance(first[0][1], Cleared) and first[0][0] == 0
 
     ids1 = tokenize(specnode, tiny_model, PREFIX + " and one more thing")

@@ -154,6 +154,9 @@ def test_text_completions_stop_and_seed(http_node):
 @pytest.mark.parametrize("kwargs,error,code", [
     (dict(n=2), openai.BadRequestError, "bad_request"),
     (dict(logprobs=True), openai.BadRequestError, "bad_request"),
+    # Tool calling is not implemented: refused, not rendered through a template's tools branch.
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+     openai.BadRequestError, "bad_request"),
     (dict(max_tokens=0), openai.BadRequestError, "bad_request"),
     (dict(temperature=-1), openai.BadRequestError, "bad_request"),
     (dict(max_tokens=4096), openai.BadRequestError, "prompt_too_long"),
