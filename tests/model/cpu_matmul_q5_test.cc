@@ -16,7 +16,6 @@
 #include "model/cpu/cpu_matmul.h"
 #include "model/cpu/cpu_repack.h"
 #include "model/cpu/cpu_repack_kquant.h"
-#include "model/cpu/thread_pool.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
 #include "tests/model/matmul_test_util.h"
@@ -180,39 +179,7 @@ TEST(Q5FidelityTest, NativeReadsFewerBytesAndIsAtLeastAsClose) {
 // Q, K and V of one Q5 type share one activation quantisation and one dispatch; the results
 // equal one MatMul per matrix, as for the other types (rows off the groups of 8 and 16).
 TEST(Q5SharedTest, EqualsSeparateMatMuls) {
-  const int64_t cols = 896;
-  for (const GgmlType type : kQ5Types) {
-    const std::vector<int64_t> rows = {40, 9, 9};
-    std::vector<TestWeights> ws;
-    std::vector<std::vector<uint8_t>> packed(rows.size());
-    std::vector<WeightView> views;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      ws.push_back(MakeWeights(type, rows[i], cols, cols, 0, 30 + static_cast<uint32_t>(i)));
-    }
-    for (size_t i = 0; i < ws.size(); ++i) views.push_back(ViewFor(ws[i].view, true, &packed[i]));
-    for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8})
-      for (const KernelRun& run : PackedRunsFor(type, act)) {
-        for (const int64_t n : {1, 9}) {
-          SCOPED_TRACE(run.name() + " " + Name(type) + " " + ActName(act) +
-                       " n=" + std::to_string(n));
-          const std::vector<float> x = MakeActs(n, cols, 3);
-          ThreadPool pool(2);
-          std::vector<std::vector<float>> shared(views.size()), alone(views.size());
-          std::vector<float*> ys;
-          for (size_t i = 0; i < views.size(); ++i) {
-            shared[i].assign(n * rows[i], NAN);
-            alone[i].assign(n * rows[i], NAN);
-            ys.push_back(shared[i].data());
-          }
-          cpu_kernels::MatMulSharedWith(*run.table, views, x.data(), n, ys, &pool, nullptr, act);
-          for (size_t i = 0; i < views.size(); ++i) {
-            cpu_kernels::MatMulWith(*run.table, views[i], x.data(), n, alone[i].data(), nullptr,
-                                    nullptr, act);
-            EXPECT_EQ(0, std::memcmp(shared[i].data(), alone[i].data(), alone[i].size() * 4));
-          }
-        }
-      }
-  }
+  for (const GgmlType type : kQ5Types) ExpectSharedEqualsSeparate(type, 896, {40, 9, 9}, {1, 9});
 }
 
 // A column slice (tensor parallelism splitting the input) packs its slice and computes what

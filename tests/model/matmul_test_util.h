@@ -5,13 +5,17 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
+
 #include "model/cpu/cpu_kernels.h"
 #include "model/cpu/cpu_matmul.h"
 #include "model/cpu/cpu_repack.h"
+#include "model/cpu/thread_pool.h"
 #include "model/gguf/ggml_converted_types.h"
 #include "model/gguf/ggml_types.h"
 
@@ -179,6 +183,44 @@ inline std::vector<double> AbsDot(const WeightView& w, const std::vector<float>&
     }
   }
   return out;
+}
+
+// Matrices of one packed-only type (K-quant, Q5) with `rows` rows each and `cols` columns
+// share one activation quantisation and one dispatch (MatMulSharedWith); each result must
+// equal one MatMul of that matrix, on every packed run of both widths, for each n in `ns`.
+inline void ExpectSharedEqualsSeparate(GgmlType type, int64_t cols,
+                                       const std::vector<int64_t>& rows,
+                                       const std::vector<int64_t>& ns) {
+  std::vector<TestWeights> ws;
+  std::vector<std::vector<uint8_t>> packed(rows.size());
+  std::vector<WeightView> views;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ws.push_back(MakeWeights(type, rows[i], cols, cols, 0, 30 + static_cast<uint32_t>(i)));
+  }
+  for (size_t i = 0; i < ws.size(); ++i) views.push_back(ViewFor(ws[i].view, true, &packed[i]));
+  for (const ActQuant act : {ActQuant::kInt16, ActQuant::kInt8}) {
+    for (const KernelRun& run : PackedRunsFor(type, act)) {
+      for (const int64_t n : ns) {
+        SCOPED_TRACE(run.name() + " " + std::string(GgmlTypeName(static_cast<uint32_t>(type))) +
+                     " " + ActName(act) + " n=" + std::to_string(n));
+        const std::vector<float> x = MakeActs(n, cols, 3);
+        ThreadPool pool(2);
+        std::vector<std::vector<float>> shared(views.size()), alone(views.size());
+        std::vector<float*> ys;
+        for (size_t i = 0; i < views.size(); ++i) {
+          shared[i].assign(n * rows[i], NAN);
+          alone[i].assign(n * rows[i], NAN);
+          ys.push_back(shared[i].data());
+        }
+        cpu_kernels::MatMulSharedWith(*run.table, views, x.data(), n, ys, &pool, nullptr, act);
+        for (size_t i = 0; i < views.size(); ++i) {
+          cpu_kernels::MatMulWith(*run.table, views[i], x.data(), n, alone[i].data(), nullptr,
+                                  nullptr, act);
+          EXPECT_EQ(0, std::memcmp(shared[i].data(), alone[i].data(), alone[i].size() * 4));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace specnode::matmul_test

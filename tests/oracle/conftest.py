@@ -97,21 +97,6 @@ def smollm2_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
-def gemma3_path() -> str:
-    """Gemma 3 270M (scripts/fetch-model --model gemma3-270m; scripts/test sets
-    SPECNODE_GEMMA_MODEL): skipped when unset, failed under SPECNODE_REQUIRE_MODEL=1."""
-    path = os.environ.get("SPECNODE_GEMMA_MODEL", "")
-    if not path:
-        msg = "SPECNODE_GEMMA_MODEL is unset (scripts/fetch-model --model gemma3-270m)"
-        if os.environ.get("SPECNODE_REQUIRE_MODEL", "") == "1":
-            pytest.fail(msg + " but SPECNODE_REQUIRE_MODEL=1")
-        pytest.skip(msg)
-    if not os.path.isfile(path):
-        pytest.fail(f"SPECNODE_GEMMA_MODEL={path} does not exist")
-    return path
-
-
 def _required_model(var: str, fetch: str) -> str:
     """The model file named by environment variable `var` (fetched by `scripts/fetch-model
     --model <fetch>`; scripts/test sets it): skipped when unset, failed under
@@ -125,6 +110,12 @@ def _required_model(var: str, fetch: str) -> str:
     if not os.path.isfile(path):
         pytest.fail(f"{var}={path} does not exist")
     return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> str:
+    """Gemma 3 270M (SPECNODE_GEMMA_MODEL)."""
+    return _required_model("SPECNODE_GEMMA_MODEL", "gemma3-270m")
 
 
 @pytest.fixture(scope="session")

@@ -22,12 +22,9 @@ converted ones applying only when the engine says it converts.
 """
 from __future__ import annotations
 
-import subprocess
-
-import numpy as np
 import pytest
 
-from numpy_llama import top2_gaps
+from engine_checks import compare_logits, greedy_margins, k_quant_mode
 
 PLAIN_PROMPTS = [
     "The quick brown fox jumps over the lazy dog, and then it runs into the forest to find",
@@ -52,46 +49,17 @@ def prompt_ids(specnode, path, text):
 
 @pytest.fixture(scope="module")
 def k_quants(specnode, gemma3_path) -> str:
-    """"native" or "converted": how this engine runs the file's Q4_K / Q6_K matrices, as its
-    backend description (printed by `generate`) says."""
-    p = subprocess.run([specnode.path, "generate", "--model", gemma3_path, "--prompt", "Hi",
-                        "--max-tokens", "1"], capture_output=True, text=True, timeout=120)
-    text = p.stdout + p.stderr
-    for mode in LOGIT_TOL:
-        if f"K-quants {mode}" in text:
-            return mode
-    pytest.fail(f"generate did not say how it runs K-quants:\n{text[-800:]}")
+    return k_quant_mode(specnode, gemma3_path, LOGIT_TOL)
 
 
 @pytest.mark.parametrize("idx", range(len(PLAIN_PROMPTS)))
 def test_prefix_logits_match_oracle(specnode, gemma3_path, gemma3_oracle, tmp_path, idx,
                                     k_quants):
-    max_abs_tol, rms_tol = LOGIT_TOL[k_quants]
     ids = prompt_ids(specnode, gemma3_path, PLAIN_PROMPTS[idx])[:N_POSITIONS]
     assert ids[0] == 2 and len(ids) == N_POSITIONS, ids
-    want = gemma3_oracle.logits(ids)
     got = specnode.logits(gemma3_path, ids, tmp_path / "logits.bin", "--kv-mode", "dense")
-    assert got.shape == want.shape
-    diff = np.abs(got - want)
-    pos, tok = np.unravel_index(np.argmax(diff), diff.shape)
-    assert diff.max() <= max_abs_tol, (
-        f"K-quants {k_quants}: max |diff| {diff.max():.4f} at position {pos}, token {tok}")
-    rms = float(np.sqrt(np.mean(diff ** 2)))
-    assert rms <= rms_tol, f"K-quants {k_quants}: RMS diff {rms:.4f}"
-    gaps = top2_gaps(want)
-    bad = (got.argmax(1) != want.argmax(1)) & (gaps >= NEAR_TIE)
-    assert not bad.any(), f"argmax differs at {np.flatnonzero(bad).tolist()} (margins {gaps[bad]})"
-
-
-def greedy_margins(specnode, path, oracle, ids, n):
-    reply = specnode.json("generate", "--model", path, "--prompt-ids", ",".join(map(str, ids)),
-                          "--max-tokens", n, "--temperature", 0, "--ignore-eos", "--kv-mode",
-                          "dense", "--json", "--quiet")
-    gen = [int(i) for i in reply["generated_ids"]]
-    assert len(gen) == n
-    rows = list(range(len(ids) - 1, len(ids) + n - 1))
-    logits = oracle.logits(ids + gen[:-1], rows=rows)
-    return logits.max(axis=1) - logits[np.arange(n), gen], reply["text"]
+    compare_logits(got, gemma3_oracle.logits(ids), LOGIT_TOL[k_quants], NEAR_TIE,
+                   f"K-quants {k_quants}")
 
 
 def test_greedy_matches_oracle(specnode, gemma3_path, gemma3_oracle, capsys):

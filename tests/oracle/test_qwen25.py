@@ -25,13 +25,12 @@ greedy: 4/4 continuations identical to the oracle's, every margin 0.
 from __future__ import annotations
 
 import json
-import subprocess
 
-import numpy as np
 import pytest
 
+from engine_checks import compare_logits, greedy_margins, k_quant_mode
 from hf_tokenizer import load_gguf_tokenizer
-from numpy_llama import load_cached, top2_gaps
+from numpy_llama import load_cached
 
 PROMPTS = [
     "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot = arr[len(arr) // 2]\n",
@@ -65,15 +64,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def k_quants(specnode, qwen_target_path) -> str:
-    """"native" or "converted": how this engine runs the K-quant matrices, as its backend
-    description (printed by `generate`) says."""
-    p = subprocess.run([specnode.path, "generate", "--model", qwen_target_path, "--prompt", "Hi",
-                        "--max-tokens", "1"], capture_output=True, text=True, timeout=300)
-    text = p.stdout + p.stderr
-    for mode in LOGIT_TOL:
-        if f"K-quants {mode}" in text:
-            return mode
-    pytest.fail(f"generate did not say how it runs K-quants:\n{text[-800:]}")
+    return k_quant_mode(specnode, qwen_target_path, LOGIT_TOL)
 
 
 @pytest.fixture(scope="module")
@@ -96,22 +87,10 @@ def prompt_ids(specnode, path, text):
 
 
 def check_prefix_logits(specnode, path, oracle, tmp_path, text, tol):
-    max_abs_tol, rms_tol = tol
     ids = prompt_ids(specnode, path, text)[:N_POSITIONS]
     assert len(ids) == N_POSITIONS, ids
-    want = oracle.logits(ids)
     got = specnode.logits(path, ids, tmp_path / "logits.bin", "--kv-mode", "dense")
-    assert got.shape == want.shape
-    diff = np.abs(got - want)
-    pos, tok = np.unravel_index(np.argmax(diff), diff.shape)
-    rms = float(np.sqrt(np.mean(diff ** 2)))
-    print(f"\n  {text[:30]!r}: max |diff| {diff.max():.4f} (position {pos}), RMS {rms:.4f}, "
-          f"logit std {want.std():.2f}")
-    assert diff.max() <= max_abs_tol, f"max |diff| {diff.max():.4f} at position {pos}, token {tok}"
-    assert rms <= rms_tol, f"RMS diff {rms:.4f}"
-    gaps = top2_gaps(want)
-    bad = (got.argmax(1) != want.argmax(1)) & (gaps >= NEAR_TIE)
-    assert not bad.any(), f"argmax differs at {np.flatnonzero(bad).tolist()} (margins {gaps[bad]})"
+    compare_logits(got, oracle.logits(ids), tol, NEAR_TIE, repr(text[:30]))
 
 
 @pytest.mark.parametrize("idx", range(len(PROMPTS)))
@@ -132,16 +111,9 @@ def test_target_greedy_matches_oracle(specnode, qwen_target_path, target_oracle,
     identical, problems = 0, []
     for text in PROMPTS:
         ids = prompt_ids(specnode, qwen_target_path, text)
-        reply = specnode.json("generate", "--model", qwen_target_path, "--prompt-ids",
-                              ",".join(map(str, ids)), "--max-tokens", N_GREEDY, "--temperature", 0,
-                              "--ignore-eos", "--kv-mode", "dense", "--json", "--quiet")
-        gen = [int(i) for i in reply["generated_ids"]]
-        assert len(gen) == N_GREEDY
-        rows = list(range(len(ids) - 1, len(ids) + N_GREEDY - 1))
-        logits = target_oracle.logits(ids + gen[:-1], rows=rows)
-        margins = logits.max(axis=1) - logits[np.arange(N_GREEDY), gen]
+        margins, reply = greedy_margins(specnode, qwen_target_path, target_oracle, ids, N_GREEDY)
         identical += int((margins == 0).all())
-        line = f"{text[:30]!r}: worst margin {margins.max():.3f}; {reply['text'][:50]!r}"
+        line = f"{text[:30]!r}: worst margin {margins.max():.3f}; {reply[:50]!r}"
         with capsys.disabled():
             print("\n  " + line, end="")
         if margins.max() >= GREEDY_TIE_TOL:
