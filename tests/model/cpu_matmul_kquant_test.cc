@@ -102,38 +102,12 @@ TEST(KQuantFidelityTest, NativeIsCloserThanConversion) {
   for (const GgmlType type : kKTypes) {
     SCOPED_TRACE(Name(type));
     const TestWeights w = MakeWeights(type, rows, cols, cols, 0, 5);
-    std::vector<float> exact(n * rows);
-    MatMulReference(w.view, xq.data(), n, exact.data());
-
-    std::vector<uint8_t> storage;
-    const WeightView native = ViewFor(w.view, true, &storage);
-    const GgmlType ct = ComputeTypeOf(type);
-    const size_t crow = GgmlRowBytes(ct, cols);
-    std::vector<uint8_t> converted_bytes(rows * crow);
-    for (int64_t r = 0; r < rows; ++r) {
-      ConvertRowToComputeType(type,
-                              static_cast<const uint8_t*>(w.view.data) + r * w.view.row_stride,
-                              converted_bytes.data() + r * crow, cols);
-    }
-    std::vector<uint8_t> converted_packed;
-    const WeightView converted =
-        ViewFor(WeightView{ct, converted_bytes.data(), rows, cols, crow}, true, &converted_packed);
-
-    const KernelTable& k = cpu_kernels::kScalarKernels;  // natural layout for the converted
-    std::vector<float> y_native(n * rows), y_converted(n * rows);
-    cpu_kernels::MatMulWith(kPackedReference, native, x.data(), n, y_native.data(), nullptr,
-                            nullptr);
-    cpu_kernels::MatMulWith(k, converted, x.data(), n, y_converted.data(), nullptr, nullptr);
-    double err_native = 0.0, err_converted = 0.0;
-    for (int64_t i = 0; i < n * rows; ++i) {
-      err_native += std::pow(y_native[i] - exact[i], 2);
-      err_converted += std::pow(y_converted[i] - exact[i], 2);
-    }
-    RecordProperty(Name(type) + "_rms_native", std::to_string(std::sqrt(err_native / (n * rows))));
+    const NativeVsConverted e = CompareWithConversion(w.view, x, xq, n);
+    RecordProperty(Name(type) + "_rms_native", std::to_string(std::sqrt(e.native_sq / (n * rows))));
     RecordProperty(Name(type) + "_rms_converted",
-                   std::to_string(std::sqrt(err_converted / (n * rows))));
-    EXPECT_LT(err_native * 4, err_converted)
-        << "native " << err_native << " converted " << err_converted;
+                   std::to_string(std::sqrt(e.converted_sq / (n * rows))));
+    EXPECT_LT(e.native_sq * 4, e.converted_sq)
+        << "native " << e.native_sq << " converted " << e.converted_sq;
   }
 }
 

@@ -133,45 +133,22 @@ TEST(Q5FidelityTest, NativeReadsFewerBytesAndIsAtLeastAsClose) {
       EXPECT_EQ(MatMulReadBytes(w.view, ActQuant::kInt16),
                 static_cast<int64_t>(GgmlRowBytes(type, cols) * rows));
     }
-    std::vector<float> exact(n * rows);
-    MatMulReference(w.view, xq.data(), n, exact.data());
-
-    std::vector<uint8_t> storage;
-    const WeightView native = ViewFor(w.view, true, &storage);
-    const GgmlType ct = ComputeTypeOf(type);
-    ASSERT_EQ(ct, GgmlType::kQ8_0);
-    const size_t crow = GgmlRowBytes(ct, cols);
-    EXPECT_EQ(crow * 22, GgmlRowBytes(GgmlType::kQ5_0, cols) * 34);
-    std::vector<uint8_t> converted_bytes(rows * crow);
-    for (int64_t r = 0; r < rows; ++r) {
-      ConvertRowToComputeType(type,
-                              static_cast<const uint8_t*>(w.view.data) + r * w.view.row_stride,
-                              converted_bytes.data() + r * crow, cols);
-    }
-    const WeightView converted{ct, converted_bytes.data(), rows, cols, crow};
-    std::vector<float> y_native(n * rows), y_converted(n * rows);
-    cpu_kernels::MatMulWith(kPackedReference, native, x.data(), n, y_native.data(), nullptr,
-                            nullptr);
-    cpu_kernels::MatMulWith(cpu_kernels::kScalarKernels, converted, x.data(), n, y_converted.data(),
-                            nullptr, nullptr);
-    double err_native = 0.0, err_converted = 0.0;
-    for (int64_t i = 0; i < n * rows; ++i) {
-      err_native += std::pow(y_native[i] - exact[i], 2);
-      err_converted += std::pow(y_converted[i] - exact[i], 2);
-    }
-    RecordProperty(Name(type) + "_rms_native", std::to_string(std::sqrt(err_native / (n * rows))));
+    ASSERT_EQ(ComputeTypeOf(type), GgmlType::kQ8_0);
+    EXPECT_EQ(GgmlRowBytes(GgmlType::kQ8_0, cols) * 22, GgmlRowBytes(GgmlType::kQ5_0, cols) * 34);
+    const NativeVsConverted e = CompareWithConversion(w.view, x, xq, n);
+    RecordProperty(Name(type) + "_rms_native", std::to_string(std::sqrt(e.native_sq / (n * rows))));
     RecordProperty(Name(type) + "_rms_converted",
-                   std::to_string(std::sqrt(err_converted / (n * rows))));
+                   std::to_string(std::sqrt(e.converted_sq / (n * rows))));
     if (type == GgmlType::kQ5_0) {
       // Both are the exact product up to float rounding.
       const std::vector<double> s = AbsDot(w.view, xq, n);
       for (int64_t i = 0; i < n * rows; ++i) {
-        EXPECT_NEAR(y_native[i], exact[i], 1e-5 * s[i]);
-        EXPECT_NEAR(y_converted[i], exact[i], 1e-5 * s[i]);
+        EXPECT_NEAR(e.native[i], e.exact[i], 1e-5 * s[i]);
+        EXPECT_NEAR(e.converted[i], e.exact[i], 1e-5 * s[i]);
       }
     } else {
-      EXPECT_LT(err_native * 4, err_converted)
-          << "native " << err_native << " converted " << err_converted;
+      EXPECT_LT(e.native_sq * 4, e.converted_sq)
+          << "native " << e.native_sq << " converted " << e.converted_sq;
     }
   }
 }

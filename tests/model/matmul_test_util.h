@@ -185,6 +185,43 @@ inline std::vector<double> AbsDot(const WeightView& w, const std::vector<float>&
   return out;
 }
 
+// One packed-only matrix (K-quant, Q5) multiplied natively (its packed copy through the
+// scalar x8 reference) and as the load-time conversion would leave it (ComputeTypeOf, natural
+// layout, the scalar table), each against `exact` = the stored weights times the rounded
+// activations xq; the squared errors summed.
+struct NativeVsConverted {
+  std::vector<float> exact, native, converted;
+  double native_sq = 0.0, converted_sq = 0.0;
+};
+inline NativeVsConverted CompareWithConversion(const WeightView& w, const std::vector<float>& x,
+                                               const std::vector<float>& xq, int64_t n) {
+  NativeVsConverted out;
+  const int64_t rows = w.rows, cols = w.cols;
+  out.exact.resize(n * rows);
+  MatMulReference(w, xq.data(), n, out.exact.data());
+  std::vector<uint8_t> storage;
+  const WeightView native = ViewFor(w, true, &storage);
+  const GgmlType ct = ComputeTypeOf(w.type);
+  const size_t crow = GgmlRowBytes(ct, cols);
+  std::vector<uint8_t> converted_bytes(rows * crow);
+  for (int64_t r = 0; r < rows; ++r) {
+    ConvertRowToComputeType(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_stride,
+                            converted_bytes.data() + r * crow, cols);
+  }
+  const WeightView converted{ct, converted_bytes.data(), rows, cols, crow};
+  out.native.resize(n * rows);
+  out.converted.resize(n * rows);
+  cpu_kernels::MatMulWith(kPackedReference, native, x.data(), n, out.native.data(), nullptr,
+                          nullptr);
+  cpu_kernels::MatMulWith(cpu_kernels::kScalarKernels, converted, x.data(), n, out.converted.data(),
+                          nullptr, nullptr);
+  for (int64_t i = 0; i < n * rows; ++i) {
+    out.native_sq += std::pow(out.native[i] - out.exact[i], 2);
+    out.converted_sq += std::pow(out.converted[i] - out.exact[i], 2);
+  }
+  return out;
+}
+
 // Matrices of one packed-only type (K-quant, Q5) with `rows` rows each and `cols` columns
 // share one activation quantisation and one dispatch (MatMulSharedWith); each result must
 // equal one MatMul of that matrix, on every packed run of both widths, for each n in `ns`.
