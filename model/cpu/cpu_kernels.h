@@ -46,8 +46,9 @@
 #include <vector>
 
 #include "model/cpu/cpu_matmul.h"
-#include "model/gguf/ggml_types.h"
 #include "model/cpu/thread_pool.h"
+#include "model/gguf/ggml_converted_types.h"
+#include "model/gguf/ggml_types.h"
 
 namespace specnode {
 
@@ -156,6 +157,15 @@ struct KernelTable {
   bool q5_x8 = false;
   bool q5_8_x8 = false;
 };
+
+// Does table k's x8 kernel for the width (int8 or not) take `type`? The K-quants and
+// Q5_0 / Q5_1 need kernels of their own (kquant_x8 / q5_x8 and the int8 flags); every other
+// quantised type is taken by any x8 kernel.
+static inline bool X8KernelTakes(const KernelTable& k, GgmlType type, bool int8) {
+  if (IsKQuantType(type)) return int8 ? k.kquant8_x8 : k.kquant_x8;
+  if (IsQ5Type(type)) return int8 ? k.q5_8_x8 : k.q5_x8;
+  return true;
+}
 
 // SwiGLU's exponential, one arithmetic for every table so that scalar and SIMD results
 // (and so the goldens of a level) do not depend on the vector width: for x = -gate,

@@ -43,14 +43,6 @@ bool IsQuantised(GgmlType t) {
   return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 || RunsPackedOnly(t);
 }
 
-// Does table k's x8 kernel for the width (int8 or not) take `type` (RunsPackedOnly types
-// need their own kernels: KernelTable::kquant_x8 / q5_x8 and the int8 flags)?
-bool X8KernelTakes(const KernelTable& k, GgmlType type, bool int8) {
-  if (IsKQuantType(type)) return int8 ? k.kquant8_x8 : k.kquant_x8;
-  if (IsQ5Type(type)) return int8 ? k.q5_8_x8 : k.q5_x8;
-  return true;
-}
-
 void RunRows(ThreadPool* pool, int64_t rows, int64_t work,
              const std::function<void(int64_t, int64_t, int)>& fn) {
   if (pool == nullptr || pool->n_threads() == 1 || work < kMinParallelWork) {

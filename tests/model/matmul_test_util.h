@@ -107,15 +107,6 @@ struct KernelRun {
   std::string name() const { return std::string(table->name) + (packed ? " packed" : ""); }
 };
 
-// Does table k have an x8 kernel for `act` that takes `type` (K-quants and Q5_0 / Q5_1:
-// KernelTable::kquant_x8 / q5_x8 and their int8 flags)?
-inline bool TakesType(const KernelTable& k, GgmlType type, ActQuant act) {
-  const bool int8 = act == ActQuant::kInt8;
-  if (IsKQuantType(type)) return int8 ? k.kquant8_x8 : k.kquant_x8;
-  if (IsQ5Type(type)) return int8 ? k.q5_8_x8 : k.q5_x8;
-  return true;
-}
-
 // The scalar x8 reference, then every table with an x8 kernel for `act`, on the packed copy
 // (quantised types only; K-quants and Q5: the tables with a kernel for the type and `act`).
 inline std::vector<KernelRun> PackedRunsFor(GgmlType type, ActQuant act) {
@@ -123,7 +114,10 @@ inline std::vector<KernelRun> PackedRunsFor(GgmlType type, ActQuant act) {
   if (!IsQuantised(type)) return runs;
   runs.push_back({&kPackedReference, true});
   for (const KernelTable* k : TablesFor(act)) {
-    if (X8KernelFor(*k, act) != nullptr && TakesType(*k, type, act)) runs.push_back({k, true});
+    if (X8KernelFor(*k, act) != nullptr &&
+        cpu_kernels::X8KernelTakes(*k, type, act == ActQuant::kInt8)) {
+      runs.push_back({k, true});
+    }
   }
   return runs;
 }
