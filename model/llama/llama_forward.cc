@@ -235,6 +235,14 @@ absl::Status LlamaForward::Layer(int l, int64_t n, const Buffers& b, KvCache* ca
   SPECNODE_RETURN_IF_ERROR(backend_->RopePair(
       b.q, b.k, n, n_heads_, n_kv_heads_, hd, config_.rope_dim, config_.LayerRopeBase(l),
       config_.arch.rope, config_.LayerRopeScale(l) != 1.0f ? w_->rope_linear : w_->rope_freqs));
+  if (lw.k_offset != nullptr) {
+    // The cache stores K less its bias, taken after RoPE: each query's scores all shift by the
+    // same q·bk, which softmax ignores, so attention is unchanged (up to f32 rounding) while
+    // the stored keys lose the large constant channels a bias gives them (Qwen2.5: |bk| up
+    // to ~456 on slow RoPE pairs, beside values of ~1) that a quantised row's one scale
+    // cannot carry (docs/kvstore.md "Keys with a bias").
+    SPECNODE_RETURN_IF_ERROR(backend_->AddBias(b.k, lw.k_offset, n, n_kv_heads_ * hd));
+  }
   SPECNODE_RETURN_IF_ERROR(cache->Write(l, b.k, b.v));
   // FromGguf sets the scale; a config made by hand (tests) keeps the usual one.
   const float scale =

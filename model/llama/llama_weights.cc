@@ -1,6 +1,8 @@
 #include "model/llama/llama_weights.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -103,6 +105,20 @@ absl::StatusOr<ShardHeads> HeadsOfShard(const LlamaConfig& config, ShardSpec sha
   }
   return h;
 }
+
+namespace {
+
+// Whether a K bias is also taken off the keys after RoPE (LayerWeights::k_offset): on unless
+// SPECNODE_KEY_OFFSET=0 (the A/B of docs/kvstore.md); read once per process.
+bool KeyOffsetEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SPECNODE_KEY_OFFSET");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+}  // namespace
 
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaConfig& config,
                                               ShardSpec shard, int n_layers) {
@@ -207,6 +223,11 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const GgufFile& file, const LlamaC
       SPECNODE_ASSIGN_OR_RETURN(lw.bq, vec(p + "attn_q.bias", config.q_dim(), q_begin, q_count));
       SPECNODE_ASSIGN_OR_RETURN(lw.bk, vec(p + "attn_k.bias", config.kv_dim(), kv_begin, kv_count));
       SPECNODE_ASSIGN_OR_RETURN(lw.bv, vec(p + "attn_v.bias", config.kv_dim(), kv_begin, kv_count));
+      if (KeyOffsetEnabled()) {
+        std::vector<float>& offset = w.owned_norms.emplace_back(lw.bk, lw.bk + kv_count);
+        for (float& x : offset) x = -x;
+        lw.k_offset = offset.data();
+      }
     }
     if (config.arch.post_norms) {
       SPECNODE_ASSIGN_OR_RETURN(lw.post_attn_norm, norm(p + "post_attention_norm.weight"));
@@ -265,6 +286,7 @@ absl::StatusOr<LlamaWeights> MapWeightViews(const LlamaWeights& w, const WeightM
     SPECNODE_ASSIGN_OR_RETURN(l.bq, opt(lw.bq, q_rows));
     SPECNODE_ASSIGN_OR_RETURN(l.bk, opt(lw.bk, kv_rows));
     SPECNODE_ASSIGN_OR_RETURN(l.bv, opt(lw.bv, kv_rows));
+    SPECNODE_ASSIGN_OR_RETURN(l.k_offset, opt(lw.k_offset, kv_rows));
     SPECNODE_ASSIGN_OR_RETURN(l.q_norm, opt(lw.q_norm, w.head_dim));
     SPECNODE_ASSIGN_OR_RETURN(l.k_norm, opt(lw.k_norm, w.head_dim));
     SPECNODE_ASSIGN_OR_RETURN(l.post_attn_norm, opt(lw.post_attn_norm, dm));

@@ -60,6 +60,9 @@ struct LayerWeights {
   const float* bq = nullptr;  // [q_dim / T]
   const float* bk = nullptr;  // [kv_dim / T]
   const float* bv = nullptr;  // [kv_dim / T]
+  // Added to K after RoPE where K has a bias: -bk (the keys the cache stores are K less its
+  // bias; llama_forward.cc Layer). Null without a K bias or with SPECNODE_KEY_OFFSET=0.
+  const float* k_offset = nullptr;  // [kv_dim / T]
   // RMSNorm weights over each head of Q and K before RoPE (qk_norm, else null).
   const float* q_norm = nullptr;     // [head_dim]
   const float* k_norm = nullptr;     // [head_dim]

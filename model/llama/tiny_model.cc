@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <string_view>
@@ -331,8 +332,9 @@ class TensorMaker {
 
   // values ~ mean + stddev * N(0,1), then the optional perturbation, then encoded; the
   // values and the rows' encoding split over the pool (the same bytes as one thread).
+  // `adjust` (may be null) edits the values once drawn (and perturbed).
   absl::Status Add(const std::string& name, GgmlType type, std::vector<int64_t> dims, float mean,
-                   float stddev) {
+                   float stddev, const std::function<void(std::vector<float>&)>& adjust = nullptr) {
     int64_t n = 1;
     for (int64_t d : dims) n *= d;
     std::vector<float> values(static_cast<size_t>(n));
@@ -357,6 +359,7 @@ class TensorMaker {
         for (int64_t i = begin; i < end; ++i) values[i] += scale * noise.Normal();
       });
     }
+    if (adjust) adjust(values);
     // As llama.cpp's quantiser: a K-quant needs rows of whole 256-value blocks; narrower
     // matrices fall back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).
     if (dims[0] % kKQuantBlock != 0) {
@@ -506,7 +509,16 @@ absl::Status WriteTinyModel(const TinyModelOptions& options, const std::string& 
       // Biases of the size of the projections' own spread (Qwen2's K biases are large):
       // a graph that dropped or misplaced them would be far off.
       SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_q.bias", GgmlType::kF32, {q_dim}, 0.0f, 0.5f));
-      SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_k.bias", GgmlType::kF32, {kv_dim}, 0.0f, 0.5f));
+      // k_bias_outlier: on the slowest RoPE pair of each kv head, as Qwen2.5's files have.
+      std::function<void(std::vector<float>&)> outlier;
+      if (o.k_bias_outlier != 0.0f) outlier = [&](std::vector<float>& b) {
+        for (int h = 0; h < o.n_kv_heads; ++h) {
+          b[static_cast<size_t>(h) * head_dim + head_dim / 2 - 1] += o.k_bias_outlier;
+          b[static_cast<size_t>(h + 1) * head_dim - 1] -= 0.5f * o.k_bias_outlier;
+        }
+      };
+      SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_k.bias", GgmlType::kF32, {kv_dim}, 0.0f, 0.5f,
+                                     outlier));
       SPECNODE_RETURN_IF_ERROR(m.Add(p + "attn_v.bias", GgmlType::kF32, {kv_dim}, 0.0f, 0.5f));
     }
     if (arch.qk_norm) {

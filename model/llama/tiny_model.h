@@ -46,6 +46,9 @@ struct TinyModelOptions {
   bool rope_freqs = false;
   // > 1: written as rope.scaling.type linear with this rope.scaling.factor.
   float rope_scale = 0.0f;
+  // qwen2: added to the K bias of each kv head's slowest RoPE pair (its channel head_dim/2 - 1,
+  // and half of it taken from head_dim - 1), as Qwen2.5's files carry |b| up to ~456 there.
+  float k_bias_outlier = 0.0f;
   bool tied_embeddings = true;            // no output.weight; the head reuses token_embd
   GgmlType weight_type = GgmlType::kF32;  // matrices; norms are always F32
   uint64_t seed = 1;
