@@ -23,57 +23,22 @@ import argparse
 import datetime as dt
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+from node_launch import start_node, stop_node
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = ("You are a careful assistant for a hardware store. " +
           "Answer briefly and name the aisle where each item is found. " * 40)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_node(specnode: str, model: str, threads: int, prefix_cache: bool, log, tp: int = 0):
-    port = free_port()
-    cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    cfg.write(f"version: 1\nserve:\n  bind: tcp://127.0.0.1:{free_port()}\n"
-              f"  http_bind: 127.0.0.1:{port}\nspeculation:\n  draft: none\n"
-              f"kv:\n  prefix_cache: {'true' if prefix_cache else 'false'}\n")
-    if tp > 0:
-        cfg.write("topology:\n  timeout_s: 30\n  groups:\n    - name: cpu\n"
-                  "      draft: {rank: 0, device: cpu}\n      target:\n" +
-                  "".join(f"        - {{rank: {r}, device: cpu}}\n" for r in range(1, tp + 1)))
-    cfg.close()
-    env = dict(os.environ)
-    env.pop("SPECNODE_API_KEY", None)
-    cmd = [specnode, "serve", "--config", cfg.name, "--model", model, "--threads", str(threads)]
-    if tp > 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        cmd = ["mpirun", "-np", str(tp + 1), "--oversubscribe", "--mca", "mpi_yield_when_idle",
-               "1", "--mca", "odls_base_sigkill_timeout", "16", *cmd]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-    import urllib.request
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                return proc, port
-        except OSError:
-            if proc.poll() is not None:
-                sys.exit(f"specnode serve exited with {proc.returncode}")
-            time.sleep(0.2)
-    proc.kill()
-    sys.exit("specnode serve did not come up")
+def start_prefix_node(specnode: str, model: str, threads: int, prefix_cache: bool, log,
+                      tp: int = 0):
+    body = (f"speculation:\n  draft: none\n"
+            f"kv:\n  prefix_cache: {'true' if prefix_cache else 'false'}\n")
+    return start_node(specnode, model, threads, body, log, tp, timeout_s=180)
 
 
 def run_round(port: int, model: str, n: int, round_index: int):
@@ -108,13 +73,12 @@ def main() -> int:
     with open(os.devnull, "w") as log:
         for r in range(args.rounds):
             for mode in ((True, False) if r % 2 == 0 else (False, True)):
-                proc, port = start_node(args.specnode, args.model, args.threads, mode, log,
-                                        args.mpirun_tp)
+                proc, port = start_prefix_node(args.specnode, args.model, args.threads, mode,
+                                               log, args.mpirun_tp)
                 try:
                     ttft, cached, prompt = run_round(port, served, args.requests, r)
                 finally:
-                    proc.send_signal(signal.SIGINT)
-                    proc.wait(timeout=60)
+                    stop_node(proc)
                 results[mode].extend(ttft)
                 prompt_len = max(prompt)
                 if mode:

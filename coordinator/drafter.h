@@ -51,8 +51,11 @@ class Drafter {
   // For logs and stats: "ngram:3", "self:8", the draft file's name.
   virtual std::string name() const = 0;
 
-  // Brings the drafter's state up to every request's context except its last token (a draft
-  // model prefills its cache), so that Propose measures only the cost of drafting. Optional.
+  // Catches the drafter's state up on context it has not seen (a draft model prefills its
+  // cache after steps it sat out, or a new sequence's prompt), so that Propose measures
+  // only the cost of drafting; a short uncached tail may be left to Propose, which feeds it
+  // with its first round anyway (ModelDrafter: up to kProposeTail tokens). The engine times
+  // the two apart (catch-up is not a cost of K). Optional.
   virtual absl::Status Sync(std::span<const DraftRequest> requests) { return absl::OkStatus(); }
 
   // One proposal per request, in order (drafts->size() == requests.size()). Batched across

@@ -110,13 +110,14 @@ absl::StatusOr<int32_t> ModelDrafter::Align(SeqId seq, std::span<const int32_t> 
 }
 
 absl::Status ModelDrafter::Sync(std::span<const DraftRequest> requests) {
-  // Feed context[0, size - 1) in chunks, all sequences in one batch per round.
+  // Feed context[0, size - 1) in chunks, all sequences in one batch per round, unless what
+  // is missing is a tail Propose feeds anyway (kProposeTail).
   while (true) {
     std::vector<BatchEntry> batch;
     for (const DraftRequest& r : requests) {
       const auto want = r.context.first(r.context.size() - 1);
       SPECNODE_ASSIGN_OR_RETURN(int32_t have, Align(r.seq, want));
-      if (static_cast<size_t>(have) == want.size()) continue;
+      if (want.size() - static_cast<size_t>(have) <= kProposeTail) continue;
       const size_t n = std::min(kSyncChunk, want.size() - have);
       batch.push_back({r.seq, want.subspan(have, n), false});
     }

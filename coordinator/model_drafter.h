@@ -57,6 +57,11 @@ class ModelDrafter final : public Drafter {
                                                               const LlamaModel& target,
                                                               const ConnectFn& connect);
 
+  // Sync leaves an uncached tail of up to this many tokens (besides the last) to Propose's
+  // first round: a step that accepted every draft then costs one draft forward (the last
+  // draft and the target's token together), not two.
+  static constexpr size_t kProposeTail = 16;
+
   std::string name() const override { return name_; }
   absl::Status Sync(std::span<const DraftRequest> requests) override;
   absl::Status Propose(std::span<const DraftRequest> requests, std::vector<Draft>* drafts) override;

@@ -482,7 +482,21 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
     return *g / (1.0 + extra / (ProbeIntervalLocked() * *t_direct));
   }
   if (s.window.size() == 0) return 0.0;  // never observed
-  return GoodputLocked(s.window.Acceptance(), d.k).value_or(0.0);
+  const std::optional<double> g = GoodputLocked(s.window.Acceptance(), d.k);
+  const double pi = s.proposals.size() > 0 ? s.proposals.Acceptance() : 1.0;
+  if (!g.has_value() || pi >= 1.0) return g.value_or(0.0);
+  const std::optional<double> td = CostLocked().draft.Predict(d.k);
+  const std::optional<double> tv = VerifySecondsLocked(d.k);
+  const std::optional<double> t_direct = DirectSecondsLocked();
+  if (!td || !tv || !t_direct) return *g;
+  const double tokens = pi * ExpectedTokensPerStep(s.window.Acceptance(), d.k) + (1.0 - pi);
+  const double seconds = *td + pi * *tv + (1.0 - pi) * *t_direct;
+  return tokens / std::max(seconds, kMinStepSeconds);
+}
+
+void SpecController::RecordProposal(std::string_view domain, bool proposed) {
+  std::unique_lock lock(mu_);
+  StateFor(domain).proposals.Push(proposed, config_.window);
 }
 
 bool SpecController::CanNeverWin() const {
@@ -536,6 +550,7 @@ DomainSnapshot SpecController::SnapshotLocked(std::string_view name, const Domai
   snap.expected_goodput = ExpectedGoodputLocked(s);
   snap.probe_acceptance = s.probe_window.Acceptance();
   snap.probe_positions = s.probe_window.size();
+  snap.proposal_rate = s.proposals.size() > 0 ? s.proposals.Acceptance() : 1.0;
   snap.decisions = s.decisions;
   snap.direct_decisions = s.direct_decisions;
   snap.probes = s.probes;

@@ -155,6 +155,9 @@ struct DomainSnapshot {
   double expected_goodput = 0.0;  // ExpectedGoodput(domain), tokens/s; 0 = unknown
   double probe_acceptance = 0.0;  // over the probe window (disabled domains)
   int probe_positions = 0;
+  // Of the last `window` steps the drafter was asked to draft for, the share where it
+  // proposed anything (RecordProposal; 1 before any): ExpectedGoodput's π.
+  double proposal_rate = 1.0;
   int64_t decisions = 0;         // ChooseK calls
   int64_t direct_decisions = 0;  // ChooseK calls that returned 0
   int64_t probes = 0;            // ChooseK calls that returned a probe
@@ -188,6 +191,11 @@ class SpecController {
   // (the state the step was chosen in).
   absl::Status RecordStep(std::string_view domain, int k, int accepted, bool in_run = false);
 
+  // Whether the drafter, asked for K > 0 drafts in `domain`, proposed any (a prompt-lookup
+  // drafter without a match proposes none: that step is then a direct step, which
+  // RecordStep ignores). Kept over the domain's last `window` asks.
+  void RecordProposal(std::string_view domain, bool proposed);
+
   // Wall times in seconds (finite, >= 0). k in [1, kMaxRecordedK] for draft, [0,
   // kMaxRecordedK] for verify (a pass over k + 1 positions).
   absl::Status RecordDraftTime(int k, double seconds);
@@ -206,8 +214,13 @@ class SpecController {
   static int BatchClass(int sequences);  // 0: 1 (or fewer), 1: 2-3, 2: 4-7, 3: 8+
 
   // Tokens/s `domain` is expected to get from this drafter under its current decision:
-  // G(K) when speculating, G_direct when direct. 0 when unknown (domain never observed,
-  // or the timings it needs were never recorded).
+  // when speculating, a step proposes with probability π (RecordProposal) and is otherwise
+  // a direct step after the drafting attempt, so
+  //   G = (π E(K) + 1 − π) / (t_draft(K) + π t_verify(K) + (1 − π) t_direct)
+  // (G(K) when π = 1: a measured prompt-lookup drafter on code matched in ~40% of steps,
+  // and rating it by its proposals' acceptance alone put it above the draft model there);
+  // G_direct when direct. 0 when unknown (domain never observed, or the timings it needs
+  // were never recorded).
   double ExpectedGoodput(std::string_view domain) const;
 
   // The model's predictions, in seconds; nullopt when nothing was measured.
@@ -240,6 +253,7 @@ class SpecController {
     OutcomeWindow window;
     OutcomeWindow probe_window;
     OutcomeWindow run_window, fresh_window;  // split of `window` by sequence state
+    OutcomeWindow proposals;                 // RecordProposal: 1 = proposed something
     bool disabled = false;
     int direct_since_probe = 0;
     bool probe_in_flight = false;  // last decision was a probe of a disabled domain

@@ -267,6 +267,8 @@ absl::Status Run(const CliArgs& args) {
         jd["controller"][c->drafters[g]->name()] = {{"mode", std::string(SpecModeName(s.mode))},
                                                     {"k", s.k},
                                                     {"acceptance", s.acceptance},
+                                                    {"proposal_rate", s.proposal_rate},
+                                                    {"expected_goodput", s.expected_goodput},
                                                     {"probes", s.probes}};
       }
       jc["domains"][domain] = jd;

@@ -20,6 +20,8 @@
 #include "node/cli/cli_args.h"
 #include "node/cli/commands.h"
 #include "node/cli/model_flags.h"
+#include "node/serve/openai_api.h"
+#include "node/serve/protocol.h"
 
 namespace specnode {
 namespace {
@@ -36,8 +38,9 @@ constexpr char kUsage[] =
     "                 (with the assistant opener; implies --special); adds \"prompt\",\n"
     "                 the rendered text, to the output\n"
     "  --messages JSON  encode a conversation, [{\"role\": \"system\"|\"user\"|\"assistant\",\n"
-    "                 \"content\": \"...\"}, ...], rendered by the chat template as the chat\n"
-    "                 API renders it (with the assistant opener; implies --chat)\n"
+    "                 \"content\": \"...\"}, ...] as the chat API takes it (also the\n"
+    "                 \"developer\" role and text parts), rendered by the chat template as\n"
+    "                 the API renders it (with the assistant opener; implies --chat)\n"
     "  --chat-template NAME  chatml, llama3, zephyr, gemma, mistral or llama2 instead of the\n"
     "                 file's template\n";
 
@@ -51,31 +54,6 @@ int Usage(absl::string_view message) {
   Fail(2, message);
   std::fputs(kUsage, stderr);
   return 2;
-}
-
-// The conversation of --messages: a JSON array of {"role": system|user|assistant,
-// "content": string} objects (the roles the chat API takes).
-absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const std::string& text) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_array() || j.empty()) {
-    return absl::InvalidArgumentError("--messages must be a non-empty JSON array of messages");
-  }
-  std::vector<ChatMessage> out;
-  for (size_t i = 0; i < j.size(); ++i) {
-    const nlohmann::json& m = j[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-        !m["content"].is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--messages[", i, "] must be {\"role\": \"...\", \"content\": \"...\"}"));
-    }
-    const std::string role = m["role"].get<std::string>();
-    if (role != "system" && role != "user" && role != "assistant") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--messages[", i, "].role must be system, user or assistant"));
-    }
-    out.push_back({role, m["content"].get<std::string>()});
-  }
-  return out;
 }
 
 // ASCII-only JSON; invalid UTF-8 becomes U+FFFD rather than an exception.
@@ -108,8 +86,10 @@ int RunTokenize(int argc, char** argv) {
     return Usage("--chat-template needs --chat or --messages");
   std::vector<ChatMessage> conversation;
   if (messages) {
-    absl::StatusOr<std::vector<ChatMessage>> parsed = ParseMessages(args->Get("messages"));
-    if (!parsed.ok()) return Usage(parsed.status().message());
+    // As the chat API parses its request's messages (node/serve/openai_api.h).
+    absl::StatusOr<std::vector<ChatMessage>> parsed =
+        ParseChatMessages(args->Get("messages"), ProtocolLimits{}.max_messages);
+    if (!parsed.ok()) return Usage(absl::StrCat("--messages: ", parsed.status().message()));
     conversation = *std::move(parsed);
   }
   absl::StatusOr<std::string> chat_template = ChatTemplateFromArgs(*args);

@@ -95,13 +95,11 @@ absl::StatusOr<std::string> MessageContent(const Json& c, size_t i) {
   return Bad(absl::StrCat("messages[", i, "].content must be a string or an array of text parts"));
 }
 
-absl::Status ParseMessages(const Json& j, const ProtocolLimits& limits, SubmitMessage* s) {
-  if (!j.contains("messages")) return Bad("'messages' is required");
-  const Json& m = j["messages"];
-  if (!m.is_array() || m.empty() || m.size() > limits.max_messages) {
-    return Bad(
-        absl::StrCat("'messages' must be an array of 1..", limits.max_messages, " messages"));
+absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const Json& m, size_t max_messages) {
+  if (!m.is_array() || m.empty() || m.size() > max_messages) {
+    return Bad(absl::StrCat("'messages' must be an array of 1..", max_messages, " messages"));
   }
+  std::vector<ChatMessage> out;
   for (size_t i = 0; i < m.size(); ++i) {
     const Json& e = m[i];
     if (!e.is_object() || !e.contains("role") || !e["role"].is_string() || !e.contains("content")) {
@@ -115,8 +113,17 @@ absl::Status ParseMessages(const Json& j, const ProtocolLimits& limits, SubmitMe
     }
     absl::StatusOr<std::string> content = MessageContent(e["content"], i);
     if (!content.ok()) return content.status();
-    s->messages.push_back({std::move(role), *std::move(content)});
+    out.push_back({std::move(role), *std::move(content)});
   }
+  return out;
+}
+
+absl::Status ParseMessages(const Json& j, const ProtocolLimits& limits, SubmitMessage* s) {
+  if (!j.contains("messages")) return Bad("'messages' is required");
+  absl::StatusOr<std::vector<ChatMessage>> messages =
+      MessagesOf(j["messages"], limits.max_messages);
+  if (!messages.ok()) return messages.status();
+  s->messages = *std::move(messages);
   return absl::OkStatus();
 }
 
@@ -174,6 +181,13 @@ Json Envelope(const OpenAiRequest& r, const std::string& id, int64_t created, bo
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(std::string_view json,
+                                                           size_t max_messages) {
+  const Json j = Json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad("'messages' is not valid JSON");
+  return MessagesOf(j, max_messages);
+}
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const std::string& body,
                                                  const ProtocolLimits& limits,

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/scheduler.h"
@@ -47,6 +48,14 @@ struct OpenAiRequest {
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const std::string& body,
                                                  const ProtocolLimits& limits,
                                                  std::span<const std::string> served_models);
+
+// A chat `messages` array given as JSON text, parsed as ParseOpenAiRequest parses the
+// request's: roles system (or OpenAI's newer "developer"), user and assistant; content a
+// string or an array of text parts, joined by newlines (as vLLM joins them); 1 ..
+// max_messages of them. InvalidArgument naming the message otherwise. `specnode tokenize
+// --messages` renders its conversation through this, so it renders what the API does.
+absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(std::string_view json,
+                                                           size_t max_messages);
 
 // "stop" or "length": what OpenAI calls the finish. kStopString is "stop" (a stop string
 // matched); kCancelled has no OpenAI name and is answered as an error by the routes.

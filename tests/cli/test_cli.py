@@ -75,10 +75,21 @@ def test_tokenize_messages_renders_a_conversation(specnode, tiny_model):
                                                     "<|im_start|>assistant\n")
     assert "prompt" not in json.loads(run([specnode, "tokenize", "--model", tiny_model,
                                            "--text", "hi"]).stdout)
-    for bad, msg in [("[", "non-empty JSON array"), ("[]", "non-empty JSON array"),
-                     ('[{"role": "user"}]', "--messages[0] must be"),
+    # What the chat API takes, the CLI takes (one parser, node/serve/openai_api.h): OpenAI's
+    # "developer" role is the system role, and content may be text parts.
+    parts = [{"role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+             {"role": "assistant", "content": "yo"}, {"role": "user", "content": "bye"}]
+    same = run([specnode, "tokenize", "--model", tiny_model, "--messages", json.dumps(parts)])
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["prompt"] == want
+    for bad, msg in [("[", "--messages: 'messages' is not valid JSON"),
+                     ("[]", "'messages' must be an array of 1..256 messages"),
+                     ('[{"role": "user"}]', "--messages: messages[0] must be"),
                      ('[{"role": "tool", "content": "x"}]',
-                      "--messages[0].role must be system, user or assistant")]:
+                      "messages[0].role must be system, user or assistant"),
+                     ('[{"role": "user", "content": [{"type": "image_url"}]}]',
+                      "messages[0].content: only text parts")]:
         assert_clean_error(run([specnode, "tokenize", "--model", tiny_model, "--messages", bad]),
                            msg)
     assert_clean_error(run([specnode, "tokenize", "--model", tiny_model, "--text", "a",

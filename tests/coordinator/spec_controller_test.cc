@@ -1,6 +1,7 @@
 // SpecController: acceptance estimates, the cost model, and the decisions they drive,
 // with scripted acceptance sequences.
 #include "coordinator/spec_controller.h"
+#include "coordinator/domain_router.h"
 
 #include <gtest/gtest.h>
 
@@ -94,6 +95,40 @@ TEST(SpecControllerTest, KFollowsRelativeCostOfDrafting) {
   EXPECT_GT(cheap->ExpectedGoodput("code"), dear->ExpectedGoodput("code"));
   const double a = dear->Snapshot("code").acceptance;
   EXPECT_NEAR(dear->ExpectedGoodput("code"), ExpectedTokensPerStep(a, 2) / 20.2e-3, 1e-6);
+}
+
+// A drafter that proposes in only some of the steps it is asked to (prompt lookup without a
+// match) is rated by what those steps get: π E(K) + 1 − π tokens in t_draft(K) + π
+// t_verify(K) + (1 − π) t_direct, not by its proposals' acceptance alone; and the router then
+// prefers a drafter that always proposes at a lower acceptance where that is faster.
+TEST(SpecControllerTest, ExpectedGoodputCountsStepsWithoutAProposal) {
+  auto lookup = Make();
+  auto model = Make();
+  SetTimings(*lookup, 0.1, 10.0, 0.1, 10.0);
+  SetTimings(*model, 2.0, 10.0, 0.1, 10.0);
+  Feed(*lookup, "code", 0.8, 256);
+  Feed(*model, "code", 0.7, 256);
+  const double g_all = lookup->ExpectedGoodput("code");
+  EXPECT_EQ(lookup->Snapshot("code").proposal_rate, 1.0);  // none recorded: every step
+  const SpecController* both[] = {lookup.get(), model.get()};
+  EXPECT_EQ(DomainRouter::ChooseGroup("code", both), 0);
+  // It matches in 1 of 10 asks.
+  for (int i = 0; i < 100; ++i) lookup->RecordProposal("code", i % 10 == 0);
+  const DomainSnapshot s = lookup->Snapshot("code");
+  EXPECT_NEAR(s.proposal_rate, 0.1, 1e-12);
+  const int k = s.k;
+  ASSERT_GT(k, 0);
+  const double pi = 0.1, a = s.acceptance;
+  const double want = (pi * ExpectedTokensPerStep(a, k) + 1 - pi) /
+                      (0.1e-3 * k + pi * (10.0 + 0.1 * k) * 1e-3 + (1 - pi) * 10e-3);
+  EXPECT_NEAR(lookup->ExpectedGoodput("code"), want, 1e-6 * want);
+  EXPECT_NEAR(s.expected_goodput, want, 1e-6 * want);
+  EXPECT_LT(want, 0.5 * g_all);
+  EXPECT_EQ(DomainRouter::ChooseGroup("code", both), 1);
+  // Another domain keeps its own rate; K itself does not change (a step without a
+  // proposal costs nothing to verify).
+  EXPECT_EQ(lookup->Snapshot("chat").proposal_rate, 1.0);
+  EXPECT_EQ(lookup->ChooseK("code"), k);
 }
 
 TEST(SpecControllerTest, LowAcceptanceDisablesProbesAndReenables) {
