@@ -14,14 +14,15 @@
 // Prefill chunks and decode/verify entries of different sequences share one target
 // forward, so a scheduler gets continuous batching by choosing which sequences step.
 //
-// Cost attribution for the controllers: a group's draft time (Sync + Propose: catching up
-// on unseen context is a cost of speculating) is split evenly over the sequences it drafted
-// for; the target pass time is split over the sequences in proportion to the tokens each
-// fed (K+1 for a verification), so in a large batch speculation is charged for the rows it
-// adds. With one sequence per step (the CLI, the benchmark) both are exact. With several
-// targets, a pass is timed from the step's first BeginForward to its own EndForward; the
-// passes are ended in order, so a target that finished before an earlier one is charged
-// the earlier one's time (an overestimate for the faster group).
+// Cost attribution for the controllers: a group's draft time (Propose) is split evenly
+// over the sequences it drafted for; catching up on unseen context (Sync) counts in the
+// sequences' draft_s but not in the controller's draft-time line, whose intercept it would
+// otherwise inflate for every K (see spec_engine.cc); the target pass time is split over the
+// sequences in proportion to the tokens each fed (K+1 for a verification), so in a large batch
+// speculation is charged for the rows it adds. With one sequence per step (the CLI, the benchmark)
+// both are exact. With several targets, a pass is timed from the step's first BeginForward to its
+// own EndForward; the passes are ended in order, so a target that finished before an earlier one is
+// charged the earlier one's time (an overestimate for the faster group).
 //
 // Not thread-safe: one thread calls Start/Step/Finish (the scheduler's step loop). The
 // target, drafters and controllers are not owned and must outlive the engine.

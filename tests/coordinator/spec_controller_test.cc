@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/coordinator/spec_controller_test_util.h"
@@ -80,14 +82,24 @@ TEST(SpecControllerTest, HighAcceptanceStaysSpeculativeAndKGrows) {
   EXPECT_EQ(s.disables, 0);
 }
 
+// Two controllers of drafters on "code": verify 10 ms + 0.1 ms per K, direct 10 ms, drafting
+// ms_a / ms_b per token, acceptance a / b.
+std::pair<std::unique_ptr<SpecController>, std::unique_ptr<SpecController>> TwoOnCode(double ms_a,
+                                                                                      double a,
+                                                                                      double ms_b,
+                                                                                      double b) {
+  auto first = Make();
+  auto second = Make();
+  SetTimings(*first, ms_a, 10.0, 0.1, 10.0);
+  SetTimings(*second, ms_b, 10.0, 0.1, 10.0);
+  Feed(*first, "code", a, 256);
+  Feed(*second, "code", b, 256);
+  return {std::move(first), std::move(second)};
+}
+
 TEST(SpecControllerTest, KFollowsRelativeCostOfDrafting) {
   // Same acceptance (0.8), two drafters: cheap (prompt lookup-like) vs expensive.
-  auto cheap = Make();
-  auto dear = Make();
-  SetTimings(*cheap, 0.1, 10.0, 0.1, 10.0);
-  SetTimings(*dear, 5.0, 10.0, 0.1, 10.0);
-  Feed(*cheap, "code", 0.8, 256);
-  Feed(*dear, "code", 0.8, 256);
+  auto [cheap, dear] = TwoOnCode(0.1, 0.8, 5.0, 0.8);
   // cheap: G(8) = 4.33/11.6 ms = 373/s is the best. dear: G(1) = 1.8/15.1 ms = 119/s,
   // G(2) = 2.44/20.2 ms = 121/s, G(3) = 2.95/25.3 ms = 117/s -> K = 2.
   EXPECT_EQ(cheap->ChooseK("code"), 8);
@@ -102,12 +114,7 @@ TEST(SpecControllerTest, KFollowsRelativeCostOfDrafting) {
 // t_verify(K) + (1 − π) t_direct, not by its proposals' acceptance alone; and the router then
 // prefers a drafter that always proposes at a lower acceptance where that is faster.
 TEST(SpecControllerTest, ExpectedGoodputCountsStepsWithoutAProposal) {
-  auto lookup = Make();
-  auto model = Make();
-  SetTimings(*lookup, 0.1, 10.0, 0.1, 10.0);
-  SetTimings(*model, 2.0, 10.0, 0.1, 10.0);
-  Feed(*lookup, "code", 0.8, 256);
-  Feed(*model, "code", 0.7, 256);
+  auto [lookup, model] = TwoOnCode(0.1, 0.8, 2.0, 0.7);
   const double g_all = lookup->ExpectedGoodput("code");
   EXPECT_EQ(lookup->Snapshot("code").proposal_rate, 1.0);  // none recorded: every step
   const SpecController* both[] = {lookup.get(), model.get()};
