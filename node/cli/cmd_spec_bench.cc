@@ -73,6 +73,9 @@ struct Tally {
   int64_t identical = 0;
   double decode_s = 0;
   std::map<std::string, int64_t> groups;  // router: sequences per chosen drafter
+  // Per sequence: its prompt's index in the run, the drafter the router chose ("" without
+  // a router), decoded tokens and decode seconds: what a per-domain miss is attributed by.
+  nlohmann::json sequences = nlohmann::json::array();
 };
 
 absl::Status AddDrafterGroup(Config& c, const DraftSpec& spec, ModelSession& session,
@@ -96,7 +99,12 @@ absl::StatusOr<std::vector<int32_t>> RunOne(Config& c, const WorkloadPrompt& p, 
   SPECNODE_ASSIGN_OR_RETURN(Generation g,
                             GenerateOne(*c.engine, p, id, sp, max_tokens, ignore_eos));
   t->decode_s += g.decode_s;
-  if (g.group >= 0 && c.drafters.size() > 1) t->groups[c.drafters[g.group]->name()]++;
+  const std::string group =
+      g.group >= 0 && c.drafters.size() > 1 ? c.drafters[g.group]->name() : std::string();
+  if (!group.empty()) t->groups[group]++;
+  t->sequences.push_back({{"drafter", group},
+                          {"tokens", static_cast<int64_t>(g.tokens.size()) - 1},
+                          {"decode_s", g.decode_s}});
   t->prompts++;
   t->tokens += static_cast<int64_t>(g.tokens.size()) - 1;  // the first comes from the prefill
   t->passes += g.stats.steps;
@@ -207,6 +215,7 @@ absl::Status Run(const CliArgs& args) {
       SPECNODE_ASSIGN_OR_RETURN(
           outputs[c.name],
           RunOne(c, p, next_id++, sp, static_cast<int32_t>(max_tokens), ignore_eos, &t));
+      t.sequences.back()["prompt"] = i;
     }
     for (auto& c : configs) {
       if (outputs[c->name] == outputs["target"]) tally[c->name][p.domain].identical++;
@@ -261,6 +270,7 @@ absl::Status Run(const CliArgs& args) {
       jd["tokens_per_pass"] = t.passes ? double(t.tokens) / t.passes : 0.0;
       jd["identical_to_target"] = t.identical;
       if (!t.groups.empty()) jd["groups"] = t.groups;
+      jd["sequences"] = t.sequences;
       for (size_t g = 0; g < c->controllers.size(); ++g) {
         // The controllers learn per routed domain; without rules that is the label.
         const DomainSnapshot s = c->controllers[g]->Snapshot(domain);

@@ -89,6 +89,17 @@ def test_smollm2_greedy_speculation_matches_target_only(specnode, real_model):
         same = sum(d["identical_to_target"] for d in config["domains"].values())
         assert total >= 10
         assert same >= total - max(1, total // 10), (config["name"], same, total)
+        # One record per sequence: its prompt, the drafter the router chose (behind the
+        # router only), its tokens and time, which add up to the domain's.
+        for d in config["domains"].values():
+            seqs = d["sequences"]
+            assert len(seqs) == d["prompts"]
+            assert sum(q["tokens"] for q in seqs) == d["tokens"]
+            assert abs(sum(q["decode_s"] for q in seqs) - d["decode_s"]) < 1e-6
+            routed = [q["drafter"] for q in seqs if q["drafter"]]
+            assert len(routed) == (len(seqs) if config["name"] == "router" else 0), config["name"]
+        assert len({q["prompt"] for d in config["domains"].values() for q in d["sequences"]}) \
+            == total
     ngram = next(c for c in result["configs"] if c["name"] == "ngram:4 fixed")
     # Prompt lookup pays somewhere (code edits copy their input): more than one token per
     # target pass on its best domain, and accepted drafts in every copy-prone domain.
