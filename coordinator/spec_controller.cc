@@ -482,16 +482,20 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
     return *g / (1.0 + extra / (ProbeIntervalLocked() * *t_direct));
   }
   if (s.window.size() == 0) return 0.0;  // never observed
-  const std::optional<double> g = GoodputLocked(s.window.Acceptance(), d.k);
-  const double pi = s.proposals.size() > 0 ? s.proposals.Acceptance() : 1.0;
-  if (!g.has_value() || pi >= 1.0) return g.value_or(0.0);
   const std::optional<double> td = CostLocked().draft.Predict(d.k);
   const std::optional<double> tv = VerifySecondsLocked(d.k);
+  if (!td || !tv) return 0.0;
+  // π = 1 (or no direct time to weigh the other steps with) is G(K) = E(K) / (t_draft +
+  // t_verify), GoodputLocked's.
   const std::optional<double> t_direct = DirectSecondsLocked();
-  if (!td || !tv || !t_direct) return *g;
+  const double pi = t_direct.has_value() ? ProposalRate(s) : 1.0;
   const double tokens = pi * ExpectedTokensPerStep(s.window.Acceptance(), d.k) + (1.0 - pi);
-  const double seconds = *td + pi * *tv + (1.0 - pi) * *t_direct;
+  const double seconds = *td + pi * *tv + (1.0 - pi) * t_direct.value_or(0.0);
   return tokens / std::max(seconds, kMinStepSeconds);
+}
+
+double SpecController::ProposalRate(const DomainState& s) {
+  return s.proposals.size() > 0 ? s.proposals.Acceptance() : 1.0;
 }
 
 void SpecController::RecordProposal(std::string_view domain, bool proposed) {
@@ -550,7 +554,7 @@ DomainSnapshot SpecController::SnapshotLocked(std::string_view name, const Domai
   snap.expected_goodput = ExpectedGoodputLocked(s);
   snap.probe_acceptance = s.probe_window.Acceptance();
   snap.probe_positions = s.probe_window.size();
-  snap.proposal_rate = s.proposals.size() > 0 ? s.proposals.Acceptance() : 1.0;
+  snap.proposal_rate = ProposalRate(s);
   snap.decisions = s.decisions;
   snap.direct_decisions = s.direct_decisions;
   snap.probes = s.probes;

@@ -310,6 +310,8 @@ class SpecController {
   int ProbeIntervalLocked() const;
   bool CanNeverWinLocked() const;
   double ExpectedGoodputLocked(const DomainState& s) const;
+  // π of ExpectedGoodput: the share of asks the drafter proposed in (1 before any).
+  static double ProposalRate(const DomainState& s);
   DomainSnapshot SnapshotLocked(std::string_view name, const DomainState& s) const;
 
   const SpecControllerConfig config_;
