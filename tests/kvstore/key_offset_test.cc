@@ -12,7 +12,6 @@
 #include "kvstore/kv_cache_factory.h"
 #include "model/cpu/thread_pool.h"
 #include "model/llama/cpu_forward.h"
-#include "model/llama/dense_kv_cache.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/tiny_model.h"
 #include "tests/support/temp_file.h"
@@ -101,13 +100,8 @@ TEST(KeyOffset, IsTheNegatedKeyBiasOfModelsWithOne) {
 TEST(KeyOffset, LeavesTheDenseCachesLogitsAsTheyWere) {
   const auto m = LoadTiny("qwen2", kOutlier);
   ASSERT_NE(m, nullptr);
-  const LlamaConfig& c = m->config();
-  auto dense = [&] {
-    return std::make_unique<DenseKvCache>(c.n_layers, m->weights().n_kv_heads_local, c.head_dim,
-                                          m->weights().kv_heads_held().gqa_group,
-                                          c.context_length, 256);
-  };
-  auto with = dense(), without = dense();
+  auto with = Cache(*m, KvMode::kDense), without = Cache(*m, KvMode::kDense);
+  ASSERT_TRUE(with != nullptr && without != nullptr);
   const std::vector<float> a = Logits(*m, m->weights(), with.get());
   const std::vector<float> b = Logits(*m, WithoutOffset(m->weights()), without.get());
   ASSERT_FALSE(a.empty());
@@ -119,10 +113,9 @@ TEST(KeyOffset, LeavesTheDenseCachesLogitsAsTheyWere) {
 TEST(KeyOffset, KeepsQuantisedKeysNearTheDenseResult) {
   const auto m = LoadTiny("qwen2", kOutlier);
   ASSERT_NE(m, nullptr);
-  const LlamaConfig& c = m->config();
-  DenseKvCache dense(c.n_layers, m->weights().n_kv_heads_local, c.head_dim,
-                     m->weights().kv_heads_held().gqa_group, c.context_length, 256);
-  const std::vector<float> ref = Logits(*m, m->weights(), &dense);
+  const auto dense = Cache(*m, KvMode::kDense);
+  ASSERT_NE(dense, nullptr);
+  const std::vector<float> ref = Logits(*m, m->weights(), dense.get());
   const LlamaWeights plain = WithoutOffset(m->weights());
   for (KvMode mode : {KvMode::kInt8, KvMode::kInt4}) {
     SCOPED_TRACE(KvModeName(mode));
