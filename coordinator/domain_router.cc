@@ -1,8 +1,11 @@
 #include "coordinator/domain_router.h"
 
+#include <algorithm>
 #include <cassert>
 
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -229,6 +232,76 @@ int DomainRouter::ChooseGroup(std::string_view domain,
     }
   }
   return ChooseAmong(goodputs, &eligible, &neutral, loads);
+}
+
+namespace {
+
+// An option's rate over `remaining` tokens at `goodput` tokens/s after `catchup` seconds.
+double RateOver(double remaining, double goodput, double catchup) {
+  return remaining / (catchup + remaining / goodput);
+}
+
+// Among untried candidates (cand[i]), the least loaded with shadowed == want_shadowed,
+// ties to the lower index; -1 when none.
+int LeastLoaded(std::span<const GroupOption> options, const std::vector<bool>& cand,
+                bool want_shadowed) {
+  int best = -1;
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (!cand[i] || options[i].shadowed != want_shadowed) continue;
+    if (best < 0 || options[i].load < options[best].load) best = static_cast<int>(i);
+  }
+  return best;
+}
+
+}  // namespace
+
+GroupChoice DomainRouter::ChooseGroupFor(std::string_view domain,
+                                         std::span<const GroupOption> options, double remaining) {
+  GroupChoice choice;
+  choice.rate.assign(options.size(), 0.0);
+  choice.bound.assign(options.size(), 0.0);
+  remaining = std::max(remaining, 1.0);
+  const size_t n = options.size();
+  std::vector<bool> known(n, false), untried(n, false), neutral(n, false), eligible(n, false);
+  std::vector<int> loads(n, 0);
+  double best_known = 0.0;
+  bool any_known = false;
+  for (size_t i = 0; i < n; ++i) {
+    const GroupOption& o = options[i];
+    loads[i] = o.load;
+    if (!o.eligible) continue;
+    if (o.controller == nullptr) {
+      neutral[i] = eligible[i] = true;
+      continue;
+    }
+    const double catchup = o.controller->PredictCatchupSeconds(o.uncached).value_or(0.0);
+    const std::optional<double> best = o.controller->BestCaseGoodput();
+    choice.bound[i] = best.has_value() && *best > 0.0 ? RateOver(remaining, *best, catchup)
+                                                      : std::numeric_limits<double>::infinity();
+    const double g = o.controller->ExpectedGoodput(domain);
+    if (g > 0.0) {
+      choice.rate[i] = RateOver(remaining, g, catchup);
+    } else if (LosesEverywhere(*o.controller) || o.controller->CanNeverWin()) {
+      choice.rate[i] = kLoserGoodput;
+    } else {
+      untried[i] = true;
+      continue;
+    }
+    known[i] = eligible[i] = true;
+    any_known |= choice.rate[i] > kLoserGoodput;
+    best_known = std::max(best_known, choice.rate[i]);
+  }
+  std::vector<bool> candidate(n, false);
+  for (size_t i = 0; i < n; ++i) candidate[i] = untried[i] && choice.bound[i] > best_known;
+  int explore = any_known ? -1 : LeastLoaded(options, candidate, true);
+  if (explore < 0) explore = LeastLoaded(options, candidate, false);
+  if (explore >= 0) {
+    choice.index = explore;
+    choice.explore = true;
+    return choice;
+  }
+  choice.index = ChooseAmong(choice.rate, &eligible, &neutral, loads);
+  return choice;
 }
 
 }  // namespace specnode

@@ -62,6 +62,28 @@ struct DomainRule {
   bool regex_icase = true;
 };
 
+// One group as a candidate for one sequence (DomainRouter::ChooseGroupFor).
+struct GroupOption {
+  const SpecController* controller = nullptr;  // null: direct decoding (no drafter, no estimate)
+  bool eligible = true;    // false: may not take the sequence (its KV is on another target)
+  int load = 0;            // live sequences on the group's target
+  bool shadowed = false;   // learns its acceptance on other groups' steps (Drafter::CheapToShadow)
+  int64_t uncached = 0;    // context tokens its drafter must catch up on (Drafter::Uncached)
+};
+
+// What ChooseGroupFor decided.
+struct GroupChoice {
+  int index = -1;        // the chosen option; -1 when none is eligible
+  bool explore = false;  // index had no estimate for the domain: a first try
+  // Per option: expected tokens/s over the sequence's remaining tokens, its catch-up
+  // included; 0 where unknown (untried), ineligible or direct (null controller).
+  std::vector<double> rate;
+  // Per option: the optimistic rate (goodput at a = 1, catch-up included; +inf while the
+  // group has no timings), what re-exploring it could at best give; 0 where not eligible
+  // or direct.
+  std::vector<double> bound;
+};
+
 struct RouterConfig {
   std::vector<DomainRule> rules;  // first match wins
   std::string default_domain = "default";
@@ -106,6 +128,26 @@ class DomainRouter {
   static int ChooseGroup(std::string_view domain,
                          std::span<const SpecController* const> controllers,
                          std::span<const int> loads);
+  // The engine's choice for one sequence of `domain` with `remaining` tokens still to
+  // generate (expected), given each group's catch-up on the sequence's context. A group's
+  // rate is remaining / (catch-up seconds + remaining / goodput): a draft model prefills
+  // the whole prompt before its first draft, which on a long-prompt domain can cost more
+  // than speculation saves (measured on the Qwen2.5 pair: summarise prompts of ~300 tokens,
+  // 96 answer tokens). In order:
+  //   1. Untried groups (no estimate for the domain) are explored only while they could
+  //      win: their optimistic rate — goodput at a = 1 (BestCaseGoodput), catch-up included
+  //      — must beat the best known rate (always, when a group has no timings at all). When
+  //      no group has an estimate yet and a shadowed one is untried, it goes first (its
+  //      steps cost no catch-up and score the others' only where they are shadowed too;
+  //      the first sequence then measures the baseline the others' bounds are held to).
+  //      Otherwise the first untried non-shadowed candidate, the least loaded, wins (a
+  //      shadowed one is learnt on the others' steps without a first try). Groups that lose
+  //      everywhere or can never win (as ChooseGroup) count as known and worst.
+  //   2. Otherwise the best rate, with ChooseGroup's load rule among near-equals (and
+  //      direct groups).
+  static GroupChoice ChooseGroupFor(std::string_view domain, std::span<const GroupOption> options,
+                                    double remaining);
+
   // True when `controller` is disabled (or probing) on every domain past warmup, and there
   // are at least kLoserMinDomains such domains.
   static constexpr int kLoserMinDomains = 2;

@@ -63,6 +63,17 @@ class Drafter {
   virtual absl::Status Propose(std::span<const DraftRequest> requests,
                                std::vector<Draft>* drafts) = 0;
 
+  // Context tokens the drafter would have to catch up on (Sync) before drafting for `seq`
+  // at `context`: a draft model's tokens past the longest prefix it holds for seq; 0 for a
+  // drafter without state. The router weighs a drafter's first steps on a sequence with it.
+  virtual int64_t Uncached(SeqId seq, std::span<const int32_t> context) const { return 0; }
+
+  // True when proposals cost next to nothing and need no state caught up (prompt lookup):
+  // the engine then also asks this drafter on steps another drafter (or none) served and
+  // scores what it would have proposed against the tokens the target emitted (shadow
+  // scoring, spec_engine.h), so its acceptance is learnt without giving it sequences.
+  virtual bool CheapToShadow() const { return false; }
+
   // Releases what the drafter holds for seq. Unknown ids are ignored.
   // Liveness while idle (SpeculativeEngine::Heartbeat): a drafter whose model runs on
   // another rank checks that it still answers. OK by default.

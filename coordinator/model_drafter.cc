@@ -109,6 +109,20 @@ absl::StatusOr<int32_t> ModelDrafter::Align(SeqId seq, std::span<const int32_t> 
   return static_cast<int32_t>(common);
 }
 
+int64_t ModelDrafter::Uncached(SeqId seq, std::span<const int32_t> context) const {
+  // What Sync and Propose's first round feed: context[0, size - 1) past the cached prefix
+  // (the last token is every step's first input anyway).
+  if (context.empty()) return 0;
+  const auto want = context.first(context.size() - 1);
+  auto it = cached_.find(seq);
+  if (it == cached_.end()) return static_cast<int64_t>(want.size());
+  const std::vector<int32_t>& cached = it->second;
+  const size_t limit = std::min(cached.size(), want.size());
+  size_t common = 0;
+  while (common < limit && cached[common] == want[common]) ++common;
+  return static_cast<int64_t>(want.size() - common);
+}
+
 absl::Status ModelDrafter::Sync(std::span<const DraftRequest> requests) {
   // Feed context[0, size - 1) in chunks, all sequences in one batch per round, unless what
   // is missing is a tail Propose feeds anyway (kProposeTail).

@@ -64,6 +64,7 @@ class ModelDrafter final : public Drafter {
 
   std::string name() const override { return name_; }
   absl::Status Sync(std::span<const DraftRequest> requests) override;
+  int64_t Uncached(SeqId seq, std::span<const int32_t> context) const override;
   absl::Status Propose(std::span<const DraftRequest> requests, std::vector<Draft>* drafts) override;
   void Free(SeqId seq) override;
   absl::Status Ping() override { return runner_->Ping(); }  // a remote draft's ranks

@@ -47,6 +47,7 @@ class NgramDrafter final : public Drafter {
 
   std::string name() const override;
   absl::Status Propose(std::span<const DraftRequest> requests, std::vector<Draft>* drafts) override;
+  bool CheapToShadow() const override { return true; }
   // Moves the sequence's last seen context into its domain's history.
   void Free(SeqId seq) override;
 

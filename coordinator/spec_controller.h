@@ -202,6 +202,16 @@ class SpecController {
   absl::Status RecordVerifyTime(int k, double seconds);
   absl::Status RecordDirectTime(double seconds);
 
+  // Catch-up: the drafter fed `tokens` context tokens it had not seen (Drafter::Sync: a
+  // draft model prefilling a new sequence's prompt, or what it sat out) in `seconds`. Kept
+  // as an EWMA of the median of the last timing_median per-token rates, one for the
+  // controller (not per batch class: a catch-up is a prefill, batched or not). tokens >= 1.
+  // A drafter without state never records one (it never catches up).
+  absl::Status RecordCatchupTime(int64_t tokens, double seconds);
+  // Predicted seconds to catch up on `tokens` tokens: 0 for tokens <= 0, nullopt while no
+  // catch-up was recorded.
+  std::optional<double> PredictCatchupSeconds(int64_t tokens) const;
+
   // Batch regimes. On a CPU a step of one sequence is memory-bound (a draft row is cheap
   // next to the step) while a step of many is compute-bound (a draft row costs as much as a
   // direct row), so one cost model cannot serve both. The controller keeps one per batch
@@ -227,6 +237,15 @@ class SpecController {
   std::optional<double> PredictDraftSeconds(int k) const;
   std::optional<double> PredictVerifySeconds(int k) const;
   std::optional<double> DirectSeconds() const;  // measured, else the verify line at 0
+  // The goodput at a = 1 (every draft accepted) at the best K in [k_min, k_max], tokens/s:
+  // what no domain can beat, an optimistic bound for a domain never observed. nullopt while
+  // the timings it needs are unknown.
+  std::optional<double> BestCaseGoodput() const;
+  // K to score a counterfactual proposal of this drafter with (the engine's shadow scoring,
+  // Drafter::CheapToShadow): the K of the domain's next speculative decision for a sequence
+  // in state in_run, or, where the domain decodes directly, the best K at its acceptance
+  // (k_initial while unknown). Changes nothing (unlike ChooseK).
+  int ShadowK(std::string_view domain, bool in_run) const;
   // True when even every draft accepted (a = 1) at the best K would not beat direct
   // decoding by the live cost model: the drafter costs more per token than it can save
   // (e.g. a deep self-draft on a compute-bound CPU). False while timings are unknown.
@@ -320,6 +339,8 @@ class SpecController {
   mutable std::shared_mutex mu_;
   std::map<std::string, DomainState, std::less<>> domains_;
   std::array<CostModel, kBatchClasses> costs_;
+  std::optional<double> catchup_ewma_;  // seconds per caught-up token
+  std::deque<double> catchup_recent_;
   int batch_class_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "coordinator/acceptance.h"
 #include "coordinator/request_validator.h"
+#include "coordinator/spec_engine_seq.h"
 #include "model/status_macros.h"
 
 namespace specnode {
@@ -19,25 +20,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 }  // namespace
-
-struct SpeculativeEngine::Seq {
-  explicit Seq(const SpecRequest& r) : request(r), sampler(r.sampling) {}
-  SpecRequest request;  // prompt moved into tokens
-  std::vector<int32_t> tokens;
-  int32_t n_prompt = 0;
-  int32_t prefilled = 0;  // prompt tokens in the target cache
-  Sampler sampler;
-  int group = -1;
-  SpecSeqStats stats;
-  bool finished = false;
-  bool in_run = false;  // the last step was speculative and accepted every draft
-  bool parked = false;  // KV swapped out to the host tier (Park)
-  // This step's plan.
-  int k = 0;
-  int32_t chunk = 0;
-  std::vector<int32_t> drafts;
-  std::vector<float> q;
-};
 
 // One target's share of a step.
 struct SpeculativeEngine::Pass {
@@ -111,28 +93,8 @@ absl::Status SpeculativeEngine::Start(const SpecRequest& request) {
   s->request.prompt.clear();
   s->n_prompt = static_cast<int32_t>(s->tokens.size());
   s->stats.prompt_tokens = s->n_prompt;
-  if (!groups_.empty()) {
-    std::vector<const SpecController*> controllers;
-    for (const DraftGroup& g : groups_) controllers.push_back(g.controller);
-    if (groups_.size() == 1) {
-      s->group = 0;
-    } else {
-      // Load per group = live sequences on the group's target (groups may share one).
-      const std::vector<int> per_group = GroupLoads();
-      std::vector<int> loads(groups_.size(), 0);
-      for (size_t i = 0; i < groups_.size(); ++i) {
-        for (size_t j = 0; j < groups_.size(); ++j) {
-          if (groups_[j].target == groups_[i].target) loads[i] += per_group[j];
-        }
-      }
-      s->group = DomainRouter::ChooseGroup(request.domain, controllers, loads);
-    }
-    const int64_t n = domain_starts_[request.domain]++;
-    const int every = options_.explore_every;
-    if (groups_.size() > 1 && every > 0 && n % every == every - 1) {
-      s->group = static_cast<int>((n / every) % groups_.size());
-    }
-  }
+  s->shadow_in_run.assign(groups_.size(), 0);
+  if (!groups_.empty()) s->group = StartGroup(*s);
   if (s->group >= 0) ++group_starts_[s->group];
   if (options_.prefix_cache) {
     // Never the whole prompt: the last prompt token's logits give the first new token.
@@ -240,6 +202,7 @@ void SpeculativeEngine::Finish(SeqId id) {
   }
   TargetOf(s)->Free(id);
   FreeInDrafters(id);
+  NoteGenerated(s);
   seqs_.erase(it);
 }
 
@@ -304,6 +267,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       has_prefill |= s->chunk > 0;
       continue;
     }
+    if (!s->route_checked && s->stats.steps >= kRouteCheckSteps) MaybeMove(*s);
     if (s->group < 0 || groups_[s->group].drafter == nullptr) continue;
     int k = options_.adaptive ? groups_[s->group].controller->ChooseK(s->request.domain, s->in_run)
                               : options_.fixed_k;
@@ -332,9 +296,16 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     // drafter that often sits out would otherwise carry its catch-ups in the intercept of
     // its draft-time line for every step (measured on the Qwen2.5 pair under the router:
     // 27 ms against 7.5 ms drafting alone), and the router would under-rate it.
+    int64_t uncached = 0;
+    for (const DraftRequest& r : requests) uncached += groups_[g].drafter->Uncached(r.seq, r.context);
     const auto t0 = Clock::now();
     SPECNODE_RETURN_IF_ERROR(groups_[g].drafter->Sync(requests));
     const auto t1 = Clock::now();
+    // The router weighs a first try on a sequence with its catch-up (ChooseGroupFor); only
+    // real catch-ups are timed (a short tail is left to Propose).
+    if (uncached >= kMinCatchupSample) {
+      groups_[g].controller->RecordCatchupTime(uncached, Seconds(t0, t1)).IgnoreError();
+    }
     std::vector<Draft> drafts;
     SPECNODE_RETURN_IF_ERROR(groups_[g].drafter->Propose(requests, &drafts));
     draft_share[g] = Seconds(t1, Clock::now()) / by_group[g].size();
@@ -464,6 +435,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     Seq* s = seqs[i];
     SeqStepResult result;
     result.id = s->request.id;
+    s->emitted.clear();
     if (s->prefilled < s->n_prompt) {
       s->prefilled += s->chunk;
       // After every chunk, not only the last: mixed KV demotes a long prompt's old tokens
@@ -487,9 +459,10 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     }
     const bool was_in_run = s->in_run;
     s->in_run = k > 0 && outcome.accepted == k;
-    std::vector<int32_t> emitted(s->drafts.begin(), s->drafts.begin() + outcome.accepted);
-    emitted.push_back(outcome.next_token);
-    Emit(*s, emitted, &result);
+    s->len_before = len;
+    s->emitted.assign(s->drafts.begin(), s->drafts.begin() + outcome.accepted);
+    s->emitted.push_back(outcome.next_token);
+    Emit(*s, s->emitted, &result);
     result.k = k;
     result.accepted = outcome.accepted;
     s->stats.steps++;
@@ -510,13 +483,12 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
         s->stats.drafted += k;
         s->stats.accepted += outcome.accepted;
         c.RecordStep(s->request.domain, k, outcome.accepted, was_in_run).IgnoreError();
-        if (!has_prefill) c.RecordVerifyTime(k, target_share).IgnoreError();
-      } else if (!has_prefill) {
-        c.RecordDirectTime(target_share).IgnoreError();
       }
+      if (!has_prefill) RecordTargetTime(*s, k, target_share);
     }
     out->push_back(std::move(result));
   }
+  ShadowScore(seqs, has_prefill);
   return absl::OkStatus();
 }
 

@@ -111,6 +111,7 @@ struct SpecSeqStats {
   int32_t accepted = 0;              // draft tokens accepted
   double draft_s = 0, target_s = 0;  // attributed time
   int32_t cached_tokens = 0;         // prompt tokens taken from the prefix cache
+  int32_t group_moves = 0;           // times the router moved it to another group
 };
 
 // What one Step did for one sequence.
@@ -124,11 +125,30 @@ struct SeqStepResult {
 
 class SpeculativeEngine {
  public:
-  // groups may be empty (a target-only engine). With several groups each new sequence goes
-  // to the group with the best recent goodput for its domain, the least loaded target among
-  // near-equals (DomainRouter::ChooseGroup), except every explore_every-th, which goes to
-  // the groups in turn. Groups' targets must share `target`'s vocabulary and context
-  // length. Each step begins every target's pass before waiting for any (BeginForward), so
+  static constexpr int kRouteCheckSteps = 8;          // decode steps before the move check
+  static constexpr double kMoveMargin = 0.1;          // relative gain that moves a sequence
+  static constexpr int64_t kMinCatchupSample = 64;    // fewest tokens a catch-up is timed on
+
+  // groups may be empty (a target-only engine). With several groups (routing,
+  // coordinator/spec_engine_route.cc):
+  //   - each new sequence goes where DomainRouter::ChooseGroupFor says: the best expected
+  //     rate over the tokens it is expected to generate, each group's catch-up on its prompt
+  //     included (a draft model prefills it), the least loaded target among near-equals;
+  //     untried groups first while they could win; every explore_every-th sequence of a
+  //     domain re-explores the groups in turn where that could win;
+  //   - after kRouteCheckSteps decode steps a sequence is checked once, among the groups
+  //     on its target: it moves to a first try that could win, or to a group whose rate over
+  //     what is left beats its own by more than kMoveMargin (a draft model it leaves frees
+  //     the sequence; one it joins catches up, which the rate counts);
+  //   - shadow scoring: after each step every drafter that is cheap to shadow
+  //     (Drafter::CheapToShadow: prompt lookup) proposes, for each sequence of another
+  //     group on its target that decoded, what it would have drafted at ShadowK, and its
+  //     controller records the positions a verification would have judged against the
+  //     tokens the target emitted (censored at their number; exact for greedy, the same
+  //     per-position odds for sampling), its proposal rate and its draft time; target
+  //     timings go to it too. Its acceptance per domain is thus learnt on every sequence,
+  //     without a first try of its own.
+  // Groups' targets must share `target`'s vocabulary and context length. Each step begins every target's pass before waiting for any (BeginForward), so
   // targets on different ranks compute together; if one target's pass fails, the others'
   // are rolled back, so a failed Step still changes no sequence.
   SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup> groups, SpecEngineOptions options);
@@ -200,12 +220,35 @@ class SpeculativeEngine {
   // Runs every pass (begin all, then end each); on any failure rolls the others back.
   absl::Status RunPasses(std::vector<Pass>& passes);
 
+  // Routing and shadow scoring (spec_engine_route.cc; see the class comment).
+  // The group a new sequence starts on.
+  int StartGroup(const Seq& s);
+  // Every group as an option for s; with same_target_only, only those whose target holds
+  // s's KV are eligible.
+  std::vector<GroupOption> GroupOptions(const Seq& s, bool same_target_only) const;
+  // Tokens s is expected still to generate: what is left of max_new_tokens, capped by the
+  // domain's mean answer length so far (domain_tokens_) where known.
+  double ExpectedRemaining(const Seq& s) const;
+  // The once-per-sequence check after kRouteCheckSteps decode steps: may move s to another
+  // group on its target.
+  void MaybeMove(Seq& s);
+  // After a step's commit: every cheap-to-shadow drafter scores what it would have proposed
+  // for the decoded sequences of other groups on its target.
+  // Advisory: a failing proposal is skipped (the step has committed).
+  void ShadowScore(std::span<Seq* const> seqs, bool has_prefill);
+  // A target pass's time for s (k drafts verified; 0: a direct step) into s's group's
+  // controller and those of the shadowed groups on the same target (a target cost does
+  // not depend on who drafted).
+  void RecordTargetTime(const Seq& s, int k, double seconds);
+  void NoteGenerated(const Seq& s);  // a finished sequence's answer length into domain_tokens_
+
   ModelRunner* target_;
   std::vector<DraftGroup> groups_;
   std::vector<ModelRunner*> targets_;  // target_ and every group's, each once
   SpecEngineOptions options_;
   std::map<SeqId, std::unique_ptr<Seq>> seqs_;
   std::map<std::string, int64_t> domain_starts_;  // sequences started per domain
+  std::map<std::string, double> domain_tokens_;   // EWMA of tokens generated per sequence
   std::vector<int64_t> group_starts_;             // sequences started per group
   std::map<ModelRunner*, std::chrono::steady_clock::time_point> last_pass_;  // per target
   std::map<Drafter*, std::chrono::steady_clock::time_point> last_draft_ping_;

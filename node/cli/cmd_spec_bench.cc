@@ -102,7 +102,9 @@ absl::StatusOr<std::vector<int32_t>> RunOne(Config& c, const WorkloadPrompt& p, 
   const std::string group =
       g.group >= 0 && c.drafters.size() > 1 ? c.drafters[g.group]->name() : std::string();
   if (!group.empty()) t->groups[group]++;
+  // The drafter it finished with, and how often the router moved it (SpecSeqStats).
   t->sequences.push_back({{"drafter", group},
+                          {"moves", g.stats.group_moves},
                           {"tokens", static_cast<int64_t>(g.tokens.size()) - 1},
                           {"decode_s", g.decode_s}});
   t->prompts++;

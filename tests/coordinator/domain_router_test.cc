@@ -280,5 +280,75 @@ TEST(DomainRouterTest, GroupThatLosesEverywhereIsNotTriedFirst) {
   EXPECT_EQ(DomainRouter::ChooseGroup("legal", groups), 1);
 }
 
+// Per-sequence choice: a group's rate counts its catch-up on the sequence's context; an
+// untried group is explored only while its a = 1 bound beats the best known rate; a
+// shadowed group goes first only when nothing is known, and is otherwise learnt for free.
+TEST(DomainRouterTest, ChooseGroupForWeighsCatchUpAndExploresOnlyWhatCouldWin) {
+  auto lookup = SpecController::Create({}).value();  // shadowed (prompt lookup)
+  auto model = SpecController::Create({}).value();   // a draft model
+  // 1 ms per draft token, a flat 10 ms verification, a 10 ms direct step: at a = 1 the best
+  // K (8) gives 9 tokens in 18 ms.
+  for (SpecController* g : {lookup.get(), model.get()}) spec_test::SetTimings(*g, 1, 10, 0, 10);
+  ASSERT_NEAR(model->BestCaseGoodput().value(), 500.0, 1e-9);
+  ASSERT_TRUE(model->RecordCatchupTime(100, 1.0).ok());  // 10 ms per caught-up token
+  auto options = [&](int64_t uncached) {
+    std::vector<GroupOption> o(2);
+    o[0].controller = lookup.get();
+    o[0].shadowed = true;
+    o[1].controller = model.get();
+    o[1].uncached = uncached;
+    return o;
+  };
+  const double remaining = 96;
+  // Nothing known for "summarize": the shadowed group first.
+  GroupChoice c = DomainRouter::ChooseGroupFor("summarize", options(300), remaining);
+  EXPECT_EQ(c.index, 0);
+  EXPECT_TRUE(c.explore);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(lookup->RecordStep("summarize", 1, i % 5 < 4).ok());
+  const double g_lookup = lookup->ExpectedGoodput("summarize");
+  ASSERT_GT(g_lookup, 200.0);
+  // A 300-token prompt costs the model 3 s to catch up: even at a = 1 its rate over 96
+  // tokens (96 / (3 + 96 / 500) = 30/s) cannot beat the lookup's, so it is not tried.
+  c = DomainRouter::ChooseGroupFor("summarize", options(300), remaining);
+  EXPECT_EQ(c.index, 0);
+  EXPECT_FALSE(c.explore);
+  EXPECT_NEAR(c.rate[0], g_lookup, 1e-9);
+  EXPECT_NEAR(c.bound[1], 96.0 / (3.0 + 96.0 / 500.0), 1e-9);
+  // A 10-token context (0.1 s) could win: explored.
+  c = DomainRouter::ChooseGroupFor("summarize", options(10), remaining);
+  EXPECT_EQ(c.index, 1);
+  EXPECT_TRUE(c.explore);
+  // Once known, the better drafter wins only where its catch-up does not eat the gain.
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(model->RecordStep("summarize", 1, i % 20 < 19).ok());
+  const double g_model = model->ExpectedGoodput("summarize");
+  ASSERT_GT(g_model, g_lookup);
+  c = DomainRouter::ChooseGroupFor("summarize", options(0), remaining);
+  EXPECT_EQ(c.index, 1);
+  EXPECT_NEAR(c.rate[1], g_model, 1e-9);
+  c = DomainRouter::ChooseGroupFor("summarize", options(300), remaining);
+  EXPECT_EQ(c.index, 0);
+  EXPECT_NEAR(c.rate[1], remaining / (3.0 + remaining / g_model), 1e-9);
+  // An ineligible group (its target does not hold the sequence) is never chosen.
+  std::vector<GroupOption> o = options(0);
+  o[1].eligible = false;
+  EXPECT_EQ(DomainRouter::ChooseGroupFor("summarize", o, remaining).index, 0);
+  o[0].eligible = false;
+  EXPECT_EQ(DomainRouter::ChooseGroupFor("summarize", o, remaining).index, -1);
+  // Something known on "code" (the model), the shadowed group untried: no first try for it
+  // (its steps are scored on the model's sequences).
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(model->RecordStep("code", 1, i % 10 < 9).ok());
+  c = DomainRouter::ChooseGroupFor("code", options(0), remaining);
+  EXPECT_EQ(c.index, 1);
+  EXPECT_FALSE(c.explore);
+  // A group with no timings at all has an unbounded optimism: always worth a first try.
+  auto fresh = SpecController::Create({}).value();
+  o = options(300);
+  o[1].controller = fresh.get();
+  c = DomainRouter::ChooseGroupFor("summarize", o, remaining);
+  EXPECT_EQ(c.index, 1);
+  EXPECT_TRUE(c.explore);
+  EXPECT_TRUE(std::isinf(c.bound[1]));
+}
+
 }  // namespace
 }  // namespace specnode

@@ -522,5 +522,49 @@ TEST(SpecControllerTest, ExpensiveProbesAreSpacedOut) {
   EXPECT_EQ(direct, 32);
 }
 
+// The catch-up rate (seconds per token a drafter fed before drafting) and the a = 1 bound
+// the router holds untried groups to.
+TEST(SpecControllerTest, CatchUpRateAndBestCase) {
+  auto ctl = spec_test::Make(spec_test::ExactTimings());
+  EXPECT_FALSE(ctl->PredictCatchupSeconds(100).has_value());
+  EXPECT_EQ(ctl->PredictCatchupSeconds(0).value(), 0.0);
+  EXPECT_FALSE(ctl->BestCaseGoodput().has_value());
+  EXPECT_EQ(ctl->RecordCatchupTime(0, 1.0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctl->RecordCatchupTime(10, -1.0).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ctl->RecordCatchupTime(200, 0.5).ok());
+  EXPECT_NEAR(ctl->PredictCatchupSeconds(100).value(), 0.25, 1e-12);
+  ASSERT_TRUE(ctl->RecordCatchupTime(100, 0.1).ok());  // alpha 1: the newest rate
+  EXPECT_NEAR(ctl->PredictCatchupSeconds(100).value(), 0.1, 1e-12);
+  spec_test::SetTimings(*ctl, 1, 10, 0, 10);
+  // K = 8 (k_max) at a = 1: 9 tokens in 8 + 10 ms.
+  EXPECT_NEAR(ctl->BestCaseGoodput().value(), 9.0 / 0.018, 1e-9);
+}
+
+// ShadowK: the K a counterfactual proposal is scored at; asking changes no decision count.
+TEST(SpecControllerTest, ShadowKChangesNothing) {
+  auto ctl = spec_test::Make();
+  EXPECT_EQ(ctl->ShadowK("code", false), ctl->config().k_initial);
+  spec_test::SetTimings(*ctl, 1, 10, 0, 10);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(ctl->RecordStep("code", 4, 4).ok());
+  const DomainSnapshot before = ctl->Snapshot("code");
+  EXPECT_EQ(ctl->ShadowK("code", false), before.k);
+  EXPECT_EQ(ctl->Snapshot("code").decisions, before.decisions);
+  // A disabled domain decodes directly, yet is scored at the best K for its acceptance.
+  for (int i = 0; i < 300; ++i) ASSERT_TRUE(ctl->RecordStep("legal", 1, 0).ok());
+  ASSERT_EQ(ctl->Snapshot("legal").mode, SpecMode::kDisabled);
+  EXPECT_GE(ctl->ShadowK("legal", false), ctl->config().k_min);
+}
+
+// A drafter asked but never proposing in a domain is observed (π = 0): its goodput is a
+// direct step's after the drafting attempt, not "unknown".
+TEST(SpecControllerTest, NeverProposingIsObserved) {
+  auto ctl = spec_test::Make(spec_test::ExactTimings());
+  spec_test::SetTimings(*ctl, 1, 10, 0, 10);
+  EXPECT_EQ(ctl->ExpectedGoodput("chat"), 0.0);
+  for (int i = 0; i < 8; ++i) ctl->RecordProposal("chat", false);
+  // k_initial (4) drafts' attempt: 4 ms, then a 10 ms direct step, for one token.
+  EXPECT_NEAR(ctl->ExpectedGoodput("chat"), 1.0 / 0.014, 1e-9);
+}
+
 }  // namespace
 }  // namespace specnode

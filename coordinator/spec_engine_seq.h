@@ -1,0 +1,37 @@
+// Private to coordinator/spec_engine*.cc: the engine's per-sequence record, shared by
+// spec_engine.cc (the step) and spec_engine_route.cc (routing, shadow scoring).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "coordinator/spec_engine.h"
+#include "model/llama/sampling.h"
+
+namespace specnode {
+
+struct SpeculativeEngine::Seq {
+  explicit Seq(const SpecRequest& r) : request(r), sampler(r.sampling) {}
+  SpecRequest request;  // prompt moved into tokens
+  std::vector<int32_t> tokens;
+  int32_t n_prompt = 0;
+  int32_t prefilled = 0;  // prompt tokens in the target cache
+  Sampler sampler;
+  int group = -1;
+  SpecSeqStats stats;
+  bool finished = false;
+  bool in_run = false;  // the last step was speculative and accepted every draft
+  bool parked = false;  // KV swapped out to the host tier (Park)
+  // Routing (spec_engine_route.cc).
+  bool route_checked = false;  // the mid-sequence check ran (once per sequence)
+  std::vector<uint8_t> shadow_in_run;  // per group: its last shadow-scored step matched fully
+  std::vector<int32_t> emitted;        // this step's target tokens (accepted drafts + next)
+  int32_t len_before = 0;              // committed tokens before this step
+  // This step's plan.
+  int k = 0;
+  int32_t chunk = 0;
+  std::vector<int32_t> drafts;
+  std::vector<float> q;
+};
+
+}  // namespace specnode
