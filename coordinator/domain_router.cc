@@ -260,6 +260,7 @@ GroupChoice DomainRouter::ChooseGroupFor(std::string_view domain,
   GroupChoice choice;
   choice.rate.assign(options.size(), 0.0);
   choice.bound.assign(options.size(), 0.0);
+  choice.upper.assign(options.size(), 0.0);
   remaining = std::max(remaining, 1.0);
   const size_t n = options.size();
   std::vector<bool> known(n, false), untried(n, false), neutral(n, false), eligible(n, false);
@@ -281,6 +282,8 @@ GroupChoice DomainRouter::ChooseGroupFor(std::string_view domain,
     const double g = o.controller->ExpectedGoodput(domain);
     if (g > 0.0) {
       choice.rate[i] = RateOver(remaining, g, catchup);
+      choice.upper[i] =
+          RateOver(remaining, std::max(g, o.controller->UpperGoodput(domain)), catchup);
     } else if (LosesEverywhere(*o.controller) || o.controller->CanNeverWin()) {
       choice.rate[i] = kLoserGoodput;
     } else {
@@ -289,7 +292,7 @@ GroupChoice DomainRouter::ChooseGroupFor(std::string_view domain,
     }
     known[i] = eligible[i] = true;
     any_known |= choice.rate[i] > kLoserGoodput;
-    best_known = std::max(best_known, choice.rate[i]);
+    best_known = std::max({best_known, choice.rate[i], choice.upper[i]});
   }
   std::vector<bool> candidate(n, false);
   for (size_t i = 0; i < n; ++i) candidate[i] = untried[i] && choice.bound[i] > best_known;

@@ -22,7 +22,10 @@
 // (std::regex_error never leaves this module). A matching error at run time (complexity
 // or stack limits) counts as no match.
 //
-// Groups. ChooseGroup picks, among several drafters or groups, the one for a domain:
+// Groups. The engine routes with ChooseGroupFor (below): per sequence, each group's catch-up
+// on the context included, first tries only while they could win, shadowed groups learnt
+// without one. ChooseGroup, the per-domain choice without a sequence, picks among several
+// drafters or groups the one for a domain:
 // the lowest-index group with no observations for the domain (exploration: every group
 // is tried once per domain), else the group with the best recent goodput (tokens/s as
 // estimated by its SpecController from its windowed acceptance and live timings), ties to
@@ -65,10 +68,10 @@ struct DomainRule {
 // One group as a candidate for one sequence (DomainRouter::ChooseGroupFor).
 struct GroupOption {
   const SpecController* controller = nullptr;  // null: direct decoding (no drafter, no estimate)
-  bool eligible = true;    // false: may not take the sequence (its KV is on another target)
-  int load = 0;            // live sequences on the group's target
-  bool shadowed = false;   // learns its acceptance on other groups' steps (Drafter::CheapToShadow)
-  int64_t uncached = 0;    // context tokens its drafter must catch up on (Drafter::Uncached)
+  bool eligible = true;   // false: may not take the sequence (its KV is on another target)
+  int load = 0;           // live sequences on the group's target
+  bool shadowed = false;  // learns its acceptance on other groups' steps (Drafter::CheapToShadow)
+  int64_t uncached = 0;   // context tokens its drafter must catch up on (Drafter::Uncached)
 };
 
 // What ChooseGroupFor decided.
@@ -82,6 +85,9 @@ struct GroupChoice {
   // group has no timings), what re-exploring it could at best give; 0 where not eligible
   // or direct.
   std::vector<double> bound;
+  // Per option with an estimate: the rate at its UpperGoodput (what a first try's bound
+  // must beat); 0 elsewhere.
+  std::vector<double> upper;
 };
 
 struct RouterConfig {
@@ -136,7 +142,9 @@ class DomainRouter {
   // 96 answer tokens). In order:
   //   1. Untried groups (no estimate for the domain) are explored only while they could
   //      win: their optimistic rate — goodput at a = 1 (BestCaseGoodput), catch-up included
-  //      — must beat the best known rate (always, when a group has no timings at all). When
+  //      — must beat the best known group's, taken optimistically too (its UpperGoodput:
+  //      a few early observations must not trigger a costly first try); always, when a
+  //      group has no timings at all. When
   //      no group has an estimate yet and a shadowed one is untried, it goes first (its
   //      steps cost no catch-up and score the others' only where they are shadowed too;
   //      the first sequence then measures the baseline the others' bounds are held to).

@@ -63,9 +63,10 @@ class Drafter {
   virtual absl::Status Propose(std::span<const DraftRequest> requests,
                                std::vector<Draft>* drafts) = 0;
 
-  // Context tokens the drafter would have to catch up on (Sync) before drafting for `seq`
-  // at `context`: a draft model's tokens past the longest prefix it holds for seq; 0 for a
-  // drafter without state. The router weighs a drafter's first steps on a sequence with it.
+  // Context tokens Sync would feed before drafting for `seq` at `context`: a draft model's
+  // tokens past the longest prefix it holds for seq (0 when that is a short tail Propose
+  // feeds anyway); 0 for a drafter without state. The engine times catch-ups per token with
+  // it, and the router weighs a drafter's first steps on a sequence with it.
   virtual int64_t Uncached(SeqId seq, std::span<const int32_t> context) const { return 0; }
 
   // True when proposals cost next to nothing and need no state caught up (prompt lookup):

@@ -110,17 +110,18 @@ absl::StatusOr<int32_t> ModelDrafter::Align(SeqId seq, std::span<const int32_t> 
 }
 
 int64_t ModelDrafter::Uncached(SeqId seq, std::span<const int32_t> context) const {
-  // What Sync and Propose's first round feed: context[0, size - 1) past the cached prefix
-  // (the last token is every step's first input anyway).
+  // What Sync feeds: context[0, size - 1) past the cached prefix, unless that is a tail of
+  // at most kProposeTail tokens, which Propose's first round feeds as drafting.
   if (context.empty()) return 0;
   const auto want = context.first(context.size() - 1);
   auto it = cached_.find(seq);
-  if (it == cached_.end()) return static_cast<int64_t>(want.size());
+  if (it == cached_.end()) return want.size() <= kProposeTail ? 0 : static_cast<int64_t>(want.size());
   const std::vector<int32_t>& cached = it->second;
   const size_t limit = std::min(cached.size(), want.size());
   size_t common = 0;
   while (common < limit && cached[common] == want[common]) ++common;
-  return static_cast<int64_t>(want.size() - common);
+  const size_t missing = want.size() - common;
+  return missing <= kProposeTail ? 0 : static_cast<int64_t>(missing);
 }
 
 absl::Status ModelDrafter::Sync(std::span<const DraftRequest> requests) {

@@ -350,7 +350,6 @@ absl::Status SpecController::RecordStep(std::string_view domain, int k, int acce
   return absl::OkStatus();
 }
 
-
 double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
   const Decision d = Decide(s);
   if (d.k == 0) {
@@ -370,14 +369,41 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
   if (s.window.size() == 0 && s.proposals.size() == 0) return 0.0;
   const std::optional<double> td = CostLocked().draft.Predict(d.k);
   const std::optional<double> tv = VerifySecondsLocked(d.k);
-  if (!td || !tv) return 0.0;
   // π = 1 (or no direct time to weigh the other steps with) is G(K) = E(K) / (t_draft +
   // t_verify), GoodputLocked's.
   const std::optional<double> t_direct = DirectSecondsLocked();
   const double pi = t_direct.has_value() ? ProposalRate(s) : 1.0;
+  // A drafter that never proposed was never verified: at π = 0 no verification is needed.
+  if (!td || (!tv && pi > 0.0)) return 0.0;
   const double tokens = pi * ExpectedTokensPerStep(s.window.Acceptance(), d.k) + (1.0 - pi);
-  const double seconds = *td + pi * *tv + (1.0 - pi) * t_direct.value_or(0.0);
+  const double seconds = *td + pi * tv.value_or(0.0) + (1.0 - pi) * t_direct.value_or(0.0);
   return tokens / std::max(seconds, kMinStepSeconds);
+}
+
+double SpecController::UpperGoodput(std::string_view domain) const {
+  std::shared_lock lock(mu_);
+  const DomainState* s = FindState(domain);
+  if (s == nullptr) return 0.0;
+  const double expected = ExpectedGoodputLocked(*s);
+  if (!(expected > 0.0)) return 0.0;
+  const double z = config_.early_z > 0.0 ? config_.early_z : kUpperZ;
+  const double a = WilsonUpperBound(s->window.accepted, s->window.size(), z);
+  const std::optional<double> t_direct = DirectSecondsLocked();
+  const double pi = !t_direct.has_value()     ? 1.0
+                    : s->proposals.size() > 0 ? WilsonUpperBound(s->proposals.accepted,
+                                                                 s->proposals.size(), z)
+                                              : 1.0;
+  double best = expected;
+  for (int k = config_.k_min; k <= config_.k_max; ++k) {
+    const std::optional<double> td = CostLocked().draft.Predict(k);
+    std::optional<double> tv = VerifySecondsLocked(k);
+    if (!tv.has_value()) tv = t_direct;  // never verified: at least a direct step
+    if (!td.has_value() || !tv.has_value()) break;
+    const double tokens = pi * ExpectedTokensPerStep(a, k) + (1.0 - pi);
+    const double seconds = *td + pi * *tv + (1.0 - pi) * t_direct.value_or(0.0);
+    best = std::max(best, tokens / std::max(seconds, kMinStepSeconds));
+  }
+  return best;
 }
 
 double SpecController::ProposalRate(const DomainState& s) {
@@ -408,9 +434,14 @@ std::optional<double> SpecController::BestCaseGoodput() const {
   std::shared_lock lock(mu_);
   std::optional<double> best;
   for (int k = config_.k_min; k <= config_.k_max; ++k) {
-    const std::optional<double> g = GoodputLocked(1.0, k);
-    if (!g.has_value()) return std::nullopt;
-    best = std::max(best.value_or(0.0), *g);
+    const std::optional<double> td = CostLocked().draft.Predict(k);
+    // Never verified (a drafter that never proposed): a verification costs at least a
+    // direct step, which keeps the bound optimistic.
+    std::optional<double> tv = VerifySecondsLocked(k);
+    if (!tv.has_value()) tv = DirectSecondsLocked();
+    if (!td.has_value() || !tv.has_value()) return std::nullopt;
+    const double g = (k + 1) / std::max(*td + *tv, kMinStepSeconds);
+    best = std::max(best.value_or(0.0), g);
   }
   return best;
 }

@@ -81,7 +81,6 @@ std::optional<double> SpecController::TimingModel::Predict(int k,
   return c0 + c1 * k;
 }
 
-
 // ---- Recording ----
 
 namespace {

@@ -94,6 +94,7 @@ absl::Status SpeculativeEngine::Start(const SpecRequest& request) {
   s->n_prompt = static_cast<int32_t>(s->tokens.size());
   s->stats.prompt_tokens = s->n_prompt;
   s->shadow_in_run.assign(groups_.size(), 0);
+  s->shadow_cursor.assign(groups_.size(), 0);
   if (!groups_.empty()) s->group = StartGroup(*s);
   if (s->group >= 0) ++group_starts_[s->group];
   if (options_.prefix_cache) {
@@ -267,7 +268,9 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       has_prefill |= s->chunk > 0;
       continue;
     }
-    if (!s->route_checked && s->stats.steps >= kRouteCheckSteps) MaybeMove(*s);
+    if (options_.route_moves && !s->route_checked && s->stats.steps >= kRouteCheckSteps) {
+      MaybeMove(*s);
+    }
     if (s->group < 0 || groups_[s->group].drafter == nullptr) continue;
     int k = options_.adaptive ? groups_[s->group].controller->ChooseK(s->request.domain, s->in_run)
                               : options_.fixed_k;
@@ -297,12 +300,13 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     // its draft-time line for every step (measured on the Qwen2.5 pair under the router:
     // 27 ms against 7.5 ms drafting alone), and the router would under-rate it.
     int64_t uncached = 0;
-    for (const DraftRequest& r : requests) uncached += groups_[g].drafter->Uncached(r.seq, r.context);
+    for (const DraftRequest& r : requests)
+      uncached += groups_[g].drafter->Uncached(r.seq, r.context);
     const auto t0 = Clock::now();
     SPECNODE_RETURN_IF_ERROR(groups_[g].drafter->Sync(requests));
     const auto t1 = Clock::now();
     // The router weighs a first try on a sequence with its catch-up (ChooseGroupFor); only
-    // real catch-ups are timed (a short tail is left to Propose).
+    // catch-ups long enough to time are (a call's fixed cost would swamp a few tokens).
     if (uncached >= kMinCatchupSample) {
       groups_[g].controller->RecordCatchupTime(uncached, Seconds(t0, t1)).IgnoreError();
     }
@@ -435,7 +439,6 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     Seq* s = seqs[i];
     SeqStepResult result;
     result.id = s->request.id;
-    s->emitted.clear();
     if (s->prefilled < s->n_prompt) {
       s->prefilled += s->chunk;
       // After every chunk, not only the last: mixed KV demotes a long prompt's old tokens
@@ -459,10 +462,9 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     }
     const bool was_in_run = s->in_run;
     s->in_run = k > 0 && outcome.accepted == k;
-    s->len_before = len;
-    s->emitted.assign(s->drafts.begin(), s->drafts.begin() + outcome.accepted);
-    s->emitted.push_back(outcome.next_token);
-    Emit(*s, s->emitted, &result);
+    std::vector<int32_t> emitted(s->drafts.begin(), s->drafts.begin() + outcome.accepted);
+    emitted.push_back(outcome.next_token);
+    Emit(*s, emitted, &result);
     result.k = k;
     result.accepted = outcome.accepted;
     s->stats.steps++;

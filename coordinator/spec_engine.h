@@ -30,11 +30,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -85,6 +87,13 @@ struct SpecEngineOptions {
   // every committed token's whole full-precision pages when the sequence is finished (a
   // follow-up turn starts from them). Off: nothing is shared.
   bool prefix_cache = false;
+  // The once-per-sequence move check (routing, see SpeculativeEngine); off: a sequence stays
+  // on the group it started on.
+  bool route_moves = true;
+  // Called with one line per routing decision (a sequence's start group, its move check):
+  // the domain, each group's rate and bound (DomainRouter::GroupChoice), the choice. For
+  // diagnosis (`specnode spec-bench --route-log`); empty = none. Runs on the step thread.
+  std::function<void(std::string_view)> route_log;
   // The longest sequence (prompt + max_tokens) a request may take, in tokens: 0 = the
   // target's context length; otherwise at most that (serve.max_model_len; callers check).
   int32_t max_model_len = 0;
@@ -125,9 +134,9 @@ struct SeqStepResult {
 
 class SpeculativeEngine {
  public:
-  static constexpr int kRouteCheckSteps = 8;          // decode steps before the move check
-  static constexpr double kMoveMargin = 0.1;          // relative gain that moves a sequence
-  static constexpr int64_t kMinCatchupSample = 64;    // fewest tokens a catch-up is timed on
+  static constexpr int kRouteCheckSteps = 8;        // decode steps before the move check
+  static constexpr double kMoveMargin = 0.1;        // relative gain that moves a sequence
+  static constexpr int64_t kMinCatchupSample = 16;  // fewest tokens a catch-up is timed on
 
   // groups may be empty (a target-only engine). With several groups (routing,
   // coordinator/spec_engine_route.cc):
@@ -141,16 +150,24 @@ class SpeculativeEngine {
   //     what is left beats its own by more than kMoveMargin (a draft model it leaves frees
   //     the sequence; one it joins catches up, which the rate counts);
   //   - shadow scoring: after each step every drafter that is cheap to shadow
-  //     (Drafter::CheapToShadow: prompt lookup) proposes, for each sequence of another
-  //     group on its target that decoded, what it would have drafted at ShadowK, and its
-  //     controller records the positions a verification would have judged against the
-  //     tokens the target emitted (censored at their number; exact for greedy, the same
-  //     per-position odds for sampling), its proposal rate and its draft time; target
-  //     timings go to it too. Its acceptance per domain is thus learnt on every sequence,
-  //     without a first try of its own.
-  // Groups' targets must share `target`'s vocabulary and context length. Each step begins every target's pass before waiting for any (BeginForward), so
-  // targets on different ranks compute together; if one target's pass fails, the others'
-  // are rolled back, so a failed Step still changes no sequence.
+  //     (Drafter::CheapToShadow: prompt lookup) replays, for each decoding sequence of
+  //     another group on its target, the run it would have made over the tokens committed
+  //     so far: from where its simulated run stands, it proposes (at ShadowK) and its
+  //     controller records the outcome a verification would have given — the proposal's
+  //     matching prefix, one failed position at the first mismatch — then the run moves
+  //     past the matched tokens and the target's own next one, as a real step would; a
+  //     proposal whose outcome needs tokens not committed yet waits for them. For greedy
+  //     decoding that is exactly the run it would have made (steps, proposals, acceptance),
+  //     for sampling the same per-position odds. Its proposal rate and draft times are
+  //     recorded too, and target timings reach it (RecordTargetTime). Scoring a proposal
+  //     only at the other drafter's step boundaries instead measured the 0.5B-served code
+  //     sequences at 0.80-0.88 per position for prompt lookup, which at its own steps gets
+  //     far less (its failures cluster: a wrong copy fails step after step). Its acceptance
+  //     per domain is thus learnt on every sequence, without a first try of its own.
+  // Groups' targets must share `target`'s vocabulary and context length. Each step begins every
+  // target's pass before waiting for any (BeginForward), so targets on different ranks compute
+  // together; if one target's pass fails, the others' are rolled back, so a failed Step still
+  // changes no sequence.
   SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup> groups, SpecEngineOptions options);
   ~SpeculativeEngine();
 
@@ -236,6 +253,8 @@ class SpeculativeEngine {
   // for the decoded sequences of other groups on its target.
   // Advisory: a failing proposal is skipped (the step has committed).
   void ShadowScore(std::span<Seq* const> seqs, bool has_prefill);
+  // Advances group g's simulated run over s's committed tokens (see the class comment).
+  void SimulateRun(Seq& s, size_t g, bool has_prefill);
   // A target pass's time for s (k drafts verified; 0: a direct step) into s's group's
   // controller and those of the shadowed groups on the same target (a target cost does
   // not depend on who drafted).

@@ -2,6 +2,9 @@
 // mid-sequence check, and shadow scoring of cheap drafters (see spec_engine.h).
 #include <algorithm>
 #include <chrono>
+#include <string>
+
+#include "absl/strings/str_format.h"
 
 #include "coordinator/spec_engine.h"
 #include "coordinator/spec_engine_seq.h"
@@ -14,21 +17,24 @@ using Clock = std::chrono::steady_clock;
 // Weight of a finished sequence's answer length in its domain's mean.
 constexpr double kAnswerLengthAlpha = 0.25;
 
-// What a counterfactual proposal would have scored against what the target emitted: the
-// positions a verification would have judged (censored at the emitted length: beyond it
-// the target's tokens are unknown) and how many of them passed.
-struct ShadowOutcome {
-  int judged = 0;
-  int passed = 0;
-};
-
-ShadowOutcome ScoreAgainst(std::span<const int32_t> proposal, std::span<const int32_t> emitted) {
-  ShadowOutcome o;
-  const size_t n = std::min(proposal.size(), emitted.size());
-  while (static_cast<size_t>(o.passed) < n && proposal[o.passed] == emitted[o.passed]) ++o.passed;
-  // A mismatch within the emitted tokens is one judged, failed position.
-  o.judged = static_cast<size_t>(o.passed) < n ? o.passed + 1 : o.passed;
-  return o;
+// "route code seq 7 start: [0] a 0.46/212 pi 0.40 k 4 rate 31.2 upper 35.0 bound 96.1
+// [1] a 0.00/0 pi 1.00 k 4 rate 0.0 upper 0.0 bound inf -> 1 (first try)": per group its
+// acceptance / window positions, proposal rate, next K, rate, upper rate and bound.
+std::string DescribeChoice(std::string_view what, const std::string& domain, SeqId id,
+                           std::span<const DraftGroup> groups, const GroupChoice& c, int chosen) {
+  std::string line = absl::StrFormat("route %s seq %d %s:", domain, id, what);
+  for (size_t i = 0; i < c.rate.size(); ++i) {
+    absl::StrAppendFormat(&line, " [%d]", i);
+    if (groups[i].controller != nullptr) {
+      const DomainSnapshot d = groups[i].controller->Snapshot(domain);
+      absl::StrAppendFormat(&line, " a %.2f/%d pi %.2f k %d", d.acceptance, d.window_positions,
+                            d.proposal_rate, d.k);
+    }
+    absl::StrAppendFormat(&line, " rate %.1f upper %.1f bound %.1f", c.rate[i], c.upper[i],
+                          c.bound[i]);
+  }
+  absl::StrAppendFormat(&line, " -> %d%s", chosen, c.explore ? " (first try)" : "");
+  return line;
 }
 
 }  // namespace
@@ -77,16 +83,21 @@ int SpeculativeEngine::StartGroup(const Seq& s) {
   // Every explore_every-th sequence re-explores the groups in turn, so an estimate that lost
   // a domain does not go stale — except a shadowed group (learnt on every step anyway) and
   // one that could not beat the choice even with every draft accepted.
+  int chosen = choice.index;
   const int every = options_.explore_every;
   if (every > 0 && n % every == every - 1 && !choice.explore && choice.index >= 0) {
     const size_t turn = static_cast<size_t>((n / every) % static_cast<int64_t>(groups_.size()));
-    const bool shadowed = groups_[turn].drafter != nullptr && groups_[turn].drafter->CheapToShadow();
-    if (!shadowed && (groups_[turn].controller == nullptr ||
-                      choice.bound[turn] > choice.rate[choice.index])) {
-      return static_cast<int>(turn);
+    const bool shadowed =
+        groups_[turn].drafter != nullptr && groups_[turn].drafter->CheapToShadow();
+    if (!shadowed &&
+        (groups_[turn].controller == nullptr || choice.bound[turn] > choice.rate[choice.index])) {
+      chosen = static_cast<int>(turn);
     }
   }
-  return choice.index;
+  if (options_.route_log) {
+    options_.route_log(DescribeChoice("start", s.request.domain, s.request.id, groups_, choice, chosen));
+  }
+  return chosen;
 }
 
 void SpeculativeEngine::MaybeMove(Seq& s) {
@@ -95,6 +106,9 @@ void SpeculativeEngine::MaybeMove(Seq& s) {
   const GroupChoice choice = DomainRouter::ChooseGroupFor(
       s.request.domain, GroupOptions(s, /*same_target_only=*/true), ExpectedRemaining(s));
   const int to = choice.index;
+  if (options_.route_log) {
+    options_.route_log(DescribeChoice("check", s.request.domain, s.request.id, groups_, choice, to));
+  }
   if (to < 0 || to == s.group) return;
   // A first try moves at once (its estimate says it could win); otherwise only a clear
   // gain moves a sequence, so near-equal estimates do not make it flap.
@@ -127,37 +141,53 @@ void SpeculativeEngine::ShadowScore(std::span<Seq* const> seqs, bool has_prefill
   for (size_t g = 0; g < groups_.size(); ++g) {
     Drafter* d = groups_[g].drafter;
     if (d == nullptr || !d->CheapToShadow()) continue;
-    SpecController& c = *groups_[g].controller;
-    std::vector<Seq*> scored;
-    std::vector<DraftRequest> requests;
     for (Seq* s : seqs) {
-      if (s->emitted.empty() || s->group == static_cast<int>(g) || s->group < 0) continue;
+      if (s->group < 0 || s->prefilled < s->n_prompt) continue;
+      if (s->group == static_cast<int>(g)) {
+        s->shadow_cursor[g] = s->tokens.size();  // its own run: a later move starts here
+        continue;
+      }
       if (groups_[s->group].target != groups_[g].target) continue;
-      scored.push_back(s);
-      const int k = c.ShadowK(s->request.domain, s->shadow_in_run[g] != 0);
-      requests.push_back({s->request.id, std::span(s->tokens.data(), s->len_before), k,
-                          &s->sampler, s->request.domain, false});
-    }
-    if (requests.empty()) continue;
-    const auto t0 = Clock::now();
-    std::vector<Draft> drafts;
-    if (!d->Propose(requests, &drafts).ok() || drafts.size() != requests.size()) continue;
-    const double share =
-        std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(scored.size());
-    for (size_t i = 0; i < scored.size(); ++i) {
-      Seq& s = *scored[i];
-      const std::string& domain = s.request.domain;
-      s.stats.draft_s += share;
-      if (!has_prefill) c.RecordDraftTime(requests[i].k, share).IgnoreError();
-      std::vector<int32_t>& proposal = drafts[i].tokens;
-      if (proposal.size() > static_cast<size_t>(requests[i].k)) proposal.resize(requests[i].k);
-      c.RecordProposal(domain, !proposal.empty());
-      if (proposal.empty()) continue;
-      const ShadowOutcome o = ScoreAgainst(proposal, s.emitted);
-      c.RecordStep(domain, o.judged, o.passed, s.shadow_in_run[g] != 0).IgnoreError();
-      s.shadow_in_run[g] = o.judged == o.passed;
+      SimulateRun(*s, g, has_prefill);
     }
   }
+}
+
+void SpeculativeEngine::SimulateRun(Seq& s, size_t g, bool has_prefill) {
+  Drafter& d = *groups_[g].drafter;
+  SpecController& c = *groups_[g].controller;
+  const std::string& domain = s.request.domain;
+  const std::span<const int32_t> known(s.tokens);
+  // Decoding starts after the prompt and the token its prefill gave.
+  size_t cur = std::max(s.shadow_cursor[g], static_cast<size_t>(s.n_prompt) + 1);
+  while (cur < known.size()) {
+    const bool in_run = s.shadow_in_run[g] != 0;
+    const int k = c.ShadowK(domain, in_run);
+    const DraftRequest request{s.request.id, known.first(cur), k, &s.sampler, domain, false};
+    std::vector<Draft> drafts;
+    const auto t0 = Clock::now();
+    if (!d.Propose({&request, 1}, &drafts).ok() || drafts.size() != 1) return;
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    s.stats.draft_s += seconds;
+    std::span<const int32_t> proposal(drafts[0].tokens);
+    proposal = proposal.first(std::min(proposal.size(), static_cast<size_t>(k)));
+    size_t passed = 0;
+    while (passed < proposal.size() && cur + passed < known.size() &&
+           proposal[passed] == known[cur + passed]) {
+      ++passed;
+    }
+    // The step's outcome needs the target's token after the last one judged: wait for it.
+    if (cur + passed >= known.size()) break;
+    if (!has_prefill) c.RecordDraftTime(k, seconds).IgnoreError();
+    c.RecordProposal(domain, !proposal.empty());
+    if (!proposal.empty()) {
+      const int judged = static_cast<int>(passed < proposal.size() ? passed + 1 : passed);
+      c.RecordStep(domain, judged, static_cast<int>(passed), in_run).IgnoreError();
+    }
+    s.shadow_in_run[g] = !proposal.empty() && passed == proposal.size();
+    cur += passed + 1;  // the accepted drafts and the target's own token
+  }
+  s.shadow_cursor[g] = cur;
 }
 
 }  // namespace specnode

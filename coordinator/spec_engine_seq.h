@@ -23,10 +23,11 @@ struct SpeculativeEngine::Seq {
   bool in_run = false;  // the last step was speculative and accepted every draft
   bool parked = false;  // KV swapped out to the host tier (Park)
   // Routing (spec_engine_route.cc).
-  bool route_checked = false;  // the mid-sequence check ran (once per sequence)
-  std::vector<uint8_t> shadow_in_run;  // per group: its last shadow-scored step matched fully
-  std::vector<int32_t> emitted;        // this step's target tokens (accepted drafts + next)
-  int32_t len_before = 0;              // committed tokens before this step
+  bool route_checked = false;          // the mid-sequence check ran (once per sequence)
+  // Per group, for shadow scoring: where its simulated run stands in `tokens` (the context
+  // length of its next proposal), and whether that run's last step matched fully.
+  std::vector<size_t> shadow_cursor;
+  std::vector<uint8_t> shadow_in_run;
   // This step's plan.
   int k = 0;
   int32_t chunk = 0;

@@ -56,7 +56,10 @@ constexpr char kHelp[] =
     "  --ignore-eos        decode --max-tokens tokens per prompt, through end-of-generation\n"
     "                      tokens (default: a generation ends there, as it does when served;\n"
     "                      what a model writes past its end is not what users run)\n"
-    "  --json              print the results as JSON on stdout (the table goes to stderr)\n";
+    "  --json              print the results as JSON on stdout (the table goes to stderr)\n"
+    "  --route-log         print the router's decisions to stderr: per sequence, each\n"
+    "                      drafter's expected rate and a = 1 bound at its start and at its\n"
+    "                      move check, and the choice\n";
 
 // One configuration under test: an engine with its drafters and controllers.
 struct Config {
@@ -195,6 +198,11 @@ absl::Status Run(const CliArgs& args) {
     options.fixed_k = static_cast<int>(spec_k);
     options.acceptance = acceptance;
     options.stop_tokens.insert(eog.begin(), eog.end());
+    if (args.Has("route-log")) {
+      options.route_log = [](std::string_view line) {
+        std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+      };
+    }
     c->engine = std::make_unique<SpeculativeEngine>(&session->runner(), groups, options);
   }
 
@@ -315,7 +323,7 @@ int RunSpecBench(int argc, char** argv) {
       "spec-bench", kHelp, argc, argv,
       {"model", "prompts", "drafters", "per-domain", "max-tokens", "spec-k", "temperature",
        "threads", "router-rules", "k-max", "top-k", "top-p", "seed", "acceptance"},
-      {"raw", "json", "ignore-eos"}, Run);
+      {"raw", "json", "ignore-eos", "route-log"}, Run);
 }
 
 }  // namespace specnode

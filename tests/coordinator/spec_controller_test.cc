@@ -564,6 +564,31 @@ TEST(SpecControllerTest, NeverProposingIsObserved) {
   for (int i = 0; i < 8; ++i) ctl->RecordProposal("chat", false);
   // k_initial (4) drafts' attempt: 4 ms, then a 10 ms direct step, for one token.
   EXPECT_NEAR(ctl->ExpectedGoodput("chat"), 1.0 / 0.014, 1e-9);
+  // Such a drafter was never verified: no verification timings are needed for it, and its
+  // a = 1 bound takes a verification as cheap as a direct step.
+  auto unverified = spec_test::Make(spec_test::ExactTimings());
+  for (int k : {1, 8}) ASSERT_TRUE(unverified->RecordDraftTime(k, k * 1e-3).ok());
+  ASSERT_TRUE(unverified->RecordDirectTime(0.010).ok());
+  for (int i = 0; i < 8; ++i) unverified->RecordProposal("chat", false);
+  EXPECT_NEAR(unverified->ExpectedGoodput("chat"), 1.0 / 0.014, 1e-9);
+  EXPECT_NEAR(unverified->BestCaseGoodput().value(), 9.0 / 0.018, 1e-9);
+}
+
+// UpperGoodput: optimistic while a domain has few observations, close to the estimate once
+// it has many; never below it.
+TEST(SpecControllerTest, UpperGoodputNarrowsWithObservations) {
+  auto few = spec_test::Make(spec_test::ExactTimings());
+  auto many = spec_test::Make(spec_test::ExactTimings());
+  for (SpecController* c : {few.get(), many.get()}) spec_test::SetTimings(*c, 1, 10, 0, 10);
+  EXPECT_EQ(few->UpperGoodput("summarize"), 0.0);  // unknown
+  // Half the positions accepted: 4 positions on one, 256 on the other.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(few->RecordStep("summarize", 1, i % 2).ok());
+  for (int i = 0; i < 256; ++i) ASSERT_TRUE(many->RecordStep("summarize", 1, i % 2).ok());
+  for (SpecController* c : {few.get(), many.get()}) {
+    EXPECT_GE(c->UpperGoodput("summarize"), c->ExpectedGoodput("summarize"));
+  }
+  EXPECT_GT(few->UpperGoodput("summarize"), 1.5 * few->ExpectedGoodput("summarize"));
+  EXPECT_LT(many->UpperGoodput("summarize"), 1.25 * many->ExpectedGoodput("summarize"));
 }
 
 }  // namespace

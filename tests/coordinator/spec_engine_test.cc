@@ -286,8 +286,8 @@ TEST_F(SpecEngineTest, PromptLookupIsScoredOnOtherGroupsSteps) {
   // The model is known on "code" (so the lookup gets no first try there).
   spec_test::SetTimings(*c_model, 1, 10, 0, 10);
   for (int i = 0; i < 64; ++i) ASSERT_TRUE(c_model->RecordStep("code", 4, 4).ok());
-  SpeculativeEngine engine(runner.get(), {{lookup.get(), c_lookup.get()}, {model.get(), c_model.get()}},
-                           {});
+  SpeculativeEngine engine(runner.get(),
+                           {{lookup.get(), c_lookup.get()}, {model.get(), c_model.get()}}, {});
   auto r = Prompts(0.0f, 200)[1];
   r.domain = "code";
   // A prompt long enough for its catch-up to be timed (kMinCatchupSample), repeating.
@@ -312,6 +312,49 @@ TEST_F(SpecEngineTest, PromptLookupIsScoredOnOtherGroupsSteps) {
   // Target timings reached it, so it has an estimate the router can weigh.
   EXPECT_TRUE(c_lookup->DirectSeconds().has_value());
   EXPECT_GT(c_lookup->ExpectedGoodput("code"), 0.0);
+}
+
+// Greedy shadow scoring replays the run prompt lookup would have made: its controller
+// records the same outcomes as a real prompt-lookup run of the sequence at the same K
+// (up to the last steps, which a real run clamps to max_new_tokens and a replay leaves
+// waiting for tokens that never come).
+TEST_F(SpecEngineTest, ShadowScoringReplaysARealPromptLookupRun) {
+  SpecControllerConfig k4;
+  k4.k_min = k4.k_max = k4.k_initial = 4;
+  SpecRequest r = Prompts(0.0f, 96)[2];
+  r.domain = "edit";
+  r.prompt.insert(r.prompt.end(), {17, 300, 42, 5, 120, 121, 122, 9, 17, 17, 300, 42});
+  // The real run: prompt lookup alone at a fixed K of 4.
+  auto runner_a = MakeRunner("dense");
+  auto lookup_a = MakeDrafter("ngram", "dense");
+  auto ctl_a = SpecController::Create(k4).value();
+  SpecEngineOptions fixed;
+  fixed.adaptive = false;
+  fixed.fixed_k = 4;
+  SpeculativeEngine a(runner_a.get(), {{lookup_a.get(), ctl_a.get()}}, fixed);
+  const auto tokens_a = Run(a, {r});
+  // The replay: the sequence served by a draft model, prompt lookup shadowing it.
+  auto runner_b = MakeRunner("dense");
+  auto lookup_b = MakeDrafter("ngram", "dense");
+  auto model = MakeDrafter("draft5", "dense");
+  auto ctl_b = SpecController::Create(k4).value();
+  auto ctl_model = NewController();
+  spec_test::SetTimings(*ctl_model, 1, 10, 0, 10);
+  for (int i = 0; i < 64; ++i) ASSERT_TRUE(ctl_model->RecordStep("edit", 4, 4).ok());
+  SpecEngineOptions stay;
+  stay.route_moves = false;
+  SpeculativeEngine b(runner_b.get(), {{lookup_b.get(), ctl_b.get()}, {model.get(), ctl_model.get()}},
+                      stay);
+  EXPECT_EQ(Run(b, {r}), tokens_a);
+  EXPECT_EQ(b.GroupStarts()[1], 1);
+  const DomainSnapshot real = ctl_a->Snapshot("edit"), shadow = ctl_b->Snapshot("edit");
+  ASSERT_GE(real.spec_steps, 10);
+  EXPECT_LE(shadow.spec_steps, real.spec_steps);
+  EXPECT_GE(shadow.spec_steps, real.spec_steps - 2);
+  EXPECT_LE(shadow.accepted, real.accepted);
+  EXPECT_GE(shadow.accepted, real.accepted - 8);
+  EXPECT_NEAR(shadow.acceptance, real.acceptance, 0.05);
+  EXPECT_NEAR(shadow.proposal_rate, real.proposal_rate, 0.05);
 }
 
 TEST_F(SpecEngineTest, DraftWithAnotherVocabularyIsRefused) {
