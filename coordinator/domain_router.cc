@@ -260,13 +260,13 @@ GroupChoice DomainRouter::ChooseGroupFor(std::string_view domain,
   GroupChoice choice;
   choice.rate.assign(options.size(), 0.0);
   choice.bound.assign(options.size(), 0.0);
-  choice.upper.assign(options.size(), 0.0);
   remaining = std::max(remaining, 1.0);
   const size_t n = options.size();
   std::vector<bool> known(n, false), untried(n, false), neutral(n, false), eligible(n, false);
   std::vector<int> loads(n, 0);
   double best_known = 0.0;
   bool any_known = false;
+  bool settled = true;  // the best known group's estimate (none known: nothing to wait for)
   for (size_t i = 0; i < n; ++i) {
     const GroupOption& o = options[i];
     loads[i] = o.load;
@@ -282,8 +282,6 @@ GroupChoice DomainRouter::ChooseGroupFor(std::string_view domain,
     const double g = o.controller->ExpectedGoodput(domain);
     if (g > 0.0) {
       choice.rate[i] = RateOver(remaining, g, catchup);
-      choice.upper[i] =
-          RateOver(remaining, std::max(g, o.controller->UpperGoodput(domain)), catchup);
     } else if (LosesEverywhere(*o.controller) || o.controller->CanNeverWin()) {
       choice.rate[i] = kLoserGoodput;
     } else {
@@ -292,10 +290,15 @@ GroupChoice DomainRouter::ChooseGroupFor(std::string_view domain,
     }
     known[i] = eligible[i] = true;
     any_known |= choice.rate[i] > kLoserGoodput;
-    best_known = std::max({best_known, choice.rate[i], choice.upper[i]});
+    if (choice.rate[i] > kLoserGoodput && choice.rate[i] > best_known) {
+      best_known = choice.rate[i];
+      settled = o.controller->Settled(domain);
+    }
   }
   std::vector<bool> candidate(n, false);
-  for (size_t i = 0; i < n; ++i) candidate[i] = untried[i] && choice.bound[i] > best_known;
+  for (size_t i = 0; i < n; ++i) {
+    candidate[i] = untried[i] && settled && choice.bound[i] > (1.0 + kExploreMargin) * best_known;
+  }
   int explore = any_known ? -1 : LeastLoaded(options, candidate, true);
   if (explore < 0) explore = LeastLoaded(options, candidate, false);
   if (explore >= 0) {

@@ -85,9 +85,6 @@ struct GroupChoice {
   // group has no timings), what re-exploring it could at best give; 0 where not eligible
   // or direct.
   std::vector<double> bound;
-  // Per option with an estimate: the rate at its UpperGoodput (what a first try's bound
-  // must beat); 0 elsewhere.
-  std::vector<double> upper;
 };
 
 struct RouterConfig {
@@ -142,9 +139,10 @@ class DomainRouter {
   // 96 answer tokens). In order:
   //   1. Untried groups (no estimate for the domain) are explored only while they could
   //      win: their optimistic rate — goodput at a = 1 (BestCaseGoodput), catch-up included
-  //      — must beat the best known group's, taken optimistically too (its UpperGoodput:
-  //      a few early observations must not trigger a costly first try); always, when a
-  //      group has no timings at all. When
+  //      — must beat the best known rate by more than kExploreMargin, and only once the
+  //      best known group's estimate is settled (SpecController::Settled: a few early
+  //      steps misjudge prompt lookup on a summary, and a first try of a draft model costs
+  //      its catch-up on the whole context); a group with no timings at all always could. When
   //      no group has an estimate yet and a shadowed one is untried, it goes first (its
   //      steps cost no catch-up and score the others' only where they are shadowed too;
   //      the first sequence then measures the baseline the others' bounds are held to).
@@ -153,6 +151,7 @@ class DomainRouter {
   //      everywhere or can never win (as ChooseGroup) count as known and worst.
   //   2. Otherwise the best rate, with ChooseGroup's load rule among near-equals (and
   //      direct groups).
+  static constexpr double kExploreMargin = 0.1;
   static GroupChoice ChooseGroupFor(std::string_view domain, std::span<const GroupOption> options,
                                     double remaining);
 

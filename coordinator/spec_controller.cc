@@ -361,8 +361,13 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
     const std::optional<double> tv = VerifySecondsLocked(config_.probe_k);
     const std::optional<double> t_direct = DirectSecondsLocked();
     if (!td || !tv || !t_direct || *t_direct <= 0.0) return *g;
-    const double extra = std::max(0.0, *td + *tv - *t_direct);
-    return *g / (1.0 + extra / (ProbeIntervalLocked() * *t_direct));
+    // A drafter with state (a draft model) also catches up, at each probe, on the tokens
+    // decoded since the last one: what makes a direct draft-model group worth less than a
+    // direct prompt-lookup one.
+    const int interval = ProbeIntervalLocked();
+    const double catchup = catchup_ewma_.value_or(0.0) * interval;
+    const double extra = std::max(0.0, *td + *tv - *t_direct) + catchup;
+    return *g / (1.0 + extra / (interval * *t_direct));
   }
   // Never observed. (Asked but never proposing — a prompt-lookup drafter finding no match
   // in a domain — is observed: π = 0, every step direct after the drafting attempt.)
@@ -380,30 +385,11 @@ double SpecController::ExpectedGoodputLocked(const DomainState& s) const {
   return tokens / std::max(seconds, kMinStepSeconds);
 }
 
-double SpecController::UpperGoodput(std::string_view domain) const {
+bool SpecController::Settled(std::string_view domain) const {
   std::shared_lock lock(mu_);
   const DomainState* s = FindState(domain);
-  if (s == nullptr) return 0.0;
-  const double expected = ExpectedGoodputLocked(*s);
-  if (!(expected > 0.0)) return 0.0;
-  const double z = config_.early_z > 0.0 ? config_.early_z : kUpperZ;
-  const double a = WilsonUpperBound(s->window.accepted, s->window.size(), z);
-  const std::optional<double> t_direct = DirectSecondsLocked();
-  const double pi = !t_direct.has_value()     ? 1.0
-                    : s->proposals.size() > 0 ? WilsonUpperBound(s->proposals.accepted,
-                                                                 s->proposals.size(), z)
-                                              : 1.0;
-  double best = expected;
-  for (int k = config_.k_min; k <= config_.k_max; ++k) {
-    const std::optional<double> td = CostLocked().draft.Predict(k);
-    std::optional<double> tv = VerifySecondsLocked(k);
-    if (!tv.has_value()) tv = t_direct;  // never verified: at least a direct step
-    if (!td.has_value() || !tv.has_value()) break;
-    const double tokens = pi * ExpectedTokensPerStep(a, k) + (1.0 - pi);
-    const double seconds = *td + pi * *tv + (1.0 - pi) * t_direct.value_or(0.0);
-    best = std::max(best, tokens / std::max(seconds, kMinStepSeconds));
-  }
-  return best;
+  return s != nullptr && (s->window.size() >= config_.min_observations ||
+                          s->proposals.size() >= config_.min_observations);
 }
 
 double SpecController::ProposalRate(const DomainState& s) {

@@ -237,14 +237,12 @@ class SpecController {
   std::optional<double> PredictDraftSeconds(int k) const;
   std::optional<double> PredictVerifySeconds(int k) const;
   std::optional<double> DirectSeconds() const;  // measured, else the verify line at 0
-  // An optimistic ExpectedGoodput for comparisons with untried drafters' bounds: the
-  // goodput at the upper ends of the Wilson intervals (z = early_z, or kUpperZ when that is
-  // 0) of the domain's acceptance and proposal rate, at the best K — or ExpectedGoodput when
-  // larger. A few early observations (a prompt-lookup drafter in the first steps of a
-  // summary, before the text it will copy starts) thus do not make an untried drafter look
-  // better than it can be. 0 when ExpectedGoodput is.
-  static constexpr double kUpperZ = 1.64;
-  double UpperGoodput(std::string_view domain) const;
+  // Whether the domain's estimate rests on enough evidence: at least min_observations
+  // evaluated positions or min_observations asks (RecordProposal). The router holds first
+  // tries of other drafters back until the best known one is settled (DomainRouter::
+  // ChooseGroupFor): a few early steps misjudge a drafter (prompt lookup before the text it
+  // will copy begins).
+  bool Settled(std::string_view domain) const;
   // The goodput at a = 1 (every draft accepted) at the best K in [k_min, k_max], tokens/s:
   // what no domain can beat, an optimistic bound for a domain never observed (a drafter
   // never verified yet is bounded with a verification as cheap as a direct step). nullopt

@@ -268,7 +268,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       has_prefill |= s->chunk > 0;
       continue;
     }
-    if (options_.route_moves && !s->route_checked && s->stats.steps >= kRouteCheckSteps) {
+    if (options_.route_moves && !s->moved && s->route_checks < kRouteChecks &&
+        s->stats.steps >= (s->route_checks + 1) * kRouteCheckSteps) {
       MaybeMove(*s);
     }
     if (s->group < 0 || groups_[s->group].drafter == nullptr) continue;

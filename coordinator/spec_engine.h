@@ -87,8 +87,8 @@ struct SpecEngineOptions {
   // every committed token's whole full-precision pages when the sequence is finished (a
   // follow-up turn starts from them). Off: nothing is shared.
   bool prefix_cache = false;
-  // The once-per-sequence move check (routing, see SpeculativeEngine); off: a sequence stays
-  // on the group it started on.
+  // The move checks (routing, see SpeculativeEngine); off: a sequence stays on the group it
+  // started on.
   bool route_moves = true;
   // Called with one line per routing decision (a sequence's start group, its move check):
   // the domain, each group's rate and bound (DomainRouter::GroupChoice), the choice. For
@@ -134,7 +134,8 @@ struct SeqStepResult {
 
 class SpeculativeEngine {
  public:
-  static constexpr int kRouteCheckSteps = 8;        // decode steps before the move check
+  static constexpr int kRouteCheckSteps = 8;        // decode steps between move checks
+  static constexpr int kRouteChecks = 4;            // move checks per sequence, at most
   static constexpr double kMoveMargin = 0.1;        // relative gain that moves a sequence
   static constexpr int64_t kMinCatchupSample = 16;  // fewest tokens a catch-up is timed on
 
@@ -145,10 +146,11 @@ class SpeculativeEngine {
   //     included (a draft model prefills it), the least loaded target among near-equals;
   //     untried groups first while they could win; every explore_every-th sequence of a
   //     domain re-explores the groups in turn where that could win;
-  //   - after kRouteCheckSteps decode steps a sequence is checked once, among the groups
-  //     on its target: it moves to a first try that could win, or to a group whose rate over
-  //     what is left beats its own by more than kMoveMargin (a draft model it leaves frees
-  //     the sequence; one it joins catches up, which the rate counts);
+  //   - every kRouteCheckSteps decode steps, up to kRouteChecks times, a sequence is
+  //     checked among the groups on its target, and moved at most once: to a first try that
+  //     could win (as at the start: once the best known estimate is settled), or to a group
+  //     whose rate over what is left beats its own by more than kMoveMargin (a draft model
+  //     it leaves frees the sequence; one it joins catches up, which the rate counts);
   //   - shadow scoring: after each step every drafter that is cheap to shadow
   //     (Drafter::CheapToShadow: prompt lookup) replays, for each decoding sequence of
   //     another group on its target, the run it would have made over the tokens committed
@@ -246,8 +248,8 @@ class SpeculativeEngine {
   // Tokens s is expected still to generate: what is left of max_new_tokens, capped by the
   // domain's mean answer length so far (domain_tokens_) where known.
   double ExpectedRemaining(const Seq& s) const;
-  // The once-per-sequence check after kRouteCheckSteps decode steps: may move s to another
-  // group on its target.
+  // A move check (every kRouteCheckSteps decode steps, kRouteChecks at most, until a
+  // move): may move s to another group on its target.
   void MaybeMove(Seq& s);
   // After a step's commit: every cheap-to-shadow drafter scores what it would have proposed
   // for the decoded sequences of other groups on its target.

@@ -16,10 +16,12 @@ using Clock = std::chrono::steady_clock;
 
 // Weight of a finished sequence's answer length in its domain's mean.
 constexpr double kAnswerLengthAlpha = 0.25;
+// Domains whose answer length is tracked (SpecControllerConfig::max_domains' default).
+constexpr size_t kMaxTrackedDomains = 1024;
 
-// "route code seq 7 start: [0] a 0.46/212 pi 0.40 k 4 rate 31.2 upper 35.0 bound 96.1
-// [1] a 0.00/0 pi 1.00 k 4 rate 0.0 upper 0.0 bound inf -> 1 (first try)": per group its
-// acceptance / window positions, proposal rate, next K, rate, upper rate and bound.
+// "route code seq 7 start: [0] a 0.46/212 pi 0.40 k 4 rate 31.2 bound 96.1 [1] a 0.00/0
+// pi 1.00 k 4 rate 0.0 bound inf -> 1 (first try)": per group its acceptance / window
+// positions, proposal rate, next K, rate and bound.
 std::string DescribeChoice(std::string_view what, const std::string& domain, SeqId id,
                            std::span<const DraftGroup> groups, const GroupChoice& c, int chosen) {
   std::string line = absl::StrFormat("route %s seq %d %s:", domain, id, what);
@@ -30,8 +32,7 @@ std::string DescribeChoice(std::string_view what, const std::string& domain, Seq
       absl::StrAppendFormat(&line, " a %.2f/%d pi %.2f k %d", d.acceptance, d.window_positions,
                             d.proposal_rate, d.k);
     }
-    absl::StrAppendFormat(&line, " rate %.1f upper %.1f bound %.1f", c.rate[i], c.upper[i],
-                          c.bound[i]);
+    absl::StrAppendFormat(&line, " rate %.1f bound %.1f", c.rate[i], c.bound[i]);
   }
   absl::StrAppendFormat(&line, " -> %d%s", chosen, c.explore ? " (first try)" : "");
   return line;
@@ -69,6 +70,10 @@ double SpeculativeEngine::ExpectedRemaining(const Seq& s) const {
 
 void SpeculativeEngine::NoteGenerated(const Seq& s) {
   if (s.stats.generated == 0) return;  // cancelled before answering: says nothing
+  // Domains are the clients' to name: as many as a controller tracks, no more.
+  if (domain_tokens_.size() >= kMaxTrackedDomains && !domain_tokens_.count(s.request.domain)) {
+    return;
+  }
   auto [it, fresh] = domain_tokens_.try_emplace(s.request.domain, s.stats.generated);
   if (!fresh) {
     it->second = kAnswerLengthAlpha * s.stats.generated + (1.0 - kAnswerLengthAlpha) * it->second;
@@ -101,7 +106,7 @@ int SpeculativeEngine::StartGroup(const Seq& s) {
 }
 
 void SpeculativeEngine::MaybeMove(Seq& s) {
-  s.route_checked = true;
+  ++s.route_checks;
   if (groups_.size() < 2 || s.group < 0) return;
   const GroupChoice choice = DomainRouter::ChooseGroupFor(
       s.request.domain, GroupOptions(s, /*same_target_only=*/true), ExpectedRemaining(s));
@@ -118,6 +123,7 @@ void SpeculativeEngine::MaybeMove(Seq& s) {
   // cheap one keeps it, as it shadows the sequence from now on.
   if (from != nullptr && !from->CheapToShadow()) from->Free(s.request.id);
   s.group = to;
+  s.moved = true;
   s.in_run = false;
   ++s.stats.group_moves;
 }

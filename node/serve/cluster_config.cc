@@ -9,7 +9,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "model/cpu/act_quant.h"
 #include "model/tokenizer/chat_template.h"
 #include "node/serve/config_keys.h"
@@ -243,6 +246,36 @@ absl::Status ReadServedModelNames(Reader& r, const YAML::Node& serve,
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<DraftSpec>> ParseAlternatives(std::string_view list,
+                                                         const Topology& topology) {
+  std::vector<DraftSpec> out;
+  for (absl::string_view text :
+       absl::StrSplit(absl::string_view(list.data(), list.size()), ',', absl::SkipWhitespace())) {
+    absl::StatusOr<DraftSpec> d = ParseDraftSpec(std::string(absl::StripAsciiWhitespace(text)));
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat(text, ": ", d.status().message()));
+    if (d->none()) return absl::InvalidArgumentError("none is not a drafter");
+    if (!topology.single_process() && d->kind != DraftSpec::Kind::kNgram) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          text, ": with a topology only prompt lookup (ngram[:N]) may be an alternative"));
+    }
+    out.push_back(*d);
+  }
+  return out;
+}
+
+absl::Status CheckAlternatives(const ServeConfig& cfg) {
+  if (cfg.draft.none() && !cfg.alternatives.empty()) {
+    return absl::InvalidArgumentError(
+        "speculation.alternatives needs a speculation.draft (it is none): the router chooses "
+        "among the draft and its alternatives; make one of them the draft");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& source) {
   Reader r(source);
   ServeConfig c;
@@ -351,6 +384,21 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     absl::StatusOr<DraftSpec> d = ParseDraftSpec(draft);
     if (!d.ok()) return r.Error(spec["draft"], "speculation.draft", std::string(d.status().message()));
     c.draft = *d;
+  }
+  std::vector<std::string> alternatives;
+  CFG_TRY(r.Strings(spec, "speculation", "alternatives", &alternatives));
+  if (!alternatives.empty()) {
+    absl::StatusOr<std::vector<DraftSpec>> alts =
+        ParseAlternatives(absl::StrJoin(alternatives, ","), c.topology);
+    if (!alts.ok()) {
+      return r.Error(spec["alternatives"], "speculation.alternatives",
+                     std::string(alts.status().message()));
+    }
+    c.alternatives = *std::move(alts);
+    if (c.draft.none()) {  // CheckAlternatives, with the key's line
+      return r.Error(spec["alternatives"], "speculation.alternatives",
+                     "needs a speculation.draft, which is none");
+    }
   }
   CFG_TRY(r.Int(spec, "speculation", "k_max", 1, 64, &c.k_max));
   CFG_TRY(r.Double(spec, "speculation", "free_threshold", 0, 1, &c.free_threshold));

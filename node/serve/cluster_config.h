@@ -101,6 +101,11 @@ struct ServeConfig {
   // serve.kv_events_encoding: array (vLLM <= 0.23's tagged arrays, the default) | map.
   KvEventEncoding kv_events_encoding = KvEventEncoding::kArray;
   DraftSpec draft;  // speculation.draft, parsed (coordinator/draft_spec.h); default ngram
+  // speculation.alternatives: more drafters for every group, on the group's target; the
+  // router chooses among them and `draft` per domain (docs/speculative.md "Router"). Never
+  // "none"; with a topology only prompt lookup (ngram[:N]), which needs no weights on the
+  // coordinator.
+  std::vector<DraftSpec> alternatives;
   int k_max = 4;
   double free_threshold = 0.6, disable_threshold = 0.4;
   int probe_every = 32;
@@ -112,6 +117,16 @@ struct ServeConfig {
   SchedulerOptions sla;  // classes, default class, window fraction (max_* copied in)
   Topology topology;     // absent in the config: one group, everything in this process
 };
+
+// speculation.alternatives from a comma-separated list (the --draft-alternatives flag):
+// each a drafter spec, never "none"; under a multi-rank `topology` only ngram[:N].
+// InvalidArgument naming the offending entry.
+absl::StatusOr<std::vector<DraftSpec>> ParseAlternatives(std::string_view list,
+                                                         const Topology& topology);
+
+// Alternatives join a draft: InvalidArgument when speculation.alternatives is set while
+// speculation.draft is none.
+absl::Status CheckAlternatives(const ServeConfig& cfg);
 
 // Parses YAML text (`source` names it in errors). InvalidArgument like
 // "local.yaml:12: serve.max_active: expected an integer in [1, 4096]".

@@ -91,6 +91,8 @@ std::string Help() {
       "  --http-max-body-bytes N, --http-threads N  the API's body limit and connections\n"
       "  --threads N         CPU threads (default: all cores available)\n"
       "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default %s)\n"
+      "  --draft-alternatives LIST  more drafters (comma-separated specs, e.g. ngram) the\n"
+      "                      router chooses among with --draft per domain (default none)\n"
       "  --spec-k K          largest speculation length (default %d)\n"
       "  --acceptance RULE   sampled drafts: match (a seed's text does not depend on the\n"
       "                      drafter) or ratio (min(1, p/q) test) (default %s)\n"
@@ -231,6 +233,10 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--draft: ", d.status().message()));
     c.draft = *d;
   }
+  if (args.Has("draft-alternatives")) {
+    SPECNODE_ASSIGN_OR_RETURN(c.alternatives,
+                              ParseAlternatives(args.Get("draft-alternatives"), c.topology));
+  }
   if (args.Has("acceptance")) {
     SPECNODE_ASSIGN_OR_RETURN(c.acceptance, AcceptanceFromArgs(args));
   }
@@ -254,6 +260,7 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
   SPECNODE_RETURN_IF_ERROR(ApplyKvFlags(args, &c.kv));
   c.sla.max_active = c.max_active;
   c.sla.max_queue = c.max_queue;
+  SPECNODE_RETURN_IF_ERROR(CheckAlternatives(c));  // the config's and the flags' together
   if (c.model == "default") c.model = DefaultModelPath();
   if (c.threads == 0) c.threads = DefaultThreads();
   return c;
@@ -301,8 +308,7 @@ absl::StatusOr<ModelHeader> OpenModelHeader(const char* role, const std::string&
 
 // What a draft needs of the target (ModelDrafter's vocabulary check, the self-draft's layer
 // range, the n-gram drafter's options); *line describes the draft for the summary.
-absl::Status CheckDraft(const ServeConfig& cfg, const ModelHeader& target, std::string* line) {
-  const DraftSpec& d = cfg.draft;
+absl::Status CheckDraftSpec(const DraftSpec& d, const ModelHeader& target, std::string* line) {
   *line = d.text();
   if (d.kind == DraftSpec::Kind::kNgram) {
     NgramDrafterOptions o;
@@ -323,6 +329,22 @@ absl::Status CheckDraft(const ServeConfig& cfg, const ModelHeader& target, std::
   SPECNODE_RETURN_IF_ERROR(CheckSameVocabulary(d.path, draft.config, *draft.tokenizer,
                                                target.config, *target.tokenizer));
   *line = absl::StrFormat("%s (%s)", d.path, draft.config.Summary());
+  return absl::OkStatus();
+}
+
+// The draft and its alternatives (speculation.alternatives), as CheckDraftSpec; *line lists
+// them ("a + b").
+absl::Status CheckDraft(const ServeConfig& cfg, const ModelHeader& target, std::string* line) {
+  SPECNODE_RETURN_IF_ERROR(CheckAlternatives(cfg));
+  SPECNODE_RETURN_IF_ERROR(CheckDraftSpec(cfg.draft, target, line));
+  for (const DraftSpec& d : cfg.alternatives) {
+    std::string alt;
+    if (absl::Status st = CheckDraftSpec(d, target, &alt); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculation.alternatives: ", d.text(), ": ", st.message()));
+    }
+    absl::StrAppend(line, " + ", alt);
+  }
   return absl::OkStatus();
 }
 
@@ -570,6 +592,7 @@ int RunServe(int argc, char** argv) {
                           "kv-events-bind",
                           "threads",
                           "draft",
+                          "draft-alternatives",
                           "spec-k",
                           "acceptance",
                           "router-rules",

@@ -78,6 +78,12 @@ constexpr ConfigKey kKeys[] = {
                                                             : std::string("array");
      }},
     {"speculation.draft", "--draft", "", +[](const ServeConfig& c) { return c.draft.text(); }},
+    {"speculation.alternatives", "--draft-alternatives", "comma-separated: `ngram` or `ngram,self:8`",
+     +[](const ServeConfig& c) {
+       std::vector<std::string> texts;
+       for (const DraftSpec& d : c.alternatives) texts.push_back(d.text());
+       return texts.empty() ? std::string("(none)") : absl::StrJoin(texts, ",");
+     }},
     {"speculation.k_max", "--spec-k", "", +[](const ServeConfig& c) { return N(c.k_max); }},
     {"speculation.free_threshold", "", "the controller's bands: YAML only (`specnode tune`)",
      +[](const ServeConfig& c) { return D(c.free_threshold); }},

@@ -127,6 +127,7 @@ KvCacheEvent AllBlocksCleared() {
 // for each group that drafts (a controller learns its own group's costs).
 struct EngineGroups {
   std::vector<std::unique_ptr<SpecController>> owned;
+  std::vector<std::unique_ptr<Drafter>> alternatives;  // speculation.alternatives' drafters
   std::vector<DraftGroup> groups;  // empty: one group without a drafter, target-only decoding
   std::vector<std::pair<std::string, const SpecController*>> controllers;  // for metrics
   std::string draft_name = "none";
@@ -135,6 +136,7 @@ struct EngineGroups {
 absl::StatusOr<EngineGroups> MakeEngineGroups(const ServeConfig& cfg, ModelSession* session,
                                               std::vector<ServeGroup>& serve_groups) {
   EngineGroups e;
+  SPECNODE_RETURN_IF_ERROR(CheckAlternatives(cfg));
   for (ServeGroup& g : serve_groups) {
     if (g.drafter == nullptr && !cfg.draft.none()) {
       SPECNODE_ASSIGN_OR_RETURN(g.drafter,
@@ -144,13 +146,25 @@ absl::StatusOr<EngineGroups> MakeEngineGroups(const ServeConfig& cfg, ModelSessi
       e.groups.push_back({nullptr, nullptr, g.target});
       continue;
     }
-    SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> controller,
-                              SpecController::Create(ControllerConfigFor(cfg)));
-    e.groups.push_back({g.drafter.get(), controller.get(), g.target});
+    // The group's drafter, then its alternatives on the same target (the router picks per
+    // domain among them).
+    std::vector<Drafter*> drafters = {g.drafter.get()};
+    for (const DraftSpec& spec : cfg.alternatives) {
+      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<Drafter> alt,
+                                MakeDrafter(spec, session->model(), session->pool(), cfg.kv));
+      drafters.push_back(alt.get());
+      e.alternatives.push_back(std::move(alt));
+    }
+    for (Drafter* d : drafters) {
+      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> controller,
+                                SpecController::Create(ControllerConfigFor(cfg)));
+      e.groups.push_back({d, controller.get(), g.target});
+      e.controllers.push_back(
+          {serve_groups.size() == 1 ? d->name() : g.name + "/" + d->name(), controller.get()});
+      e.owned.push_back(std::move(controller));
+    }
     e.draft_name = g.drafter->name();
-    e.controllers.push_back(
-        {serve_groups.size() == 1 ? e.draft_name : g.name + "/" + e.draft_name, controller.get()});
-    e.owned.push_back(std::move(controller));
+    for (size_t i = 1; i < drafters.size(); ++i) e.draft_name += " + " + drafters[i]->name();
   }
   if (e.groups.size() == 1 && e.groups[0].drafter == nullptr) e.groups.clear();
   return e;

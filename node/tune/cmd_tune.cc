@@ -85,12 +85,19 @@ class EngineMeasurer final : public TuneMeasurer {
     // otherwise hold this very workload's outputs from the previous pass and predict them
     // perfectly, which no server sees. The controller stays: acceptance and timings learnt
     // on earlier passes are what a running server has.
+    // The draft, then its alternatives (the router chooses per domain), one controller each.
     std::vector<DraftGroup> groups;
-    std::unique_ptr<Drafter> drafter;
+    std::vector<std::unique_ptr<Drafter>> drafters;
     if (!c.draft.none()) {
-      SPECNODE_ASSIGN_OR_RETURN(
-          drafter, MakeDrafter(c.draft, setup->session->model(), setup->session->pool(), c.kv));
-      groups.push_back({drafter.get(), setup->controller.get()});
+      std::vector<DraftSpec> specs = {c.draft};
+      specs.insert(specs.end(), c.alternatives.begin(), c.alternatives.end());
+      for (size_t i = 0; i < specs.size(); ++i) {
+        SPECNODE_ASSIGN_OR_RETURN(
+            std::unique_ptr<Drafter> d,
+            MakeDrafter(specs[i], setup->session->model(), setup->session->pool(), c.kv));
+        groups.push_back({d.get(), setup->controllers[i].get()});
+        drafters.push_back(std::move(d));
+      }
     }
     SpecEngineOptions eo;
     eo.acceptance = c.acceptance;
@@ -159,7 +166,8 @@ class EngineMeasurer final : public TuneMeasurer {
  private:
   struct Setup {
     ModelSession* session = nullptr;
-    std::unique_ptr<SpecController> controller;  // null without a drafter
+    // One per drafter (the draft, then its alternatives); none without a drafter.
+    std::vector<std::unique_ptr<SpecController>> controllers;
     bool warm = false;
   };
 
@@ -183,8 +191,11 @@ class EngineMeasurer final : public TuneMeasurer {
     if (it != setups_.end()) return it->second.get();
     auto setup = std::make_unique<Setup>();
     SPECNODE_ASSIGN_OR_RETURN(setup->session, Session(c));
-    if (!c.draft.none()) {
-      SPECNODE_ASSIGN_OR_RETURN(setup->controller, SpecController::Create(ControllerConfigFor(c)));
+    const size_t drafters = c.draft.none() ? 0 : 1 + c.alternatives.size();
+    for (size_t i = 0; i < drafters; ++i) {
+      SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<SpecController> controller,
+                                SpecController::Create(ControllerConfigFor(c)));
+      setup->controllers.push_back(std::move(controller));
     }
     Setup* raw = setup.get();
     setups_[key] = std::move(setup);

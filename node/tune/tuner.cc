@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "model/cpu/act_quant.h"
 #include "model/status_macros.h"
@@ -28,7 +29,8 @@ const char* RequestedActivations(std::optional<ActQuant> a) {
 // YAML states for every one of them the tuner did not keep. Activations are a CPU option (a
 // GPU always runs int16 and refuses int8).
 std::vector<TuneOption> OffSettings(const ServeConfig& base) {
-  std::vector<TuneOption> off = {{"speculation.draft", "none"}, {"kv.mode", "full"}};
+  std::vector<TuneOption> off = {
+      {"speculation.draft", "none"}, {"speculation.alternatives", ""}, {"kv.mode", "full"}};
   if (base.device.is_cpu()) off.push_back({"model.activations", "int16"});
   return off;
 }
@@ -57,6 +59,9 @@ std::vector<TuneOption> DefaultTuneStack(const ServeConfig& base, int n_layers) 
       stack.push_back({"speculation.draft", self, Goal::kLatency, false});
     }
   }
+  // Prompt lookup beside a model or self draft, the router choosing per domain (a kept
+  // n-gram draft skips it: already the current setting).
+  stack.push_back({"speculation.alternatives", "ngram", Goal::kLatency, false});
   if (base.k_max < 8) stack.push_back({"speculation.k_max", "8", Goal::kLatency, false});
   // Cheap drafts (a GPU target verifies extra rows for ~5% of a step) pay at acceptances
   // the default threshold switches off: let the cost model decide down to 0.2.
@@ -77,6 +82,17 @@ absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
       return absl::InvalidArgumentError(absl::StrCat("speculation.draft: ", d.status().message()));
     }
     c->draft = *d;
+  } else if (o.key == "speculation.alternatives") {
+    absl::StatusOr<std::vector<DraftSpec>> alts = ParseAlternatives(o.value, c->topology);
+    if (!alts.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculation.alternatives: ", alts.status().message()));
+    }
+    // Beside an n-gram draft, n-gram alternatives add nothing.
+    c->alternatives.clear();
+    for (const DraftSpec& d : *alts) {
+      if (!(d == c->draft)) c->alternatives.push_back(d);
+    }
   } else if (o.key == "speculation.k_max") {
     int k = 0;
     if (!absl::SimpleAtoi(o.value, &k) || k < 1 || k > 64) {
@@ -116,7 +132,10 @@ ServeConfig TuneBaseline(const ServeConfig& base) {
 }
 
 std::string TuneKey(const ServeConfig& c) {
-  return absl::StrCat("draft=", c.draft.text(), " k_max=", c.k_max,
+  std::vector<std::string> alts;
+  for (const DraftSpec& d : c.alternatives) alts.push_back(d.text());
+  return absl::StrCat("draft=", c.draft.text(), alts.empty() ? "" : "+", absl::StrJoin(alts, "+"),
+                      " k_max=", c.k_max,
                       " disable=", absl::StrFormat("%g", c.disable_threshold), " kv=", std::string(KvModeName(c.kv.mode)),
                       " activations=", RequestedActivations(c.activations));
 }
@@ -188,7 +207,7 @@ absl::StatusOr<TuneResult> TuneStack(const ServeConfig& base, const std::vector<
     ServeConfig candidate = current;
     SPECNODE_RETURN_IF_ERROR(ApplyTuneOption(option, &candidate));
     if (absl::StartsWith(option.key, "speculation.") && option.key != "speculation.draft" &&
-        current.draft.none()) {
+        current.draft.none()) {  // alternatives too: they join a draft
       step.skipped = "no drafter kept";
     } else if (TuneKey(candidate) == TuneKey(current)) {
       step.skipped = "already the current setting";
@@ -284,7 +303,14 @@ absl::StatusOr<std::string> TunedYaml(const std::string& base_yaml,
     // Integers stay integers in the emitted YAML (k_max), strings are quoted as needed.
     int as_int = 0;
     double as_double = 0;
-    if (absl::SimpleAtoi(s.value, &as_int) && s.key != "model.target") {
+    if (s.key == "speculation.alternatives") {  // a list, empty when off
+      YAML::Node list(YAML::NodeType::Sequence);
+      for (absl::string_view v : absl::StrSplit(s.value, ',', absl::SkipEmpty())) {
+        list.push_back(std::string(v));
+      }
+      list.SetStyle(YAML::EmitterStyle::Flow);
+      root[path[0]][path[1]] = list;
+    } else if (absl::SimpleAtoi(s.value, &as_int) && s.key != "model.target") {
       root[path[0]][path[1]] = as_int;
     } else if (absl::SimpleAtod(s.value, &as_double) && s.key != "model.target") {
       root[path[0]][path[1]] = as_double;

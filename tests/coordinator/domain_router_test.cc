@@ -281,7 +281,8 @@ TEST(DomainRouterTest, GroupThatLosesEverywhereIsNotTriedFirst) {
 }
 
 // Per-sequence choice: a group's rate counts its catch-up on the sequence's context; an
-// untried group is explored only while its a = 1 bound beats the best known rate; a
+// untried group is explored only while its a = 1 bound beats the best known rate (settled,
+// by kExploreMargin); a
 // shadowed group goes first only when nothing is known, and is otherwise learnt for free.
 TEST(DomainRouterTest, ChooseGroupForWeighsCatchUpAndExploresOnlyWhatCouldWin) {
   auto lookup = SpecController::Create({}).value();  // shadowed (prompt lookup)
@@ -340,6 +341,18 @@ TEST(DomainRouterTest, ChooseGroupForWeighsCatchUpAndExploresOnlyWhatCouldWin) {
   c = DomainRouter::ChooseGroupFor("code", options(0), remaining);
   EXPECT_EQ(c.index, 1);
   EXPECT_FALSE(c.explore);
+  // A first try waits until the best known estimate is settled: four early steps of the
+  // lookup on "chat" (25% accepted) hold the model back; sixteen let it be tried.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(lookup->RecordStep("chat", 1, i == 0).ok());
+  ASSERT_FALSE(lookup->Settled("chat"));
+  c = DomainRouter::ChooseGroupFor("chat", options(10), remaining);
+  EXPECT_EQ(c.index, 0);
+  EXPECT_FALSE(c.explore);
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(lookup->RecordStep("chat", 1, i % 4 == 0).ok());
+  ASSERT_TRUE(lookup->Settled("chat"));
+  c = DomainRouter::ChooseGroupFor("chat", options(10), remaining);
+  EXPECT_EQ(c.index, 1);
+  EXPECT_TRUE(c.explore);
   // A group with no timings at all has an unbounded optimism: always worth a first try.
   auto fresh = SpecController::Create({}).value();
   o = options(300);

@@ -574,21 +574,32 @@ TEST(SpecControllerTest, NeverProposingIsObserved) {
   EXPECT_NEAR(unverified->BestCaseGoodput().value(), 9.0 / 0.018, 1e-9);
 }
 
-// UpperGoodput: optimistic while a domain has few observations, close to the estimate once
-// it has many; never below it.
-TEST(SpecControllerTest, UpperGoodputNarrowsWithObservations) {
-  auto few = spec_test::Make(spec_test::ExactTimings());
-  auto many = spec_test::Make(spec_test::ExactTimings());
-  for (SpecController* c : {few.get(), many.get()}) spec_test::SetTimings(*c, 1, 10, 0, 10);
-  EXPECT_EQ(few->UpperGoodput("summarize"), 0.0);  // unknown
-  // Half the positions accepted: 4 positions on one, 256 on the other.
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(few->RecordStep("summarize", 1, i % 2).ok());
-  for (int i = 0; i < 256; ++i) ASSERT_TRUE(many->RecordStep("summarize", 1, i % 2).ok());
-  for (SpecController* c : {few.get(), many.get()}) {
-    EXPECT_GE(c->UpperGoodput("summarize"), c->ExpectedGoodput("summarize"));
+// Settled: enough evidence (positions or asks) for the router to hold other drafters'
+// first tries to this estimate.
+TEST(SpecControllerTest, SettledAfterMinObservations) {
+  auto ctl = spec_test::Make(spec_test::ExactTimings());
+  EXPECT_FALSE(ctl->Settled("code"));
+  for (int i = 0; i < 15; ++i) ctl->RecordProposal("code", false);
+  EXPECT_FALSE(ctl->Settled("code"));
+  ctl->RecordProposal("code", false);  // 16 asks, never a proposal: settled
+  EXPECT_TRUE(ctl->Settled("code"));
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(ctl->RecordStep("chat", 1, 1).ok());
+  EXPECT_TRUE(ctl->Settled("chat"));
+}
+
+// A direct (disabled) domain's goodput pays for its probes, and a drafter with state also
+// for catching up at each probe on what was decoded since the last.
+TEST(SpecControllerTest, DirectGoodputCountsTheProbesCatchUp) {
+  auto lookup = spec_test::Make(spec_test::ExactTimings());
+  auto model = spec_test::Make(spec_test::ExactTimings());
+  for (SpecController* c : {lookup.get(), model.get()}) {
+    spec_test::SetTimings(*c, 1, 10, 0, 10);
+    for (int i = 0; i < 300; ++i) ASSERT_TRUE(c->RecordStep("legal", 1, 0).ok());
+    ASSERT_EQ(c->Snapshot("legal").mode, SpecMode::kDisabled);
   }
-  EXPECT_GT(few->UpperGoodput("summarize"), 1.5 * few->ExpectedGoodput("summarize"));
-  EXPECT_LT(many->UpperGoodput("summarize"), 1.25 * many->ExpectedGoodput("summarize"));
+  ASSERT_TRUE(model->RecordCatchupTime(100, 0.1).ok());  // 1 ms per token
+  EXPECT_LT(model->ExpectedGoodput("legal"), lookup->ExpectedGoodput("legal"));
+  EXPECT_LT(lookup->ExpectedGoodput("legal"), 100.0);  // the probes' cost
 }
 
 }  // namespace

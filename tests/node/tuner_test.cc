@@ -51,7 +51,10 @@ class ScriptedMeasurer final : public TuneMeasurer {
 
  private:
   static std::vector<std::string> Settings(const ServeConfig& c) {
-    return {"draft=" + c.draft.text(), "k_max=" + std::to_string(c.k_max), "kv=" + std::string(KvModeName(c.kv.mode)),
+    std::string alternatives;
+    for (const DraftSpec& d : c.alternatives) alternatives += (alternatives.empty() ? "" : ",") + d.text();
+    return {"draft=" + c.draft.text(), "alternatives=" + alternatives,
+            "k_max=" + std::to_string(c.k_max), "kv=" + std::string(KvModeName(c.kv.mode)),
             std::string("activations=") + (c.activations == ActQuant::kInt8 ? "int8" : "int16")};
   }
 };
@@ -68,7 +71,8 @@ TEST(TuneStackTest, DefaultStackOnCpuAndGpu) {
   for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
   EXPECT_THAT(names,
               ::testing::ElementsAre("speculation.draft=ngram", "speculation.draft=self:20",
-                                     "speculation.k_max=8", "speculation.disable_threshold=0.2",
+                                     "speculation.alternatives=ngram", "speculation.k_max=8",
+                                     "speculation.disable_threshold=0.2",
                                      "model.activations=int8", "kv.mode=mixed"));
   base.device = Device::Cuda(0);           // the GPU runner: f16 KV, int16 activations
   base.k_max = 8;                     // nothing larger to try
@@ -77,9 +81,10 @@ TEST(TuneStackTest, DefaultStackOnCpuAndGpu) {
   for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
   EXPECT_THAT(names, ::testing::ElementsAre("speculation.draft=/models/draft.gguf",
                                             "speculation.draft=ngram", "speculation.draft=self:20",
+                                            "speculation.alternatives=ngram",
                                             "speculation.disable_threshold=0.2"));
   // A tiny model gets no self-draft.
-  EXPECT_EQ(DefaultTuneStack(Base(), 2).size(), 5u);
+  EXPECT_EQ(DefaultTuneStack(Base(), 2).size(), 6u);
 }
 
 TEST(TuneStackTest, BaselineSwitchesEveryOptionOff) {
@@ -143,13 +148,15 @@ TEST(TuneRunTest, KeepsWhatPaysAndRecordsWhy) {
   for (const TuneOption& k : r->kept) kept.push_back(k.name());
   EXPECT_THAT(kept, ::testing::ElementsAre("speculation.draft=ngram", "speculation.k_max=8",
                                            "kv.mode=mixed"));
-  ASSERT_EQ(r->steps.size(), 6u);
+  ASSERT_EQ(r->steps.size(), 7u);
   EXPECT_NEAR(r->steps[0].speedup, 1.3, 1e-9);
   EXPECT_FALSE(r->steps[1].decision.keep);  // the self-draft loses against n-gram
   EXPECT_NEAR(r->steps[1].speedup, 0.6 / 1.3, 1e-9);
-  EXPECT_FALSE(r->steps[3].decision.keep);  // disable_threshold: no gain scripted
-  EXPECT_THAT(r->steps[4].decision.reason, HasSubstr("below the budget"));  // int8: 0.95
-  EXPECT_NEAR(r->steps[5].memory_ratio, 0.7, 1e-9);
+  // Prompt lookup beside prompt lookup is the current setting.
+  EXPECT_EQ(r->steps[2].skipped, "already the current setting");
+  EXPECT_FALSE(r->steps[4].decision.keep);  // disable_threshold: no gain scripted
+  EXPECT_THAT(r->steps[5].decision.reason, HasSubstr("below the budget"));  // int8: 0.95
+  EXPECT_NEAR(r->steps[6].memory_ratio, 0.7, 1e-9);
   EXPECT_EQ(TuneKey(r->tuned), "draft=ngram k_max=8 disable=0.4 kv=mixed activations=int16");
   EXPECT_NEAR(r->tuned_accuracy, 0.98, 1e-9);
   // Agreement is measured only for options that can change the output, each on top of the
@@ -183,10 +190,39 @@ TEST(TuneRunTest, NothingKeptGivesTheBaselineAndKMaxNeedsADrafter) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->kept.empty());
   EXPECT_EQ(TuneKey(r->tuned), TuneKey(TuneBaseline(base)));
-  for (int i : {2, 3}) {  // k_max and disable_threshold need a drafter
+  for (int i : {2, 3, 4}) {  // alternatives, k_max and disable_threshold need a drafter
     EXPECT_FALSE(r->steps[i].tried);
     EXPECT_EQ(r->steps[i].skipped, "no drafter kept");
   }
+}
+
+// A draft model kept, prompt lookup beside it (the router choosing per domain) is tried on
+// top and kept where it pays; the tuned YAML lists it and parses back.
+TEST(TuneRunTest, KeepsPromptLookupBesideADraftModel) {
+  ScriptedMeasurer m;
+  m.speed = {{"draft=/models/draft.gguf", 1.2}, {"draft=ngram", 1.1}, {"draft=self:20", 0.7},
+             {"alternatives=ngram", 1.1}};
+  ServeConfig base = Base();
+  base.draft = ParseDraftSpec("/models/draft.gguf").value();
+  TuneCriteria criteria;
+  criteria.rounds = 1;
+  absl::StatusOr<TuneResult> r = TuneStack(base, DefaultTuneStack(base, 30), m, criteria, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> kept;
+  for (const TuneOption& k : r->kept) kept.push_back(k.name());
+  EXPECT_THAT(kept, ::testing::ElementsAre("speculation.draft=/models/draft.gguf",
+                                           "speculation.alternatives=ngram"));
+  EXPECT_THAT(TuneKey(r->tuned), HasSubstr("draft=/models/draft.gguf+ngram "));
+  absl::StatusOr<std::string> yaml = TunedYaml("speculation:\n  draft: ngram\n", r->kept, "", "");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_THAT(*yaml, HasSubstr("alternatives: [ngram]"));
+  const ServeConfig back = ParseServeConfig(*yaml, "tuned").value();
+  ASSERT_EQ(back.alternatives.size(), 1u);
+  EXPECT_EQ(back.alternatives[0].text(), "ngram");
+  // Off, the list is empty (and still parses).
+  yaml = TunedYaml("speculation:\n  draft: ngram\n", {}, "", "");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_THAT(*yaml, HasSubstr("alternatives: []"));
 }
 
 // On a noisy machine the gain asked grows to the noise of the baseline against itself.

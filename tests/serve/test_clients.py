@@ -335,8 +335,10 @@ def test_seeded_sampling_gives_the_same_text_whatever_speculation_does(specnode,
                                                                        tmp_path):
     runs = {}
     for name, extra in [("default", []), ("self:8", ["--draft", "self:8"]),
+                        ("self:8+ngram", ["--draft", "self:8", "--draft-alternatives", "ngram"]),
                         ("none", ["--draft", "none"])]:
-        node = Node(specnode, real_model, tmp_path / f"serve-{name.replace(':', '')}.log",
+        node = Node(specnode, real_model,
+                    tmp_path / f"serve-{name.replace(':', '').replace('+', '-')}.log",
                     extra=["--threads", "2", *extra])
         try:
             node.wait_ready(timeout_s=180)
