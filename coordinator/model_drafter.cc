@@ -115,7 +115,8 @@ int64_t ModelDrafter::Uncached(SeqId seq, std::span<const int32_t> context) cons
   if (context.empty()) return 0;
   const auto want = context.first(context.size() - 1);
   auto it = cached_.find(seq);
-  if (it == cached_.end()) return want.size() <= kProposeTail ? 0 : static_cast<int64_t>(want.size());
+  if (it == cached_.end())
+    return want.size() <= kProposeTail ? 0 : static_cast<int64_t>(want.size());
   const std::vector<int32_t>& cached = it->second;
   const size_t limit = std::min(cached.size(), want.size());
   size_t common = 0;

@@ -100,7 +100,8 @@ int SpeculativeEngine::StartGroup(const Seq& s) {
     }
   }
   if (options_.route_log) {
-    options_.route_log(DescribeChoice("start", s.request.domain, s.request.id, groups_, choice, chosen));
+    options_.route_log(
+        DescribeChoice("start", s.request.domain, s.request.id, groups_, choice, chosen));
   }
   return chosen;
 }
@@ -112,7 +113,8 @@ void SpeculativeEngine::MaybeMove(Seq& s) {
       s.request.domain, GroupOptions(s, /*same_target_only=*/true), ExpectedRemaining(s));
   const int to = choice.index;
   if (options_.route_log) {
-    options_.route_log(DescribeChoice("check", s.request.domain, s.request.id, groups_, choice, to));
+    options_.route_log(
+        DescribeChoice("check", s.request.domain, s.request.id, groups_, choice, to));
   }
   if (to < 0 || to == s.group) return;
   // A first try moves at once (its estimate says it could win); otherwise only a clear

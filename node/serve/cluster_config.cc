@@ -8,8 +8,8 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"

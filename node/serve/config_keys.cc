@@ -78,7 +78,8 @@ constexpr ConfigKey kKeys[] = {
                                                             : std::string("array");
      }},
     {"speculation.draft", "--draft", "", +[](const ServeConfig& c) { return c.draft.text(); }},
-    {"speculation.alternatives", "--draft-alternatives", "comma-separated: `ngram` or `ngram,self:8`",
+    {"speculation.alternatives", "--draft-alternatives",
+     "comma-separated: `ngram` or `ngram,self:8`",
      +[](const ServeConfig& c) {
        std::vector<std::string> texts;
        for (const DraftSpec& d : c.alternatives) texts.push_back(d.text());

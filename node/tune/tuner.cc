@@ -135,8 +135,8 @@ std::string TuneKey(const ServeConfig& c) {
   std::vector<std::string> alts;
   for (const DraftSpec& d : c.alternatives) alts.push_back(d.text());
   return absl::StrCat("draft=", c.draft.text(), alts.empty() ? "" : "+", absl::StrJoin(alts, "+"),
-                      " k_max=", c.k_max,
-                      " disable=", absl::StrFormat("%g", c.disable_threshold), " kv=", std::string(KvModeName(c.kv.mode)),
+                      " k_max=", c.k_max, " disable=", absl::StrFormat("%g", c.disable_threshold),
+                      " kv=", std::string(KvModeName(c.kv.mode)),
                       " activations=", RequestedActivations(c.activations));
 }
 

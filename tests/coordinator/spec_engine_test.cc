@@ -343,8 +343,8 @@ TEST_F(SpecEngineTest, ShadowScoringReplaysARealPromptLookupRun) {
   for (int i = 0; i < 64; ++i) ASSERT_TRUE(ctl_model->RecordStep("edit", 4, 4).ok());
   SpecEngineOptions stay;
   stay.route_moves = false;
-  SpeculativeEngine b(runner_b.get(), {{lookup_b.get(), ctl_b.get()}, {model.get(), ctl_model.get()}},
-                      stay);
+  SpeculativeEngine b(runner_b.get(),
+                      {{lookup_b.get(), ctl_b.get()}, {model.get(), ctl_model.get()}}, stay);
   EXPECT_EQ(Run(b, {r}), tokens_a);
   EXPECT_EQ(b.GroupStarts()[1], 1);
   const DomainSnapshot real = ctl_a->Snapshot("edit"), shadow = ctl_b->Snapshot("edit");

@@ -52,7 +52,8 @@ class ScriptedMeasurer final : public TuneMeasurer {
  private:
   static std::vector<std::string> Settings(const ServeConfig& c) {
     std::string alternatives;
-    for (const DraftSpec& d : c.alternatives) alternatives += (alternatives.empty() ? "" : ",") + d.text();
+    for (const DraftSpec& d : c.alternatives)
+      alternatives += (alternatives.empty() ? "" : ",") + d.text();
     return {"draft=" + c.draft.text(), "alternatives=" + alternatives,
             "k_max=" + std::to_string(c.k_max), "kv=" + std::string(KvModeName(c.kv.mode)),
             std::string("activations=") + (c.activations == ActQuant::kInt8 ? "int8" : "int16")};
@@ -69,11 +70,10 @@ TEST(TuneStackTest, DefaultStackOnCpuAndGpu) {
   ServeConfig base = Base();
   std::vector<std::string> names;
   for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
-  EXPECT_THAT(names,
-              ::testing::ElementsAre("speculation.draft=ngram", "speculation.draft=self:20",
-                                     "speculation.alternatives=ngram", "speculation.k_max=8",
-                                     "speculation.disable_threshold=0.2",
-                                     "model.activations=int8", "kv.mode=mixed"));
+  EXPECT_THAT(names, ::testing::ElementsAre("speculation.draft=ngram", "speculation.draft=self:20",
+                                            "speculation.alternatives=ngram", "speculation.k_max=8",
+                                            "speculation.disable_threshold=0.2",
+                                            "model.activations=int8", "kv.mode=mixed"));
   base.device = Device::Cuda(0);           // the GPU runner: f16 KV, int16 activations
   base.k_max = 8;                     // nothing larger to try
   base.draft = ParseDraftSpec("/models/draft.gguf").value();  // the user's own drafter is tried first
@@ -200,7 +200,9 @@ TEST(TuneRunTest, NothingKeptGivesTheBaselineAndKMaxNeedsADrafter) {
 // top and kept where it pays; the tuned YAML lists it and parses back.
 TEST(TuneRunTest, KeepsPromptLookupBesideADraftModel) {
   ScriptedMeasurer m;
-  m.speed = {{"draft=/models/draft.gguf", 1.2}, {"draft=ngram", 1.1}, {"draft=self:20", 0.7},
+  m.speed = {{"draft=/models/draft.gguf", 1.2},
+             {"draft=ngram", 1.1},
+             {"draft=self:20", 0.7},
              {"alternatives=ngram", 1.1}};
   ServeConfig base = Base();
   base.draft = ParseDraftSpec("/models/draft.gguf").value();
