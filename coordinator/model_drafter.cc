@@ -97,11 +97,19 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::SelfDraft(const Llam
   return Finish(std::move(d), config, pool, kv);
 }
 
-absl::StatusOr<int32_t> ModelDrafter::Align(SeqId seq, std::span<const int32_t> tokens) {
-  std::vector<int32_t>& cached = cached_[seq];
+size_t ModelDrafter::CachedPrefix(SeqId seq, std::span<const int32_t> tokens) const {
+  auto it = cached_.find(seq);
+  if (it == cached_.end()) return 0;
+  const std::vector<int32_t>& cached = it->second;
   const size_t limit = std::min(cached.size(), tokens.size());
   size_t common = 0;
   while (common < limit && cached[common] == tokens[common]) ++common;
+  return common;
+}
+
+absl::StatusOr<int32_t> ModelDrafter::Align(SeqId seq, std::span<const int32_t> tokens) {
+  const size_t common = CachedPrefix(seq, tokens);
+  std::vector<int32_t>& cached = cached_[seq];
   if (common < cached.size()) {
     SPECNODE_RETURN_IF_ERROR(runner_->Truncate(seq, static_cast<int32_t>(common)));
     cached.resize(common);
@@ -114,14 +122,7 @@ int64_t ModelDrafter::Uncached(SeqId seq, std::span<const int32_t> context) cons
   // at most kProposeTail tokens, which Propose's first round feeds as drafting.
   if (context.empty()) return 0;
   const auto want = context.first(context.size() - 1);
-  auto it = cached_.find(seq);
-  if (it == cached_.end())
-    return want.size() <= kProposeTail ? 0 : static_cast<int64_t>(want.size());
-  const std::vector<int32_t>& cached = it->second;
-  const size_t limit = std::min(cached.size(), want.size());
-  size_t common = 0;
-  while (common < limit && cached[common] == want[common]) ++common;
-  const size_t missing = want.size() - common;
+  const size_t missing = want.size() - CachedPrefix(seq, want);
   return missing <= kProposeTail ? 0 : static_cast<int64_t>(missing);
 }
 

@@ -71,6 +71,8 @@ class ModelDrafter final : public Drafter {
 
  private:
   ModelDrafter() = default;
+  // Length of the common prefix of seq's cached tokens and `tokens` (0 for an unknown seq).
+  size_t CachedPrefix(SeqId seq, std::span<const int32_t> tokens) const;
   // Truncates seq's cache to its common prefix with `tokens` and returns that length.
   absl::StatusOr<int32_t> Align(SeqId seq, std::span<const int32_t> tokens);
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> Finish(std::unique_ptr<ModelDrafter> d,

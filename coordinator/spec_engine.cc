@@ -268,7 +268,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       has_prefill |= s->chunk > 0;
       continue;
     }
-    if (options_.route_moves && !s->moved && s->route_checks < kRouteChecks &&
+    if (options_.route_moves && s->stats.group_moves == 0 && s->route_checks < kRouteChecks &&
         s->stats.steps >= (s->route_checks + 1) * kRouteCheckSteps) {
       MaybeMove(*s);
     }

@@ -125,7 +125,6 @@ void SpeculativeEngine::MaybeMove(Seq& s) {
   // cheap one keeps it, as it shadows the sequence from now on.
   if (from != nullptr && !from->CheapToShadow()) from->Free(s.request.id);
   s.group = to;
-  s.moved = true;
   s.in_run = false;
   ++s.stats.group_moves;
 }
@@ -174,7 +173,7 @@ void SpeculativeEngine::SimulateRun(Seq& s, size_t g, bool has_prefill) {
     const DraftRequest request{s.request.id, known.first(cur), k, &s.sampler, domain, false};
     std::vector<Draft> drafts;
     const auto t0 = Clock::now();
-    if (!d.Propose({&request, 1}, &drafts).ok() || drafts.size() != 1) return;
+    if (!d.Propose({&request, 1}, &drafts).ok() || drafts.size() != 1) break;
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     s.stats.draft_s += seconds;
     std::span<const int32_t> proposal(drafts[0].tokens);

@@ -24,7 +24,6 @@ struct SpeculativeEngine::Seq {
   bool parked = false;  // KV swapped out to the host tier (Park)
   // Routing (spec_engine_route.cc).
   int route_checks = 0;  // move checks done (kRouteChecks at most)
-  bool moved = false;    // the router moved it (once per sequence)
   // Per group, for shadow scoring: where its simulated run stands in `tokens` (the context
   // length of its next proposal), and whether that run's last step matched fully.
   std::vector<size_t> shadow_cursor;

@@ -335,7 +335,6 @@ absl::Status CheckDraftSpec(const DraftSpec& d, const ModelHeader& target, std::
 // The draft and its alternatives (speculation.alternatives), as CheckDraftSpec; *line lists
 // them ("a + b").
 absl::Status CheckDraft(const ServeConfig& cfg, const ModelHeader& target, std::string* line) {
-  SPECNODE_RETURN_IF_ERROR(CheckAlternatives(cfg));
   SPECNODE_RETURN_IF_ERROR(CheckDraftSpec(cfg.draft, target, line));
   for (const DraftSpec& d : cfg.alternatives) {
     std::string alt;

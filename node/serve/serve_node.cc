@@ -136,7 +136,6 @@ struct EngineGroups {
 absl::StatusOr<EngineGroups> MakeEngineGroups(const ServeConfig& cfg, ModelSession* session,
                                               std::vector<ServeGroup>& serve_groups) {
   EngineGroups e;
-  SPECNODE_RETURN_IF_ERROR(CheckAlternatives(cfg));
   for (ServeGroup& g : serve_groups) {
     if (g.drafter == nullptr && !cfg.draft.none()) {
       SPECNODE_ASSIGN_OR_RETURN(g.drafter,
