@@ -522,24 +522,6 @@ TEST(SpecControllerTest, ExpensiveProbesAreSpacedOut) {
   EXPECT_EQ(direct, 32);
 }
 
-// The catch-up rate (seconds per token a drafter fed before drafting) and the a = 1 bound
-// the router holds untried groups to.
-TEST(SpecControllerTest, CatchUpRateAndBestCase) {
-  auto ctl = spec_test::Make(spec_test::ExactTimings());
-  EXPECT_FALSE(ctl->PredictCatchupSeconds(100).has_value());
-  EXPECT_EQ(ctl->PredictCatchupSeconds(0).value(), 0.0);
-  EXPECT_FALSE(ctl->BestCaseGoodput().has_value());
-  EXPECT_EQ(ctl->RecordCatchupTime(0, 1.0).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ctl->RecordCatchupTime(10, -1.0).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(ctl->RecordCatchupTime(200, 0.5).ok());
-  EXPECT_NEAR(ctl->PredictCatchupSeconds(100).value(), 0.25, 1e-12);
-  ASSERT_TRUE(ctl->RecordCatchupTime(100, 0.1).ok());  // alpha 1: the newest rate
-  EXPECT_NEAR(ctl->PredictCatchupSeconds(100).value(), 0.1, 1e-12);
-  spec_test::SetTimings(*ctl, 1, 10, 0, 10);
-  // K = 8 (k_max) at a = 1: 9 tokens in 8 + 10 ms.
-  EXPECT_NEAR(ctl->BestCaseGoodput().value(), 9.0 / 0.018, 1e-9);
-}
-
 // ShadowK: the K a counterfactual proposal is scored at; asking changes no decision count.
 TEST(SpecControllerTest, ShadowKChangesNothing) {
   auto ctl = spec_test::Make();
@@ -585,21 +567,6 @@ TEST(SpecControllerTest, SettledAfterMinObservations) {
   EXPECT_TRUE(ctl->Settled("code"));
   for (int i = 0; i < 16; ++i) ASSERT_TRUE(ctl->RecordStep("chat", 1, 1).ok());
   EXPECT_TRUE(ctl->Settled("chat"));
-}
-
-// A direct (disabled) domain's goodput pays for its probes, and a drafter with state also
-// for catching up at each probe on what was decoded since the last.
-TEST(SpecControllerTest, DirectGoodputCountsTheProbesCatchUp) {
-  auto lookup = spec_test::Make(spec_test::ExactTimings());
-  auto model = spec_test::Make(spec_test::ExactTimings());
-  for (SpecController* c : {lookup.get(), model.get()}) {
-    spec_test::SetTimings(*c, 1, 10, 0, 10);
-    for (int i = 0; i < 300; ++i) ASSERT_TRUE(c->RecordStep("legal", 1, 0).ok());
-    ASSERT_EQ(c->Snapshot("legal").mode, SpecMode::kDisabled);
-  }
-  ASSERT_TRUE(model->RecordCatchupTime(100, 0.1).ok());  // 1 ms per token
-  EXPECT_LT(model->ExpectedGoodput("legal"), lookup->ExpectedGoodput("legal"));
-  EXPECT_LT(lookup->ExpectedGoodput("legal"), 100.0);  // the probes' cost
 }
 
 }  // namespace
