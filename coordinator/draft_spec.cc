@@ -12,6 +12,8 @@ std::string DraftSpec::text() const {
       return "none";
     case Kind::kNgram:
       return count == 0 ? "ngram" : absl::StrCat("ngram:", count);
+    case Kind::kSuffix:
+      return count == 0 ? "suffix" : absl::StrCat("suffix:", count);
     case Kind::kSelf:
       return absl::StrCat("self:", count);
     case Kind::kModel:
@@ -38,6 +40,12 @@ absl::StatusOr<DraftSpec> ParseDraftSpec(std::string_view text) {
     absl::StatusOr<int> n = count(text.substr(6));
     if (!n.ok()) return n.status();
     return DraftSpec{DraftSpec::Kind::kNgram, *n, {}};
+  }
+  if (spec == "suffix") return DraftSpec{DraftSpec::Kind::kSuffix, 0, {}};
+  if (absl::StartsWith(spec, "suffix:")) {
+    absl::StatusOr<int> n = count(text.substr(7));
+    if (!n.ok()) return n.status();
+    return DraftSpec{DraftSpec::Kind::kSuffix, *n, {}};
   }
   if (absl::StartsWith(spec, "self:")) {
     absl::StatusOr<int> layers = count(text.substr(5));

@@ -2,6 +2,8 @@
 // is read into a typed value:
 //   none            no speculation
 //   ngram | ngram:N prompt lookup with suffixes of up to N tokens (default 4)
+//   suffix | suffix:N  frequency-ranked suffix drafting (coordinator/suffix_drafter.h) with
+//                   suffixes of up to N tokens (default 8)
 //   self:L          the target's first L layers + its head (self-speculation)
 //   PATH            a Llama-family draft GGUF sharing the target's vocabulary
 // drafter_factory.h builds the drafter from it.
@@ -15,9 +17,10 @@
 namespace specnode {
 
 struct DraftSpec {
-  enum class Kind : uint8_t { kNone, kNgram, kSelf, kModel };
+  enum class Kind : uint8_t { kNone, kNgram, kSelf, kModel, kSuffix };
   Kind kind = Kind::kNgram;
-  int count = 0;     // ngram: longest suffix (0: the drafter's default); self: layers (>= 1)
+  // ngram, suffix: longest suffix (0: the drafter's default); self: layers (>= 1)
+  int count = 0;
   std::string path;  // kModel: the draft GGUF
 
   static DraftSpec None() { return {Kind::kNone, 0, {}}; }
@@ -25,8 +28,10 @@ struct DraftSpec {
   // A draft model file (drafts on its own rank or a GPU); the others run inside the
   // coordinator, on the CPU.
   bool is_model() const { return kind == Kind::kModel; }
+  // Drafts by looking the text up (ngram, suffix): no model, no KV, cheap to run anywhere.
+  bool is_lookup() const { return kind == Kind::kNgram || kind == Kind::kSuffix; }
   // The spec's text, as ParseDraftSpec reads it back: "none", "ngram", "ngram:3",
-  // "self:20", the path.
+  // "suffix", "suffix:12", "self:20", the path.
   std::string text() const;
   bool operator==(const DraftSpec&) const = default;
 };

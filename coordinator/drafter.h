@@ -36,12 +36,19 @@ struct DraftRequest {
   Sampler* sampler = nullptr;
   std::string_view domain;  // the request's routed domain (valid for the call)
   bool need_q = true;       // false: the acceptance rule does not read Draft::q (kMatch)
+  // > 0: the target verifies trees (coordinator/draft_tree.h), and a drafter that builds
+  // them may propose up to max_nodes nodes, none deeper than k; 0: a chain of up to k.
+  int max_nodes = 0;
 };
 
 struct Draft {
-  std::vector<int32_t> tokens;  // 0..k drafted tokens
-  // [tokens.size(), vocab], or empty (deterministic drafter, or need_q was false)
+  // 0..k drafted tokens (a chain), or the nodes of a tree when parents is not empty.
+  std::vector<int32_t> tokens;
+  // [tokens.size(), vocab], or empty (deterministic drafter, or need_q was false); chains
+  // only.
   std::vector<float> q;
+  // A tree's parent nodes ([tokens.size()], draft_tree.h), only when max_nodes > 0.
+  std::vector<int32_t> parents;
 };
 
 class Drafter {

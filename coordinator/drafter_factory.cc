@@ -2,10 +2,40 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 #include "coordinator/model_drafter.h"
 #include "coordinator/ngram_drafter.h"
+#include "coordinator/suffix_drafter.h"
 
 namespace specnode {
+
+absl::StatusOr<std::unique_ptr<Drafter>> MakeLookupDrafter(const DraftSpec& spec) {
+  if (spec.kind == DraftSpec::Kind::kNgram) {
+    NgramDrafterOptions options;
+    if (spec.count > 0) {
+      options.max_n = spec.count;
+      options.min_n = std::min(options.min_n, options.max_n);
+      options.history_min_n = std::clamp(options.history_min_n, options.min_n, options.max_n);
+    }
+    auto d = NgramDrafter::Create(options);
+    if (!d.ok()) return d.status();
+    return std::unique_ptr<Drafter>(std::move(d).value());
+  }
+  if (spec.kind == DraftSpec::Kind::kSuffix) {
+    SuffixDrafterOptions options;
+    if (spec.count > 0) {
+      options.max_n = spec.count;
+      options.min_n = std::min(options.min_n, options.max_n);
+      options.history_min_n = std::clamp(options.history_min_n, options.min_n, options.max_n);
+    }
+    auto d = SuffixDrafter::Create(options);
+    if (!d.ok()) return d.status();
+    return std::unique_ptr<Drafter>(std::move(d).value());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("draft spec ", spec.text(), " is not a lookup drafter (ngram, suffix)"));
+}
 
 absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const DraftSpec& spec,
                                                      const LlamaModel& target, ThreadPool* pool,
@@ -13,17 +43,9 @@ absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const DraftSpec& spec,
   switch (spec.kind) {
     case DraftSpec::Kind::kNone:
       return absl::InvalidArgumentError("draft spec none: no drafter to build");
-    case DraftSpec::Kind::kNgram: {
-      NgramDrafterOptions options;
-      if (spec.count > 0) {
-        options.max_n = spec.count;
-        options.min_n = std::min(options.min_n, options.max_n);
-        options.history_min_n = std::clamp(options.history_min_n, options.min_n, options.max_n);
-      }
-      auto d = NgramDrafter::Create(options);
-      if (!d.ok()) return d.status();
-      return std::unique_ptr<Drafter>(std::move(d).value());
-    }
+    case DraftSpec::Kind::kNgram:
+    case DraftSpec::Kind::kSuffix:
+      return MakeLookupDrafter(spec);
     case DraftSpec::Kind::kSelf: {
       auto d = ModelDrafter::SelfDraft(target, spec.count, pool, kv);
       if (!d.ok()) return d.status();

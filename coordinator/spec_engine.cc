@@ -21,27 +21,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-// One target's share of a step.
-struct SpeculativeEngine::Pass {
-  ModelRunner* runner = nullptr;
-  std::vector<BatchEntry> batch;
-  // What the runner returns (acceptance.h HeadPlan): each row's head.k largest (`ids`,
-  // `values`: ModelRunner::EndForwardArgMax / EndForwardTopK) when every sequence draws from
-  // those alone, which a GPU target then keeps the logits for on the device; else (k == 0)
-  // the rows (`logits`).
-  HeadPlan head;
-  // Instead of the rows (head.k == 0), each row's draw (ModelRunner::EndForwardDrawn with
-  // `draws`, one per row; into `ids`) when every sequence's sampler prunes nothing and needs
-  // no distribution (PlanDraws).
-  bool drawn = false;
-  std::vector<sample::DrawParams> draws;
-  std::vector<float> logits;
-  std::vector<int32_t> ids;
-  std::vector<float> values;
-  size_t tokens = 0;     // input tokens of the batch
-  double seconds = 0.0;  // from the step's first BeginForward to this pass's EndForward
-};
-
 SpeculativeEngine::SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup> groups,
                                      SpecEngineOptions options)
     : target_(target),
@@ -257,6 +236,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     s->chunk = 0;
     s->drafts.clear();
     s->q.clear();
+    s->parents.clear();
     // The target's pass boundary (ModelRunner::PassBoundary): a pass holds rows of this
     // sequence between two of its multiples only, so the rows see the cache that decoding
     // one token at a time would show them (mixed KV demotes at those boundaries).
@@ -292,7 +272,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     std::vector<DraftRequest> requests;
     for (Seq* s : by_group[g]) {
       requests.push_back({s->request.id, s->tokens, s->k, &s->sampler, s->request.domain,
-                          options_.acceptance == AcceptanceRule::kRatio});
+                          options_.acceptance == AcceptanceRule::kRatio,
+                          TreeBudget(*s, TargetOf(*s)->PassBoundary())});
     }
     // Sync (a draft model catching up on context it has not seen: a sequence's first
     // speculative step, or the first after steps at K = 0 or with another drafter) is part
@@ -316,10 +297,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     draft_share[g] = Seconds(t1, Clock::now()) / by_group[g].size();
     catchup_share[g] = Seconds(t0, t1) / by_group[g].size();
     for (size_t i = 0; i < by_group[g].size(); ++i) {
-      Seq* s = by_group[g][i];
-      s->drafts = std::move(drafts[i].tokens);
-      s->q = std::move(drafts[i].q);
-      if (s->drafts.size() > static_cast<size_t>(s->k)) s->drafts.resize(s->k);
+      TakeDraft(*by_group[g][i], drafts[i], requests[i].max_nodes);
     }
   }
 
@@ -351,7 +329,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       inputs[i].push_back(s->tokens.back());
       inputs[i].insert(inputs[i].end(), s->drafts.begin(), s->drafts.end());
       const bool verify = !s->drafts.empty();
-      passes[p].batch.push_back({s->request.id, inputs[i], verify});
+      passes[p].batch.push_back({s->request.id, inputs[i], verify,
+                                 s->tree() ? s->row_parents : std::span<const int32_t>()});
       rows[p] += verify ? inputs[i].size() : 1;
     }
     passes[p].tokens += inputs[i].size();
@@ -369,63 +348,13 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
   // Sample and accept, per sequence. Each draw's noise is a function of the sequence's seed
   // and the position drawn (sampling.h), so the results depend neither on the split over
   // the pool nor on the order.
-  const int32_t vocab = target_->vocab_size();
   std::vector<AcceptOutcome> outcomes(seqs.size());
   std::vector<int32_t> first_token(seqs.size(), -1);
   if (p_.size() < seqs.size()) p_.resize(seqs.size());
   auto accept = [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
-      Seq* s = seqs[i];
       if (inputs[i].empty()) continue;  // a prefill with no chunk this step
-      const Pass& pass = passes[pass_of[i]];
-      const int k = static_cast<int>(s->drafts.size());
-      // Row 0 predicts the token at the sequence's committed length.
-      const int64_t position = static_cast<int64_t>(s->tokens.size());
-      if (pass.drawn) {  // the rows' draws: t_j predicts the token at position + j
-        const std::span<const int32_t> t(pass.ids.data() + row_of[i], static_cast<size_t>(k + 1));
-        if (s->prefilled < s->n_prompt) {
-          if (s->prefilled + s->chunk == s->n_prompt) first_token[i] = t[0];
-        } else {
-          outcomes[i] = AcceptDrawn(s->drafts, t);
-        }
-        continue;
-      }
-      if (pass.head.k > 0) {  // the rows' largest logits: all greedy and top-k draws need
-        const HeadRows head = pass.head.Rows(pass.ids, pass.values, row_of[i]);
-        if (s->prefilled < s->n_prompt) {
-          if (s->prefilled + s->chunk == s->n_prompt) {
-            first_token[i] = head.Sample(0, s->sampler, position);
-          }
-        } else {
-          outcomes[i] = AcceptFromHead(s->drafts, head, position, s->q, vocab, s->sampler,
-                                       options_.acceptance, &p_[i]);
-        }
-        continue;
-      }
-      const float* row0 = pass.logits.data() + row_of[i] * vocab;
-      if (s->prefilled < s->n_prompt) {
-        if (s->prefilled + s->chunk == s->n_prompt) {
-          first_token[i] = s->sampler.Sample({row0, static_cast<size_t>(vocab)}, position);
-        }
-        continue;
-      }
-      const std::span<const float> rows(row0, static_cast<size_t>(k + 1) * vocab);
-      if (k == 0) {
-        outcomes[i].next_token = s->sampler.Sample(rows, position);
-      } else if (s->request.sampling.temperature == 0.0f) {
-        outcomes[i] = AcceptGreedy(s->drafts, rows, vocab);
-      } else if (options_.acceptance == AcceptanceRule::kMatch) {
-        outcomes[i] = AcceptMatch(s->drafts, rows, vocab, position, &s->sampler);
-      } else {
-        std::vector<float>& p = p_[i];
-        p.resize(static_cast<size_t>(k + 1) * vocab);
-        std::vector<float> dist;
-        for (int r = 0; r <= k; ++r) {
-          s->sampler.Distribution(rows.subspan(static_cast<size_t>(r) * vocab, vocab), &dist);
-          std::copy(dist.begin(), dist.end(), p.begin() + static_cast<size_t>(r) * vocab);
-        }
-        outcomes[i] = AcceptRatio(s->drafts, p, s->q, vocab, position, s->sampler);
-      }
+      AcceptSeq(*seqs[i], passes[pass_of[i]], row_of[i], &p_[i], &first_token[i], &outcomes[i]);
     }
   };
   if (options_.pool != nullptr && seqs.size() > 1) {
@@ -457,13 +386,26 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     const int k = static_cast<int>(s->drafts.size());
     const int32_t len = static_cast<int32_t>(s->tokens.size());
     const AcceptOutcome& outcome = outcomes[i];
-    if (k > 0) {
-      // Keep the last committed token and the accepted drafts in the target cache.
-      SPECNODE_RETURN_IF_ERROR(TargetOf(*s)->Truncate(s->request.id, len + outcome.accepted));
+    // Of a tree, the depth it reached: what "every draft accepted" means for it.
+    const int depth = s->tree() ? *std::max_element(s->row_depth.begin(), s->row_depth.end()) : k;
+    std::vector<int32_t> emitted;
+    if (s->tree()) {
+      // Keep the last committed token's row and the kept path's in the target cache.
+      std::vector<int32_t> rows = {0};
+      for (int32_t node : s->kept) {
+        rows.push_back(node + 1);
+        emitted.push_back(s->drafts[node]);
+      }
+      SPECNODE_RETURN_IF_ERROR(TargetOf(*s)->KeepRows(s->request.id, len - 1, rows));
+    } else {
+      if (k > 0) {
+        // Keep the last committed token and the accepted drafts in the target cache.
+        SPECNODE_RETURN_IF_ERROR(TargetOf(*s)->Truncate(s->request.id, len + outcome.accepted));
+      }
+      emitted.assign(s->drafts.begin(), s->drafts.begin() + outcome.accepted);
     }
     const bool was_in_run = s->in_run;
-    s->in_run = k > 0 && outcome.accepted == k;
-    std::vector<int32_t> emitted(s->drafts.begin(), s->drafts.begin() + outcome.accepted);
+    s->in_run = k > 0 && outcome.accepted == depth;
     emitted.push_back(outcome.next_token);
     Emit(*s, emitted, &result);
     result.k = k;
@@ -483,9 +425,11 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
       }
       if (k > 0) {
         s->stats.spec_steps++;
+        s->stats.tree_steps += s->tree();
         s->stats.drafted += k;
         s->stats.accepted += outcome.accepted;
-        c.RecordStep(s->request.domain, k, outcome.accepted, was_in_run).IgnoreError();
+        // A tree's positions are its depth: the controller's K is how deep it may go.
+        c.RecordStep(s->request.domain, depth, outcome.accepted, was_in_run).IgnoreError();
       }
       if (!has_prefill) RecordTargetTime(*s, k, target_share);
     }
@@ -518,8 +462,10 @@ void SpeculativeEngine::PlanDraws(std::span<Seq* const> seqs,
       pass.draws.push_back(last ? s->sampler.DrawAt(position) : sample::DrawParams{});
       continue;
     }
+    // Row j draws the token after its path: position + j on a chain, + its depth in a tree.
     for (size_t j = 0; j <= s->drafts.size(); ++j) {
-      pass.draws.push_back(s->sampler.DrawAt(position + static_cast<int64_t>(j)));
+      const int64_t offset = s->tree() ? s->row_depth[j] : static_cast<int64_t>(j);
+      pass.draws.push_back(s->sampler.DrawAt(position + offset));
     }
   }
 }

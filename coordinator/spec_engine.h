@@ -94,6 +94,12 @@ struct SpecEngineOptions {
   // the domain, each group's rate and bound (DomainRouter::GroupChoice), the choice. For
   // diagnosis (`specnode spec-bench --route-log`); empty = none. Runs on the step thread.
   std::function<void(std::string_view)> route_log;
+  // Draft trees (docs/speculative.md "Draft trees"): > 0 lets drafters that build trees
+  // (the suffix drafter) propose up to this many nodes (at least K, none deeper than K),
+  // verified in one target pass with a tree mask and kept along the path the target draws
+  // — only with the match rule (or greedy) and where the target takes trees
+  // (ModelRunner::TreePasses); else, and at 0, chains.
+  int tree_nodes = 0;
   // The longest sequence (prompt + max_tokens) a request may take, in tokens: 0 = the
   // target's context length; otherwise at most that (serve.max_model_len; callers check).
   int32_t max_model_len = 0;
@@ -116,7 +122,8 @@ struct SpecSeqStats {
   int32_t generated = 0;
   int32_t steps = 0;                 // decode steps (speculative or direct)
   int32_t spec_steps = 0;            // steps that verified >= 1 draft
-  int32_t drafted = 0;               // draft tokens verified
+  int32_t tree_steps = 0;            // of those, steps that verified a draft tree
+  int32_t drafted = 0;               // draft tokens (tree nodes) verified
   int32_t accepted = 0;              // draft tokens accepted
   double draft_s = 0, target_s = 0;  // attributed time
   int32_t cached_tokens = 0;         // prompt tokens taken from the prefix cache
@@ -127,7 +134,7 @@ struct SpecSeqStats {
 struct SeqStepResult {
   SeqId id = 0;
   std::vector<int32_t> tokens;  // newly committed tokens (empty while still prefilling)
-  int k = 0;                    // drafts verified this step
+  int k = 0;                    // drafts (tree nodes) verified this step
   int accepted = 0;
   FinishReason finish = FinishReason::kNone;
 };
@@ -234,6 +241,17 @@ class SpeculativeEngine {
   void FreeInDrafters(SeqId id);  // every drafter forgets the sequence
   // Which passes draw on the runner instead of returning rows (Pass::drawn) and their
   // draws, one per row in the pass's row order.
+  // One sequence's draws and acceptance on its pass's results (spec_engine_accept.cc):
+  // *first_token when the pass ends its prompt, else *outcome (and Seq::kept for a tree).
+  // Runs on the pool for different sequences at once: touches only s and its outputs.
+  void AcceptSeq(Seq& s, const Pass& pass, size_t row_of, std::vector<float>* p,
+                 int32_t* first_token, AcceptOutcome* outcome) const;
+  // The node budget of s's next draft (DraftRequest::max_nodes): 0 for chains (trees off,
+  // the ratio rule on a sampled sequence, or a target without tree passes).
+  int TreeBudget(const Seq& s, int32_t boundary) const;
+  // A drafter's proposal into s's plan: a chain cut to K, or a tree cut to depth K and
+  // max_nodes nodes with its pass rows (Seq::row_parents, row_depth).
+  void TakeDraft(Seq& s, Draft& draft, int max_nodes);
   void PlanDraws(std::span<Seq* const> seqs, const std::vector<std::vector<int32_t>>& inputs,
                  const std::vector<size_t>& pass_of, std::vector<Pass>& passes);
   // Runs every pass (begin all, then end each); on any failure rolls the others back.

@@ -1,10 +1,12 @@
-// Private to coordinator/spec_engine*.cc: the engine's per-sequence record, shared by
-// spec_engine.cc (the step) and spec_engine_route.cc (routing, shadow scoring).
+// Private to coordinator/spec_engine*.cc: the engine's per-sequence record and a step's
+// pass per target, shared by spec_engine.cc (the step), spec_engine_accept.cc (acceptance)
+// and spec_engine_route.cc (routing, shadow scoring).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "coordinator/acceptance.h"
 #include "coordinator/spec_engine.h"
 #include "model/llama/sampling.h"
 
@@ -33,6 +35,33 @@ struct SpeculativeEngine::Seq {
   int32_t chunk = 0;
   std::vector<int32_t> drafts;
   std::vector<float> q;
+  // A draft tree's parents ([drafts.size()], draft_tree.h), empty for a chain; then the
+  // pass rows' parents and depths (row 0 the last committed token) and the kept nodes.
+  std::vector<int32_t> parents;
+  std::vector<int32_t> row_parents, row_depth;
+  std::vector<int32_t> kept;
+  bool tree() const { return !parents.empty(); }
+};
+
+// One target's share of a step.
+struct SpeculativeEngine::Pass {
+  ModelRunner* runner = nullptr;
+  std::vector<BatchEntry> batch;
+  // What the runner returns (acceptance.h HeadPlan): each row's head.k largest (`ids`,
+  // `values`: ModelRunner::EndForwardArgMax / EndForwardTopK) when every sequence draws from
+  // those alone, which a GPU target then keeps the logits for on the device; else (k == 0)
+  // the rows (`logits`).
+  HeadPlan head;
+  // Instead of the rows (head.k == 0), each row's draw (ModelRunner::EndForwardDrawn with
+  // `draws`, one per row; into `ids`) when every sequence's sampler prunes nothing and needs
+  // no distribution (PlanDraws).
+  bool drawn = false;
+  std::vector<sample::DrawParams> draws;
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  std::vector<float> values;
+  size_t tokens = 0;     // input tokens of the batch
+  double seconds = 0.0;  // from the step's first BeginForward to this pass's EndForward
 };
 
 }  // namespace specnode

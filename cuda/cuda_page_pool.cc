@@ -125,6 +125,9 @@ KvPoolCaps CudaPagePool::Caps(int head_dim, std::optional<bool> rotate) {
   c.classes = {true, true, true};
   c.rotated = rotate.value_or(true) && IsPowerOfTwo(head_dim);
   c.slot_copies = true;
+  // Draft trees: each tree row gets its own key list in the pass tables (kv_pass_tables.h),
+  // which the attention and encode kernels read as they read a chain row's.
+  c.tree_rows = true;
   c.page_order = false;
   return c;
 }

@@ -40,6 +40,10 @@ struct KvPassTables {
 
 // slot_stride[c]: SlotStride of class c (2 * n_kv_heads * row bytes). InvalidArgument-free:
 // the manager's pass is trusted (a bad slot is our bug: asserted).
+// A chain sequence's rows share one key list (its positions [0, pos0 + n)); a draft tree's
+// row r (KvPoolPassSeq::parents) gets a list of its own — positions [0, pos0), then the
+// slots of its path — and the length pos0 + depth(r) + 1; its mass row is the manager's
+// row with row == r.
 KvPassTables BuildKvPassTables(std::span<const KvPoolPassSeq> seqs,
                                std::span<const KvPagePlace> pages,
                                const std::array<int64_t, 3>& slot_stride, const KvPoolGeometry& g);

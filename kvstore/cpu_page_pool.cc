@@ -26,6 +26,7 @@ KvPoolCaps CpuPagePool::Caps(int head_dim, std::optional<bool> rotate) {
   c.classes = {true, true, true};
   c.rotated = rotate.value_or(true) && IsPowerOfTwo(head_dim);
   c.slot_copies = true;
+  c.tree_rows = true;
   c.page_order = false;
   return c;
 }
@@ -139,6 +140,13 @@ absl::Status CpuPagePool::Attend(int layer, const float* q, float scale, int32_t
   const int64_t row = static_cast<int64_t>(g_.n_kv_heads) * g_.gqa_group * g_.head_dim;
   ForEachPassHead(
       threads_, rows_, g_.n_kv_heads, [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
+        if (!pass_[i].parents.empty()) {
+          for (int32_t r = begin; r < end; ++r) {
+            AttendTreeRow(pass_[i], r, layer, kv_head, q + (first_[i] + r) * row, scale, window,
+                          out + (first_[i] + r) * row);
+          }
+          return;
+        }
         AttendSeq(PartOf(pass_[i], begin, end - begin), layer, kv_head,
                   q + (first_[i] + begin) * row, scale, window, out + (first_[i] + begin) * row);
       });
@@ -257,8 +265,23 @@ void CpuPagePool::AttendSeq(const KvPoolPassSeq& s, int layer, int kv_head, cons
   }
 }
 
+void CpuPagePool::AttendTreeRow(const KvPoolPassSeq& s, int32_t r, int layer, int kv_head,
+                                const float* q, float scale, int32_t window, float* out) {
+  thread_local std::vector<int32_t> path;
+  TreeRowPath(s.parents, r, &path);
+  KvPoolPassSeq one = s;
+  one.pos0 = s.pos0 + static_cast<int32_t>(path.size()) - 1;  // the row's position
+  one.n = 1;
+  one.mass.rows = {};
+  for (size_t m = 0; m < s.mass.rows.size(); ++m) {
+    if (s.mass.rows[m].row == r) one.mass.rows = s.mass.rows.subspan(m, 1);
+  }
+  const int32_t lo = window > 0 ? std::max(0, one.pos0 + 1 - window) : 0;
+  AttendFrom(one, layer, kv_head, q, scale, lo, out, path);
+}
+
 void CpuPagePool::AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, const float* q,
-                             float scale, int32_t lo, float* out) {
+                             float scale, int32_t lo, float* out, std::span<const int32_t> path) {
   const kv_kernels::KvAttentionKernels& kern = *kernels_;
   const int hd = g_.head_dim;
   const int g = g_.gqa_group;
@@ -280,16 +303,27 @@ void CpuPagePool::AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, con
     sc.k[c].resize(n_ctx_max);
     sc.v[c].resize(n_ctx_max);
   }
-  for (int32_t j = lo; j < n_ctx_max; ++j) {
+  // Position `pos`, stored in slot table entry `j` (the same but for a tree row's path).
+  auto gather = [&](int32_t j, int32_t pos) {
     const KvSlot loc = s.slots[j];
-    if (loc.page < 0) continue;  // evicted
+    if (loc.page < 0) return;  // evicted
     const Page& pg = *pages_[loc.page];
     const int c = static_cast<int>(pg.prec);
     const uint8_t* k_row = pg.data.data() + base[c] + static_cast<size_t>(loc.slot) * stride[c];
     const int i = count[c]++;
-    sc.pos[c][i] = j;
+    sc.pos[c][i] = pos;
     sc.k[c][i] = k_row;
     sc.v[c][i] = k_row + row_bytes_[c];  // V follows K (Row's layout)
+  };
+  if (path.empty()) {
+    for (int32_t j = lo; j < n_ctx_max; ++j) gather(j, j);
+  } else {
+    const int32_t first_row = pos0 + 1 - static_cast<int32_t>(path.size());  // the pass's pos0
+    for (int32_t j = lo; j < first_row; ++j) gather(j, j);
+    for (size_t d = 0; d < path.size(); ++d) {
+      const int32_t pos = first_row + static_cast<int32_t>(d);
+      if (pos >= lo) gather(first_row + path[d], pos);
+    }
   }
   const int32_t min_distance = s.mass.min_distance;
   ClassOffsets len{};  // rows of each class the latest token sees

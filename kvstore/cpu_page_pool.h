@@ -73,8 +73,14 @@ class CpuPagePool final : public KvPagePool {
  private:
   // AttendSeq over the stored positions [lo, pos0 + n) only: every query of `s` must see
   // all of them within its own prefix (lo = 0, or one query whose window starts at lo).
+  // With a `path` (one query, s.n == 1, at position s.pos0 = base + path.size() - 1): the
+  // positions [lo, base) and then path[d]'s slot (base + path[d]) as position base + d —
+  // a draft-tree row seeing what its path decoded alone sees.
   void AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, const float* q, float scale,
-                  int32_t lo, float* out);
+                  int32_t lo, float* out, std::span<const int32_t> path = {});
+  // Row r of a tree sequence (s.parents non-empty), one kv head; q / out: the row's.
+  void AttendTreeRow(const KvPoolPassSeq& s, int32_t r, int layer, int kv_head, const float* q,
+                     float scale, int32_t window, float* out);
 
   struct Page {
     KvPrecision prec = KvPrecision::kFull;

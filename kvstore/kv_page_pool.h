@@ -65,6 +65,7 @@ struct KvMassRow {
   // sum + h * width.
   float* sum = nullptr;
   float* cnt = nullptr;
+  int32_t row = -1;  // in a tree pass, the query's row (KvPoolPassSeq::parents); else -1
 };
 struct KvMassSink {
   bool on = false;
@@ -81,6 +82,10 @@ struct KvPoolPassSeq {
   int32_t n = 0;
   std::span<const KvSlot> slots;
   KvMassSink mass;
+  // A draft tree's parent rows ([n], KvPassEntry::parents), or empty for a chain: row r is
+  // at position pos0 + depth(r) and sees positions [0, pos0) and its path's slots. Only
+  // pools whose caps().tree_rows is set are given trees.
+  std::span<const int32_t> parents = {};
 };
 
 struct KvPoolCaps {
@@ -89,6 +94,7 @@ struct KvPoolCaps {
   // of basis that attention undoes, which shrinks the quantised classes' error.
   bool rotated = false;
   bool slot_copies = false;  // Recode, ReadSlot, WriteSlot
+  bool tree_rows = false;    // passes with draft-tree rows (KvPoolPassSeq::parents)
   bool page_order = false;
 };
 

@@ -403,24 +403,31 @@ absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool
     std::vector<KvMassRow>& rows = pass_mass_[i];
     rows.clear();
     if (observe) {
+      std::erase_if(s.staged, [](const Sequence::StagedMass& m) { return m.row >= 0; });
       const size_t first_new = s.staged.size();
       const int32_t lo = std::max(config_.sink_tokens, s.demoted_upto);
-      const int32_t first = (e.pos0 + every - 1) / every * every;
-      for (int32_t q = first; q < e.pos0 + e.n; q += every) {
+      auto stage = [&](int32_t q, int32_t row) {
         const int32_t width = q + 1 - min_distance - lo;
-        if (width <= 0) continue;
+        if (q % every != 0 || width <= 0) return;
         Sequence::StagedMass& m = s.staged.emplace_back();
         m.pos = q;
         m.lo = lo;
         m.width = width;
+        m.row = row;
         m.sum.assign(static_cast<size_t>(nkv) * width, 0.0f);
         m.cnt.assign(static_cast<size_t>(nkv) * width, 0.0f);
+      };
+      if (e.parents.empty()) {
+        for (int32_t q = e.pos0; q < e.pos0 + e.n; ++q) stage(q, -1);
+      } else {
+        const std::vector<int32_t> depth = TreeRowDepths(e.parents);
+        for (int32_t r = 0; r < e.n; ++r) stage(e.pos0 + depth[r], r);
       }
       // Pointers once every row of this pass exists (emplace_back may move the rows, not
       // their data).
       for (size_t r = first_new; r < s.staged.size(); ++r) {
         Sequence::StagedMass& m = s.staged[r];
-        rows.push_back({m.pos, m.lo, m.sum.data(), m.cnt.data()});
+        rows.push_back({m.pos, m.lo, m.sum.data(), m.cnt.data(), m.row});
       }
     }
     KvPoolPassSeq& p = pass_[i];
@@ -432,6 +439,11 @@ absl::Status KvStore::BeginPass(std::span<const KvPassEntry> entries, ThreadPool
     p.mass.sample_every = every;
     p.mass.min_distance = min_distance;
     p.mass.rows = rows;
+    p.parents = e.parents;
+    if (!p.parents.empty() && !tree_passes()) {
+      return absl::UnimplementedError(absl::StrCat("kvstore: the ", pool_->device().name(),
+                                                   " page pool does not take draft-tree passes"));
+    }
   }
   pass_open_ = true;
   return pool_->BeginPass(pass_, threads);
@@ -490,7 +502,7 @@ void KvStore::Settle(Sequence& s) {
   size_t kept = 0;
   for (size_t i = 0; i < s.staged.size(); ++i) {
     Sequence::StagedMass& m = s.staged[i];
-    if (m.pos >= s.length) {
+    if (m.pos >= s.length || m.row >= 0) {
       // Not committed yet (a pass in flight). No self-move: it would empty the row.
       if (kept != i) s.staged[kept] = std::move(m);
       ++kept;
@@ -566,7 +578,8 @@ absl::Status KvStore::Truncate(SeqId seq, int32_t n) {
   Sequence& s = *it->second;
   if (s.swapped) return absl::FailedPreconditionError("sequence is swapped out");
   // Observations of queries at positions >= n are of rolled-back tokens: dropped.
-  std::erase_if(s.staged, [n](const Sequence::StagedMass& m) { return m.pos >= n; });
+  // So are a tree pass's rows that no KeepRows resolved.
+  std::erase_if(s.staged, [n](const Sequence::StagedMass& m) { return m.pos >= n || m.row >= 0; });
   for (int32_t p = static_cast<int32_t>(s.loc.size()) - 1; p >= n; --p) ReleaseLoc(s, s.loc[p]);
   s.loc.resize(n);
   for (int h = 0; h < config_.n_kv_heads; ++h) {

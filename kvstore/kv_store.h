@@ -125,6 +125,13 @@ class KvStore : public KvCache {
   void Commit(SeqId seq, int32_t new_length) override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
   void Free(SeqId seq) override;
+  // Draft-tree passes where the pool takes tree rows (KvPoolCaps::tree_rows). A tree row's
+  // mass observation is staged by its position (pos0 + depth) and its row; KeepRows copies
+  // the kept path's slots into place (bit-exact slot copies), keeps those rows'
+  // observations and drops the rest, so the sequence is as if the path had been decoded
+  // alone (kvstore/kv_store_tree.cc).
+  bool tree_passes() const override { return pool_->caps().tree_rows; }
+  absl::Status KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows) override;
   // demote_every in mixed mode or with eviction, else 0 (no constraint).
   int32_t PassBoundary() const override;
 

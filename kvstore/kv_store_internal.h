@@ -31,8 +31,11 @@ struct KvStore::Sequence {
   // Observations of queries since the last Settle, in position order: one row per query
   // (KvMassRow's layout: [n_kv_heads, width] for keys [lo, lo + width)). Truncate drops the
   // rows of rolled-back queries; Settle adds the rest to mass_sum / mass_cnt.
+  // row >= 0: a draft-tree row's, unresolved until KeepRows keeps (row = -1) or drops it;
+  // Settle skips such rows and Truncate drops them.
   struct StagedMass {
     int32_t pos = 0, lo = 0, width = 0;
+    int32_t row = -1;
     std::vector<float> sum, cnt;
   };
   std::vector<StagedMass> staged;

@@ -136,6 +136,11 @@ absl::Status ModelRunner::Fork(SeqId, SeqId) {
   return absl::UnimplementedError(absl::StrCat("the runner on ", device(), " cannot fork"));
 }
 
+absl::Status ModelRunner::KeepRows(SeqId, int32_t, std::span<const int32_t>) {
+  return absl::UnimplementedError(
+      absl::StrCat("the target on ", device(), " does not verify draft trees"));
+}
+
 absl::Status ModelRunner::SetKvEventListener(KvCacheEventListener*) {
   return absl::UnimplementedError(absl::StrCat(
       "the target on ", device(), " keeps no prefix cache in this process to report KV events of"));

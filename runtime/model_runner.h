@@ -83,6 +83,12 @@ class ModelRunner {
   virtual absl::Status Reserve(SeqId seq, int32_t count);
   // Drops cached positions [n, Length(seq)) (rollback of rejected drafts).
   virtual absl::Status Truncate(SeqId seq, int32_t n) = 0;
+  // Draft trees (BatchEntry::parents): whether Forward takes tree entries, and after one
+  // the path to keep (KvCache::KeepRows: rows ascending offsets from pos0, row rows[j] kept
+  // at position pos0 + j). false / Unimplemented by default (a remote target: its protocol
+  // carries chains only).
+  virtual bool TreePasses() const { return false; }
+  virtual absl::Status KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows);
   virtual void Free(SeqId seq) = 0;
 
   // "cpu", "cuda:N", or for a remote target the ranks it runs on: for logs and errors.
@@ -169,6 +175,10 @@ class LocalModelRunner final : public ModelRunner {
   int32_t Length(SeqId seq) const override { return cache_->Length(seq); }
   absl::Status Reserve(SeqId seq, int32_t count) override { return cache_->Reserve(seq, count); }
   absl::Status Truncate(SeqId seq, int32_t n) override { return cache_->Truncate(seq, n); }
+  bool TreePasses() const override { return cache_->tree_passes(); }
+  absl::Status KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows) override {
+    return cache_->KeepRows(seq, pos0, rows);
+  }
   void Free(SeqId seq) override { cache_->Free(seq); }
   int32_t PassBoundary() const override { return cache_->PassBoundary(); }
   std::optional<KvRoom> Room(int64_t tokens) const override;

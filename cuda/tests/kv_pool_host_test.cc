@@ -366,6 +366,64 @@ TEST(KvPassTables, MassCountsOnlyTheLayersWhoseWindowHoldsTheKey) {
   }
 }
 
+// A draft tree's rows (KvPoolPassSeq::parents): 3 cached positions, then a pass of the root
+// (row 0) and nodes 1 (under 0), 2 (under 0), 3 (under 2). Each row lists the cached
+// positions then its path's slots; its length is pos0 + depth + 1; the manager's mass row
+// for row 3 (position 3 + 2 = 5) is matched by row, not by slot.
+TEST(KvPassTables, TreeRowsSeeTheContextAndTheirPathOnly) {
+  KvPoolGeometry g;
+  g.n_layers = 1;
+  g.n_kv_heads = 1;
+  g.head_dim = 8;
+  g.gqa_group = 2;
+  g.page_tokens = 8;
+  const std::array<int64_t, 3> stride = {2 * 16, 2 * 12, 2 * 8};
+  std::vector<KvPagePlace> pages = {{0, 0}};
+  std::vector<KvSlot> a;
+  for (int j = 0; j < 7; ++j) a.push_back({0, j});
+  a[1] = {-1, 0};  // position 1 evicted
+  const std::vector<int32_t> parents = {-1, 0, 0, 2};
+  std::vector<float> sum(3, 0.0f), cnt(3, 0.0f);
+  KvMassRow observed{5, 0, sum.data(), cnt.data(), /*row=*/3};  // min_distance 3: keys [0, 3)
+  KvPoolPassSeq sa;
+  sa.seq = 1;
+  sa.pos0 = 3;
+  sa.n = 4;
+  sa.slots = a;
+  sa.parents = parents;
+  sa.mass.on = true;
+  sa.mass.min_distance = 3;
+  sa.mass.rows = {&observed, 1};
+  const std::vector<KvPoolPassSeq> seqs = {sa};
+  const KvPassTables t = BuildKvPassTables(seqs, pages, stride, g);
+  ASSERT_EQ(t.n_rows(), 4);
+  // Lists: row 0 [0 1 2 | 3], row 1 [0 1 2 | 3 4], row 2 [0 1 2 | 3 5], row 3 [0 1 2 | 3 5 6].
+  const std::vector<int32_t> rows = {0,  4, 0, 0, 0,   // row 0: depth 0
+                                     4,  5, 0, 0, 0,   // row 1: depth 1
+                                     9,  5, 0, 0, 0,   // row 2: depth 1 (a sibling of 1)
+                                     14, 6, 0, 3, 0};  // row 3: depth 2, observed
+  EXPECT_EQ(t.rows, rows);
+  ASSERT_EQ(t.tok.size(), 3u * 20);
+  auto slot_of = [&](int e) { return t.tok[3 * e] / stride[0]; };
+  const std::vector<int> want_slots = {0,  -1, 2, 3, 0, -1, 2, 3, 4, 0,
+                                       -1, 2,  3, 5, 0, -1, 2, 3, 5, 6};
+  for (int e = 0; e < 20; ++e) {
+    if (want_slots[e] < 0) {
+      EXPECT_EQ(t.tok[3 * e + 2], -1) << e;
+    } else {
+      EXPECT_EQ(slot_of(e), want_slots[e]) << e;
+    }
+  }
+  ASSERT_EQ(t.observed.size(), 1u);
+  EXPECT_EQ(t.observed[0].row, 3);
+  EXPECT_EQ(t.observed[0].sink, &observed);
+  // The observed row's keys 0..2 (key 1 evicted: never counted).
+  const std::vector<float> mass(t.mass_floats, 1.0f);
+  AddKvPassMass(t, seqs, mass.data(), g);
+  EXPECT_EQ(cnt, (std::vector<float>{2, 0, 2}));
+  EXPECT_EQ(sum, (std::vector<float>{2, 0, 2}));
+}
+
 TEST(KvAttentionChunks, AWindowedRowIsCutAsARowOfItsWindow) {
   EXPECT_EQ(kv_chunks::WindowStart(100, 0), 0);
   EXPECT_EQ(kv_chunks::WindowStart(100, 100), 0);

@@ -67,8 +67,25 @@ absl::Status CpuKvCache::Attend(int layer, const float* q, float scale, int32_t 
   ForEachPassHead(
       threads_, rows_, n_kv_heads_, [&](int64_t i, int kv_head, int32_t begin, int32_t end) {
         const KvPassEntry& e = entries_[i];
-        AttendSeq(e.seq, layer, e.pos0 + begin, end - begin, kv_head, q + (first_[i] + begin) * row,
-                  scale, window, out + (first_[i] + begin) * row);
+        if (e.parents.empty()) {
+          AttendSeq(e.seq, layer, e.pos0 + begin, end - begin, kv_head,
+                    q + (first_[i] + begin) * row, scale, window, out + (first_[i] + begin) * row);
+          return;
+        }
+        std::vector<int32_t> path, keys;
+        for (int32_t r = begin; r < end; ++r) {
+          TreeRowPath(e.parents, r, &path);
+          // The row's position is pos0 + depth; a window counts back from it.
+          const int32_t position = e.pos0 + static_cast<int32_t>(path.size()) - 1;
+          const int32_t lo = window > 0 ? std::max(0, position - window + 1) : 0;
+          keys.clear();
+          for (int32_t j = lo; j < e.pos0; ++j) keys.push_back(j);
+          for (size_t d = 0; d < path.size(); ++d) {
+            if (e.pos0 + static_cast<int32_t>(d) >= lo) keys.push_back(e.pos0 + path[d]);
+          }
+          AttendSeqKeys(e.seq, layer, kv_head, q + (first_[i] + r) * row, scale, keys,
+                        out + (first_[i] + r) * row);
+        }
       });
   return absl::OkStatus();
 }

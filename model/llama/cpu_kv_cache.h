@@ -75,6 +75,14 @@ class CpuKvCache : public KvCache {
   //   out: [n, n_heads, head_dim]  (only that head range is written)
   virtual void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
                          float scale, int32_t window, float* out) = 0;
+  // One query (a draft-tree row) over the key slots `keys` (ascending: the cached context's
+  // positions, then the slots of the row's path), in that order — the arithmetic AttendSeq
+  // does for a query whose context is exactly those keys, so that a tree row gets what its
+  // path decoded alone gets. q, out: [1, n_heads, head_dim] (the kv head's range).
+  virtual void AttendSeqKeys(SeqId seq, int layer, int kv_head, const float* q, float scale,
+                             std::span<const int32_t> keys, float* out) = 0;
+
+  bool tree_passes() const override { return true; }
 
  private:
   const int n_kv_heads_, head_dim_, group_;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "model/cpu/cpu_ops.h"
+#include "model/status_macros.h"
 
 namespace specnode {
 
@@ -64,35 +65,56 @@ void DenseKvCache::WriteSeq(SeqId seq, int layer, int32_t pos0, int32_t n, const
   std::copy(v, v + n * row, s.v[layer].begin() + pos0 * row);
 }
 
+template <typename KeyAt>
+void DenseKvCache::AttendHead(const Sequence& s, int layer, int kv_head, const float* qh,
+                              float scale, int32_t n_keys, KeyAt key, float* scores,
+                              float* oh) const {
+  const size_t row = static_cast<size_t>(n_kv_heads_) * head_dim_;
+  const float* kbase = s.k[layer].data() + kv_head * head_dim_;
+  const float* vbase = s.v[layer].data() + kv_head * head_dim_;
+  for (int32_t j = 0; j < n_keys; ++j) {
+    const float* kj = kbase + key(j) * row;
+    float dot = 0.0f;
+    for (int d = 0; d < head_dim_; ++d) dot += qh[d] * kj[d];
+    scores[j] = dot * scale;
+  }
+  SoftmaxInPlace(scores, n_keys);
+  std::fill(oh, oh + head_dim_, 0.0f);
+  for (int32_t j = 0; j < n_keys; ++j) {
+    const float* vj = vbase + key(j) * row;
+    const float w = scores[j];
+    for (int d = 0; d < head_dim_; ++d) oh[d] += w * vj[d];
+  }
+}
+
 void DenseKvCache::AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head,
                              const float* q, float scale, int32_t window, float* out) {
   const Sequence& s = seqs_.at(seq);
-  const size_t row = static_cast<size_t>(n_kv_heads_) * head_dim_;
   const int n_heads = n_kv_heads_ * group_;
-  const float* kbase = s.k[layer].data() + kv_head * head_dim_;
-  const float* vbase = s.v[layer].data() + kv_head * head_dim_;
   std::vector<float> scores(pos0 + n);
   for (int32_t i = 0; i < n; ++i) {
     const int32_t n_ctx = pos0 + i + 1;
     const int32_t lo = window > 0 ? std::max(0, n_ctx - window) : 0;  // first position seen
     for (int g = 0; g < group_; ++g) {
-      const int h = kv_head * group_ + g;
-      const float* qh = q + (static_cast<size_t>(i) * n_heads + h) * head_dim_;
-      for (int32_t j = lo; j < n_ctx; ++j) {
-        const float* kj = kbase + j * row;
-        float dot = 0.0f;
-        for (int d = 0; d < head_dim_; ++d) dot += qh[d] * kj[d];
-        scores[j - lo] = dot * scale;
-      }
-      SoftmaxInPlace(scores.data(), n_ctx - lo);
-      float* oh = out + (static_cast<size_t>(i) * n_heads + h) * head_dim_;
-      std::fill(oh, oh + head_dim_, 0.0f);
-      for (int32_t j = lo; j < n_ctx; ++j) {
-        const float* vj = vbase + j * row;
-        const float w = scores[j - lo];
-        for (int d = 0; d < head_dim_; ++d) oh[d] += w * vj[d];
-      }
+      const size_t h = static_cast<size_t>(i) * n_heads + kv_head * group_ + g;
+      AttendHead(
+          s, layer, kv_head, q + h * head_dim_, scale, n_ctx - lo,
+          [lo](int32_t j) { return static_cast<size_t>(lo + j); }, scores.data(),
+          out + h * head_dim_);
     }
+  }
+}
+
+void DenseKvCache::AttendSeqKeys(SeqId seq, int layer, int kv_head, const float* q, float scale,
+                                 std::span<const int32_t> keys, float* out) {
+  const Sequence& s = seqs_.at(seq);
+  std::vector<float> scores(keys.size());
+  for (int g = 0; g < group_; ++g) {
+    const size_t h = static_cast<size_t>(kv_head) * group_ + g;
+    AttendHead(
+        s, layer, kv_head, q + h * head_dim_, scale, static_cast<int32_t>(keys.size()),
+        [keys](int32_t j) { return static_cast<size_t>(keys[j]); }, scores.data(),
+        out + h * head_dim_);
   }
 }
 
@@ -111,6 +133,23 @@ absl::Status DenseKvCache::Truncate(SeqId seq, int32_t n) {
   }
   if (it != seqs_.end()) it->second.length = n;
   return absl::OkStatus();
+}
+
+absl::Status DenseKvCache::KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows) {
+  SPECNODE_RETURN_IF_ERROR(CheckKeptRows(pos0, Length(seq), rows));
+  if (rows.empty()) return Truncate(seq, pos0);
+  Sequence& s = seqs_.at(seq);
+  const size_t row = static_cast<size_t>(n_kv_heads_) * head_dim_;
+  for (int l = 0; l < n_layers_; ++l) {
+    // rows[j] >= j, ascending: a source is never a destination already written.
+    for (size_t j = 0; j < rows.size(); ++j) {
+      if (rows[j] == static_cast<int32_t>(j)) continue;
+      const size_t from = (pos0 + rows[j]) * row, to = (pos0 + j) * row;
+      std::copy_n(s.k[l].begin() + from, row, s.k[l].begin() + to);
+      std::copy_n(s.v[l].begin() + from, row, s.v[l].begin() + to);
+    }
+  }
+  return Truncate(seq, pos0 + static_cast<int32_t>(rows.size()));
 }
 
 void DenseKvCache::Free(SeqId seq) {

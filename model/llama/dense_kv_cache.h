@@ -24,8 +24,11 @@ class DenseKvCache : public CpuKvCache {
                 const float* v) override;
   void AttendSeq(SeqId seq, int layer, int32_t pos0, int32_t n, int kv_head, const float* q,
                  float scale, int32_t window, float* out) override;
+  void AttendSeqKeys(SeqId seq, int layer, int kv_head, const float* q, float scale,
+                     std::span<const int32_t> keys, float* out) override;
   void Commit(SeqId seq, int32_t new_length) override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
+  absl::Status KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows) override;
   void Free(SeqId seq) override;
 
   int64_t tokens_reserved() const { return tokens_reserved_; }
@@ -36,6 +39,12 @@ class DenseKvCache : public CpuKvCache {
     int32_t reserved = 0;  // positions with storage
     std::vector<std::vector<float>> k, v;  // per layer: [reserved, n_kv_heads, head_dim]
   };
+
+  // One query head over keys key(0..n_keys): scores, softmax, weighted values, in key order
+  // (AttendSeq and AttendSeqKeys share it, so a tree row's numbers are its path's).
+  template <typename KeyAt>
+  void AttendHead(const Sequence& s, int layer, int kv_head, const float* qh, float scale,
+                  int32_t n_keys, KeyAt key, float* scores, float* oh) const;
 
   int n_layers_, n_kv_heads_, head_dim_, group_;
   int32_t max_seq_len_;

@@ -25,6 +25,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "model/llama/device.h"
@@ -36,12 +37,30 @@ class ThreadPool;
 
 using SeqId = int64_t;
 
-// One sequence's rows of a pass: n new tokens at positions [pos0, pos0 + n).
+// One sequence's rows of a pass: n new tokens in slots [pos0, pos0 + n).
+// A chain (parents empty): row r is position pos0 + r and attends to positions [0, pos0 + r].
+// A tree (parents = [n] parent rows, parents[r] in [-1, r), -1 = the cached context): row r
+// is position pos0 + depth(r) (depth 0 for a child of the context) and attends to positions
+// [0, pos0) and to the rows on its path (its ancestors and itself), each at its depth's
+// position — exactly what it would see had its path been decoded alone (draft trees,
+// coordinator/draft_tree.h). KeepRows then keeps one path. Only caches whose tree_passes()
+// is true take tree entries.
 struct KvPassEntry {
   SeqId seq = 0;
   int32_t pos0 = 0;
   int32_t n = 0;
+  std::span<const int32_t> parents = {};  // [n] or empty; valid until the pass's last Attend
 };
+
+// The rows a tree row attends to within its pass, by depth (its root-most ancestor first,
+// the row itself last): path[d] is the row at position pos0 + d. Appends to *path (cleared).
+void TreeRowPath(std::span<const int32_t> parents, int32_t row, std::vector<int32_t>* path);
+// depth[r]: 0 for a child of the context (parents[r] == -1), depth[parents[r]] + 1 else.
+std::vector<int32_t> TreeRowDepths(std::span<const int32_t> parents);
+
+// KeepRows' argument check, for its implementations: rows strictly ascending, rows[j] >= j,
+// all below length - pos0, and 0 <= pos0 <= length. InvalidArgument naming the bad row.
+absl::Status CheckKeptRows(int32_t pos0, int32_t length, std::span<const int32_t> rows);
 
 // Precision classes a managed cache accounts for, in kvstore/kv_precision.h's order: f16,
 // int8, int4.
@@ -110,6 +129,16 @@ class KvCache {
   // Drops positions [n, Length(seq)) and any reservation beyond; InvalidArgument if
   // n > Length(seq).
   virtual absl::Status Truncate(SeqId seq, int32_t n) = 0;
+
+  // Tree passes (KvPassEntry::parents): whether this cache takes them, and the step that
+  // follows one. After a committed pass wrote rows at slots [pos0, Length(seq)), KeepRows
+  // keeps rows `rows` (offsets from pos0, strictly ascending, rows[j] >= j: a path of the
+  // tree, whose row rows[j] is at position pos0 + j) at positions [pos0, pos0 + rows.size())
+  // and drops every other row and any reservation beyond: Length becomes pos0 + rows.size(),
+  // and the cache is as if that path had been decoded alone. InvalidArgument for rows that
+  // are not such a list; Unimplemented where tree_passes() is false.
+  virtual bool tree_passes() const { return false; }
+  virtual absl::Status KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows);
 
   // Forgets seq and releases its memory. Unknown ids are ignored.
   virtual void Free(SeqId seq) = 0;

@@ -21,6 +21,20 @@ absl::StatusOr<int64_t> ValidateBatch(std::span<const BatchEntry> batch, int32_t
             absl::StrFormat("token id %d outside the vocabulary [0, %d)", t, vocab_size));
       }
     }
+    if (!e.parents.empty()) {
+      if (e.parents.size() != e.tokens.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("batch entry of sequence %d: %d parents for %d tokens", e.seq,
+                            e.parents.size(), e.tokens.size()));
+      }
+      for (size_t r = 0; r < e.parents.size(); ++r) {
+        if (e.parents[r] < -1 || e.parents[r] >= static_cast<int32_t>(r)) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "batch entry of sequence %d: row %d has parent %d (must be in [-1, %d))", e.seq, r,
+              e.parents[r], r));
+        }
+      }
+    }
     for (const BatchEntry& other : batch) {
       if (&other != &e && other.seq == e.seq) {
         return absl::InvalidArgumentError(
@@ -93,6 +107,12 @@ absl::Status LlamaForward::Pass(std::span<const BatchEntry> batch, KvCache* cach
                                                       " but the forward pass runs on ",
                                                       backend_->device().name()));
   }
+  for (const BatchEntry& e : batch) {
+    if (!e.parents.empty() && !cache->tree_passes()) {
+      return absl::UnimplementedError(absl::StrCat("this KV cache (", cache->device().name(),
+                                                   ") does not take draft-tree passes"));
+    }
+  }
   if (n == 0) {
     if (out.logits != nullptr) out.logits->clear();
     if (out.ids != nullptr) out.ids->clear();
@@ -138,10 +158,13 @@ absl::Status LlamaForward::Run(std::span<const BatchEntry> batch, const std::vec
   int64_t row = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const int32_t count = static_cast<int32_t>(batch[i].tokens.size());
-    entries_[i] = KvPassEntry{batch[i].seq, pos0[i], count};
+    const std::span<const int32_t> parents = batch[i].parents;
+    entries_[i] = KvPassEntry{batch[i].seq, pos0[i], count, parents};
+    // A tree row sits at its depth's position.
+    const std::vector<int32_t> depth = TreeRowDepths(parents);
     for (int32_t j = 0; j < count; ++j, ++row) {
       ids_[row] = batch[i].tokens[j];
-      positions_[row] = pos0[i] + j;
+      positions_[row] = pos0[i] + (parents.empty() ? j : depth[j]);
     }
   }
   // The backend stages the pass's ids and positions, then the cache its tables: a device

@@ -38,15 +38,21 @@
 
 namespace specnode {
 
-// New tokens of one sequence in a batch. They take positions [cache.Length(seq), +n).
+// New tokens of one sequence in a batch. They take cache slots [cache.Length(seq), +n):
+// positions [Length, +n) for a chain; for a draft tree (parents: [n] parent rows, each in
+// [-1, r), -1 = the cached context) row r is position Length + depth(r) and sees only the
+// context and its own path (KvPassEntry, kv_cache.h), and KvCache::KeepRows keeps one path
+// afterwards.
 struct BatchEntry {
   SeqId seq = 0;
   std::span<const int32_t> tokens;
   bool all_logits = false;  // logits for every token (verification) or only the last
+  std::span<const int32_t> parents = {};  // empty: a chain
 };
 
 // Checks a batch before anything runs: every entry has tokens, every id is in
-// [0, vocab_size), no sequence appears twice. Returns the total token count.
+// [0, vocab_size), no sequence appears twice, parents (when given) has a row per token,
+// each in [-1, r). Returns the total token count.
 absl::StatusOr<int64_t> ValidateBatch(std::span<const BatchEntry> batch, int32_t vocab_size);
 
 // The batch rows whose logits a pass returns, in order: every token of an all_logits

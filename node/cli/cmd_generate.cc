@@ -41,8 +41,11 @@ constexpr char kHelp[] =
     "  --threads N         CPU threads (default: all cores available)\n"
     "  --ignore-eos        keep generating past end-of-generation tokens\n"
     "  --draft SPEC        speculative decoding with a drafter: ngram[:N] (prompt lookup,\n"
-    "                      suffixes up to N tokens), self:L (the model's first L layers),\n"
-    "                      or a GGUF file with the same vocabulary (default: none)\n"
+    "                      suffixes up to N tokens), suffix[:N] (frequency-ranked suffix\n"
+    "                      drafting), self:L (the model's first L layers), or a GGUF file\n"
+    "                      with the same vocabulary (default: none)\n"
+    "  --tree-nodes N      with suffix: draft trees of up to N nodes, verified in one\n"
+    "                      pass (default 0: chains)\n"
     "  --spec-k K          most tokens drafted per step (default 4); the controller adapts\n"
     "                      K in [1, K] per domain, or turns speculation off where it loses\n"
     "  --spec-fixed        always draft K tokens (no adaptation)\n"
@@ -106,6 +109,8 @@ absl::Status Run(const CliArgs& args) {
   SpecEngineOptions options;
   options.adaptive = !args.Has("spec-fixed");
   options.fixed_k = static_cast<int>(spec_k);
+  SPECNODE_ASSIGN_OR_RETURN(int64_t tree_nodes, args.GetInt("tree-nodes", 0, 0, 64));
+  options.tree_nodes = static_cast<int>(tree_nodes);
   SPECNODE_ASSIGN_OR_RETURN(options.acceptance, AcceptanceFromArgs(args));
   if (draft.has_value() && !draft->none()) {
     SPECNODE_ASSIGN_OR_RETURN(drafter, MakeDrafter(*draft, session->model(), session->pool(), kv));
@@ -212,7 +217,7 @@ int RunGenerate(int argc, char** argv) {
                       kDefaultSampling.top_p, static_cast<int>(kDefaultSampling.seed)),
       argc, argv,
       {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "seed",
-       "threads", "draft", "spec-k", "domain", "router-rules", "acceptance"},
+       "threads", "draft", "spec-k", "tree-nodes", "domain", "router-rules", "acceptance"},
       {"chat", "ignore-eos", "json", "quiet", "spec-fixed"}, Run);
 }
 

@@ -47,6 +47,9 @@ constexpr char kHelp[] =
     "                      the target-only tokens\n"
     "  --top-k K --top-p P --seed S  sampling parameters (default 0 = off, 1 = off, 0)\n"
     "  --acceptance RULE   match (default) or ratio: how sampled drafts are accepted\n"
+    "  --tree-nodes N      also run each tree-building drafter (suffix) with draft trees of\n"
+    "                      up to N nodes verified in one pass (\"<name> tree fixed|adaptive\"),\n"
+    "                      and the router with trees on (default 0: chains only)\n"
     "  --threads N         CPU threads (default: all cores available)\n"
     "  --router-rules FILE name each prompt's domain with these rules (JSON, see\n"
     "                      bench/prompts/router-rules.json) instead of its \"domain\" field;\n"
@@ -66,6 +69,7 @@ struct Config {
   std::string name;     // "target", "ngram:4 fixed", "ngram:4 adaptive", "router"
   std::string drafter;  // spec, or "" (target) / "all" (router)
   bool adaptive = false;
+  int tree_nodes = 0;  // SpecEngineOptions::tree_nodes
   std::vector<std::unique_ptr<Drafter>> drafters;
   std::vector<std::unique_ptr<SpecController>> controllers;
   std::unique_ptr<SpeculativeEngine> engine;
@@ -73,6 +77,7 @@ struct Config {
 
 struct Tally {
   int64_t prompts = 0, tokens = 0, passes = 0, spec_steps = 0, drafted = 0, accepted = 0;
+  int64_t tree_steps = 0;
   int64_t identical = 0;
   double decode_s = 0;
   std::map<std::string, int64_t> groups;  // router: sequences per chosen drafter
@@ -114,6 +119,7 @@ absl::StatusOr<std::vector<int32_t>> RunOne(Config& c, const WorkloadPrompt& p, 
   t->tokens += static_cast<int64_t>(g.tokens.size()) - 1;  // the first comes from the prefill
   t->passes += g.stats.steps;
   t->spec_steps += g.stats.spec_steps;
+  t->tree_steps += g.stats.tree_steps;
   t->drafted += g.stats.drafted;
   t->accepted += g.stats.accepted;
   return std::move(g.tokens);
@@ -126,6 +132,7 @@ absl::Status Run(const CliArgs& args) {
   SPECNODE_ASSIGN_OR_RETURN(int64_t spec_k, args.GetInt("spec-k", 4, 1, SpecController::kMaxK));
   SPECNODE_ASSIGN_OR_RETURN(int64_t k_max, args.GetInt("k-max", 8, 1, SpecController::kMaxK));
   SPECNODE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", DefaultThreads(), 1, 1024));
+  SPECNODE_ASSIGN_OR_RETURN(int64_t tree_nodes, args.GetInt("tree-nodes", 0, 0, 64));
   SPECNODE_ASSIGN_OR_RETURN(const ComputeOptions compute, ComputeOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(KvOptions kv, KvOptionsFromArgs(args));
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
@@ -164,14 +171,21 @@ absl::Status Run(const CliArgs& args) {
   configs.push_back(std::make_unique<Config>());
   configs.back()->name = "target";
   for (const DraftSpec& spec : specs) {
-    for (bool adaptive : {false, true}) {
-      auto c = std::make_unique<Config>();
-      c->drafter = spec.text();
-      c->adaptive = adaptive;
-      SPECNODE_RETURN_IF_ERROR(
-          AddDrafterGroup(*c, spec, *session, kv, static_cast<int>(adaptive ? k_max : spec_k)));
-      c->name = c->drafters[0]->name() + (adaptive ? " adaptive" : " fixed");
-      configs.push_back(std::move(c));
+    // Chains, and trees where the drafter builds them and --tree-nodes asks.
+    std::vector<int> trees = {0};
+    if (spec.kind == DraftSpec::Kind::kSuffix && tree_nodes > 0) trees.push_back(tree_nodes);
+    for (int tree : trees) {
+      for (bool adaptive : {false, true}) {
+        auto c = std::make_unique<Config>();
+        c->drafter = spec.text();
+        c->adaptive = adaptive;
+        c->tree_nodes = tree;
+        SPECNODE_RETURN_IF_ERROR(
+            AddDrafterGroup(*c, spec, *session, kv, static_cast<int>(adaptive ? k_max : spec_k)));
+        c->name = c->drafters[0]->name() + (tree > 0 ? " tree" : "") +
+                  (adaptive ? " adaptive" : " fixed");
+        configs.push_back(std::move(c));
+      }
     }
   }
   // A second target-only configuration: its "speed-up" shows the measurement noise.
@@ -182,6 +196,7 @@ absl::Status Run(const CliArgs& args) {
     c->name = "router";
     c->drafter = "all";
     c->adaptive = true;
+    c->tree_nodes = static_cast<int>(tree_nodes);
     for (const DraftSpec& spec : specs) {
       SPECNODE_RETURN_IF_ERROR(AddDrafterGroup(*c, spec, *session, kv, static_cast<int>(k_max)));
     }
@@ -196,6 +211,7 @@ absl::Status Run(const CliArgs& args) {
     SpecEngineOptions options;
     options.adaptive = c->adaptive;
     options.fixed_k = static_cast<int>(spec_k);
+    options.tree_nodes = c->tree_nodes;
     options.acceptance = acceptance;
     options.stop_tokens.insert(eog.begin(), eog.end());
     if (args.Has("route-log")) {
@@ -277,6 +293,9 @@ absl::Status Run(const CliArgs& args) {
       jd["accepted"] = t.accepted;
       jd["acceptance"] = t.drafted ? double(t.accepted) / t.drafted : 0.0;
       jd["mean_accepted_length"] = t.spec_steps ? double(t.accepted) / t.spec_steps : 0.0;
+      // Draft trees: the steps that verified one, and drafts (nodes) per verifying step.
+      jd["tree_steps"] = t.tree_steps;
+      jd["drafts_per_spec_step"] = t.spec_steps ? double(t.drafted) / t.spec_steps : 0.0;
       jd["tokens_per_pass"] = t.passes ? double(t.tokens) / t.passes : 0.0;
       jd["identical_to_target"] = t.identical;
       if (!t.groups.empty()) jd["groups"] = t.groups;
@@ -322,7 +341,7 @@ int RunSpecBench(int argc, char** argv) {
   return RunModelCommand(
       "spec-bench", kHelp, argc, argv,
       {"model", "prompts", "drafters", "per-domain", "max-tokens", "spec-k", "temperature",
-       "threads", "router-rules", "k-max", "top-k", "top-p", "seed", "acceptance"},
+       "threads", "router-rules", "k-max", "top-k", "top-p", "seed", "acceptance", "tree-nodes"},
       {"raw", "json", "ignore-eos", "route-log"}, Run);
 }
 

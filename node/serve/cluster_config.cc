@@ -256,9 +256,11 @@ absl::StatusOr<std::vector<DraftSpec>> ParseAlternatives(std::string_view list,
     absl::StatusOr<DraftSpec> d = ParseDraftSpec(std::string(absl::StripAsciiWhitespace(text)));
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat(text, ": ", d.status().message()));
     if (d->none()) return absl::InvalidArgumentError("none is not a drafter");
-    if (!topology.single_process() && d->kind != DraftSpec::Kind::kNgram) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          text, ": with a topology only prompt lookup (ngram[:N]) may be an alternative"));
+    if (!topology.single_process() && !d->is_lookup()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(text,
+                       ": with a topology only lookup drafters (ngram[:N], suffix[:N]) may be an "
+                       "alternative"));
     }
     out.push_back(*d);
   }
@@ -401,6 +403,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
     }
   }
   CFG_TRY(r.Int(spec, "speculation", "k_max", 1, 64, &c.k_max));
+  CFG_TRY(r.Int(spec, "speculation", "tree_nodes", 0, 64, &c.tree_nodes));
   CFG_TRY(r.Double(spec, "speculation", "free_threshold", 0, 1, &c.free_threshold));
   CFG_TRY(r.Double(spec, "speculation", "disable_threshold", 0, 1, &c.disable_threshold));
   if (c.disable_threshold > c.free_threshold) {

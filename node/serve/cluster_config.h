@@ -107,6 +107,9 @@ struct ServeConfig {
   // coordinator.
   std::vector<DraftSpec> alternatives;
   int k_max = 4;
+  // speculation.tree_nodes: > 0 lets a tree-building drafter (suffix) propose draft trees
+  // of up to this many nodes, verified in one pass (SpecEngineOptions::tree_nodes).
+  int tree_nodes = 0;
   double free_threshold = 0.6, disable_threshold = 0.4;
   int probe_every = 32;
   // speculation.acceptance: how sampled drafts are accepted (coordinator/acceptance.h).

@@ -18,8 +18,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/domain_router.h"
+#include "coordinator/drafter_factory.h"
 #include "coordinator/model_drafter.h"
-#include "coordinator/ngram_drafter.h"
 #include "coordinator/spec_controller.h"
 #include "kvstore/cpu_page_pool.h"
 #include "kvstore/kv_precision.h"
@@ -90,10 +90,13 @@ std::string Help() {
       "  --http-api-key-env VAR  environment variable holding the API's bearer key\n"
       "  --http-max-body-bytes N, --http-threads N  the API's body limit and connections\n"
       "  --threads N         CPU threads (default: all cores available)\n"
-      "  --draft SPEC        drafter: ngram[:N], self:L, a GGUF path, or none (default %s)\n"
+      "  --draft SPEC        drafter: ngram[:N], suffix[:N], self:L, a GGUF path, or none\n"
+      "                      (default %s)\n"
       "  --draft-alternatives LIST  more drafters (comma-separated specs, e.g. ngram) the\n"
       "                      router chooses among with --draft per domain (default none)\n"
       "  --spec-k K          largest speculation length (default %d)\n"
+      "  --tree-nodes N      draft trees of up to N nodes from a suffix drafter, verified\n"
+      "                      in one pass (default 0: chains)\n"
       "  --acceptance RULE   sampled drafts: match (a seed's text does not depend on the\n"
       "                      drafter) or ratio (min(1, p/q) test) (default %s)\n"
       "  --router-rules FILE JSON rules naming a request's domain from its prompt\n"
@@ -211,6 +214,7 @@ absl::StatusOr<ServeConfig> ConfigFromArgs(const CliArgs& args) {
   };
   SPECNODE_RETURN_IF_ERROR(set_int("threads", 1, 1024, &c.threads));
   SPECNODE_RETURN_IF_ERROR(set_int("spec-k", 1, SpecController::kMaxK, &c.k_max));
+  SPECNODE_RETURN_IF_ERROR(set_int("tree-nodes", 0, 64, &c.tree_nodes));
   SPECNODE_RETURN_IF_ERROR(set_int("max-active", 1, 4096, &c.max_active));
   SPECNODE_RETURN_IF_ERROR(set_int("max-queue", 0, 1 << 20, &c.max_queue));
   int max_tokens = static_cast<int>(c.limits.max_tokens);
@@ -310,15 +314,7 @@ absl::StatusOr<ModelHeader> OpenModelHeader(const char* role, const std::string&
 // range, the n-gram drafter's options); *line describes the draft for the summary.
 absl::Status CheckDraftSpec(const DraftSpec& d, const ModelHeader& target, std::string* line) {
   *line = d.text();
-  if (d.kind == DraftSpec::Kind::kNgram) {
-    NgramDrafterOptions o;
-    if (d.count > 0) {
-      o.max_n = d.count;
-      o.min_n = std::min(o.min_n, o.max_n);
-      o.history_min_n = std::clamp(o.history_min_n, o.min_n, o.max_n);
-    }
-    return NgramDrafter::Create(o).status();
-  }
+  if (d.is_lookup()) return MakeLookupDrafter(d).status();
   if (d.kind == DraftSpec::Kind::kSelf && (d.count < 1 || d.count >= target.config.n_layers)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("self-draft layers must be in [1, %d) for this %d-layer target, got %d",
@@ -593,6 +589,7 @@ int RunServe(int argc, char** argv) {
                           "draft",
                           "draft-alternatives",
                           "spec-k",
+                          "tree-nodes",
                           "acceptance",
                           "router-rules",
                           "max-active",

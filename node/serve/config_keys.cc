@@ -86,6 +86,8 @@ constexpr ConfigKey kKeys[] = {
        return texts.empty() ? std::string("(none)") : absl::StrJoin(texts, ",");
      }},
     {"speculation.k_max", "--spec-k", "", +[](const ServeConfig& c) { return N(c.k_max); }},
+    {"speculation.tree_nodes", "--tree-nodes", "",
+     +[](const ServeConfig& c) { return N(c.tree_nodes); }},
     {"speculation.free_threshold", "", "the controller's bands: YAML only (`specnode tune`)",
      +[](const ServeConfig& c) { return D(c.free_threshold); }},
     {"speculation.disable_threshold", "", "the controller's bands: YAML only (`specnode tune`)",

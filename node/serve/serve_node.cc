@@ -172,6 +172,7 @@ absl::StatusOr<EngineGroups> MakeEngineGroups(const ServeConfig& cfg, ModelSessi
 SpecEngineOptions EngineOptionsFor(const ServeConfig& cfg, ModelSession* session) {
   SpecEngineOptions eo;
   eo.acceptance = cfg.acceptance;
+  eo.tree_nodes = cfg.tree_nodes;
   const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
   eo.stop_tokens.insert(eog.begin(), eog.end());
   eo.pool = session->pool();  // sampling of a batch's sequences in parallel

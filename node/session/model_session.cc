@@ -52,10 +52,15 @@ absl::Status ModelSession::RequireCpu(const char* command) const {
 
 absl::StatusOr<std::vector<int32_t>> ModelSession::EncodePrompt(const std::string& text,
                                                                 bool chat) const {
+  if (!chat) return model_->tokenizer().Encode(text, /*parse_special=*/false);
+  return EncodeChat({{"user", text}});
+}
+
+absl::StatusOr<std::vector<int32_t>> ModelSession::EncodeChat(
+    const std::vector<ChatMessage>& messages) const {
   const Tokenizer& tok = model_->tokenizer();
-  if (!chat) return tok.Encode(text, /*parse_special=*/false);
   SPECNODE_ASSIGN_OR_RETURN(std::string rendered,
-                            ApplyChatTemplate(tok.spec().chat_template, {{"user", text}},
+                            ApplyChatTemplate(tok.spec().chat_template, messages,
                                               /*add_generation_prompt=*/true));
   return tok.Encode(rendered, /*parse_special=*/true);
 }

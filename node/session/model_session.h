@@ -16,6 +16,7 @@
 #include "model/llama/llama_forward.h"
 #include "model/llama/llama_model.h"
 #include "model/llama/sampling.h"
+#include "model/tokenizer/chat_template.h"
 #include "runtime/model_runner.h"
 
 namespace specnode {
@@ -58,6 +59,9 @@ class ModelSession {
   // Text -> ids; with chat, the text becomes one user turn in the model's chat template
   // (with the generation prompt) and special tokens in the template are parsed.
   absl::StatusOr<std::vector<int32_t>> EncodePrompt(const std::string& text, bool chat) const;
+  // A conversation (user / assistant turns) in the model's chat template, with the
+  // assistant turn opener after it.
+  absl::StatusOr<std::vector<int32_t>> EncodeChat(const std::vector<ChatMessage>& messages) const;
   // The request checks every way in shares (coordinator/request_validator.h), with this
   // model's vocabulary and context: an empty prompt, ids outside the vocabulary, prompt +
   // max_tokens beyond the context, bad sampling values or domain are errors naming why.

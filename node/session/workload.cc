@@ -13,6 +13,32 @@
 
 namespace specnode {
 
+namespace {
+
+// A prompt line's "messages": [{"role": "user" | "assistant" | "system", "content": text}...].
+absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const nlohmann::json& j,
+                                                       const std::string& file, int line_no) {
+  std::vector<ChatMessage> out;
+  if (j.is_array()) {
+    for (const nlohmann::json& m : j) {
+      if (!m.is_object() || !m.contains("role") || !m.contains("content") ||
+          !m["role"].is_string() || !m["content"].is_string()) {
+        break;
+      }
+      const std::string role = m["role"].get<std::string>();
+      if (role != "user" && role != "assistant" && role != "system") break;
+      out.push_back({role, m["content"].get<std::string>()});
+    }
+    if (!out.empty() && out.size() == j.size() && out.back().role == "user") return out;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s:%d: \"messages\" must be a list of {\"role\": user|assistant|system, \"content\": "
+      "string} ending with a user turn",
+      file, line_no));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<WorkloadPrompt>> LoadPromptSets(const ModelSession& session,
                                                            const std::string& files, bool chat,
                                                            int64_t per_domain) {
@@ -39,7 +65,20 @@ absl::StatusOr<std::vector<WorkloadPrompt>> LoadPromptSets(const ModelSession& s
       if (count[p.domain] >= per_domain) continue;
       p.text = j["prompt"].get<std::string>();
       p.routed_domain = p.domain;
-      SPECNODE_ASSIGN_OR_RETURN(p.ids, session.EncodePrompt(p.text, chat));
+      if (j.contains("messages")) {
+        // A conversation: every turn in the chat template (the last user turn is `prompt`,
+        // which the router reads).
+        SPECNODE_ASSIGN_OR_RETURN(std::vector<ChatMessage> messages,
+                                  ParseMessages(j["messages"], std::string(file), line_no));
+        if (!chat) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("%s:%d: \"messages\" needs the chat template (not --raw)",
+                              std::string(file), line_no));
+        }
+        SPECNODE_ASSIGN_OR_RETURN(p.ids, session.EncodeChat(messages));
+      } else {
+        SPECNODE_ASSIGN_OR_RETURN(p.ids, session.EncodePrompt(p.text, chat));
+      }
       ++count[p.domain];
       out.push_back(std::move(p));
     }

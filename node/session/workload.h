@@ -21,9 +21,11 @@ struct WorkloadPrompt {
   std::vector<int32_t> ids;  // encoded (chat template applied when asked)
 };
 
-// Reads comma-separated JSONL `files`, keeping at most `per_domain` prompts per domain, in
-// file order. InvalidArgument naming file:line for a malformed line or a bad domain name;
-// NotFound for a missing file; InvalidArgument when no prompt is left.
+// Reads comma-separated JSONL `files` ({"domain": D, "prompt": TEXT}, optionally with
+// "messages": a conversation ending in a user turn, encoded whole in the chat template),
+// keeping at most `per_domain` prompts per domain, in file order. InvalidArgument naming file:line
+// for a malformed line or a bad domain name; NotFound for a missing file; InvalidArgument when no
+// prompt is left.
 absl::StatusOr<std::vector<WorkloadPrompt>> LoadPromptSets(const ModelSession& session,
                                                            const std::string& files, bool chat,
                                                            int64_t per_domain);

@@ -31,7 +31,8 @@ TEST_F(SpecEngineTest, SeededTextIsTheSameWithEveryDrafterKAndBatch) {
   auto base_runner = MakeRunner("full");
   SpeculativeEngine base(base_runner.get(), {}, {});
   const auto expected = Run(base, requests);
-  for (const std::string name : {"draft5", "draft30", "draft100", "self1", "self2", "ngram"}) {
+  for (const std::string name :
+       {"draft5", "draft30", "draft100", "self1", "self2", "ngram", "suffix"}) {
     for (int k : {0, 1, 2, 3, 4}) {  // 0: adaptive
       auto runner = MakeRunner("full");
       auto drafter = MakeDrafter(name, "full");

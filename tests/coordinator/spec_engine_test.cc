@@ -29,7 +29,8 @@ TEST_F(SpecEngineTest, GreedyEqualsTargetOnlyWithEveryDrafter) {
     auto base_runner = MakeRunner(kv_mode);
     SpeculativeEngine base(base_runner.get(), {}, {});
     const auto expected = Run(base, Prompts(0.0f, 40));
-    for (const std::string name : {"draft5", "draft30", "draft100", "self1", "self2", "ngram"}) {
+    for (const std::string name :
+         {"draft5", "draft30", "draft100", "self1", "self2", "ngram", "suffix"}) {
       for (bool adaptive : {false, true}) {
         auto runner = MakeRunner(kv_mode);
         auto drafter = MakeDrafter(name, kv_mode);

@@ -15,6 +15,7 @@
 #include "coordinator/model_drafter.h"
 #include "coordinator/ngram_drafter.h"
 #include "coordinator/spec_engine.h"
+#include "coordinator/suffix_drafter.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
 #include "model/llama/llama_model.h"
@@ -89,13 +90,18 @@ class SpecEngineTest : public testing::Test {
   }
 
   // Named drafters: "draft5", "draft30", "draft100" (perturbed copies), "self1", "self2",
-  // "ngram".
+  // "ngram", "suffix".
   std::unique_ptr<Drafter> MakeDrafter(const std::string& name, const std::string& kv_mode) {
     const KvOptions kv = KvFor(kv_mode);
     if (name == "ngram") {
       NgramDrafterOptions o;
       o.min_n = 1;
       return std::move(NgramDrafter::Create(o)).value();
+    }
+    if (name == "suffix") {
+      SuffixDrafterOptions o;
+      o.min_n = 1;
+      return std::move(SuffixDrafter::Create(o)).value();
     }
     if (name.rfind("self", 0) == 0) {
       auto d = ModelDrafter::SelfDraft(*target_, std::stoi(name.substr(4)), pool_.get(), kv);

@@ -16,6 +16,7 @@
 
 #include "coordinator/ngram_drafter.h"
 #include "coordinator/spec_engine.h"
+#include "coordinator/suffix_drafter.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_cache_factory.h"
 #include "model/cpu/thread_pool.h"
@@ -257,7 +258,10 @@ TEST_P(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
   const auto& [arch, mode] = GetParam();
   auto model = LlamaModel::Load(TinyModel("gpu_" + arch, arch));
   ASSERT_TRUE(model.ok()) << model.status();
-  auto generate = [&](bool speculate) {
+  // Draft: 0 none, 1 prompt lookup chains, 2 suffix-drafter trees (verified with the tree
+  // mask and KeepRows on the GPU pool's per-row key lists).
+  auto generate = [&](int draft) {
+    const bool speculate = draft > 0;
     RunnerOptions o;
     o.device = Device::Cuda(0);
     o.kv.mode = mode;
@@ -270,14 +274,22 @@ TEST_P(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
     std::unique_ptr<Drafter> drafter;
     std::unique_ptr<SpecController> controller;
     std::vector<DraftGroup> groups;
+    if (draft == 1) drafter = std::move(NgramDrafter::Create({})).value();
+    if (draft == 2) {
+      SuffixDrafterOptions so;
+      so.min_n = 1;
+      so.min_share = 0.0;
+      drafter = std::move(SuffixDrafter::Create(so)).value();
+    }
     if (speculate) {
-      drafter = std::move(NgramDrafter::Create({})).value();
       controller = std::move(SpecController::Create({})).value();
       groups.push_back({drafter.get(), controller.get()});
     }
     SpecEngineOptions eo;
     eo.adaptive = false;
     eo.fixed_k = 4;
+    eo.tree_nodes = draft == 2 ? 8 : 0;
+    if (draft == 2) EXPECT_TRUE((*runner)->TreePasses());
     SpeculativeEngine engine(runner->get(), groups, eo);
     // A repetitive prompt, so the n-gram drafter proposes something.
     SpecRequest r;
@@ -316,9 +328,10 @@ TEST_P(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
     }
     return out;
   };
-  const std::vector<int32_t> direct = generate(false);
+  const std::vector<int32_t> direct = generate(0);
   EXPECT_EQ(direct.size(), 24u);
-  EXPECT_EQ(generate(true), direct);
+  EXPECT_EQ(generate(1), direct);
+  EXPECT_EQ(generate(2), direct) << "draft trees";
 }
 
 INSTANTIATE_TEST_SUITE_P(
