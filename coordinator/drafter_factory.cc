@@ -10,28 +10,29 @@
 
 namespace specnode {
 
-absl::StatusOr<std::unique_ptr<Drafter>> MakeLookupDrafter(const DraftSpec& spec) {
-  if (spec.kind == DraftSpec::Kind::kNgram) {
-    NgramDrafterOptions options;
-    if (spec.count > 0) {
-      options.max_n = spec.count;
-      options.min_n = std::min(options.min_n, options.max_n);
-      options.history_min_n = std::clamp(options.history_min_n, options.min_n, options.max_n);
-    }
-    auto d = NgramDrafter::Create(options);
-    if (!d.ok()) return d.status();
-    return std::unique_ptr<Drafter>(std::move(d).value());
+namespace {
+
+// A lookup drafter with the spec's count as its longest suffix (the shorter limits clamped
+// below it) over its default options.
+template <typename D, typename Options>
+absl::StatusOr<std::unique_ptr<Drafter>> Lookup(const DraftSpec& spec, Options options) {
+  if (spec.count > 0) {
+    options.max_n = spec.count;
+    options.min_n = std::min(options.min_n, options.max_n);
+    options.history_min_n = std::clamp(options.history_min_n, options.min_n, options.max_n);
   }
+  auto d = D::Create(options);
+  if (!d.ok()) return d.status();
+  return std::unique_ptr<Drafter>(std::move(d).value());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Drafter>> MakeLookupDrafter(const DraftSpec& spec) {
+  if (spec.kind == DraftSpec::Kind::kNgram)
+    return Lookup<NgramDrafter>(spec, NgramDrafterOptions{});
   if (spec.kind == DraftSpec::Kind::kSuffix) {
-    SuffixDrafterOptions options;
-    if (spec.count > 0) {
-      options.max_n = spec.count;
-      options.min_n = std::min(options.min_n, options.max_n);
-      options.history_min_n = std::clamp(options.history_min_n, options.min_n, options.max_n);
-    }
-    auto d = SuffixDrafter::Create(options);
-    if (!d.ok()) return d.status();
-    return std::unique_ptr<Drafter>(std::move(d).value());
+    return Lookup<SuffixDrafter>(spec, SuffixDrafterOptions{});
   }
   return absl::InvalidArgumentError(
       absl::StrCat("draft spec ", spec.text(), " is not a lookup drafter (ngram, suffix)"));

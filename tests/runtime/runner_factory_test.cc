@@ -289,7 +289,9 @@ TEST_P(GpuRunnerTest, SpeculativeGreedyEqualsTargetOnly) {
     eo.adaptive = false;
     eo.fixed_k = 4;
     eo.tree_nodes = draft == 2 ? 8 : 0;
-    if (draft == 2) EXPECT_TRUE((*runner)->TreePasses());
+    if (draft == 2) {
+      EXPECT_TRUE((*runner)->TreePasses());
+    }
     SpeculativeEngine engine(runner->get(), groups, eo);
     // A repetitive prompt, so the n-gram drafter proposes something.
     SpecRequest r;
