@@ -154,6 +154,7 @@ def router_vs_best(result: dict) -> dict[str, tuple[float, float, str]]:
 
 def report(result: dict) -> None:
     """The issue's criteria, evaluated on one run."""
+    report_costs(result)
     spec = [c for c in result["configs"] if not c["name"].startswith("target")]
     control = next((c for c in result["configs"] if c["name"] == "target (control)"), None)
     if control:
@@ -171,6 +172,42 @@ def report(result: dict) -> None:
     for d, (r, b, name) in sorted(router_vs_best(result).items()):
         print(f"router on {d}: {r:.3f}x target-only, {r / b:.3f} of the best row "
               f"({name} {b:.3f}x)", file=sys.stderr)
+
+
+def node_costs(result: dict) -> dict[tuple[str, str], float]:
+    """Per (config, domain): what one verified draft node added to a pass, as a fraction of
+    the target-only step measured in the same run — the pass's time over target-only's,
+    drafting included, spread over the nodes it verified on average. Absent where nothing
+    was drafted."""
+    configs = {c["name"]: c for c in result["configs"]}
+    target = configs.get("target")
+    out = {}
+    if target is None:
+        return out
+    for c in result["configs"]:
+        for d, v in c["domains"].items():
+            t = target["domains"].get(d)
+            if not t or not v["target_passes"] or not v["drafted"] or not t["target_passes"]:
+                continue
+            step = t["decode_s"] / t["target_passes"]
+            per_pass = v["decode_s"] / v["target_passes"]
+            nodes = v["drafted"] / v["target_passes"]
+            out[(c["name"], d)] = (per_pass - step) / nodes / step
+    return out
+
+
+def report_costs(result: dict) -> None:
+    """Per configuration and domain: mean accepted length, nodes per speculative step (the
+    tree size; K for chains) and the cost of a verified node (issue 39, item 4)."""
+    costs = node_costs(result)
+    print("config / domain: accepted per spec step, nodes per spec step, node cost (of a step)",
+          file=sys.stderr)
+    for c in result["configs"]:
+        for d, v in c["domains"].items():
+            if (c["name"], d) not in costs:
+                continue
+            print(f"  {c['name']:<24} {d:<14} {v['mean_accepted_length']:.2f}  "
+                  f"{v['drafts_per_spec_step']:.2f}  {costs[(c['name'], d)]:.3f}", file=sys.stderr)
 
 
 def report_medians(results: list[dict]) -> None:

@@ -14,6 +14,8 @@ std::string DraftSpec::text() const {
       return count == 0 ? "ngram" : absl::StrCat("ngram:", count);
     case Kind::kSuffix:
       return count == 0 ? "suffix" : absl::StrCat("suffix:", count);
+    case Kind::kRecycle:
+      return count == 0 ? "recycle" : absl::StrCat("recycle:", count);
     case Kind::kSelf:
       return absl::StrCat("self:", count);
     case Kind::kModel:
@@ -46,6 +48,12 @@ absl::StatusOr<DraftSpec> ParseDraftSpec(std::string_view text) {
     absl::StatusOr<int> n = count(text.substr(7));
     if (!n.ok()) return n.status();
     return DraftSpec{DraftSpec::Kind::kSuffix, *n, {}};
+  }
+  if (spec == "recycle") return DraftSpec{DraftSpec::Kind::kRecycle, 0, {}};
+  if (absl::StartsWith(spec, "recycle:")) {
+    absl::StatusOr<int> n = count(text.substr(8));
+    if (!n.ok()) return n.status();
+    return DraftSpec{DraftSpec::Kind::kRecycle, *n, {}};
   }
   if (absl::StartsWith(spec, "self:")) {
     absl::StatusOr<int> layers = count(text.substr(5));

@@ -58,4 +58,23 @@ int32_t AcceptTreeMatch(const DraftTree& tree, std::span<const int32_t> target,
 int32_t AcceptTree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
                    absl::FunctionRef<int32_t(int32_t row)> draw, std::vector<int32_t>* kept);
 
+// A candidate child of a node: its token and its share in (0, 1] of the node's
+// continuations (the probability the drafter gives it after the node).
+struct TreeChild {
+  int32_t token = 0;
+  double share = 0;
+};
+
+// Grows a draft tree best first, the way the training-free drafters do (suffix_drafter.h,
+// recycling_drafter.h): a node's score is the product of the shares on its path; the
+// frontier's best candidate becomes a node (ties: the earlier candidate) until max_nodes
+// nodes are placed, and each placed node shallower than max_depth - 1 is expanded by
+// `children(path, out)`, `path` the node's tokens from the context's first child to it
+// (empty: the context itself), *out its candidates best first (cleared before each call;
+// no token twice). Laid out chain first: the chain of each node's first-placed child from
+// the context, then the other nodes in placement order.
+DraftTree GrowDraftTree(
+    int max_nodes, int max_depth,
+    absl::FunctionRef<void(std::span<const int32_t> path, std::vector<TreeChild>* out)> children);
+
 }  // namespace specnode

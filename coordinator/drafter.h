@@ -82,6 +82,18 @@ class Drafter {
   // scoring, spec_engine.h), so its acceptance is learnt without giving it sequences.
   virtual bool CheapToShadow() const { return false; }
 
+  // > 0: the drafter learns from the target's own verification (token recycling): after
+  // each step the engine passes it, per sequence that fed the target, the tokens fed and
+  // each returned row's ObservedTopK() largest candidates (fewer where the pass drew its
+  // rows on the device: then the drawn token alone). 0 (default): never called.
+  virtual int ObservedTopK() const { return 0; }
+  // tokens [n]: the pass's input tokens whose rows came back (a verification's every row; a
+  // direct step's or a prompt chunk's last token); ids [n * k]: row r's candidates at
+  // [r * k, r * k + k), best first, -1 where the row had none (non-finite logits). Row r is
+  // the target's prediction of the token after tokens[r] (after its tree path).
+  virtual void ObserveTarget(std::span<const int32_t> tokens, std::span<const int32_t> ids, int k) {
+  }
+
   // Releases what the drafter holds for seq. Unknown ids are ignored.
   // Liveness while idle (SpeculativeEngine::Heartbeat): a drafter whose model runs on
   // another rank checks that it still answers. OK by default.

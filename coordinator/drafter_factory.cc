@@ -6,6 +6,7 @@
 
 #include "coordinator/model_drafter.h"
 #include "coordinator/ngram_drafter.h"
+#include "coordinator/recycling_drafter.h"
 #include "coordinator/suffix_drafter.h"
 
 namespace specnode {
@@ -34,8 +35,18 @@ absl::StatusOr<std::unique_ptr<Drafter>> MakeLookupDrafter(const DraftSpec& spec
   if (spec.kind == DraftSpec::Kind::kSuffix) {
     return Lookup<SuffixDrafter>(spec, SuffixDrafterOptions{});
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("draft spec ", spec.text(), " is not a lookup drafter (ngram, suffix)"));
+  if (spec.kind == DraftSpec::Kind::kRecycle) {
+    RecyclingDrafterOptions options;
+    if (spec.count > 0) {
+      options.top_k = spec.count;
+      options.branch = std::min(options.branch, options.top_k);
+    }
+    auto d = RecyclingDrafter::Create(options);
+    if (!d.ok()) return d.status();
+    return std::unique_ptr<Drafter>(std::move(d).value());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "draft spec ", spec.text(), " is not a model-free drafter (ngram, suffix, recycle)"));
 }
 
 absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const DraftSpec& spec,
@@ -46,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Drafter>> MakeDrafter(const DraftSpec& spec,
       return absl::InvalidArgumentError("draft spec none: no drafter to build");
     case DraftSpec::Kind::kNgram:
     case DraftSpec::Kind::kSuffix:
+    case DraftSpec::Kind::kRecycle:
       return MakeLookupDrafter(spec);
     case DraftSpec::Kind::kSelf: {
       auto d = ModelDrafter::SelfDraft(target, spec.count, pool, kv);

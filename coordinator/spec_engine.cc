@@ -26,7 +26,8 @@ SpeculativeEngine::SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup
     : target_(target),
       groups_(std::move(groups)),
       options_(std::move(options)),
-      group_starts_(groups_.size(), 0) {
+      group_starts_(groups_.size(), 0),
+      tree_gain_(groups_.size()) {
   targets_.push_back(target_);
   for (DraftGroup& g : groups_) {
     if (g.target == nullptr) g.target = target_;
@@ -36,6 +37,11 @@ SpeculativeEngine::SpeculativeEngine(ModelRunner* target, std::vector<DraftGroup
     assert((g.drafter == nullptr) == (g.controller == nullptr));
     assert(g.target->vocab_size() == target_->vocab_size());
     assert(g.target->max_positions() == target_->max_positions());
+    if (g.drafter != nullptr && g.drafter->ObservedTopK() > 0 &&
+        std::find(observers_.begin(), observers_.end(), g.drafter) == observers_.end()) {
+      observers_.push_back(g.drafter);
+      observe_k_ = std::min(std::max(observe_k_, g.drafter->ObservedTopK()), target_->vocab_size());
+    }
   }
   assert(options_.max_model_len >= 0 && options_.max_model_len <= target_->max_positions());
 }
@@ -320,6 +326,8 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     pass_of[i] = p;
     row_of[i] = rows[p];
     passes[p].head.Add(s->sampler, target_->vocab_size());
+    // A drafter that recycles the target's candidates needs them whenever the head is cut.
+    if (passes[p].head.k > 0) passes[p].head.k = std::max(passes[p].head.k, observe_k_);
     if (prefill) {
       inputs[i].assign(s->tokens.begin() + s->prefilled,
                        s->tokens.begin() + s->prefilled + s->chunk);
@@ -408,6 +416,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     s->in_run = k > 0 && outcome.accepted == depth;
     emitted.push_back(outcome.next_token);
     Emit(*s, emitted, &result);
+    ScoreTrees(*s);
     result.k = k;
     result.accepted = outcome.accepted;
     s->stats.steps++;
@@ -436,6 +445,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     out->push_back(std::move(result));
   }
   ShadowScore(seqs, has_prefill);
+  ObserveTarget(seqs, inputs, pass_of, row_of, passes);
   return absl::OkStatus();
 }
 
@@ -489,7 +499,7 @@ absl::Status SpeculativeEngine::RunPasses(std::vector<Pass>& passes) {
     Pass& pass = passes[p];
     absl::Status st = pass.drawn         ? pass.runner->EndForwardDrawn(pass.draws, &pass.ids)
                       : pass.head.k == 0 ? pass.runner->EndForward(&pass.logits)
-                      : pass.head.sampled
+                      : pass.head.sampled || pass.head.k > 1
                           ? pass.runner->EndForwardTopK(pass.head.k, &pass.ids, &pass.values)
                           : pass.runner->EndForwardArgMax(&pass.ids);
     const auto end = Clock::now();

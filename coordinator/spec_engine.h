@@ -45,6 +45,7 @@
 #include "coordinator/drafter.h"
 #include "coordinator/request_validator.h"
 #include "coordinator/spec_controller.h"
+#include "coordinator/tree_gain.h"
 #include "model/cpu/thread_pool.h"
 #include "model/llama/sampling.h"
 #include "runtime/model_runner.h"
@@ -95,10 +96,12 @@ struct SpecEngineOptions {
   // diagnosis (`specnode spec-bench --route-log`); empty = none. Runs on the step thread.
   std::function<void(std::string_view)> route_log;
   // Draft trees (docs/speculative.md "Draft trees"): > 0 lets drafters that build trees
-  // (the suffix drafter) propose up to this many nodes (at least K, none deeper than K),
+  // (suffix, recycle) propose up to this many nodes (at least K, none deeper than K),
   // verified in one target pass with a tree mask and kept along the path the target draws
   // — only with the match rule (or greedy) and where the target takes trees
-  // (ModelRunner::TreePasses); else, and at 0, chains.
+  // (ModelRunner::TreePasses); else, and at 0, chains. Adaptive, a step verifies the tree
+  // only where its domain's measured gain over the main chain pays for the extra rows
+  // (tree_gain.h); with a fixed K every tree is verified.
   int tree_nodes = 0;
   // The longest sequence (prompt + max_tokens) a request may take, in tokens: 0 = the
   // target's context length; otherwise at most that (serve.max_model_len; callers check).
@@ -168,11 +171,16 @@ class SpeculativeEngine {
   //     proposal whose outcome needs tokens not committed yet waits for them. For greedy
   //     decoding that is exactly the run it would have made (steps, proposals, acceptance),
   //     for sampling the same per-position odds. Its proposal rate and draft times are
-  //     recorded too, and target timings reach it (RecordTargetTime). Scoring a proposal
-  //     only at the other drafter's step boundaries instead measured the 0.5B-served code
-  //     sequences at 0.80-0.88 per position for prompt lookup, which at its own steps gets
-  //     far less (its failures cluster: a wrong copy fails step after step). Its acceptance
-  //     per domain is thus learnt on every sequence, without a first try of its own.
+  //     recorded too, and target timings reach it (RecordTargetTime). Its own sequences'
+  //     direct steps (K = 0 chosen: a disabled domain, or one its cost model decodes
+  //     directly) are scored the same way, so a domain it sits out stays measured: outcomes
+  //     of a disabled domain go to the controller's probe window and re-enable it once they
+  //     pass (measured on the held-out summarisation prompts: early disabling after the
+  //     summary's first, unmatched tokens had kept fixed-K's 1.4x from the adaptive drafter).
+  //     Scoring a proposal only at the other drafter's step boundaries instead measured the
+  //     0.5B-served code sequences at 0.80-0.88 per position for prompt lookup, which at its own
+  //     steps gets far less (its failures cluster: a wrong copy fails step after step). Its
+  //     acceptance per domain is thus learnt on every sequence, without a first try of its own.
   // Groups' targets must share `target`'s vocabulary and context length. Each step begins every
   // target's pass before waiting for any (BeginForward), so targets on different ranks compute
   // together; if one target's pass fails, the others' are rolled back, so a failed Step still
@@ -250,12 +258,21 @@ class SpeculativeEngine {
   // the ratio rule on a sampled sequence, or a target without tree passes).
   int TreeBudget(const Seq& s, int32_t boundary) const;
   // A drafter's proposal into s's plan: a chain cut to K, or a tree cut to depth K and
-  // max_nodes nodes with its pass rows (Seq::row_parents, row_depth).
+  // max_nodes nodes with its pass rows (Seq::row_parents, row_depth) — or, adaptive, cut to
+  // its main chain where the group's TreeGain says the tree does not pay this step.
   void TakeDraft(Seq& s, Draft& draft, int max_nodes);
+  // Scores s's pending trees that its committed tokens now decide into their groups'
+  // TreeGain (spec_engine_accept.cc).
+  void ScoreTrees(Seq& s);
   void PlanDraws(std::span<Seq* const> seqs, const std::vector<std::vector<int32_t>>& inputs,
                  const std::vector<size_t>& pass_of, std::vector<Pass>& passes);
   // Runs every pass (begin all, then end each); on any failure rolls the others back.
   absl::Status RunPasses(std::vector<Pass>& passes);
+  // After a step's commit and shadow scoring: every drafter that recycles the target's
+  // candidates (Drafter::ObservedTopK) gets each sequence's pass rows (spec_engine_accept.cc).
+  void ObserveTarget(std::span<Seq* const> seqs, const std::vector<std::vector<int32_t>>& inputs,
+                     const std::vector<size_t>& pass_of, const std::vector<size_t>& row_of,
+                     const std::vector<Pass>& passes);
 
   // Routing and shadow scoring (spec_engine_route.cc; see the class comment).
   // The group a new sequence starts on.
@@ -292,6 +309,11 @@ class SpeculativeEngine {
   std::map<ModelRunner*, std::chrono::steady_clock::time_point> last_pass_;  // per target
   std::map<Drafter*, std::chrono::steady_clock::time_point> last_draft_ping_;
   std::vector<std::vector<float>> p_;  // per sequence of the step: target distributions
+  // Drafters that learn from the target's candidates (each once), and how many a row they
+  // want at most (the head's k is raised to it).
+  std::vector<Drafter*> observers_;
+  int observe_k_ = 0;
+  std::vector<TreeGain> tree_gain_;  // per group
 };
 
 }  // namespace specnode

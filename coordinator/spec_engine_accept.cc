@@ -9,6 +9,13 @@
 #include "coordinator/spec_engine_seq.h"
 
 namespace specnode {
+namespace {
+
+// Trees a sequence keeps waiting for their scores, at most (a step adds one, and the next
+// commits decide it within K + 1 tokens; a cap for sequences that end first).
+constexpr size_t kMaxPendingTrees = 16;
+
+}  // namespace
 
 void SpeculativeEngine::AcceptSeq(Seq& s, const Pass& pass, size_t row_of, std::vector<float>* p,
                                   int32_t* first_token, AcceptOutcome* outcome) const {
@@ -112,13 +119,82 @@ void SpeculativeEngine::TakeDraft(Seq& s, Draft& draft, int max_nodes) {
   }
   s.drafts = std::move(tokens);
   s.q.clear();
-  if (ChainLength(s.parents) == static_cast<int>(s.parents.size())) {
+  const int chain = ChainLength(s.parents);
+  if (chain == static_cast<int>(s.parents.size())) {
     s.parents.clear();  // what is left is a chain
     return;
+  }
+  // Scored once its tokens are committed, whichever of tree and chain is verified.
+  if (s.pending_trees.size() < kMaxPendingTrees) {
+    s.pending_trees.push_back({s.group, s.tokens.size(), s.drafts, s.parents});
+  }
+  if (options_.adaptive) {
+    const SpecController& c = *groups_[s.group].controller;
+    auto verify_s = [&c](int n) { return c.PredictVerifySeconds(n); };
+    const double draft_s = c.PredictDraftSeconds(s.k).value_or(0.0);
+    if (!tree_gain_[s.group].PreferTree(s.request.domain, draft_s, verify_s)) {
+      s.drafts.resize(chain);  // the main chain only: the tree does not pay here
+      s.parents.clear();
+      return;
+    }
   }
   s.row_parents.assign(1, -1);
   for (int32_t parent : s.parents) s.row_parents.push_back(parent + 1);
   s.row_depth = TreeRowDepths(s.row_parents);
+}
+
+void SpeculativeEngine::ObserveTarget(std::span<Seq* const> seqs,
+                                      const std::vector<std::vector<int32_t>>& inputs,
+                                      const std::vector<size_t>& pass_of,
+                                      const std::vector<size_t>& row_of,
+                                      const std::vector<Pass>& passes) {
+  if (observers_.empty()) return;
+  const int32_t vocab = target_->vocab_size();
+  std::vector<int32_t> tokens, ids;
+  std::vector<float> values;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (inputs[i].empty()) continue;
+    const Pass& pass = passes[pass_of[i]];
+    const BatchEntry* entry = nullptr;
+    for (const BatchEntry& e : pass.batch) {
+      if (e.seq == seqs[i]->request.id) entry = &e;
+    }
+    if (entry == nullptr) continue;
+    // The rows that came back: every token of a verification, else the last one fed.
+    const size_t n = entry->all_logits ? inputs[i].size() : 1;
+    tokens.assign(inputs[i].end() - static_cast<std::ptrdiff_t>(n), inputs[i].end());
+    const size_t row = row_of[i];
+    int k = 1;
+    if (pass.drawn) {
+      ids.assign(pass.ids.begin() + row, pass.ids.begin() + row + n);
+    } else if (pass.head.k > 0) {
+      k = pass.head.k;
+      ids.assign(pass.ids.begin() + row * k, pass.ids.begin() + (row + n) * k);
+    } else {  // whole rows: their candidates on the host
+      k = observe_k_;
+      ids.resize(n * k);
+      values.resize(n * k);
+      TopKRows(pass.logits.data() + row * vocab, static_cast<int64_t>(n), vocab, k, ids.data(),
+               values.data());
+    }
+    for (Drafter* d : observers_) d->ObserveTarget(tokens, ids, k);
+  }
+}
+
+void SpeculativeEngine::ScoreTrees(Seq& s) {
+  auto& pending = s.pending_trees;
+  size_t kept = 0;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const Seq::PendingTree& t = pending[i];
+    const std::optional<TreeOutcome> o = ScoreTree(t.tokens, t.parents, t.position, s.tokens);
+    if (o) {
+      tree_gain_[t.group].Record(s.request.domain, *o);
+    } else {
+      if (kept != i) pending[kept] = std::move(pending[i]);
+      ++kept;
+    }
+  }
+  pending.resize(kept);
 }
 
 }  // namespace specnode

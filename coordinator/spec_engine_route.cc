@@ -150,10 +150,13 @@ void SpeculativeEngine::ShadowScore(std::span<Seq* const> seqs, bool has_prefill
     if (d == nullptr || !d->CheapToShadow()) continue;
     for (Seq* s : seqs) {
       if (s->group < 0 || s->prefilled < s->n_prompt) continue;
-      if (s->group == static_cast<int>(g)) {
+      if (s->group == static_cast<int>(g) && s->k > 0) {
         s->shadow_cursor[g] = s->tokens.size();  // its own run: a later move starts here
         continue;
       }
+      // Its own sequence's direct steps (its controller chose K = 0: a disabled domain, or
+      // one the cost model decodes directly) are scored as the run it would have made, so
+      // the domain it sits out keeps being measured — and re-enabled once it pays.
       if (groups_[s->group].target != groups_[g].target) continue;
       SimulateRun(*s, g, has_prefill);
     }

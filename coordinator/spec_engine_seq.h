@@ -8,6 +8,7 @@
 
 #include "coordinator/acceptance.h"
 #include "coordinator/spec_engine.h"
+#include "coordinator/tree_gain.h"
 #include "model/llama/sampling.h"
 
 namespace specnode {
@@ -41,6 +42,14 @@ struct SpeculativeEngine::Seq {
   std::vector<int32_t> row_parents, row_depth;
   std::vector<int32_t> kept;
   bool tree() const { return !parents.empty(); }
+  // Trees drafted for this sequence (verified or cut to their chain) waiting for the
+  // tokens that decide what they would have kept (tree_gain.h ScoreTree).
+  struct PendingTree {
+    int group = 0;
+    size_t position = 0;  // committed tokens when drafted
+    std::vector<int32_t> tokens, parents;
+  };
+  std::vector<PendingTree> pending_trees;
 };
 
 // One target's share of a step.

@@ -1,7 +1,6 @@
 #include "coordinator/suffix_drafter.h"
 
 #include <algorithm>
-#include <queue>
 
 #include "absl/strings/str_format.h"
 
@@ -9,46 +8,6 @@ namespace specnode {
 namespace {
 
 constexpr std::string_view kOverflowHistory = "_overflow";
-
-// A child not yet in the tree: the best-first frontier's entry.
-struct Candidate {
-  double score = 0;
-  int64_t order = 0;  // tie-break: earlier pushes first (deterministic)
-  int32_t parent = -1;
-  int32_t token = 0;
-  bool operator<(const Candidate& o) const {  // priority_queue pops the largest
-    return score != o.score ? score < o.score : order > o.order;
-  }
-};
-
-// The chain of best children first (each node's first-added child is its best), the other
-// nodes after in the order they were added; parents re-numbered.
-DraftTree LayOut(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents) {
-  const int n = static_cast<int>(tokens.size());
-  std::vector<int32_t> order;
-  std::vector<char> placed(n, 0);
-  for (int32_t at = -1;;) {
-    int32_t best = -1;
-    for (int i = 0; i < n && best < 0; ++i) {
-      if (parents[i] == at) best = i;
-    }
-    if (best < 0) break;
-    order.push_back(best);
-    placed[best] = 1;
-    at = best;
-  }
-  for (int i = 0; i < n; ++i) {
-    if (!placed[i]) order.push_back(i);
-  }
-  std::vector<int32_t> new_index(n);
-  for (int j = 0; j < n; ++j) new_index[order[j]] = j;
-  DraftTree tree;
-  for (int32_t old : order) {
-    tree.tokens.push_back(tokens[old]);
-    tree.parents.push_back(parents[old] < 0 ? -1 : new_index[parents[old]]);
-  }
-  return tree;
-}
 
 }  // namespace
 
@@ -114,46 +73,24 @@ DraftTree SuffixDrafter::ProposeTree(SeqId seq, std::span<const int32_t> context
   const SeqState& s = Catch(seq, context, domain);
   const History* h = options_.history_tokens > 0 ? FindHistory(domain) : nullptr;
   const int max_n = options_.max_n;
-  std::vector<int32_t> tokens, parents;
-  std::vector<double> scores;
-  std::vector<int32_t> depths;
-  std::priority_queue<Candidate> frontier;
-  int64_t pushes = 0;
   std::vector<int32_t> tail;
-  // Pushes the children of `node` (-1: the context itself) onto the frontier.
-  auto expand = [&](int32_t node) {
-    std::vector<int32_t> path;
-    for (int32_t v = node; v >= 0 && static_cast<int>(path.size()) < max_n; v = parents[v]) {
-      path.push_back(tokens[v]);
-    }
-    const size_t from_context = max_n - std::min<size_t>(max_n, path.size());
+  // The children of the node at the end of `path`: what followed the longest suffix of the
+  // context + path, at most `branch`, each but the first with a share >= min_share.
+  auto children = [&](std::span<const int32_t> path, std::vector<TreeChild>* out) {
+    const std::span<const int32_t> own = path.last(std::min<size_t>(path.size(), max_n));
+    const size_t from_context = max_n - own.size();
     const auto ctx = context.last(std::min(context.size(), from_context));
     tail.assign(ctx.begin(), ctx.end());
-    tail.insert(tail.end(), path.rbegin(), path.rend());
+    tail.insert(tail.end(), own.begin(), own.end());
     const SuffixIndex::Match m = Continuations(s, h, tail);
-    const double base = node < 0 ? 1.0 : scores[node];
-    int taken = 0;
     for (const SuffixIndex::Next& e : m.next) {
-      if (taken == branch) break;
+      if (static_cast<int>(out->size()) == branch) break;
       const double share = static_cast<double>(e.count) / static_cast<double>(m.total);
-      if (taken > 0 && share < options_.min_share) break;
-      frontier.push(Candidate{base * share, pushes++, node, e.token});
-      ++taken;
+      if (!out->empty() && share < options_.min_share) break;
+      out->push_back({e.token, share});
     }
   };
-  expand(-1);
-  while (static_cast<int>(tokens.size()) < max_nodes && !frontier.empty()) {
-    const Candidate c = frontier.top();
-    frontier.pop();
-    tokens.push_back(c.token);
-    parents.push_back(c.parent);
-    scores.push_back(c.score);
-    depths.push_back(c.parent < 0 ? 0 : depths[c.parent] + 1);
-    if (static_cast<int>(tokens.size()) < max_nodes && depths.back() + 1 < max_depth) {
-      expand(static_cast<int32_t>(tokens.size()) - 1);
-    }
-  }
-  return LayOut(tokens, parents);
+  return GrowDraftTree(max_nodes, max_depth, children);
 }
 
 absl::Status SuffixDrafter::Propose(std::span<const DraftRequest> requests,

@@ -360,14 +360,31 @@ int32_t Sampler::Sample(std::span<const float> logits, int64_t position) {
 
 void TopK(std::span<const float> logits, int k, int32_t* ids, float* values) {
   assert(k > 0 && static_cast<size_t>(k) <= logits.size());
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  for (int i = 0; i < k; ++i) {
-    ids[i] = order[i];
-    values[i] = logits[order[i]];
+  if (k > kScanTopK) {
+    std::vector<int32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int i = 0; i < k; ++i) {
+      ids[i] = order[i];
+      values[i] = logits[order[i]];
+    }
+    return;
+  }
+  // One scan keeping the k best in order: ids rise, so an equal logit never displaces an
+  // earlier id (the ties rule), and most logits fail the first comparison with the k-th.
+  int filled = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    if (filled == k && !(v > values[k - 1])) continue;
+    int j = filled < k ? filled++ : k - 1;
+    for (; j > 0 && v > values[j - 1]; --j) {
+      values[j] = values[j - 1];
+      ids[j] = ids[j - 1];
+    }
+    values[j] = v;
+    ids[j] = static_cast<int32_t>(i);
   }
 }
 

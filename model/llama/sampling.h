@@ -93,7 +93,10 @@ int32_t ArgMax(std::span<const float> logits);
 
 // A row's k largest logits, the order every sampler path uses: descending logit, ties to the
 // lower id (+0 and -0 are equal logits). ids [k] and values [k]; 0 < k <= logits.size().
-// The host reference of a device head (Backend::FinishTopK).
+// The host reference of a device head (Backend::FinishTopK). Up to kScanTopK candidates in
+// one scan of the row (what a host head and the token-recycling drafter ask for per pass
+// row); more by a partial sort.
+inline constexpr int kScanTopK = 64;
 void TopK(std::span<const float> logits, int k, int32_t* ids, float* values);
 
 // InvalidArgument unless 0 < k <= vocab: the k a top-k head (ForwardTopK) can return.

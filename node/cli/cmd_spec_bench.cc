@@ -47,8 +47,9 @@ constexpr char kHelp[] =
     "                      the target-only tokens\n"
     "  --top-k K --top-p P --seed S  sampling parameters (default 0 = off, 1 = off, 0)\n"
     "  --acceptance RULE   match (default) or ratio: how sampled drafts are accepted\n"
-    "  --tree-nodes N      also run each tree-building drafter (suffix) with draft trees of\n"
-    "                      up to N nodes verified in one pass (\"<name> tree fixed|adaptive\"),\n"
+    "  --tree-nodes N      also run each tree-building drafter (suffix, recycle) with draft\n"
+    "                      trees of up to N nodes verified in one pass (\"<name> tree\n"
+    "                      fixed|adaptive\"),\n"
     "                      and the router with trees on (default 0: chains only)\n"
     "  --threads N         CPU threads (default: all cores available)\n"
     "  --router-rules FILE name each prompt's domain with these rules (JSON, see\n"
@@ -173,7 +174,9 @@ absl::Status Run(const CliArgs& args) {
   for (const DraftSpec& spec : specs) {
     // Chains, and trees where the drafter builds them and --tree-nodes asks.
     std::vector<int> trees = {0};
-    if (spec.kind == DraftSpec::Kind::kSuffix && tree_nodes > 0) trees.push_back(tree_nodes);
+    const bool builds_trees =
+        spec.kind == DraftSpec::Kind::kSuffix || spec.kind == DraftSpec::Kind::kRecycle;
+    if (builds_trees && tree_nodes > 0) trees.push_back(tree_nodes);
     for (int tree : trees) {
       for (bool adaptive : {false, true}) {
         auto c = std::make_unique<Config>();

@@ -259,7 +259,8 @@ absl::StatusOr<std::vector<DraftSpec>> ParseAlternatives(std::string_view list,
     if (!topology.single_process() && !d->is_lookup()) {
       return absl::InvalidArgumentError(
           absl::StrCat(text,
-                       ": with a topology only lookup drafters (ngram[:N], suffix[:N]) may be an "
+                       ": with a topology only model-free drafters (ngram[:N], suffix[:N], "
+                       "recycle[:N]) may be an "
                        "alternative"));
     }
     out.push_back(*d);

@@ -168,10 +168,10 @@ def test_bad_router_rules(specnode, tiny_pair, tmp_path, content, needle):
 
 
 def test_smollm2_suffix_trees_give_target_only_tokens(specnode, real_model, tmp_path):
-    """Suffix drafting as chains and as draft trees (issue 39) on SmolLM2: every
-    configuration, the router included, gives target-only greedy tokens (f16 and mixed KV),
-    the tree configurations verified trees, and a multi-turn prompt ("messages") is
-    encoded whole in the chat template."""
+    """Suffix drafting and token recycling as chains and as draft trees (issue 39) on
+    SmolLM2: every configuration, the router included, gives target-only greedy tokens (f16
+    and mixed KV), the fixed tree configurations verified trees, and a multi-turn prompt
+    ("messages") is encoded whole in the chat template."""
     prompts = tmp_path / "mixed.jsonl"
     lines = [json.loads(line) for line in
              (ROOT / "bench/prompts/edit.jsonl").read_text().splitlines()[:2]]
@@ -183,17 +183,20 @@ def test_smollm2_suffix_trees_give_target_only_tokens(specnode, real_model, tmp_
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     for kv_mode in ("full", "mixed"):
         res = run([specnode, "spec-bench", "--model", real_model, "--prompts", str(prompts),
-                   "--per-domain", "2", "--max-tokens", "48", "--drafters", "ngram,suffix",
+                   "--per-domain", "2", "--max-tokens", "48", "--drafters",
+                   "ngram,suffix,recycle",
                    "--tree-nodes", "8", "--threads", "2", "--kv-mode", kv_mode, "--json"])
         assert res.returncode == 0, res.stderr
         result = json.loads(res.stdout)
         names = [c["name"] for c in result["configs"]]
-        assert "suffix:8 tree fixed" in names and "suffix:8 tree adaptive" in names, names
+        for drafter in ("suffix:8", "recycle:8"):
+            assert f"{drafter} tree fixed" in names and f"{drafter} tree adaptive" in names, names
         for config in result["configs"]:
             for domain, d in config["domains"].items():
                 assert d["identical_to_target"] == d["prompts"], (kv_mode, config["name"], domain)
-        tree = next(c for c in result["configs"] if c["name"] == "suffix:8 tree fixed")
-        assert sum(d["tree_steps"] for d in tree["domains"].values()) > 0
+        for name in ("suffix:8 tree fixed", "recycle:8 tree fixed"):
+            tree = next(c for c in result["configs"] if c["name"] == name)
+            assert sum(d["tree_steps"] for d in tree["domains"].values()) > 0, name
         chain = next(c for c in result["configs"] if c["name"] == "suffix:8 fixed")
         assert sum(d["tree_steps"] for d in chain["domains"].values()) == 0
 

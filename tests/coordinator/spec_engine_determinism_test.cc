@@ -32,7 +32,7 @@ TEST_F(SpecEngineTest, SeededTextIsTheSameWithEveryDrafterKAndBatch) {
   SpeculativeEngine base(base_runner.get(), {}, {});
   const auto expected = Run(base, requests);
   for (const std::string name :
-       {"draft5", "draft30", "draft100", "self1", "self2", "ngram", "suffix"}) {
+       {"draft5", "draft30", "draft100", "self1", "self2", "ngram", "suffix", "recycle"}) {
     for (int k : {0, 1, 2, 3, 4}) {  // 0: adaptive
       auto runner = MakeRunner("full");
       auto drafter = MakeDrafter(name, "full");

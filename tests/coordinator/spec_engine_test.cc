@@ -30,7 +30,7 @@ TEST_F(SpecEngineTest, GreedyEqualsTargetOnlyWithEveryDrafter) {
     SpeculativeEngine base(base_runner.get(), {}, {});
     const auto expected = Run(base, Prompts(0.0f, 40));
     for (const std::string name :
-         {"draft5", "draft30", "draft100", "self1", "self2", "ngram", "suffix"}) {
+         {"draft5", "draft30", "draft100", "self1", "self2", "ngram", "suffix", "recycle"}) {
       for (bool adaptive : {false, true}) {
         auto runner = MakeRunner(kv_mode);
         auto drafter = MakeDrafter(name, kv_mode);
@@ -313,6 +313,59 @@ TEST_F(SpecEngineTest, PromptLookupIsScoredOnOtherGroupsSteps) {
   // Target timings reached it, so it has an estimate the router can weigh.
   EXPECT_TRUE(c_lookup->DirectSeconds().has_value());
   EXPECT_GT(c_lookup->ExpectedGoodput("code"), 0.0);
+}
+
+// A cheap drafter that proposes wrong tokens until the sequence is `good_from` tokens long,
+// then the target's own greedy continuation (`text`, the whole greedy sequence).
+class ScriptedDrafter final : public Drafter {
+ public:
+  ScriptedDrafter(std::vector<int32_t> text, size_t good_from)
+      : text_(std::move(text)), good_from_(good_from) {}
+  std::string name() const override { return "scripted"; }
+  absl::Status Propose(std::span<const DraftRequest> requests,
+                       std::vector<Draft>* drafts) override {
+    drafts->assign(requests.size(), Draft{});
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const size_t at = requests[i].context.size();
+      for (size_t j = at; j < at + requests[i].k && j < text_.size(); ++j) {
+        const int32_t wrong = text_[j] == 0 ? 1 : text_[j] - 1;
+        (*drafts)[i].tokens.push_back(at < good_from_ ? wrong : text_[j]);
+      }
+    }
+    return absl::OkStatus();
+  }
+  bool CheapToShadow() const override { return true; }
+  void Free(SeqId) override {}
+
+ private:
+  std::vector<int32_t> text_;
+  size_t good_from_;
+};
+
+// A cheap drafter's own direct steps are scored as the run it would have made: a domain
+// disabled by a bad start (its drafts wrong at first) is re-enabled once they pass, long
+// before probing alone would (every probe_every direct steps), and speculates again.
+TEST_F(SpecEngineTest, ADisabledCheapDrafterIsReEnabledByScoringItsOwnDirectSteps) {
+  SpecRequest r = Prompts(0.0f, 120)[0];
+  auto base_runner = MakeRunner("dense");
+  SpeculativeEngine base(base_runner.get(), {}, {});
+  const auto generated = Run(base, {r});
+  std::vector<int32_t> text = r.prompt;
+  text.insert(text.end(), generated[0].begin(), generated[0].end());
+  const size_t good_from = r.prompt.size() + 20;
+  ScriptedDrafter drafter(text, good_from);
+  SpecControllerConfig config;
+  config.probe_every = 1000;  // no probe in this run: only the scoring can re-enable
+  auto controller = SpecController::Create(config).value();
+  spec_test::SetTimings(*controller, 1, 10, 0, 10);
+  auto runner = MakeRunner("dense");
+  SpeculativeEngine engine(runner.get(), {{&drafter, controller.get()}}, {});
+  EXPECT_EQ(Run(engine, {r}, runner.get()), generated);
+  const DomainSnapshot snap = controller->Snapshot(r.domain);
+  EXPECT_GE(snap.disables, 1);
+  EXPECT_GE(snap.reenables, 1);
+  EXPECT_NE(snap.mode, SpecMode::kDisabled);
+  EXPECT_GT(snap.accepted, 40);  // the good stretch was speculated (and its shadow scored)
 }
 
 // Greedy shadow scoring replays the run prompt lookup would have made: its controller

@@ -14,6 +14,7 @@
 
 #include "coordinator/model_drafter.h"
 #include "coordinator/ngram_drafter.h"
+#include "coordinator/recycling_drafter.h"
 #include "coordinator/spec_engine.h"
 #include "coordinator/suffix_drafter.h"
 #include "gtest/gtest.h"
@@ -90,7 +91,7 @@ class SpecEngineTest : public testing::Test {
   }
 
   // Named drafters: "draft5", "draft30", "draft100" (perturbed copies), "self1", "self2",
-  // "ngram", "suffix".
+  // "ngram", "suffix", "recycle".
   std::unique_ptr<Drafter> MakeDrafter(const std::string& name, const std::string& kv_mode) {
     const KvOptions kv = KvFor(kv_mode);
     if (name == "ngram") {
@@ -103,6 +104,7 @@ class SpecEngineTest : public testing::Test {
       o.min_n = 1;
       return std::move(SuffixDrafter::Create(o)).value();
     }
+    if (name == "recycle") return std::move(RecyclingDrafter::Create({})).value();
     if (name.rfind("self", 0) == 0) {
       auto d = ModelDrafter::SelfDraft(*target_, std::stoi(name.substr(4)), pool_.get(), kv);
       EXPECT_TRUE(d.ok()) << d.status();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "coordinator/draft_tree.h"
+#include "coordinator/recycling_drafter.h"
 #include "coordinator/suffix_drafter.h"
 #include "model/llama/kv_cache.h"
 #include "tests/coordinator/spec_engine_test_util.h"
@@ -172,6 +173,12 @@ class TreeCounter final : public Drafter {
     }
     return st;
   }
+  bool CheapToShadow() const override { return inner_->CheapToShadow(); }
+  int ObservedTopK() const override { return inner_->ObservedTopK(); }
+  void ObserveTarget(std::span<const int32_t> tokens, std::span<const int32_t> ids,
+                     int k) override {
+    inner_->ObserveTarget(tokens, ids, k);
+  }
   void Free(SeqId seq) override { inner_->Free(seq); }
   int trees = 0;
 
@@ -179,14 +186,19 @@ class TreeCounter final : public Drafter {
   std::unique_ptr<Drafter> inner_;
 };
 
-// The engine verifying suffix-drafter trees: greedy text equals target-only decoding in every
-// CPU KV mode, seeded sampled text is the same with trees, chains or no speculation, alone and
-// batched — and trees were verified (the check is not blind).
+// The engine verifying suffix-drafter and token-recycling trees: greedy text equals
+// target-only decoding in every CPU KV mode, seeded sampled text is the same with trees,
+// chains or no speculation, alone and batched — and trees were verified (the check is not
+// blind).
 TEST_F(TreePassTest, EngineTreesGiveTargetOnlyText) {
   SuffixDrafterOptions o;
   o.min_n = 1;
   o.branch = 3;
   o.min_share = 0.0;
+  auto make_drafter = [&](bool recycle) -> std::unique_ptr<Drafter> {
+    if (recycle) return std::move(RecyclingDrafter::Create({})).value();
+    return std::move(SuffixDrafter::Create(o)).value();
+  };
   for (float temperature : {0.0f, 0.8f}) {
     auto requests = Prompts(temperature, 40, 5);
     for (SpecRequest& r : requests) r.sampling.top_k = 40;
@@ -195,21 +207,24 @@ TEST_F(TreePassTest, EngineTreesGiveTargetOnlyText) {
       SpeculativeEngine base(base_runner.get(), {}, {});
       const auto expected = Run(base, requests);
       for (int k : {0, 3}) {  // 0: adaptive
-        auto runner = MakeRunner(kv_mode);
-        TreeCounter drafter(std::move(SuffixDrafter::Create(o)).value());
-        auto controller = NewController();
-        SpecEngineOptions options;
-        options.adaptive = k == 0;
-        options.fixed_k = k;
-        options.tree_nodes = 8;
-        options.pool = pool_.get();
-        SpeculativeEngine engine(runner.get(), {{&drafter, controller.get()}}, options);
-        EXPECT_EQ(Run(engine, requests, runner.get()), expected)
-            << kv_mode << " T " << temperature << " K " << k;
-        EXPECT_GT(drafter.trees, 0) << kv_mode << " T " << temperature << ": no tree drafted";
-        for (size_t i = 0; i < requests.size() && k == 3; ++i) {
-          EXPECT_EQ(Run(engine, {requests[i]}), std::vector<std::vector<int32_t>>{expected[i]})
-              << kv_mode << " alone, prompt " << i;
+        for (bool recycle : {false, true}) {
+          auto runner = MakeRunner(kv_mode);
+          TreeCounter drafter(make_drafter(recycle));
+          auto controller = NewController();
+          SpecEngineOptions options;
+          options.adaptive = k == 0;
+          options.fixed_k = k;
+          options.tree_nodes = 8;
+          options.pool = pool_.get();
+          SpeculativeEngine engine(runner.get(), {{&drafter, controller.get()}}, options);
+          EXPECT_EQ(Run(engine, requests, runner.get()), expected)
+              << drafter.name() << " " << kv_mode << " T " << temperature << " K " << k;
+          EXPECT_GT(drafter.trees, 0)
+              << drafter.name() << " " << kv_mode << " T " << temperature << ": no tree drafted";
+          for (size_t i = 0; i < requests.size() && k == 3; ++i) {
+            EXPECT_EQ(Run(engine, {requests[i]}), std::vector<std::vector<int32_t>>{expected[i]})
+                << drafter.name() << " " << kv_mode << " alone, prompt " << i;
+          }
         }
       }
     }

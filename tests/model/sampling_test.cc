@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -312,6 +314,29 @@ TEST(Sampling, TopKOrdersByLogitThenLowerIdAndTreatsSignedZerosAlike) {
   EXPECT_EQ(values[4], 0.0f);
   TopK(logits, 1, ids, values);
   EXPECT_EQ(ids[0], ArgMax(logits));
+}
+
+// The one-scan TopK (k <= kScanTopK) and the partial sort (beyond) give the comparator's
+// order exactly, over rows with many ties (logits on a coarse grid).
+TEST(Sampling, TopKScanEqualsTheSortedOrderWithTies) {
+  std::mt19937 rng(7);
+  for (int vocab : {1, 5, 64, 1000, 49152}) {
+    std::vector<float> logits(vocab);
+    for (float& x : logits) x = static_cast<float>(static_cast<int>(rng() % 41) - 20) * 0.5f;
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    for (int k : {1, 2, 8, kScanTopK, kScanTopK + 1, 200}) {
+      if (k > vocab) continue;
+      std::vector<int32_t> ids(k);
+      std::vector<float> values(k);
+      TopK(logits, k, ids.data(), values.data());
+      ASSERT_EQ(ids, std::vector<int32_t>(order.begin(), order.begin() + k))
+          << "vocab " << vocab << " k " << k;
+      for (int i = 0; i < k; ++i) ASSERT_EQ(values[i], logits[ids[i]]);
+    }
+  }
 }
 
 // Samplers that prune nothing draw from DrawAt's parameters alone (a device's draw head):

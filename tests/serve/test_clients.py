@@ -337,6 +337,7 @@ def test_seeded_sampling_gives_the_same_text_whatever_speculation_does(specnode,
     for name, extra in [("default", []), ("self:8", ["--draft", "self:8"]),
                         ("self:8+ngram", ["--draft", "self:8", "--draft-alternatives", "ngram"]),
                         ("suffix-trees", ["--draft", "suffix", "--tree-nodes", "8"]),
+                        ("recycle-trees", ["--draft", "recycle", "--tree-nodes", "8"]),
                         ("none", ["--draft", "none"])]:
         node = Node(specnode, real_model,
                     tmp_path / f"serve-{name.replace(':', '').replace('+', '-')}.log",
