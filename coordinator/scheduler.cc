@@ -379,6 +379,7 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
     r.drafted += s.drafted;
     r.accepted += s.accepted;
     r.passes += s.steps;
+    r.tree_steps += s.tree_steps;
     engine_->Finish(static_cast<SeqId>(r.handle));
     // Before the terminal reply goes out: a client that reads the metrics after it sees
     // this request's KV released.
@@ -407,6 +408,7 @@ void Scheduler::Finish(Req& r, FinishKind kind) {
   st.drafted = r.drafted;
   st.accepted = r.accepted;
   st.target_passes = r.passes;
+  st.tree_steps = r.tree_steps;
   st.queue_ms = r.scheduled_once ? Ms(r.arrival, r.scheduled) : Ms(r.arrival, now);
   st.ttft_ms = r.output.empty() ? 0.0 : Ms(r.arrival, r.first_token);
   st.tpot_ms = r.output.size() > 1 ? Ms(r.first_token, r.last_token) / (r.output.size() - 1) : 0.0;

@@ -113,6 +113,7 @@ struct RequestStats {
   int32_t drafted = 0;
   int32_t accepted = 0;
   int32_t target_passes = 0;
+  int32_t tree_steps = 0;  // of the speculative steps, those that verified a draft tree
   double queue_ms = 0, ttft_ms = 0, tpot_ms = 0, total_ms = 0;
   std::string domain, sla;
 };

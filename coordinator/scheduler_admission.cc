@@ -95,6 +95,7 @@ void Scheduler::PreemptLocked(uint64_t victim) {
     r.drafted += s.drafted;
     r.accepted += s.accepted;
     r.passes += s.steps;
+    r.tree_steps += s.tree_steps;
     engine_->Finish(id);
   }
   r.running = false;

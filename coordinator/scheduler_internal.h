@@ -38,6 +38,7 @@ struct Scheduler::Req {
   size_t checked = 0;                             // bytes of text already searched for stop strings
   size_t max_stop = 0;                            // longest stop string
   int32_t drafted = 0, accepted = 0, passes = 0;  // over preemptions
+  int32_t tree_steps = 0;                         // over preemptions
   int32_t cached_tokens = -1;  // prefix-cache hit of the first run (-1: not run yet)
 };
 

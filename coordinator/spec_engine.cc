@@ -395,7 +395,7 @@ absl::Status SpeculativeEngine::Step(std::span<const SeqId> ids, std::vector<Seq
     const int32_t len = static_cast<int32_t>(s->tokens.size());
     const AcceptOutcome& outcome = outcomes[i];
     // Of a tree, the depth it reached: what "every draft accepted" means for it.
-    const int depth = s->tree() ? *std::max_element(s->row_depth.begin(), s->row_depth.end()) : k;
+    const int depth = s->tree() ? s->tree_depth : k;
     std::vector<int32_t> emitted;
     if (s->tree()) {
       // Keep the last committed token's row and the kept path's in the target cache.

@@ -101,8 +101,9 @@ struct SpecEngineOptions {
   // — only with the match rule (or greedy) and where the target takes trees
   // (ModelRunner::TreePasses); else, and at 0, chains. Adaptive, a step verifies the tree
   // only where its domain's measured gain over the main chain pays for the extra rows
-  // (tree_gain.h); with a fixed K every tree is verified.
+  // (tree_gain.h); with a fixed K, or trees_always, every tree is verified.
   int tree_nodes = 0;
+  bool trees_always = false;
   // The longest sequence (prompt + max_tokens) a request may take, in tokens: 0 = the
   // target's context length; otherwise at most that (serve.max_model_len; callers check).
   int32_t max_model_len = 0;

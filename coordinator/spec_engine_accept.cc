@@ -2,6 +2,7 @@
 // the rules of acceptance.h, draft trees by the match walk of draft_tree.h — and how a step
 // turns a drafter's tree into pass rows.
 #include <algorithm>
+#include <cassert>
 
 #include "coordinator/acceptance.h"
 #include "coordinator/draft_tree.h"
@@ -96,6 +97,8 @@ void SpeculativeEngine::TakeDraft(Seq& s, Draft& draft, int max_nodes) {
   s.drafts = std::move(draft.tokens);
   s.q = std::move(draft.q);
   s.parents.clear();
+  // Our drafters build valid trees (a bug otherwise); a release build verifies the chain.
+  assert(draft.parents.empty() || ValidateTree(s.drafts, draft.parents).ok());
   if (draft.parents.empty() || max_nodes == 0 || !ValidateTree(s.drafts, draft.parents).ok() ||
       ChainLength(draft.parents) == static_cast<int>(draft.parents.size())) {
     // A chain (or a tree that is one, or one the engine cannot use: its main chain).
@@ -128,7 +131,7 @@ void SpeculativeEngine::TakeDraft(Seq& s, Draft& draft, int max_nodes) {
   if (s.pending_trees.size() < kMaxPendingTrees) {
     s.pending_trees.push_back({s.group, s.tokens.size(), s.drafts, s.parents});
   }
-  if (options_.adaptive) {
+  if (options_.adaptive && !options_.trees_always) {
     const SpecController& c = *groups_[s.group].controller;
     auto verify_s = [&c](int n) { return c.PredictVerifySeconds(n); };
     const double draft_s = c.PredictDraftSeconds(s.k).value_or(0.0);
@@ -141,6 +144,7 @@ void SpeculativeEngine::TakeDraft(Seq& s, Draft& draft, int max_nodes) {
   s.row_parents.assign(1, -1);
   for (int32_t parent : s.parents) s.row_parents.push_back(parent + 1);
   s.row_depth = TreeRowDepths(s.row_parents);
+  s.tree_depth = *std::max_element(s.row_depth.begin(), s.row_depth.end());
 }
 
 void SpeculativeEngine::ObserveTarget(std::span<Seq* const> seqs,

@@ -40,6 +40,7 @@ struct SpeculativeEngine::Seq {
   // pass rows' parents and depths (row 0 the last committed token) and the kept nodes.
   std::vector<int32_t> parents;
   std::vector<int32_t> row_parents, row_depth;
+  int tree_depth = 0;  // the deepest node's depth + 1: what "every draft accepted" means
   std::vector<int32_t> kept;
   bool tree() const { return !parents.empty(); }
   // Trees drafted for this sequence (verified or cut to their chain) waiting for the

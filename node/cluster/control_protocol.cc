@@ -143,7 +143,8 @@ ModelFingerprint GetFingerprint(Reader& r) {
 bool ValidStatusCode(int32_t code) { return code >= 0 && code <= 16; }
 
 bool OpHasTokens(StepOp::Kind k) {
-  return k == StepOp::Kind::kMatchPrefix || k == StepOp::Kind::kPublishPrefix;
+  return k == StepOp::Kind::kMatchPrefix || k == StepOp::Kind::kPublishPrefix ||
+         k == StepOp::Kind::kKeepRows;
 }
 
 // A u32 count, then that many values of T (a list's elements after GetCount's checks).
@@ -291,6 +292,7 @@ std::string EncodeControl(const HelloAckMessage& m) {
   w.Put<int32_t>(m.kv_page_tokens);
   w.Put<int32_t>(m.kv_pass_boundary);
   w.Put<uint8_t>(m.kv_prefix_cache ? 1 : 0);
+  w.Put<uint8_t>(m.kv_tree_passes ? 1 : 0);
   w.Put<int64_t>(m.pid);
   w.PutString(m.host);
   w.Put<int32_t>(m.status_code);
@@ -314,6 +316,7 @@ std::string EncodeControl(const StepPlanMessage& m) {
     w.Put<uint8_t>(e.all_logits ? 1 : 0);
     w.Put<uint32_t>(static_cast<uint32_t>(e.tokens.size()));
     w.PutArray(e.tokens.data(), e.tokens.size());
+    PutList(w, e.parents);
   }
   return w.Finish(ControlKind::kStepPlan);
 }
@@ -412,6 +415,8 @@ absl::StatusOr<HelloAckMessage> DecodeHelloAck(std::string_view frame) {
   m.kv_pass_boundary = r.Get<int32_t>("kv_pass_boundary");
   const uint8_t prefix_cache = r.Get<uint8_t>("kv_prefix_cache");
   m.kv_prefix_cache = prefix_cache == 1;
+  const uint8_t tree_passes = r.Get<uint8_t>("kv_tree_passes");
+  m.kv_tree_passes = tree_passes == 1;
   m.pid = r.Get<int64_t>("pid");
   m.host = r.GetString("host");
   m.status_code = r.Get<int32_t>("status_code");
@@ -420,6 +425,7 @@ absl::StatusOr<HelloAckMessage> DecodeHelloAck(std::string_view frame) {
     r.Fail(absl::StrFormat("status code %d", m.status_code));
   }
   if (r.ok() && prefix_cache > 1) r.Fail(absl::StrFormat("kv_prefix_cache %d", prefix_cache));
+  if (r.ok() && tree_passes > 1) r.Fail(absl::StrFormat("kv_tree_passes %d", tree_passes));
   if (r.ok() && (m.kv_page_bytes < 0 || m.kv_page_tokens < 0 || m.kv_pass_boundary < 0)) {
     r.Fail(absl::StrFormat("KV page geometry (%d bytes, %d tokens, boundary %d)", m.kv_page_bytes,
                            m.kv_page_tokens, m.kv_pass_boundary));
@@ -445,7 +451,7 @@ absl::StatusOr<StepPlanMessage> DecodeStepPlan(std::string_view frame) {
     op.n = r.Get<int32_t>("op.n");
     if (!r.ok()) break;
     if (kind < static_cast<uint8_t>(StepOp::Kind::kTruncate) ||
-        kind > static_cast<uint8_t>(StepOp::Kind::kPublishPrefix)) {
+        kind > static_cast<uint8_t>(StepOp::Kind::kKeepRows)) {
       r.Fail(absl::StrFormat("ops[%d]: unknown kind %d", i, kind));
       break;
     }
@@ -455,9 +461,13 @@ absl::StatusOr<StepPlanMessage> DecodeStepPlan(std::string_view frame) {
       r.Fail(absl::StrFormat("ops[%d]: truncate to %d", i, op.n));
       break;
     }
+    if (op.kind == StepOp::Kind::kKeepRows && (op.n < 0 || op.tokens.empty())) {
+      r.Fail(absl::StrFormat("ops[%d]: keep %d rows from %d", i, op.tokens.size(), op.n));
+      break;
+    }
     m.ops.push_back(op);
   }
-  const uint32_t n_entries = r.GetCount("entries", kMaxStepEntries, 13);
+  const uint32_t n_entries = r.GetCount("entries", kMaxStepEntries, 17);
   m.entries.reserve(n_entries);
   for (uint32_t i = 0; i < n_entries && r.ok(); ++i) {
     StepEntry e;
@@ -476,6 +486,11 @@ absl::StatusOr<StepPlanMessage> DecodeStepPlan(std::string_view frame) {
     e.all_logits = all == 1;
     e.tokens.resize(n_tok);
     r.GetArray(e.tokens.data(), n_tok, "entry.tokens");
+    e.parents = GetList<int32_t>(r, "entry.parents", kMaxEntryTokens);
+    if (r.ok() && !e.parents.empty() && e.parents.size() != n_tok) {
+      r.Fail(absl::StrFormat("entries[%d]: %d parents for %d tokens", i, e.parents.size(), n_tok));
+      break;
+    }
     m.entries.push_back(std::move(e));
   }
   SPECNODE_RETURN_IF_ERROR(r.Done());

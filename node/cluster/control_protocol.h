@@ -40,7 +40,7 @@
 namespace specnode {
 
 inline constexpr uint32_t kControlMagic = 0x50434E53;  // "SNCP" little-endian
-inline constexpr uint16_t kControlProtocolVersion = 5;
+inline constexpr uint16_t kControlProtocolVersion = 6;
 inline constexpr size_t kControlHeaderBytes = 16;
 
 enum class ControlKind : uint16_t {
@@ -89,6 +89,9 @@ struct HelloAckMessage {
   // (v5) The shard's cache has a prefix cache (the paged store): it answers MatchPrefix /
   // PublishPrefix ops and reports KV events. A dense cache does not.
   bool kv_prefix_cache = false;
+  // (v6) The shard's cache verifies draft trees (KvCache::tree_passes): rank 0 may send
+  // entries with parents and KeepRows ops.
+  bool kv_tree_passes = false;
   int64_t pid = 0;
   std::string host;
   // Not OK when the shard could not start (e.g. its weights failed to load).
@@ -108,8 +111,17 @@ struct HelloAckMessage {
 //                  `matched` carries the agreed count.
 //   kPublishPrefix (v5) register seq's leading whole pages of `tokens` in the prefix cache
 //                  (KvCache::PublishPrefix).
+//   kKeepRows      (v6) after a draft-tree pass: keep the rows `tokens` (offsets from n, the
+//                  pass's first position; ascending) at positions n, n + 1, .. and drop the
+//                  rest (KvCache::KeepRows)
 struct StepOp {
-  enum class Kind : uint8_t { kTruncate = 1, kFree = 2, kMatchPrefix = 3, kPublishPrefix = 4 };
+  enum class Kind : uint8_t {
+    kTruncate = 1,
+    kFree = 2,
+    kMatchPrefix = 3,
+    kPublishPrefix = 4,
+    kKeepRows = 5,
+  };
   Kind kind = Kind::kFree;
   SeqId seq = 0;
   int32_t n = 0;                // kTruncate: the new length
@@ -124,12 +136,17 @@ struct StepOp {
   static StepOp PublishPrefix(SeqId seq, std::span<const int32_t> tokens) {
     return {Kind::kPublishPrefix, seq, 0, {tokens.begin(), tokens.end()}};
   }
+  static StepOp KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows) {
+    return {Kind::kKeepRows, seq, pos0, {rows.begin(), rows.end()}};
+  }
 };
 
 struct StepEntry {
   SeqId seq = 0;
   bool all_logits = false;
   std::vector<int32_t> tokens;
+  // (v6) A draft tree's parent rows ([tokens.size()], BatchEntry::parents); empty: a chain.
+  std::vector<int32_t> parents = {};
   bool operator==(const StepEntry&) const = default;
 };
 

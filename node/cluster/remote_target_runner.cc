@@ -92,7 +92,8 @@ absl::StatusOr<std::unique_ptr<RemoteTargetRunner>> RemoteTargetRunner::Connect(
     }
     r->shards_.push_back({ack->world_rank, ack->tp_rank, ack->pid, ack->host,
                           ack->kv_capacity_bytes, ack->n_kv_heads_local, ack->kv_page_bytes,
-                          ack->kv_page_tokens, ack->kv_pass_boundary, ack->kv_prefix_cache});
+                          ack->kv_page_tokens, ack->kv_pass_boundary, ack->kv_prefix_cache,
+                          ack->kv_tree_passes});
     r->kv_.push_back({ack->kv_page_bytes > 0 ? ack->kv_capacity_bytes : -1, 0, {}});
   }
   return r;
@@ -117,6 +118,24 @@ absl::Status RemoteTargetRunner::Truncate(SeqId seq, int32_t n) {
   if (n == len) return absl::OkStatus();
   lengths_[seq] = n;
   pending_ops_.push_back(StepOp::Truncate(seq, n));
+  return absl::OkStatus();
+}
+
+bool RemoteTargetRunner::TreePasses() const {
+  return !shards_.empty() && std::all_of(shards_.begin(), shards_.end(),
+                                         [](const ShardInfo& s) { return s.kv_tree_passes; });
+}
+
+absl::Status RemoteTargetRunner::KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows) {
+  if (!broken_.ok()) return broken_;
+  if (!TreePasses()) {
+    return absl::UnimplementedError(
+        absl::StrCat(device(), ": the shards' caches take no draft trees"));
+  }
+  const int32_t len = Length(seq);
+  SPECNODE_RETURN_IF_ERROR(CheckKeptRows(pos0, len, rows));
+  lengths_[seq] = pos0 + static_cast<int32_t>(rows.size());
+  pending_ops_.push_back(StepOp::KeepRows(seq, pos0, rows));
   return absl::OkStatus();
 }
 
@@ -227,7 +246,10 @@ absl::Status RemoteTargetRunner::BeginForward(std::span<const BatchEntry> batch)
     if (op.kind == StepOp::Kind::kMatchPrefix) pending_.matching.push_back(op.seq);
   }
   for (const BatchEntry& e : batch) {
-    plan.entries.push_back({e.seq, e.all_logits, {e.tokens.begin(), e.tokens.end()}});
+    plan.entries.push_back({e.seq,
+                            e.all_logits,
+                            {e.tokens.begin(), e.tokens.end()},
+                            {e.parents.begin(), e.parents.end()}});
     pending_.rows += e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
     pending_.fed.emplace_back(e.seq, static_cast<int32_t>(e.tokens.size()));
   }

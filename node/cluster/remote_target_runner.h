@@ -9,6 +9,9 @@
 // same op sequence, so their block tables stay identical. Each reply reports a fingerprint
 // of the shard's (seq, length) table; the runner checks that every shard's equals its own.
 //
+// Draft trees travel the same way: a tree entry's parents in the StepPlan, the kept path as
+// a KeepRows op at the head of the next one.
+//
 // Prefix cache. When every shard's cache keeps one (HelloAck), MatchPrefix is an ops-only
 // step of its own (the engine needs the count before it plans the prompt: one round trip
 // per admitted request); the shards agree on the count, and the runner's copy of the
@@ -59,6 +62,7 @@ struct ShardInfo {
   int32_t kv_page_tokens = 0;
   int32_t kv_pass_boundary = 0;  // HelloAckMessage
   bool kv_prefix_cache = false;  // HelloAckMessage
+  bool kv_tree_passes = false;   // HelloAckMessage (v6)
 };
 
 struct RemoteTargetOptions {
@@ -101,6 +105,11 @@ class RemoteTargetRunner final : public ModelRunner {
   absl::Status EndForward(std::vector<float>* logits) override;
   int32_t Length(SeqId seq) const override;
   absl::Status Truncate(SeqId seq, int32_t n) override;
+  // Draft trees: when every shard's cache takes them (HelloAck v6). Entries carry their
+  // parents; KeepRows is checked against the runner's copy of the length, which becomes
+  // pos0 + rows.size() at once, and queued like Truncate (a kKeepRows op).
+  bool TreePasses() const override;
+  absl::Status KeepRows(SeqId seq, int32_t pos0, std::span<const int32_t> rows) override;
   void Free(SeqId seq) override;
   // From the shards' page geometry (HelloAck) and their available bytes as of the last
   // reply (capacity before the first step); the tightest shard decides, since every shard

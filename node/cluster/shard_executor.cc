@@ -84,6 +84,14 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
       absl::StatusOr<int32_t> n = MatchPrefix(op);
       if (!n.ok()) return finish(n.status(), true);
       reply.matched.push_back(*n);
+    } else if (op.kind == StepOp::Kind::kKeepRows) {
+      absl::Status s = model_->KeepRows(op.seq, op.n, op.tokens);
+      if (!s.ok()) {
+        return finish(
+            absl::InternalError(absl::StrFormat("keeping %d rows of sequence %d from %d: %s",
+                                                op.tokens.size(), op.seq, op.n, s.message())),
+            true);
+      }
     } else {
       absl::Status s = model_->Truncate(op.seq, op.n);
       if (!s.ok()) {
@@ -98,9 +106,18 @@ StepReplyMessage ShardExecutor::Execute(const StepPlanMessage& plan) {
   std::vector<BatchEntry> batch;
   batch.reserve(plan.entries.size());
   for (const StepEntry& e : plan.entries) {
-    batch.push_back({e.seq, {e.tokens.data(), e.tokens.size()}, e.all_logits});
+    batch.push_back({e.seq,
+                     {e.tokens.data(), e.tokens.size()},
+                     e.all_logits,
+                     {e.parents.data(), e.parents.size()}});
   }
   absl::Status local = ValidateBatch(batch, config_.vocab_size).status();
+  for (size_t i = 0; i < batch.size() && local.ok(); ++i) {
+    if (!batch[i].parents.empty() && !model_->TreePasses()) {
+      local = absl::UnimplementedError(
+          absl::StrFormat("sequence %d: this shard's cache takes no draft trees", batch[i].seq));
+    }
+  }
   std::vector<SeqId> created;
   if (local.ok()) {
     for (const StepEntry& e : plan.entries) {

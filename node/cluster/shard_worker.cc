@@ -79,6 +79,7 @@ absl::Status RunShardWorker(const ShardWorkerOptions& o, Communicator* comm,
     }
     ack.kv_pass_boundary = exec->model().PassBoundary();
     ack.kv_prefix_cache = exec->prefix_cache();
+    ack.kv_tree_passes = exec->model().TreePasses();
     return absl::OkStatus();
   }();
   ack.set_status(load);

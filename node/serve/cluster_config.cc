@@ -405,6 +405,15 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   }
   CFG_TRY(r.Int(spec, "speculation", "k_max", 1, 64, &c.k_max));
   CFG_TRY(r.Int(spec, "speculation", "tree_nodes", 0, 64, &c.tree_nodes));
+  std::string tree_choice;
+  CFG_TRY(r.String(spec, "speculation", "tree_choice", &tree_choice));
+  if (!tree_choice.empty()) {
+    if (tree_choice != "measured" && tree_choice != "always") {
+      return r.Error(spec["tree_choice"], "speculation.tree_choice",
+                     "expected measured or always, got \"" + tree_choice + "\"");
+    }
+    c.trees_always = tree_choice == "always";
+  }
   CFG_TRY(r.Double(spec, "speculation", "free_threshold", 0, 1, &c.free_threshold));
   CFG_TRY(r.Double(spec, "speculation", "disable_threshold", 0, 1, &c.disable_threshold));
   if (c.disable_threshold > c.free_threshold) {

@@ -107,9 +107,13 @@ struct ServeConfig {
   // coordinator.
   std::vector<DraftSpec> alternatives;
   int k_max = 4;
-  // speculation.tree_nodes: > 0 lets a tree-building drafter (suffix) propose draft trees
+  // speculation.tree_nodes: > 0 lets a tree-building drafter (suffix, recycle) propose draft trees
   // of up to this many nodes, verified in one pass (SpecEngineOptions::tree_nodes).
   int tree_nodes = 0;
+  // speculation.tree_choice: "measured" (false, default) verifies a tree only where its
+  // measured gain pays for its rows (coordinator/tree_gain.h); "always" (true) verifies every
+  // tree (SpecEngineOptions::trees_always).
+  bool trees_always = false;
   double free_threshold = 0.6, disable_threshold = 0.4;
   int probe_every = 32;
   // speculation.acceptance: how sampled drafts are accepted (coordinator/acceptance.h).

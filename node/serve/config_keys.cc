@@ -88,6 +88,8 @@ constexpr ConfigKey kKeys[] = {
     {"speculation.k_max", "--spec-k", "", +[](const ServeConfig& c) { return N(c.k_max); }},
     {"speculation.tree_nodes", "--tree-nodes", "",
      +[](const ServeConfig& c) { return N(c.tree_nodes); }},
+    {"speculation.tree_choice", "", "how trees are chosen over chains: YAML only",
+     +[](const ServeConfig& c) { return std::string(c.trees_always ? "always" : "measured"); }},
     {"speculation.free_threshold", "", "the controller's bands: YAML only (`specnode tune`)",
      +[](const ServeConfig& c) { return D(c.free_threshold); }},
     {"speculation.disable_threshold", "", "the controller's bands: YAML only (`specnode tune`)",

@@ -226,6 +226,7 @@ Json RequestStatsJson(const RequestStats& s) {
           {"drafted", s.drafted},
           {"accepted", s.accepted},
           {"target_passes", s.target_passes},
+          {"tree_steps", s.tree_steps},
           {"cached_tokens", s.cached_tokens},
           {"queue_ms", s.queue_ms},
           {"ttft_ms", s.ttft_ms},

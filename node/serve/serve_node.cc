@@ -173,6 +173,7 @@ SpecEngineOptions EngineOptionsFor(const ServeConfig& cfg, ModelSession* session
   SpecEngineOptions eo;
   eo.acceptance = cfg.acceptance;
   eo.tree_nodes = cfg.tree_nodes;
+  eo.trees_always = cfg.trees_always;
   const std::vector<int32_t> eog = session->model().tokenizer().EndOfGenerationIds();
   eo.stop_tokens.insert(eog.begin(), eog.end());
   eo.pool = session->pool();  // sampling of a batch's sequences in parallel

@@ -136,6 +136,22 @@ TEST(ServeConfigTest, DuplicateKeysAreErrorsWithTheirLine) {
       << top.status();
 }
 
+TEST(ServeConfigTest, TreeChoiceIsReadWithItsLine) {
+  auto d = ParseServeConfig("speculation:\n  tree_nodes: 8\n", "t.yaml");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->trees_always);  // measured by default
+  auto always =
+      ParseServeConfig("speculation:\n  tree_nodes: 8\n  tree_choice: always\n", "t.yaml");
+  ASSERT_TRUE(always.ok()) << always.status();
+  EXPECT_TRUE(always->trees_always);
+  auto bad = ParseServeConfig("speculation:\n  tree_nodes: 8\n  tree_choice: often\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(
+                "t.yaml:3: speculation.tree_choice: expected measured or always, got \"often\""),
+            std::string_view::npos)
+      << bad.status();
+}
+
 TEST(ServeConfigTest, AcceptanceRuleIsReadWithItsLine) {
   auto ratio = ParseServeConfig("speculation:\n  acceptance: ratio\n", "a.yaml");
   ASSERT_TRUE(ratio.ok()) << ratio.status();

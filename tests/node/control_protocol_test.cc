@@ -34,6 +34,7 @@ HelloAckMessage SampleAck() {
   m.kv_page_bytes = 24576;
   m.kv_page_tokens = 8;
   m.kv_prefix_cache = true;
+  m.kv_tree_passes = true;
   m.pid = 777;
   m.host = "node-b";
   m.status_code = static_cast<int32_t>(absl::StatusCode::kNotFound);
@@ -45,9 +46,12 @@ StepPlanMessage SamplePlan() {
   StepPlanMessage m;
   m.step = 17;
   const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
-  m.ops = {StepOp::Truncate(5, 12), StepOp::Free(-3), StepOp::MatchPrefix(11, prompt),
-           StepOp::PublishPrefix(5, prompt), StepOp::MatchPrefix(12, {})};
-  m.entries = {{5, true, {1, 2, 3, 4, 5}}, {9, false, {42}}};
+  m.ops = {StepOp::Truncate(5, 12),         StepOp::Free(-3),
+           StepOp::MatchPrefix(11, prompt), StepOp::PublishPrefix(5, prompt),
+           StepOp::MatchPrefix(12, {}),     StepOp::KeepRows(5, 10, std::vector<int32_t>{0, 2, 3})};
+  // A chain, a decode step, and a draft tree (v6: its parent rows).
+  m.entries = {
+      {5, true, {1, 2, 3, 4, 5}}, {9, false, {42}}, {4, true, {7, 8, 9, 10}, {-1, 0, 0, 2}}};
   return m;
 }
 
@@ -118,6 +122,7 @@ TEST(ControlProtocolTest, HelloAckRoundTrip) {
   EXPECT_EQ(d->kv_page_bytes, 24576);
   EXPECT_EQ(d->kv_page_tokens, 8);
   EXPECT_TRUE(d->kv_prefix_cache);
+  EXPECT_TRUE(d->kv_tree_passes);
   EXPECT_EQ(d->pid, 777);
   EXPECT_EQ(d->host, "node-b");
   EXPECT_EQ(d->status_code, m.status_code);
@@ -273,6 +278,19 @@ TEST(ControlProtocolTest, MalformedStepPlan) {
   }
   {
     StepPlanMessage m;
+    m.entries = {{1, true, {3, 4, 5}, {-1, 0}}};
+    EXPECT_THAT(DecodeStepPlan(EncodeControl(m)).status().message(),
+                HasSubstr("2 parents for 3 tokens"));
+    m.entries.clear();
+    m.ops = {StepOp::KeepRows(1, 4, std::vector<int32_t>{})};
+    EXPECT_THAT(DecodeStepPlan(EncodeControl(m)).status().message(),
+                HasSubstr("keep 0 rows from 4"));
+    m.ops = {StepOp::KeepRows(1, -1, std::vector<int32_t>{0})};
+    EXPECT_THAT(DecodeStepPlan(EncodeControl(m)).status().message(),
+                HasSubstr("keep 1 rows from -1"));
+  }
+  {
+    StepPlanMessage m;
     m.entries = {{1, false, {3}}};
     std::string g = EncodeControl(m);
     // step(8) + op count(4) + entry count(4) + seq(8) -> all_logits byte.
@@ -334,6 +352,10 @@ TEST(ControlProtocolTest, MalformedStepReply) {
     // page bytes (8), page tokens (4), pass boundary (4).
     g[16 + 4 + 24 + 12 + 8 + 4 + 8 + 4 + 4] = 2;
     EXPECT_THAT(DecodeHelloAck(g).status().message(), HasSubstr("kv_prefix_cache 2"));
+    // kv_tree_passes (v6): the next byte.
+    g = EncodeControl(a);
+    g[16 + 4 + 24 + 12 + 8 + 4 + 8 + 4 + 4 + 1] = 3;
+    EXPECT_THAT(DecodeHelloAck(g).status().message(), HasSubstr("kv_tree_passes 3"));
   }
   {
     // A logits count that claims far more floats than the frame holds.

@@ -35,7 +35,8 @@ enum Scenario {
   kSilent,
   kMalformed,
   kPrefix,
-  kPrefixDisagree
+  kPrefixDisagree,
+  kTrees
 };
 
 // The prompt of the prefix scenarios: 17 tokens, two whole 8-token pages cached.
@@ -80,6 +81,7 @@ void Handshake(int world, Scenario sc) {
   if (sc == kWrongModel && world == 2) ack.model.file_bytes = 999;
   if (sc == kLoadFailed && world == 1) ack.set_status(absl::NotFoundError("no such file"));
   ack.kv_prefix_cache = sc == kPrefix || sc == kPrefixDisagree;
+  ack.kv_tree_passes = sc == kTrees;
   Send0(EncodeControl(ack));
 }
 
@@ -110,7 +112,7 @@ StepReplyMessage Reply(const StepPlanMessage& plan, int world, int64_t tokens) {
 
 void FakeShard(int world) {
   for (Scenario sc : {kWrongModel, kLoadFailed, kSteps, kDiverged, kExhausted, kSilent, kMalformed,
-                      kPrefix, kPrefixDisagree}) {
+                      kPrefix, kPrefixDisagree, kTrees}) {
     Handshake(world, sc);
     if (sc == kSteps) {
       // Plan 1: seq 1 prefill of 3 tokens; plan 2: ops (truncate 1 -> 2) + one token.
@@ -181,6 +183,20 @@ void FakeShard(int world) {
       StepReplyMessage r = Reply(*p, world, 16);
       r.matched = {world == 1 ? 16 : 8};
       Send0(EncodeControl(r));
+    } else if (sc == kTrees) {
+      // Plan 1: a prompt of 3; plan 2: a tree of 4 rows at positions 3.., its parents sent
+      // along; plan 3: the kept path (rows 0, 1, 3 from position 3) as an op, then one token.
+      auto p1 = DecodeStepPlan(Recv0());
+      Send0(EncodeControl(Reply(*p1, world, 3)));
+      auto p2 = DecodeStepPlan(Recv0());
+      const bool tree_ok = p2.ok() && p2->entries.size() == 1 && p2->entries[0].all_logits &&
+                           p2->entries[0].parents == std::vector<int32_t>{-1, 0, 0, 1};
+      Send0(EncodeControl(Reply(*p2, world, tree_ok ? 7 : 99)));
+      auto p3 = DecodeStepPlan(Recv0());
+      const bool keep_ok = p3.ok() && p3->ops.size() == 1 &&
+                           p3->ops[0] == StepOp::KeepRows(1, 3, std::vector<int32_t>{0, 1, 3}) &&
+                           p3->entries.size() == 1 && p3->entries[0].parents.empty();
+      Send0(EncodeControl(Reply(*p3, world, keep_ok ? 7 : 99)));
     } else if (sc == kMalformed) {
       auto p = DecodeStepPlan(Recv0());
       if (world == 1) {
@@ -269,6 +285,11 @@ TEST_F(RemoteTargetRunnerTest, StepsCarryOpsAndLogits) {
   EXPECT_EQ(mem->class_bytes[0], 4096 * 3);
   ASSERT_EQ(logits.size(), static_cast<size_t>(kVocab));
   EXPECT_EQ(logits[5], 5.0f);
+  EXPECT_EQ((*r)->Length(1), 3);
+  // These shards' caches take no draft trees (HelloAck v6): chains only, KeepRows refused
+  // before anything is queued.
+  EXPECT_FALSE((*r)->TreePasses());
+  EXPECT_EQ((*r)->KeepRows(1, 1, std::vector<int32_t>{0}).code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ((*r)->Length(1), 3);
   ASSERT_TRUE((*r)->Truncate(1, 2).ok());
   EXPECT_EQ((*r)->Length(1), 2);  // at once, locally
@@ -372,6 +393,33 @@ TEST_F(RemoteTargetRunnerTest, ShardsThatDisagreeOnAMatchBreakTheRunner) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_NE(s.message().find("target rank 2 answered 1 prefix matches (8)"), std::string::npos)
       << s;
+}
+
+// Protocol v6: shards whose caches take draft trees. A tree entry carries its parents, the
+// kept path travels as a KeepRows op with the next plan, and the runner's copy of the length
+// follows at once (the fake shards check both; a wrong plan would diverge the tables).
+TEST_F(RemoteTargetRunnerTest, DraftTreesTravelWithTheirParentsAndKeptRows) {
+  auto r = RemoteTargetRunner::Connect(&Channel(), Options());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE((*r)->TreePasses());
+  std::vector<float> logits;
+  const std::vector<int32_t> prompt = {1, 2, 3}, tree = {3, 4, 5, 6}, parents = {-1, 0, 0, 1};
+  const std::vector<int32_t> kept = {0, 1, 3}, next = {6};
+  std::vector<BatchEntry> b1 = {{1, prompt, false}};
+  ASSERT_TRUE((*r)->Forward(b1, &logits).ok());
+  std::vector<BatchEntry> b2 = {{1, tree, true, parents}};
+  ASSERT_TRUE((*r)->Forward(b2, &logits).ok());
+  EXPECT_EQ(logits.size(), 4u * kVocab);  // a row per tree node
+  EXPECT_EQ((*r)->Length(1), 7);
+  // Checked against the runner's own length before anything is queued.
+  EXPECT_EQ((*r)->KeepRows(1, 3, std::vector<int32_t>{0, 9}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*r)->KeepRows(1, 3, kept).ok());
+  EXPECT_EQ((*r)->Length(1), 6);
+  std::vector<BatchEntry> b3 = {{1, next, false}};
+  const absl::Status s3 = (*r)->Forward(b3, &logits);
+  ASSERT_TRUE(s3.ok()) << s3;
+  EXPECT_EQ((*r)->Length(1), 7);
 }
 
 }  // namespace

@@ -157,6 +157,51 @@ TEST_F(ShardExecutorTest, MatchesUnshardedForwardAndKeepsTablesInStep) {
   }
 }
 
+// Protocol v6: a draft tree's entry (parents) and the KeepRows op that keeps its drawn path
+// give every shard the unsharded runner's logits and table, step after step.
+TEST_F(ShardExecutorTest, DraftTreesAndKeptPathsMatchTheUnshardedRunner) {
+  MakeShards({int64_t{64} << 20, int64_t{64} << 20});
+  for (const auto& shard : shards_) EXPECT_TRUE(shard->model().TreePasses());
+  const std::vector<int32_t> prompt = {5, 17, 99, 3}, tree = {42, 7, 8, 9};
+  const std::vector<int32_t> parents = {-1, 0, 0, 1}, kept = {0, 1, 3}, next = {11};
+  std::vector<float> want;
+  StepPlanMessage p1;
+  p1.step = 1;
+  p1.entries = {{1, false, prompt}};
+  for (const StepReplyMessage& r : Run(p1)) ASSERT_TRUE(r.status().ok()) << r.status();
+  std::vector<BatchEntry> b1 = {{1, prompt, false}};
+  ASSERT_TRUE(ref_->Forward(b1, &want).ok());
+  // The tree: 42 at position 4, then 7 and 8 after it, 9 after 7.
+  StepPlanMessage p2;
+  p2.step = 2;
+  p2.entries = {{1, true, tree, parents}};
+  auto replies = Run(p2);
+  std::vector<BatchEntry> b2 = {{1, tree, true, parents}};
+  ASSERT_TRUE(ref_->Forward(b2, &want).ok());
+  for (const StepReplyMessage& r : replies) ASSERT_TRUE(r.status().ok()) << r.status();
+  EXPECT_EQ(replies[0].n_rows, 4);
+  ExpectClose(replies[0].logits, want);
+  // Keep the path 42 -> 7 -> 9 and decode one more token after it.
+  StepPlanMessage p3;
+  p3.step = 3;
+  p3.ops = {StepOp::KeepRows(1, 4, kept)};
+  p3.entries = {{1, false, next}};
+  replies = Run(p3);
+  ASSERT_TRUE(ref_->KeepRows(1, 4, kept).ok());
+  std::vector<BatchEntry> b3 = {{1, next, false}};
+  ASSERT_TRUE(ref_->Forward(b3, &want).ok());
+  for (const StepReplyMessage& r : replies) {
+    ASSERT_TRUE(r.status().ok()) << r.status();
+    EXPECT_EQ(r.kv_hash, FingerprintLengths({{1, 8}}).hash);
+  }
+  ExpectClose(replies[0].logits, want);
+  // A bad kept row list fails the step on the shards (the coordinator checks it first).
+  StepPlanMessage bad;
+  bad.step = 4;
+  bad.ops = {StepOp::KeepRows(1, 6, std::vector<int32_t>{0, 5})};
+  for (const StepReplyMessage& r : Run(bad)) EXPECT_FALSE(r.status().ok());
+}
+
 TEST_F(ShardExecutorTest, KvExhaustedOnOneShardFailsTheStepOnEveryShard) {
   // Shard 1 gets a cache too small for the long prompt; shard 0 has plenty.
   MakeShards({int64_t{64} << 20, int64_t{64} << 20});

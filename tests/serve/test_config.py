@@ -54,7 +54,7 @@ BAD = [
     ("speculation:\n  alternatives: [self:x]\n", "bad.yaml:2: speculation.alternatives: self:x"),
     ("topology:\n  groups:\n    - draft: {rank: 0}\n      target: [{rank: 1}]\n"
      "speculation:\n  alternatives: [self:4]\n",
-     "bad.yaml:6: speculation.alternatives: self:4: with a topology only lookup drafters"),
+     "bad.yaml:6: speculation.alternatives: self:4: with a topology only model-free drafters"),
     ("speculation:\n  draft: none\n  alternatives: [ngram]\n",
      "bad.yaml:3: speculation.alternatives: needs a speculation.draft, which is none"),
     # A device that cannot do what the config asks refuses before the model is opened.

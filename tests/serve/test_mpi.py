@@ -227,6 +227,28 @@ def test_tiny_model_tp2_matches_single_process(specnode, tiny_model, tmp_path):
         assert a.token_ids == w.token_ids, (w.text, a.text)
 
 
+def test_tiny_model_tp2_draft_trees_match_single_process(specnode, tiny_model, tmp_path):
+    """Draft trees over mpirun (control protocol v6: tree entries, KeepRows ops): with token
+    recycling (its trees branch over the target's own candidates), tree_nodes and
+    tree_choice: always, the TP-2 job verified trees and its greedy and seeded text equal one
+    process's."""
+    cfg = tp_config(tmp_path, 2)
+    cfg.write_text(cfg.read_text().replace(
+        "  draft: ngram\n", "  draft: recycle\n  tree_nodes: 8\n  tree_choice: always\n"))
+    prompts = ["the the the the the the", "hello world hello world hello"]
+    want = single_process_greedy(specnode, tiny_model, tmp_path, cfg, prompts, 24, sampled=True)
+    node = MpiNode(specnode, tiny_model, tmp_path / "mpi.log", 3, cfg)
+    try:
+        node.wait_ready(120)
+        got = greedy(node.endpoint, prompts, 24, sampled=True)
+    finally:
+        node.stop()
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids, (w.text, g.text)
+    # Every tree drafted was verified (tree_choice: always), through the shards.
+    assert sum(r.stats["tree_steps"] for r in got) > 0, [r.stats for r in got]
+
+
 def test_tp4_over_two_kv_heads_replicates_them_and_matches_single_process(specnode, tmp_path):
     """TP 4 of a model with 2 KV heads: each kv head lives on two target ranks (vLLM's
     replication), each rank a quarter of the query heads; greedy and seeded text equal one
