@@ -165,6 +165,10 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
     feed[i].assign(requests[i].context.begin() + have, requests[i].context.end());
   }
   std::vector<float> q;
+  // Per request wanting a tree: each drafted position's runners-up (leaf siblings).
+  std::vector<std::vector<std::vector<int32_t>>> alts(requests.size());
+  const bool any_tree = std::any_of(requests.begin(), requests.end(),
+                                    [](const DraftRequest& r) { return r.max_nodes > 0; });
   auto row_of = [&](size_t b) {
     return std::span<const float>(logits_.data() + b * vocab, static_cast<size_t>(vocab));
   };
@@ -182,13 +186,15 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
       batch.push_back({r.seq, feed[i], false});
       who.push_back(i);
     }
-    if (batch.empty()) return absl::OkStatus();
+    if (batch.empty()) break;
     // A round whose samplers all draw from a row's largest logits (greedy, top-k) takes only
     // those (a draft on a GPU keeps its logits there): the arg max when every one is greedy.
     // One whose samplers need whole rows only to draw from them (no top-k, no q to keep)
     // takes each row's draw instead.
     HeadPlan plan;
     for (size_t i : who) plan.Add(*requests[i].sampler, vocab);
+    // Trees want each row's runners-up too: a cut head returns enough of them.
+    if (any_tree && plan.k > 0) plan.k = std::min<int>(std::max(plan.k, kTreeBranch), vocab);
     const int head_k = plan.k;
     const bool drawn = head_k == 0 && std::all_of(who.begin(), who.end(), [&](size_t i) {
                          const Sampler& sampler = *requests[i].sampler;
@@ -204,7 +210,7 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
       SPECNODE_RETURN_IF_ERROR(runner_->ForwardDrawn(batch, draws, &ids_));
     } else if (head_k == 0) {
       SPECNODE_RETURN_IF_ERROR(runner_->Forward(batch, &logits_));
-    } else if (plan.sampled) {
+    } else if (plan.sampled || head_k > 1) {
       SPECNODE_RETURN_IF_ERROR(runner_->ForwardTopK(batch, head_k, &ids_, &values_));
     } else {
       SPECNODE_RETURN_IF_ERROR(runner_->ForwardArgMax(batch, &ids_));
@@ -238,11 +244,58 @@ absl::Status ModelDrafter::Propose(std::span<const DraftRequest> requests,
         d.q.insert(d.q.end(), q.begin(), q.end());
       }
       d.tokens.push_back(token);
+      if (r.max_nodes > 0) {
+        const bool whole = head_k == 0 && !drawn;
+        alts[i].push_back(
+            drawn ? std::vector<int32_t>()
+                  : RunnersUp(b, head, whole ? row_of(b) : std::span<const float>(), token));
+      }
       // The last wanted draft is not fed: its K/V would only matter if it is accepted, and
       // then the next Sync/Propose feeds it.
       feed[i].assign(1, token);
     }
   }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].max_nodes > 0) AttachSiblings(requests[i].max_nodes, alts[i], &(*drafts)[i]);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int32_t> ModelDrafter::RunnersUp(size_t b, const HeadRows& head,
+                                             std::span<const float> row, int32_t token) {
+  std::span<const int32_t> ids;
+  if (head.k > 1) {
+    ids = head.Ids(b);
+  } else if (!row.empty()) {  // a whole-row round
+    const int k = std::min<int>(kTreeBranch, static_cast<int>(row.size()));
+    top_.resize(k);
+    top_values_.resize(k);
+    TopK(row, k, top_.data(), top_values_.data());
+    ids = top_;
+  }
+  std::vector<int32_t> out;
+  for (int32_t id : ids) {
+    if (static_cast<int>(out.size()) + 1 == kTreeBranch) break;
+    if (id >= 0 && id != token) out.push_back(id);
+  }
+  return out;
+}
+
+void ModelDrafter::AttachSiblings(int max_nodes, const std::vector<std::vector<int32_t>>& alts,
+                                  Draft* d) {
+  const int chain = static_cast<int>(d->tokens.size());
+  int budget = max_nodes - chain;
+  std::vector<int32_t> parents;
+  for (int i = 0; i < chain; ++i) parents.push_back(i - 1);
+  for (int depth = 0; depth < chain && depth < static_cast<int>(alts.size()); ++depth) {
+    for (int32_t token : alts[depth]) {
+      if (budget <= 0) break;
+      d->tokens.push_back(token);
+      parents.push_back(depth - 1);  // a sibling of chain node `depth`
+      --budget;
+    }
+  }
+  if (static_cast<int>(d->tokens.size()) > chain) d->parents = std::move(parents);
 }
 
 void ModelDrafter::Free(SeqId seq) {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "coordinator/acceptance.h"
 #include "coordinator/drafter.h"
 #include "kvstore/kv_options.h"
 #include "model/cpu/thread_pool.h"
@@ -61,6 +62,14 @@ class ModelDrafter final : public Drafter {
   // first round: a step that accepted every draft then costs one draft forward (the last
   // draft and the target's token together), not two.
   static constexpr size_t kProposeTail = 16;
+  // Trees (DraftRequest::max_nodes > 0): each drafted position's next best candidates of the
+  // draft's row, up to this many a position counted with the drafted one, become leaf
+  // siblings of its node (the draft model is not run on them: no extra rounds), shallowest
+  // positions first, within max_nodes. The target's walk then keeps a sibling where the
+  // chain's token fails and takes its row's bonus token: a step gains a token where the
+  // draft's runner-up was right. Rounds whose draws happen on the device (ForwardDrawn)
+  // return no candidates: chains.
+  static constexpr int kTreeBranch = 4;
 
   std::string name() const override { return name_; }
   absl::Status Sync(std::span<const DraftRequest> requests) override;
@@ -73,6 +82,14 @@ class ModelDrafter final : public Drafter {
   ModelDrafter() = default;
   // Length of the common prefix of seq's cached tokens and `tokens` (0 for an unknown seq).
   size_t CachedPrefix(SeqId seq, std::span<const int32_t> tokens) const;
+  // Trees: row b's best candidates other than the drafted `token`, at most kTreeBranch - 1,
+  // from the round's head (head.k > 1) or its whole row; none from a drawn round.
+  std::vector<int32_t> RunnersUp(size_t b, const HeadRows& head, std::span<const float> row,
+                                 int32_t token);
+  // The chain in d->tokens plus, shallowest first and within max_nodes, each position's
+  // runners-up (alts[depth]) as leaf siblings; parents set when any was added.
+  static void AttachSiblings(int max_nodes, const std::vector<std::vector<int32_t>>& alts,
+                             Draft* d);
   // Truncates seq's cache to its common prefix with `tokens` and returns that length.
   absl::StatusOr<int32_t> Align(SeqId seq, std::span<const int32_t> tokens);
   static absl::StatusOr<std::unique_ptr<ModelDrafter>> Finish(std::unique_ptr<ModelDrafter> d,
@@ -88,6 +105,8 @@ class ModelDrafter final : public Drafter {
   std::vector<float> logits_;
   std::vector<int32_t> ids_;   // a round's head: arg maxes, top-k ids or draws (ModelRunner)
   std::vector<float> values_;  // a sampled top-k round's largest logits
+  std::vector<int32_t> top_;   // a whole-row round's candidates for a tree (TopK)
+  std::vector<float> top_values_;
 };
 
 }  // namespace specnode

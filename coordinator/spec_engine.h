@@ -96,9 +96,9 @@ struct SpecEngineOptions {
   // diagnosis (`specnode spec-bench --route-log`); empty = none. Runs on the step thread.
   std::function<void(std::string_view)> route_log;
   // Draft trees (docs/speculative.md "Draft trees"): > 0 lets drafters that build trees
-  // (suffix, recycle) propose up to this many nodes (at least K, none deeper than K),
-  // verified in one target pass with a tree mask and kept along the path the target draws
-  // — only with the match rule (or greedy) and where the target takes trees
+  // (suffix, recycle, a draft model) propose up to this many nodes (at least K, none deeper than
+  // K), verified in one target pass with a tree mask and kept along the path the target draws —
+  // only with the match rule (or greedy) and where the target takes trees
   // (ModelRunner::TreePasses); else, and at 0, chains. Adaptive, a step verifies the tree
   // only where its domain's measured gain over the main chain pays for the extra rows
   // (tree_gain.h); with a fixed K, or trees_always, every tree is verified.

@@ -47,7 +47,7 @@ constexpr char kHelp[] =
     "                      the target-only tokens\n"
     "  --top-k K --top-p P --seed S  sampling parameters (default 0 = off, 1 = off, 0)\n"
     "  --acceptance RULE   match (default) or ratio: how sampled drafts are accepted\n"
-    "  --tree-nodes N      also run each tree-building drafter (suffix, recycle) with draft\n"
+    "  --tree-nodes N      also run each tree-building drafter (all but ngram) with draft\n"
     "                      trees of up to N nodes verified in one pass (\"<name> tree\n"
     "                      fixed|adaptive\"),\n"
     "                      and the router with trees on (default 0: chains only)\n"
@@ -174,8 +174,7 @@ absl::Status Run(const CliArgs& args) {
   for (const DraftSpec& spec : specs) {
     // Chains, and trees where the drafter builds them and --tree-nodes asks.
     std::vector<int> trees = {0};
-    const bool builds_trees =
-        spec.kind == DraftSpec::Kind::kSuffix || spec.kind == DraftSpec::Kind::kRecycle;
+    const bool builds_trees = spec.kind != DraftSpec::Kind::kNgram;
     if (builds_trees && tree_nodes > 0) trees.push_back(tree_nodes);
     for (int tree : trees) {
       for (bool adaptive : {false, true}) {

@@ -107,8 +107,9 @@ struct ServeConfig {
   // coordinator.
   std::vector<DraftSpec> alternatives;
   int k_max = 4;
-  // speculation.tree_nodes: > 0 lets a tree-building drafter (suffix, recycle) propose draft trees
-  // of up to this many nodes, verified in one pass (SpecEngineOptions::tree_nodes).
+  // speculation.tree_nodes: > 0 lets a tree-building drafter (suffix, recycle, a draft model)
+  // propose draft trees of up to this many nodes, verified in one pass
+  // (SpecEngineOptions::tree_nodes).
   int tree_nodes = 0;
   // speculation.tree_choice: "measured" (false, default) verifies a tree only where its
   // measured gain pays for its rows (coordinator/tree_gain.h); "always" (true) verifies every

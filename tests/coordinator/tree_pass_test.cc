@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "coordinator/draft_tree.h"
+#include "coordinator/model_drafter.h"
 #include "coordinator/recycling_drafter.h"
 #include "coordinator/suffix_drafter.h"
 #include "model/llama/kv_cache.h"
@@ -160,6 +161,39 @@ TEST_F(TreePassTest, TreesAreBatchedWithChainsAndRollBackOnError) {
   EXPECT_EQ(runner->Length(1), pos0 + 3);
 }
 
+// A draft model asked for a tree drafts the same chain and adds each position's runners-up
+// as leaf siblings, shallowest first, within the node budget: a valid tree, chain first.
+TEST_F(TreePassTest, ModelDraftTreesAreTheChainWithItsRunnersUpAsLeaves) {
+  auto chain_drafter = MakeDrafter("draft30", "full");
+  auto tree_drafter = MakeDrafter("draft30", "full");
+  Sampler greedy(SamplingParams{});
+  const std::vector<int32_t> context = {72, 101, 108, 108, 111, 32};
+  DraftRequest chain{1, context, 3, &greedy, "d", false, 0};
+  std::vector<Draft> c, t;
+  ASSERT_TRUE(chain_drafter->Propose({&chain, 1}, &c).ok());
+  ASSERT_EQ(c[0].tokens.size(), 3u);
+  for (int budget : {8, 5, 3}) {
+    DraftRequest tree{2, context, 3, &greedy, "d", false, budget};
+    ASSERT_TRUE(tree_drafter->Propose({&tree, 1}, &t).ok());
+    const Draft& d = t[0];
+    ASSERT_LE(d.tokens.size(), static_cast<size_t>(budget));
+    EXPECT_EQ(std::vector<int32_t>(d.tokens.begin(), d.tokens.begin() + 3), c[0].tokens);
+    if (budget == 3) {
+      EXPECT_TRUE(d.parents.empty());  // no room beyond the chain: a chain
+      continue;
+    }
+    ASSERT_EQ(d.parents.size(), d.tokens.size());
+    EXPECT_TRUE(ValidateTree(d.tokens, d.parents).ok());
+    EXPECT_EQ(ChainLength(d.parents), 3);
+    // Leaves, shallowest first: the first position's runners-up (kTreeBranch - 1 of them) hang
+    // off the context, then the second's off node 0.
+    for (size_t i = 3; i < d.tokens.size(); ++i) {
+      const int32_t want = i < 3 + ModelDrafter::kTreeBranch - 1 ? -1 : 0;
+      EXPECT_EQ(d.parents[i], want) << "node " << i << " of a budget of " << budget;
+    }
+  }
+}
+
 // A drafter that counts the trees (drafts that are not chains) it passes on.
 class TreeCounter final : public Drafter {
  public:
@@ -186,7 +220,8 @@ class TreeCounter final : public Drafter {
   std::unique_ptr<Drafter> inner_;
 };
 
-// The engine verifying suffix-drafter and token-recycling trees: greedy text equals
+// The engine verifying suffix-drafter, token-recycling and draft-model trees (the model's
+// runners-up as leaf siblings): greedy text equals
 // target-only decoding in every CPU KV mode, seeded sampled text is the same with trees,
 // chains or no speculation, alone and batched — and trees were verified (the check is not
 // blind).
@@ -195,9 +230,11 @@ TEST_F(TreePassTest, EngineTreesGiveTargetOnlyText) {
   o.min_n = 1;
   o.branch = 3;
   o.min_share = 0.0;
-  auto make_drafter = [&](bool recycle) -> std::unique_ptr<Drafter> {
-    if (recycle) return std::move(RecyclingDrafter::Create({})).value();
-    return std::move(SuffixDrafter::Create(o)).value();
+  auto make_drafter = [&](const std::string& name,
+                          const std::string& kv_mode) -> std::unique_ptr<Drafter> {
+    if (name == "recycle") return std::move(RecyclingDrafter::Create({})).value();
+    if (name == "suffix") return std::move(SuffixDrafter::Create(o)).value();
+    return MakeDrafter(name, kv_mode);  // a draft model: its runners-up as leaf siblings
   };
   for (float temperature : {0.0f, 0.8f}) {
     auto requests = Prompts(temperature, 40, 5);
@@ -207,9 +244,9 @@ TEST_F(TreePassTest, EngineTreesGiveTargetOnlyText) {
       SpeculativeEngine base(base_runner.get(), {}, {});
       const auto expected = Run(base, requests);
       for (int k : {0, 3}) {  // 0: adaptive
-        for (bool recycle : {false, true}) {
+        for (const std::string name : {"suffix", "recycle", "draft30"}) {
           auto runner = MakeRunner(kv_mode);
-          TreeCounter drafter(make_drafter(recycle));
+          TreeCounter drafter(make_drafter(name, kv_mode));
           auto controller = NewController();
           SpecEngineOptions options;
           options.adaptive = k == 0;
