@@ -29,8 +29,10 @@ const char* RequestedActivations(std::optional<ActQuant> a) {
 // YAML states for every one of them the tuner did not keep. Activations are a CPU option (a
 // GPU always runs int16 and refuses int8).
 std::vector<TuneOption> OffSettings(const ServeConfig& base) {
-  std::vector<TuneOption> off = {
-      {"speculation.draft", "none"}, {"speculation.alternatives", ""}, {"kv.mode", "full"}};
+  std::vector<TuneOption> off = {{"speculation.draft", "none"},
+                                 {"speculation.alternatives", ""},
+                                 {"speculation.tree_nodes", "0"},
+                                 {"kv.mode", "full"}};
   if (base.device.is_cpu()) off.push_back({"model.activations", "int16"});
   return off;
 }
@@ -68,6 +70,11 @@ std::vector<TuneOption> DefaultTuneStack(const ServeConfig& base, int n_layers) 
   if (base.disable_threshold > 0.2) {
     stack.push_back({"speculation.disable_threshold", "0.2", Goal::kLatency, false});
   }
+  // Draft trees where a verification row is cheap (a GPU: ~0.07 of a step on an H200); on a
+  // CPU a row costs 0.15-0.4 of a step and trees lose to their chains (bench/README.md).
+  if (!base.device.is_cpu()) {
+    stack.push_back({"speculation.tree_nodes", "8", Goal::kLatency, false});
+  }
   if (base.device.is_cpu()) {
     stack.push_back({"model.activations", "int8", Goal::kLatency, true});
     stack.push_back({"kv.mode", "mixed", Goal::kMemory, true});
@@ -99,6 +106,12 @@ absl::Status ApplyTuneOption(const TuneOption& o, ServeConfig* c) {
       return absl::InvalidArgumentError("speculation.k_max: expected an integer in [1, 64]");
     }
     c->k_max = k;
+  } else if (o.key == "speculation.tree_nodes") {
+    int n = 0;
+    if (!absl::SimpleAtoi(o.value, &n) || n < 0 || n > 64) {
+      return absl::InvalidArgumentError("speculation.tree_nodes: expected an integer in [0, 64]");
+    }
+    c->tree_nodes = n;
   } else if (o.key == "speculation.disable_threshold") {
     double t = 0;
     if (!absl::SimpleAtod(o.value, &t) || !(t >= 0 && t <= c->free_threshold)) {
@@ -135,7 +148,9 @@ std::string TuneKey(const ServeConfig& c) {
   std::vector<std::string> alts;
   for (const DraftSpec& d : c.alternatives) alts.push_back(d.text());
   return absl::StrCat("draft=", c.draft.text(), alts.empty() ? "" : "+", absl::StrJoin(alts, "+"),
-                      " k_max=", c.k_max, " disable=", absl::StrFormat("%g", c.disable_threshold),
+                      " k_max=", c.k_max,
+                      c.tree_nodes > 0 ? absl::StrCat(" trees=", c.tree_nodes) : "",
+                      " disable=", absl::StrFormat("%g", c.disable_threshold),
                       " kv=", std::string(KvModeName(c.kv.mode)),
                       " activations=", RequestedActivations(c.activations));
 }

@@ -79,10 +79,10 @@ TEST(TuneStackTest, DefaultStackOnCpuAndGpu) {
   base.draft = ParseDraftSpec("/models/draft.gguf").value();  // the user's own drafter is tried first
   names.clear();
   for (const TuneOption& o : DefaultTuneStack(base, 30)) names.push_back(o.name());
-  EXPECT_THAT(names, ::testing::ElementsAre("speculation.draft=/models/draft.gguf",
-                                            "speculation.draft=ngram", "speculation.draft=self:20",
-                                            "speculation.alternatives=ngram",
-                                            "speculation.disable_threshold=0.2"));
+  EXPECT_THAT(names, ::testing::ElementsAre(
+                         "speculation.draft=/models/draft.gguf", "speculation.draft=ngram",
+                         "speculation.draft=self:20", "speculation.alternatives=ngram",
+                         "speculation.disable_threshold=0.2", "speculation.tree_nodes=8"));
   // A tiny model gets no self-draft.
   EXPECT_EQ(DefaultTuneStack(Base(), 2).size(), 6u);
 }
@@ -95,6 +95,7 @@ TEST(TuneStackTest, BaselineSwitchesEveryOptionOff) {
   EXPECT_EQ(b.kv.mode, KvMode::kFull);
   EXPECT_EQ(b.activations, ActQuant::kInt16);
   EXPECT_EQ(b.k_max, base.k_max);
+  EXPECT_EQ(b.tree_nodes, 0);
   EXPECT_EQ(b.model, base.model);
   EXPECT_EQ(TuneKey(b), "draft=none k_max=4 disable=0.4 kv=full activations=int16");
 }
@@ -103,6 +104,11 @@ TEST(TuneStackTest, ApplyRejectsUnknownKeysAndBadValues) {
   ServeConfig c = Base();
   EXPECT_FALSE(ApplyTuneOption({"serve.bind", "x"}, &c).ok());
   EXPECT_FALSE(ApplyTuneOption({"speculation.k_max", "0"}, &c).ok());
+  EXPECT_FALSE(ApplyTuneOption({"speculation.tree_nodes", "65"}, &c).ok());
+  EXPECT_FALSE(ApplyTuneOption({"speculation.tree_nodes", "some"}, &c).ok());
+  ASSERT_TRUE(ApplyTuneOption({"speculation.tree_nodes", "8"}, &c).ok());
+  EXPECT_EQ(c.tree_nodes, 8);
+  EXPECT_THAT(TuneKey(c), HasSubstr(" trees=8 "));
   EXPECT_FALSE(ApplyTuneOption({"speculation.k_max", "many"}, &c).ok());
   EXPECT_FALSE(ApplyTuneOption({"model.activations", "int4"}, &c).ok());
   EXPECT_FALSE(ApplyTuneOption({"kv.mode", "fp8"}, &c).ok());
