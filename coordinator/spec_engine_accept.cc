@@ -127,11 +127,12 @@ void SpeculativeEngine::TakeDraft(Seq& s, Draft& draft, int max_nodes) {
     s.parents.clear();  // what is left is a chain
     return;
   }
-  // Scored once its tokens are committed, whichever of tree and chain is verified.
-  if (s.pending_trees.size() < kMaxPendingTrees) {
-    s.pending_trees.push_back({s.group, s.tokens.size(), s.drafts, s.parents});
-  }
   if (options_.adaptive && !options_.trees_always) {
+    // The choice's evidence: scored once its tokens are committed, whichever of tree and
+    // chain is verified (a fixed K or trees_always never consults it).
+    if (s.pending_trees.size() < kMaxPendingTrees) {
+      s.pending_trees.push_back({s.group, s.tokens.size(), s.drafts, s.parents});
+    }
     const SpecController& c = *groups_[s.group].controller;
     auto verify_s = [&c](int n) { return c.PredictVerifySeconds(n); };
     const double draft_s = c.PredictDraftSeconds(s.k).value_or(0.0);
