@@ -150,7 +150,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> FilledStore(KvMode mode, int sample_eve
   c.n_kv_heads = kKvHeads;
   c.head_dim = kHeadDim;
   c.gqa_group = kGroup;
-  c.max_seq_len = 8192;
+  c.max_seq_len = 16384;
   c.capacity_bytes = int64_t{1} << 30;
   c.mode = mode;
   c.mass_sample_every = sample_every;
@@ -182,13 +182,14 @@ void BM_KvStore(benchmark::State& state, KvMode mode, int sample_every) {
   const auto tokens = (*store)->SequenceTokens(kSeq);
   double bytes = 0;  // K and V rows of every layer and kv head, +1 for the new token
   for (int p = 0; p < kNumKvPrecisions; ++p) {
-    const double row = static_cast<double>(KvRowBytes(static_cast<KvPrecision>(p), kHeadDim));
-    bytes += (tokens[p] + (p == 0 ? 1 : 0)) * row * 2 * kKvHeads * kLayers;
+    const double pair = static_cast<double>(KvPairBytes(static_cast<KvPrecision>(p), kHeadDim));
+    bytes += (tokens[p] + (p == 0 ? 1 : 0)) * pair * kKvHeads * kLayers;
   }
   RunDecode(state, **store, ctx, bytes);
   state.counters["f16"] = static_cast<double>(tokens[0]);
   state.counters["int8"] = static_cast<double>(tokens[1]);
   state.counters["int4"] = static_cast<double>(tokens[2]);
+  state.counters["int2"] = static_cast<double>(tokens[3]);
 }
 
 double ThreadSeconds() {
@@ -255,10 +256,11 @@ void BM_Dense(benchmark::State& state) {
 
 void RegisterAll() {
   auto common = [](benchmark::internal::Benchmark* b) {
-    b->ArgNames({"ctx"})->Args({512})->Args({2048})->Args({4096})->Unit(benchmark::kMillisecond);
+    b->ArgNames({"ctx"})->Args({512})->Args({2048})->Args({4096})->Args({8192})->Unit(
+        benchmark::kMillisecond);
   };
   common(benchmark::RegisterBenchmark("KvAttention/dense", BM_Dense));
-  for (KvMode mode : {KvMode::kFull, KvMode::kInt8, KvMode::kInt4}) {
+  for (KvMode mode : {KvMode::kFull, KvMode::kInt8, KvMode::kInt4, KvMode::kInt2}) {
     const std::string name = "KvAttention/" + std::string(KvModeName(mode));
     common(benchmark::RegisterBenchmark(name.c_str(), BM_KvStore, mode, 4));
   }

@@ -66,9 +66,11 @@ __device__ __forceinline__ float ScoreRaw(int cls, const RawRow& k, int hd,
 
 __device__ __forceinline__ float Score(const KvDeviceFormat& f, const uint8_t* kr, int cls,
                                        const float (&q)[kPerLane], int lane) {
+  // (the K row's format: int4 for the cold class)
+  const int kf = codec::RowFormat(cls, 0);
   RawRow k;
-  LoadRaw(cls, kr, f.head_dim, lane, k);
-  return ScoreRaw(cls, k, f.head_dim, q, lane);
+  LoadRaw(kf, kr, f.head_dim, lane, k);
+  return ScoreRaw(kf, k, f.head_dim, q, lane);
 }
 
 // Positions a warp loads before it uses any (KvAttentionKernel).
@@ -103,14 +105,14 @@ __device__ __forceinline__ void WalkPositions(const KvDeviceFormat& f, int layer
     for (int u = 0; u < kGroup; ++u) {
       if (cls[u] >= 0) {
         const uint8_t* kr = RowAt(f, base[u], cls[u], layer, kv_head, 0);
-        LoadRaw(cls[u], kr, hd, lane, kraw[u]);
-        LoadRaw(cls[u], kr + RowBytesOf(f, cls[u]), hd, lane, vraw[u]);
+        LoadRaw(codec::RowFormat(cls[u], 0), kr, hd, lane, kraw[u]);
+        LoadRaw(codec::RowFormat(cls[u], 1), kr + KeyBytesOf(f, cls[u]), hd, lane, vraw[u]);
       }
     }
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
       if (cls[u] < 0) continue;
-      const float s = ScoreRaw(cls[u], kraw[u], hd, qr, lane);
+      const float s = ScoreRaw(codec::RowFormat(cls[u], 0), kraw[u], hd, qr, lane);
       const float m_new = fmaxf(m, s);
       const float correction = expf(m - m_new);  // 0 on the first position (m = -inf)
       const float w = expf(s - m_new);
@@ -119,7 +121,8 @@ __device__ __forceinline__ void WalkPositions(const KvDeviceFormat& f, int layer
       for (int i = 0; i < kPerLane; ++i) {
         const int d = lane + 32 * i;
         if (d < hd) {
-          acc[i] = fmaf(w, DecodeRaw(cls[u], vraw[u].header, vraw[u].w[i], d), acc[i] * correction);
+          acc[i] = fmaf(w, DecodeRaw(codec::RowFormat(cls[u], 1), vraw[u].header, vraw[u].w[i], d),
+                        acc[i] * correction);
         }
       }
       m = m_new;

@@ -11,13 +11,76 @@
 
 #include "cuda/cuda_kv_kernels.h"
 #include "cuda/kv_device_rows.cuh"
-#include "cuda/kv_row_codec.h"
+#include "kvstore/kv_row_codec.h"
 
 namespace specnode::cuda_internal {
 namespace {
 
 constexpr int kRowThreads = 128;
 constexpr int64_t kMaxBlocks = 65535;
+
+// Σ over a row held by a warp, kv_codec::Int2LaneSum's order: `partial` is the lane's own
+// sum over its values in increasing d; the xor butterfly leaves every lane the same total.
+__device__ __forceinline__ float WarpLaneSum(float partial) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    partial = codec::AddRn(partial, __shfl_xor_sync(0xffffffffu, partial, offset));
+  }
+  return partial;
+}
+
+// kv_codec::EncodeInt2Row with the row spread over the warp (value d = lane + 32 r in x[r]):
+// lane l's partial sums are the serial form's partial l, so every sum has its bits.
+__device__ __forceinline__ void WarpEncodeInt2Row(const float (&x)[kPerLane], int hd, int lane,
+                                                  uint8_t* row) {
+  const float n = static_cast<float>(hd);
+  float s = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    if (lane + 32 * r < hd) s = codec::AddRn(s, x[r]);
+  }
+  const float mean = codec::DivRn(WarpLaneSum(s), n);
+  s = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    if (lane + 32 * r < hd) {
+      const float c = codec::SubRn(x[r], mean);
+      s = codec::AddRn(s, codec::MulRn(c, c));
+    }
+  }
+  const float sigma = codec::SqrtRn(codec::DivRn(WarpLaneSum(s), n));
+  int best = 0;
+  float best_err = 0.0f;
+  for (int k = 0; k < codec::kInt2Candidates; ++k) {
+    const codec::Int2Params c = codec::Int2ParamsFor(mean, sigma, k);
+    s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kPerLane; ++r) {
+      if (lane + 32 * r < hd) s = codec::AddRn(s, codec::Int2Error(x[r], c));
+    }
+    const float err = WarpLaneSum(s);
+    if (k == 0 || err < best_err) {
+      best = k;
+      best_err = err;
+    }
+  }
+  const codec::Int2Params c = codec::Int2ParamsFor(mean, sigma, best);
+  if (lane == 0) {
+    codec::StoreU16(row, c.scale_h);
+    codec::StoreU16(row + 2, c.min_h);
+  }
+  // Values d .. d + 3 (lanes l .. l + 3, l % 4 == 0, same register) share byte d / 4.
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    const int d = lane + 32 * r;
+    const int q = d < hd ? codec::Int2Level(x[r], c) : 0;
+    const int q1 = __shfl_down_sync(0xffffffffu, q, 1);
+    const int q2 = __shfl_down_sync(0xffffffffu, q, 2);
+    const int q3 = __shfl_down_sync(0xffffffffu, q, 3);
+    if (d < hd && (lane & 3) == 0) {
+      row[4 + d / 4] = static_cast<uint8_t>(q | (q1 << 2) | (q2 << 4) | (q3 << 6));
+    }
+  }
+}
 
 // Row i's stored form of value d = lane + 32 r (x[r] on that lane), every class: the bytes
 // kv_codec::EncodeRow writes. The whole warp calls it (it shuffles).
@@ -47,6 +110,10 @@ __device__ __forceinline__ void WarpEncodeRow(int cls, const float (&x)[kPerLane
       const int d = lane + 32 * r;
       if (d < hd) row[4 + d] = codec::Int8Byte(x[r], p.inv);
     }
+    return;
+  }
+  if (cls == codec::kInt2) {
+    WarpEncodeInt2Row(x, hd, lane, row);
     return;
   }
   // int4: the extremes with their indices (lanes without values hold +inf / -inf at an index
@@ -107,7 +174,8 @@ __global__ void __launch_bounds__(kRowThreads)
       x[j] = d < hd ? src[d] : 0.0f;
     }
     if (f.rotate) WarpHadamard(x, hd, f.hadamard_norm, lane);
-    WarpEncodeRow(cls, x, hd, lane, RowAt(f, Offset(e), cls, layer, h, value));
+    WarpEncodeRow(codec::RowFormat(cls, value), x, hd, lane,
+                  RowAt(f, Offset(e), cls, layer, h, value));
   }
 }
 
@@ -134,9 +202,10 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int d = lane + 32 * j;
-      x[j] = d < hd ? codec::DecodeAt(job[2], from, d) : 0.0f;
+      x[j] = d < hd ? codec::DecodeAt(codec::RowFormat(job[2], value), from, d) : 0.0f;
     }
-    WarpEncodeRow(job[5], x, hd, lane, RowAt(f, Offset(job + 3), job[5], layer, h, value));
+    WarpEncodeRow(codec::RowFormat(job[5], value), x, hd, lane,
+                  RowAt(f, Offset(job + 3), job[5], layer, h, value));
   }
 }
 
@@ -148,7 +217,7 @@ __global__ void __launch_bounds__(kRowThreads)
     const int32_t* job = jobs + 5 * (b / n_layers);
     const int layer = static_cast<int>(b % n_layers);
     const int cls = job[2];
-    const int64_t stride = 2 * static_cast<int64_t>(f.n_kv_heads) * RowBytesOf(f, cls);
+    const int64_t stride = static_cast<int64_t>(f.n_kv_heads) * PairBytesOf(f, cls);
     uint16_t* slot = reinterpret_cast<uint16_t*>(RowAt(f, Offset(job), cls, layer, 0, 0));
     uint16_t* host = reinterpret_cast<uint16_t*>(staging + Offset(job + 3) + layer * stride);
     for (int64_t i = threadIdx.x; i < stride / 2; i += blockDim.x) {

@@ -7,11 +7,11 @@
 // absl and model/ headers so nvcc (C++17) sees a small header.
 //
 // Arena layout (one device allocation, cuda_page_pool.h): a page of class c at byte offset
-// `page` holds data[layer][slot][kv_head][K row | V row], rows of kv_codec::RowBytes(c)
-// bytes (the CPU pool's layout, so a slot's bytes are the same on both). The byte offset of
-// (slot s, layer l, kv head h, V?) is
-//   page + (l * page_tokens + s) * SlotStride(c) + (2 h + V) * RowBytes(c),
-//   SlotStride(c) = 2 * n_kv_heads * RowBytes(c).
+// `page` holds data[layer][slot][kv_head][K row | V row], rows in the formats
+// kv_codec::RowFormat(c, V) (the CPU pool's layout, so a slot's bytes are the same on both).
+// The byte offset of (slot s, layer l, kv head h, V?) is
+//   page + (l * page_tokens + s) * SlotStride(c) + h * PairBytes(c) + V * KeyBytes(c),
+//   SlotStride(c) = n_kv_heads * PairBytes(c), KeyBytes(c) = RowBytes(RowFormat(c, 0)).
 // A token's table entry holds page + s * SlotStride(c) (its layer-0 base) and c.
 //
 // Every pointer is a device pointer; every launch is asynchronous on `stream`.
@@ -32,7 +32,8 @@ struct KvDeviceFormat {
   int head_dim = 0;  // even, <= 256
   int gqa_group = 1;
   int page_tokens = 0;
-  int row_bytes[3] = {0, 0, 0};  // per class
+  int key_bytes[4] = {0, 0, 0, 0};   // a K row, per class (KvPrecision)
+  int pair_bytes[4] = {0, 0, 0, 0};  // a kv head's K and V rows, per class
   int rotate = 0;                // rows stored Hadamard-rotated (head_dim a power of two)
   float hadamard_norm = 1.0f;    // 1 / sqrt(head_dim), computed as the CPU computes it
 };

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kv_kernels.h"
-#include "cuda/kv_row_codec.h"
+#include "kvstore/kv_row_codec.h"
 #include "model/status_macros.h"
 
 namespace specnode {
@@ -36,8 +36,9 @@ int64_t SlotKey(KvSlot s) {
 CudaPagePool::CudaPagePool(CudaBackend* backend, const KvPoolGeometry& g, bool rotate)
     : backend_(backend), g_(g), rotate_(rotate) {
   for (int c = 0; c < kNumKvPrecisions; ++c) {
-    row_bytes_[c] = KvRowBytes(static_cast<KvPrecision>(c), g.head_dim);
-    slot_stride_[c] = 2 * row_bytes_[c] * g.n_kv_heads;
+    key_bytes_[c] = KvRowBytes(KvRowFormat(static_cast<KvPrecision>(c), false), g.head_dim);
+    pair_bytes_[c] = KvPairBytes(static_cast<KvPrecision>(c), g.head_dim);
+    slot_stride_[c] = pair_bytes_[c] * g.n_kv_heads;
     page_bytes_[c] = slot_stride_[c] * g.page_tokens * g.n_layers;
   }
 }
@@ -82,10 +83,11 @@ absl::StatusOr<std::unique_ptr<CudaPagePool>> CudaPagePool::Create(CudaBackend* 
   n_chunks += kNumKvPrecisions;
   p->alloc_ = std::make_unique<KvFrameAllocator>(
       n_chunks, chunk,
-      std::array<int64_t, 3>{p->page_bytes_[0], p->page_bytes_[1], p->page_bytes_[2]});
+      std::array<int64_t, KvFrameAllocator::kClasses>{p->page_bytes_[0], p->page_bytes_[1],
+                                                      p->page_bytes_[2], p->page_bytes_[3]});
   // Page ids are the manager's; the most pages that can be live is the arena in the
   // smallest class's frames.
-  p->max_pages_ = std::min<int64_t>(p->alloc_->MaxFrames(kv_codec::kInt4), int64_t{0x7fffffff});
+  p->max_pages_ = std::min<int64_t>(p->alloc_->MaxFrames(kv_codec::kInt2), int64_t{0x7fffffff});
   SPECNODE_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend->device_index()));
   auto arena = DeviceBuffer::Allocate(static_cast<size_t>(p->alloc_->arena_bytes()));
   if (!arena.ok()) {
@@ -122,7 +124,7 @@ absl::Status CudaPagePool::AllocateAttentionScratch() {
 
 KvPoolCaps CudaPagePool::Caps(int head_dim, std::optional<bool> rotate) {
   KvPoolCaps c;
-  c.classes = {true, true, true};
+  c.classes = {true, true, true, true};
   c.rotated = rotate.value_or(true) && IsPowerOfTwo(head_dim);
   c.slot_copies = true;
   // Draft trees: each tree row gets its own key list in the pass tables (kv_pass_tables.h),
@@ -189,7 +191,10 @@ cuda_internal::KvDeviceFormat CudaPagePool::Format() const {
   f.head_dim = g_.head_dim;
   f.gqa_group = g_.gqa_group;
   f.page_tokens = g_.page_tokens;
-  for (int c = 0; c < kNumKvPrecisions; ++c) f.row_bytes[c] = static_cast<int>(row_bytes_[c]);
+  for (int c = 0; c < kNumKvPrecisions; ++c) {
+    f.key_bytes[c] = static_cast<int>(key_bytes_[c]);
+    f.pair_bytes[c] = static_cast<int>(pair_bytes_[c]);
+  }
   f.rotate = rotate_ ? 1 : 0;
   // HadamardInPlace's scaling, computed as it computes it.
   f.hadamard_norm = 1.0f / std::sqrt(static_cast<float>(g_.head_dim));

@@ -116,7 +116,7 @@ class CudaPagePool final : public KvPagePool {
   CudaBackend* backend_;
   KvPoolGeometry g_;
   bool rotate_;
-  std::array<int64_t, kNumKvPrecisions> row_bytes_{}, slot_stride_{}, page_bytes_{};
+  std::array<int64_t, kNumKvPrecisions> key_bytes_{}, pair_bytes_{}, slot_stride_{}, page_bytes_{};
   DeviceBuffer arena_;
   std::unique_ptr<KvFrameAllocator> alloc_;
   int64_t max_pages_ = 0;

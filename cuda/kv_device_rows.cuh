@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_kv_kernels.h"
-#include "cuda/kv_row_codec.h"
+#include "kvstore/kv_row_codec.h"
 
 namespace specnode::cuda_internal {
 namespace {
@@ -24,28 +24,35 @@ __device__ __forceinline__ int64_t Offset(const int32_t* e) {
   return static_cast<int64_t>(static_cast<uint32_t>(e[0])) | (static_cast<int64_t>(e[1]) << 32);
 }
 
-// f.row_bytes[cls] by selects: indexing the kernel parameter's array with a run-time cls
-// would copy it to local memory in every thread (and read it from there per position).
-__device__ __forceinline__ int RowBytesOf(const KvDeviceFormat& f, int cls) {
-  return cls == 0 ? f.row_bytes[0] : (cls == 1 ? f.row_bytes[1] : f.row_bytes[2]);
+// a[cls] of a kernel parameter's array by selects: indexing it with a run-time cls would copy
+// it to local memory in every thread (and read it from there per position).
+__device__ __forceinline__ int ByClass(const int (&a)[4], int cls) {
+  return cls == 0 ? a[0] : (cls == 1 ? a[1] : (cls == 2 ? a[2] : a[3]));
+}
+// Bytes of a K row, and of a kv head's K and V rows, of class cls.
+__device__ __forceinline__ int KeyBytesOf(const KvDeviceFormat& f, int cls) {
+  return ByClass(f.key_bytes, cls);
+}
+__device__ __forceinline__ int PairBytesOf(const KvDeviceFormat& f, int cls) {
+  return ByClass(f.pair_bytes, cls);
 }
 
 __device__ __forceinline__ int64_t LayerStride(const KvDeviceFormat& f, int cls) {
-  return static_cast<int64_t>(f.page_tokens) * 2 * f.n_kv_heads * RowBytesOf(f, cls);
+  return static_cast<int64_t>(f.page_tokens) * f.n_kv_heads * PairBytesOf(f, cls);
 }
 
 // Row (layer, kv head, K or V) of the token whose layer-0 base is `base`.
 __device__ __forceinline__ uint8_t* RowAt(const KvDeviceFormat& f, int64_t base, int cls, int layer,
                                           int kv_head, int value) {
   return f.arena + base + layer * LayerStride(f, cls) +
-         static_cast<int64_t>(2 * kv_head + value) * RowBytesOf(f, cls);
+         static_cast<int64_t>(kv_head) * PairBytesOf(f, cls) + (value ? KeyBytesOf(f, cls) : 0);
 }
 
 // Decoding in two steps, so that a warp can issue the loads of several rows before it
 // uses any (KvAttentionKernel): RawHeader / RawAt load a row's header (bytes 0..3: int8's
-// f32 scale, int4's f16 scale and min; nothing for f16) and value d's storage word (f16
-// bits; the int8 byte; the int4 byte holding it), DecodeRaw turns them into the value
-// (kv_codec::DecodeAt with the hardware's f16 conversion). The int4 header and every later
+// f32 scale, int4's and int2's f16 scale and min; nothing for f16) and value d's storage
+// word (f16 bits; the int8 byte; the int4 or int2 byte holding it), DecodeRaw turns them into the
+// value (kv_codec::DecodeAt with the hardware's f16 conversion). The int4 header and every later
 // row of the slot may start at an odd address (a row is 4 + head_dim / 2 bytes, odd when
 // head_dim % 4 == 2): headers are read byte-wise; f16 rows (2 head_dim bytes at even
 // offsets) load their values as aligned 16-bit words.
@@ -56,7 +63,8 @@ __device__ __forceinline__ uint32_t RawHeader(int cls, const uint8_t* row) {
 }
 __device__ __forceinline__ uint32_t RawAt(int cls, const uint8_t* row, int d) {
   if (cls == codec::kFull) return *reinterpret_cast<const uint16_t*>(row + 2 * d);
-  return cls == codec::kInt8 ? row[4 + d] : row[4 + d / 2];
+  if (cls == codec::kInt8) return row[4 + d];
+  return row[4 + (d >> (cls == codec::kInt2 ? 2 : 1))];  // int4: 2 values a byte, int2: 4
 }
 __device__ __forceinline__ float HalfBits(uint32_t bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
@@ -66,7 +74,9 @@ __device__ __forceinline__ float DecodeRaw(int cls, uint32_t header, uint32_t ra
   if (cls == codec::kInt8) {
     return codec::BitsFloat(header) * static_cast<float>(static_cast<int8_t>(raw & 0xffu));
   }
-  const float q = static_cast<float>((d & 1) ? (raw >> 4) : (raw & 15u));
+  // int4: bits 4 (d % 2) .. +3 of the byte; int2: bits 2 (d % 4) .. +1 (one shift, one mask).
+  const uint32_t shift = cls == codec::kInt2 ? 2u * (d & 3) : 4u * (d & 1);
+  const float q = static_cast<float>((raw >> shift) & (cls == codec::kInt2 ? 3u : 15u));
   return HalfBits(header >> 16) + HalfBits(header) * q;  // min + scale * q
 }
 

@@ -1,4 +1,4 @@
-// KvFrameAllocator: where the GPU page pool (cuda_page_pool.h) puts pages of its three
+// KvFrameAllocator: where the GPU page pool (cuda_page_pool.h) puts pages of its four
 // sizes (one per precision class) in one preallocated device arena. Slab allocation: the
 // arena is cut into equal chunks; a chunk serves one class at a time, split into frames of
 // that class's page size; a chunk whose frames are all free goes back to the free chunks
@@ -24,7 +24,7 @@ namespace specnode {
 
 class KvFrameAllocator {
  public:
-  static constexpr int kClasses = 3;
+  static constexpr int kClasses = 4;  // KvPrecision's (kvstore/kv_precision.h)
 
   // n_chunks chunks of chunk_bytes; page_bytes[c] <= chunk_bytes for every class.
   KvFrameAllocator(int64_t n_chunks, int64_t chunk_bytes,

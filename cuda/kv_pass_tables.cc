@@ -11,7 +11,8 @@ namespace specnode {
 
 KvPassTables BuildKvPassTables(std::span<const KvPoolPassSeq> seqs,
                                std::span<const KvPagePlace> pages,
-                               const std::array<int64_t, 3>& slot_stride, const KvPoolGeometry& g) {
+                               const std::array<int64_t, kNumKvPrecisions>& slot_stride,
+                               const KvPoolGeometry& g) {
   KvPassTables t;
   const int n_heads = g.n_kv_heads * g.gqa_group;
   std::vector<int32_t> path;

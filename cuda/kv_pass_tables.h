@@ -46,7 +46,8 @@ struct KvPassTables {
 // row with row == r.
 KvPassTables BuildKvPassTables(std::span<const KvPoolPassSeq> seqs,
                                std::span<const KvPagePlace> pages,
-                               const std::array<int64_t, 3>& slot_stride, const KvPoolGeometry& g);
+                               const std::array<int64_t, kNumKvPrecisions>& slot_stride,
+                               const KvPoolGeometry& g);
 
 // Adds the pass's mass ([obs block][n_heads, width], as the attention kernel left it after
 // every layer) to the manager's rows: sum[kv][j] += Σ over kv's query heads; cnt[kv][j] +=

@@ -22,8 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda/kv_row_codec.h"
 #include "cuda/q16_dot.h"
+#include "kvstore/kv_row_codec.h"
 
 namespace specnode::q16 {
 

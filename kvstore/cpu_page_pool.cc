@@ -15,7 +15,8 @@ CpuPagePool::CpuPagePool(const KvPoolGeometry& geometry, bool rotate)
       rotate_(rotate && IsPowerOfTwo(geometry.head_dim)),
       kernels_(&kv_kernels::SelectedKvKernels(geometry.head_dim)) {
   for (int p = 0; p < kNumKvPrecisions; ++p) {
-    row_bytes_[p] = KvRowBytes(static_cast<KvPrecision>(p), g_.head_dim);
+    key_bytes_[p] = KvRowBytes(KvRowFormat(static_cast<KvPrecision>(p), false), g_.head_dim);
+    pair_bytes_[p] = KvPairBytes(static_cast<KvPrecision>(p), g_.head_dim);
   }
 }
 
@@ -23,7 +24,7 @@ CpuPagePool::~CpuPagePool() = default;
 
 KvPoolCaps CpuPagePool::Caps(int head_dim, std::optional<bool> rotate) {
   KvPoolCaps c;
-  c.classes = {true, true, true};
+  c.classes = {true, true, true, true};
   c.rotated = rotate.value_or(true) && IsPowerOfTwo(head_dim);
   c.slot_copies = true;
   c.tree_rows = true;
@@ -38,7 +39,7 @@ KvPoolCaps CpuPagePool::caps() const {
 }
 
 size_t CpuPagePool::SlotStride(KvPrecision p) const {
-  return row_bytes_[static_cast<int>(p)] * 2 * g_.n_kv_heads;
+  return pair_bytes_[static_cast<int>(p)] * g_.n_kv_heads;
 }
 
 size_t CpuPagePool::PageBytes(KvPrecision p) const {
@@ -61,9 +62,9 @@ void CpuPagePool::ReleasePage(int32_t id) { pages_[id].reset(); }
 
 const uint8_t* CpuPagePool::Row(KvSlot s, int layer, int kv_head, bool value) const {
   const Page& pg = *pages_[s.page];
-  const size_t rb = row_bytes_[static_cast<int>(pg.prec)];
+  const int c = static_cast<int>(pg.prec);
   const size_t off = (static_cast<size_t>(layer) * g_.page_tokens + s.slot) * SlotStride(pg.prec) +
-                     (2 * static_cast<size_t>(kv_head) + (value ? 1 : 0)) * rb;
+                     static_cast<size_t>(kv_head) * pair_bytes_[c] + (value ? key_bytes_[c] : 0);
   return pg.data.data() + off;
 }
 
@@ -78,8 +79,9 @@ void CpuPagePool::Recode(KvSlot from, KvSlot to) {
     for (int h = 0; h < g_.n_kv_heads; ++h) {
       for (bool value : {false, true}) {
         // Both rows are in the stored (rotated) basis: no rotation here.
-        KvDecodeRow(pages_[from.page]->prec, Row(from, l, h, value), g_.head_dim, row.data());
-        KvEncodeRow(target, row.data(), g_.head_dim, Row(to, l, h, value));
+        KvDecodeRow(KvRowFormat(pages_[from.page]->prec, value), Row(from, l, h, value),
+                    g_.head_dim, row.data());
+        KvEncodeRow(KvRowFormat(target, value), row.data(), g_.head_dim, Row(to, l, h, value));
       }
     }
   }
@@ -176,8 +178,8 @@ void CpuPagePool::WriteSeq(const KvPoolPassSeq& s, int layer, const float* k, co
         kernels_->encode_f16(kr, hd, Row(slot, layer, h, false));
         kernels_->encode_f16(vr, hd, Row(slot, layer, h, true));
       } else {
-        KvEncodeRow(p, kr, hd, Row(slot, layer, h, false));
-        KvEncodeRow(p, vr, hd, Row(slot, layer, h, true));
+        KvEncodeRow(KvRowFormat(p, false), kr, hd, Row(slot, layer, h, false));
+        KvEncodeRow(KvRowFormat(p, true), vr, hd, Row(slot, layer, h, true));
       }
     }
   }
@@ -298,7 +300,7 @@ void CpuPagePool::AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, con
     const KvPrecision p = static_cast<KvPrecision>(c);
     stride[c] = SlotStride(p);
     base[c] = static_cast<size_t>(layer) * g_.page_tokens * stride[c] +
-              2 * static_cast<size_t>(kv_head) * row_bytes_[c];
+              static_cast<size_t>(kv_head) * pair_bytes_[c];
     sc.pos[c].resize(n_ctx_max);
     sc.k[c].resize(n_ctx_max);
     sc.v[c].resize(n_ctx_max);
@@ -313,7 +315,7 @@ void CpuPagePool::AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, con
     const int i = count[c]++;
     sc.pos[c][i] = pos;
     sc.k[c][i] = k_row;
-    sc.v[c][i] = k_row + row_bytes_[c];  // V follows K (Row's layout)
+    sc.v[c][i] = k_row + key_bytes_[c];  // V follows K (Row's layout)
   };
   if (path.empty()) {
     for (int32_t j = lo; j < n_ctx_max; ++j) gather(j, j);
@@ -374,7 +376,7 @@ void CpuPagePool::AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, con
     const kv_kernels::KvQuery query{sc.q.data(), sc.qsum.data(), nh, hd};
     for (int c = 0; c < kNumKvPrecisions; ++c) {
       if (len[c] > 0) {
-        kern.scores(static_cast<KvPrecision>(c), sc.k[c].data(), len[c], query,
+        kern.scores(KvRowFormat(static_cast<KvPrecision>(c), false), sc.k[c].data(), len[c], query,
                     sc.scores.data() + off[c], ld);
       }
     }
@@ -385,7 +387,7 @@ void CpuPagePool::AttendFrom(const KvPoolPassSeq& s, int layer, int kv_head, con
     }
     for (int c = 0; c < kNumKvPrecisions; ++c) {
       if (len[c] == 0) continue;
-      kern.accumulate(static_cast<KvPrecision>(c), sc.v[c].data(), len[c],
+      kern.accumulate(KvRowFormat(static_cast<KvPrecision>(c), true), sc.v[c].data(), len[c],
                       sc.scores.data() + off[c], ld, nh, hd, sc.rows[c].data(), sc.acc.data());
     }
     for (int qi = 0; qi < nq; ++qi) {

@@ -1,8 +1,9 @@
 // CpuPagePool: the KV store's pages in host memory and attention over them on the CPU —
 // the reference KvPagePool (kv_page_pool.h), every precision class.
 //
-// Page layout: data[layer][slot][kv_head][K row | V row], rows in the page's class
-// (kv_precision.h); a slot of one layer is SlotStride(p) = 2 * n_kv_heads * row bytes.
+// Page layout: data[layer][slot][kv_head][K row | V row], rows in the page's class's formats
+// (kv_precision.h, KvRowFormat); a slot of one layer is SlotStride(p) = n_kv_heads *
+// KvPairBytes(p).
 // Rows are stored Hadamard-rotated when `rotate` and head_dim is a power of two (queries
 // are rotated alike, outputs rotated back).
 //
@@ -92,7 +93,8 @@ class CpuPagePool final : public KvPagePool {
 
   KvPoolGeometry g_;
   bool rotate_;
-  std::array<size_t, kNumKvPrecisions> row_bytes_{};
+  std::array<size_t, kNumKvPrecisions> key_bytes_{};   // a K row of each class
+  std::array<size_t, kNumKvPrecisions> pair_bytes_{};  // a kv head's K and V rows
   std::vector<std::unique_ptr<Page>> pages_;       // by page id; null = not allocated
   const kv_kernels::KvAttentionKernels* kernels_;  // static tables, chosen at construction
   std::vector<KvPoolPassSeq> pass_;

@@ -73,6 +73,14 @@ struct Avx2 {
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
   }
+  // 8 two-bit codes from 2 bytes: the 16 bits in every lane, lane i shifted right by 2i.
+  static V LoadU2(const uint8_t* p) {
+    uint16_t bits;
+    std::memcpy(&bits, p, 2);
+    const __m256i b = _mm256_set1_epi32(bits);
+    const __m256i shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b, shift), _mm256_set1_epi32(3)));
+  }
   static void LoadU4EvenOdd(const uint8_t* p, V* even, V* odd) {
     const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     *even = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0x0F)));

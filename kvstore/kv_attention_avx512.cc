@@ -86,6 +86,15 @@ struct Avx512 {
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
   }
+  // 16 two-bit codes from 4 bytes: the 32 bits in every lane, lane i shifted right by 2i.
+  static V LoadU2(const uint8_t* p) {
+    uint32_t bits;
+    std::memcpy(&bits, p, 4);
+    const __m512i b = _mm512_set1_epi32(static_cast<int>(bits));
+    const __m512i shift =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(b, shift), _mm512_set1_epi32(3)));
+  }
   static void LoadU4EvenOdd(const uint8_t* p, V* even, V* odd) {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     *even = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)));

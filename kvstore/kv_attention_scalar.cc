@@ -29,7 +29,7 @@ inline float HalfToFloat(uint16_t h) {
 }
 
 // codes[i] for values [d0, d0 + n) of a row (d0, n even): the value for f16, the integer
-// for int8 / int4.
+// for int8 / int4 / int2.
 template <KvPrecision P>
 inline void DecodeCodes(const uint8_t* row, int d0, int n, float* codes) {
   if constexpr (P == KvPrecision::kFull) {
@@ -40,6 +40,11 @@ inline void DecodeCodes(const uint8_t* row, int d0, int n, float* codes) {
     }
   } else if constexpr (P == KvPrecision::kInt8) {
     for (int i = 0; i < n; ++i) codes[i] = static_cast<int8_t>(row[4 + d0 + i]);
+  } else if constexpr (P == KvPrecision::kInt2) {
+    for (int i = 0; i < n; ++i) {
+      const int d = d0 + i;
+      codes[i] = static_cast<float>((row[4 + d / 4] >> (2 * (d & 3))) & 3);
+    }
   } else {
     for (int i = 0; i < n; i += 2) {
       const uint8_t b = row[4 + (d0 + i) / 2];
@@ -56,7 +61,7 @@ inline void LoadScaleMin(const uint8_t* row, float* scale, float* min) {
   *min = 0.0f;
   if constexpr (P == KvPrecision::kInt8) {
     std::memcpy(scale, row, 4);
-  } else if constexpr (P == KvPrecision::kInt4) {
+  } else if constexpr (P == KvPrecision::kInt4 || P == KvPrecision::kInt2) {
     uint16_t h[2];
     std::memcpy(h, row, 4);
     *scale = HalfToFloat(h[0]);
@@ -91,7 +96,9 @@ void ScoresClass(const uint8_t* const* rows, int n, const KvQuery& q, float* s, 
     for (int h = 0; h < q.g; ++h) {
       float v = Dot(q.q + static_cast<size_t>(h) * hd, codes, hd);
       if constexpr (P == KvPrecision::kInt8) v = scale * v;
-      if constexpr (P == KvPrecision::kInt4) v = min * q.qsum[h] + scale * v;
+      if constexpr (P == KvPrecision::kInt4 || P == KvPrecision::kInt2) {
+        v = min * q.qsum[h] + scale * v;
+      }
       s[h * ld + r] = v;
     }
   }
@@ -106,6 +113,8 @@ void Scores(KvPrecision p, const uint8_t* const* rows, int n, const KvQuery& q, 
       return ScoresClass<KvPrecision::kInt8>(rows, n, q, s, ld);
     case KvPrecision::kInt4:
       return ScoresClass<KvPrecision::kInt4>(rows, n, q, s, ld);
+    case KvPrecision::kInt2:
+      return ScoresClass<KvPrecision::kInt2>(rows, n, q, s, ld);
   }
 }
 
@@ -136,7 +145,7 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
       for (int d = 0; d < hd; ++d) oh[d] += w * codes[d];
     }
   }
-  if constexpr (P == KvPrecision::kInt4) {  // Σ e * min per head, added to every value
+  if constexpr (P == KvPrecision::kInt4 || P == KvPrecision::kInt2) {  // Σ e * min per head
     for (int h = 0; h < g; ++h) {
       const int nh = head_rows != nullptr ? head_rows[h] : n;
       float bias = 0.0f;
@@ -160,6 +169,8 @@ void Accumulate(KvPrecision p, const uint8_t* const* rows, int n, const float* e
       return AccumulateClass<KvPrecision::kInt8>(rows, n, e, ld, g, hd, head_rows, out);
     case KvPrecision::kInt4:
       return AccumulateClass<KvPrecision::kInt4>(rows, n, e, ld, g, hd, head_rows, out);
+    case KvPrecision::kInt2:
+      return AccumulateClass<KvPrecision::kInt2>(rows, n, e, ld, g, hd, head_rows, out);
   }
 }
 

@@ -8,7 +8,8 @@
 //   Zero, Set1, Load, Store, Add, Sub, Max, Fma(a, b, c) = a * b + c, Exp (0 below -87.3),
 //   Hsum, Hmax, HsumMany(a[kReduce]) (lane k = Hsum(a[k]); kReduce = L), F16 (one half),
 //   LoadF16 (L halves), LoadI8 (L int8 as floats), LoadU4 (L nibbles from L/2 bytes, value
-//   order as kv_precision.h packs them, as floats 0..15), LoadU4EvenOdd (2L nibbles from L
+//   order as kv_precision.h packs them, as floats 0..15), LoadU2 (L 2-bit codes from L/4
+//   bytes, in value order, as floats 0..3), LoadU4EvenOdd (2L nibbles from L
 //   bytes: the even-indexed values, then the odd-indexed ones),
 //   Interleave (its inverse: even, odd -> values in order);
 //   kAccHeads, kAccVectors: the register tile of accumulate (heads x vectors).
@@ -37,6 +38,8 @@ inline typename I::V LoadCodes(const uint8_t* row, int d) {
     return I::LoadF16(row + 2 * d);
   } else if constexpr (P == KvPrecision::kInt8) {
     return I::LoadI8(row + 4 + d);
+  } else if constexpr (P == KvPrecision::kInt2) {
+    return I::LoadU2(row + 4 + d / 4);
   } else {
     return I::LoadU4(row + 4 + d / 2);
   }
@@ -67,7 +70,7 @@ inline ScaleMin LoadScaleMin(const uint8_t* row) {
   ScaleMin sm;
   if constexpr (P == KvPrecision::kInt8) {
     std::memcpy(&sm.scale, row, 4);
-  } else if constexpr (P == KvPrecision::kInt4) {
+  } else if constexpr (P == KvPrecision::kInt4 || P == KvPrecision::kInt2) {
     uint16_t h[2];
     std::memcpy(h, row, 4);
     sm.scale = I::F16(h[0]);
@@ -149,7 +152,9 @@ void ScoresHeads(const uint8_t* const* rows, int n, int n_ahead, const float* q,
       for (int h = 0; h < NH; ++h) {
         float v = dot[i * NH + h];
         if constexpr (P == KvPrecision::kInt8) v = sm.scale * v;
-        if constexpr (P == KvPrecision::kInt4) v = sm.min * qsum[h] + sm.scale * v;
+        if constexpr (P == KvPrecision::kInt4 || P == KvPrecision::kInt2) {
+          v = sm.min * qsum[h] + sm.scale * v;
+        }
         s[h * ld + r0 + i] = v;
       }
     }
@@ -230,6 +235,8 @@ void Scores(KvPrecision p, const uint8_t* const* rows, int n, const KvQuery& q, 
       return ScoresClass<I, KvPrecision::kInt8>(rows, n, q, s, ld);
     case KvPrecision::kInt4:
       return ScoresClass<I, KvPrecision::kInt4>(rows, n, q, s, ld);
+    case KvPrecision::kInt2:
+      return ScoresClass<I, KvPrecision::kInt2>(rows, n, q, s, ld);
   }
 }
 
@@ -384,7 +391,9 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
             if (r >= nr[h]) continue;
             const float eh = e[(h0 + h) * ld + b0 + r];
             w[h * kAccumulateBlock + r] = eh * sm.scale;
-            if constexpr (P == KvPrecision::kInt4) bias[h] += eh * sm.min;
+            if constexpr (P == KvPrecision::kInt4 || P == KvPrecision::kInt2) {
+              bias[h] += eh * sm.min;
+            }
           }
         }
         wp = w;
@@ -405,7 +414,7 @@ void AccumulateClass(const uint8_t* const* rows, int n, const float* e, size_t l
           AccumulateHeads<I, P, kMaxHeads>(brows, nb, n_all, nr, wp, wld, hd, oh);
           break;
       }
-      if constexpr (P == KvPrecision::kInt4) {
+      if constexpr (P == KvPrecision::kInt4 || P == KvPrecision::kInt2) {
         for (int h = 0; h < nh; ++h) {
           if (nr[h] == 0) continue;
           const typename I::V bv = I::Set1(bias[h]);
@@ -429,6 +438,8 @@ void Accumulate(KvPrecision p, const uint8_t* const* rows, int n, const float* e
       return AccumulateClass<I, KvPrecision::kInt8>(rows, n, e, ld, g, hd, head_rows, out);
     case KvPrecision::kInt4:
       return AccumulateClass<I, KvPrecision::kInt4>(rows, n, e, ld, g, hd, head_rows, out);
+    case KvPrecision::kInt2:
+      return AccumulateClass<I, KvPrecision::kInt2>(rows, n, e, ld, g, hd, head_rows, out);
   }
 }
 

@@ -18,18 +18,32 @@ std::string_view KvModeName(KvMode m) {
       return "int4";
     case KvMode::kMixed:
       return "mixed";
+    case KvMode::kInt2:
+      return "int2";
   }
   return "?";
 }
 
 absl::StatusOr<KvMode> ParseKvMode(std::string_view name) {
   for (KvMode m : {KvMode::kAuto, KvMode::kDense, KvMode::kFull, KvMode::kInt8, KvMode::kInt4,
-                   KvMode::kMixed}) {
+                   KvMode::kMixed, KvMode::kInt2}) {
     if (KvModeName(m) == name) return m;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown KV mode \"", std::string(name),
-                   "\" (expected auto, mixed, full, int8, int4 or dense)"));
+                   "\" (expected auto, mixed, full, int8, int4, int2 or dense)"));
+}
+
+std::string_view KvBudgetRankName(KvBudgetRank r) {
+  return r == KvBudgetRank::kRecency ? "recency" : "mass";
+}
+
+absl::StatusOr<KvBudgetRank> ParseKvBudgetRank(std::string_view name) {
+  for (KvBudgetRank r : {KvBudgetRank::kMass, KvBudgetRank::kRecency}) {
+    if (KvBudgetRankName(r) == name) return r;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown budget rank \"", std::string(name), "\" (expected mass or recency)"));
 }
 
 absl::Status KvOptions::Validate(std::string_view prefix) const {
@@ -47,6 +61,15 @@ absl::Status KvOptions::Validate(std::string_view prefix) const {
   if (mass_sample_every < 1) return bad("mass_sample_every", "must be >= 1");
   if (demote_every < 1) return bad("demote_every", "must be >= 1");
   if (!(critical_threshold >= 0.0f)) return bad("critical_threshold", "must be >= 0");
+  if (!(cold_threshold >= 0.0f)) return bad("cold_threshold", "must be >= 0");
+  if (bytes_per_token < 0) return bad("bytes_per_token", "must be >= 0 (0: no budget)");
+  if (bytes_per_token > 0 && mode != KvMode::kMixed && mode != KvMode::kAuto) {
+    return bad("bytes_per_token", absl::StrCat("a byte budget needs kv mode mixed, not ",
+                                               std::string(KvModeName(mode))));
+  }
+  if (cold_threshold > 0.0f && cold_threshold > critical_threshold) {
+    return bad("cold_threshold", "must be <= critical_threshold (a token is cold or critical)");
+  }
   if (evict && evict_window < window_tokens) {
     return bad("evict_window", "must be >= window_tokens");
   }

@@ -19,11 +19,20 @@ namespace specnode {
 // kDense: the f32 reference cache (model/dense_kv_cache.h), CPU only. The others are the
 // paged store (kv_store.h): every token in f16 (kFull), INT8 or INT4 from the start, or
 // the per-token policy (kMixed: f16 sinks and recent window, older tokens INT8 when
-// critical, else INT4). An explicit mode a device cannot store is refused, never changed.
-enum class KvMode : uint8_t { kAuto, kDense, kFull, kInt8, kInt4, kMixed };
-std::string_view KvModeName(KvMode m);  // "auto", "dense", "full", "int8", "int4", "mixed"
+// critical, INT2 when cold (cold_threshold > 0), else INT4). kInt2: every token INT2 (the
+// uniform end of the frontier; far lossier than the others). An explicit mode a device cannot store
+// is refused, never changed. kInt2 (the cold tier's class for every token) is last so that earlier
+// values keep theirs.
+enum class KvMode : uint8_t { kAuto, kDense, kFull, kInt8, kInt4, kMixed, kInt2 };
+// "auto", "dense", "full", "int8", "int4", "mixed", "int2"
+std::string_view KvModeName(KvMode m);
 // InvalidArgument listing the names for anything else.
 absl::StatusOr<KvMode> ParseKvMode(std::string_view name);
+
+// What ranks tokens under a byte budget (KvOptions::budget_rank).
+enum class KvBudgetRank : uint8_t { kMass, kRecency };
+std::string_view KvBudgetRankName(KvBudgetRank r);  // "mass", "recency"
+absl::StatusOr<KvBudgetRank> ParseKvBudgetRank(std::string_view name);
 
 struct KvOptions {
   KvMode mode = KvMode::kAuto;
@@ -40,6 +49,23 @@ struct KvOptions {
   int sink_tokens = 4;
   int window_tokens = 64;
   float critical_threshold = 4.0f;
+  // Mixed mode: a token leaving the window whose attention mass (relative to a uniform
+  // share, as critical_threshold) is below this goes to the INT2 cold tier instead of INT4.
+  // 0 = no cold tier (the default: every class but INT2).
+  float cold_threshold = 0.0f;
+  // Mixed mode: a byte budget instead of the thresholds, in bytes per token (K and V rows
+  // of every layer and kv head, what `specnode kv-eval` reports as KV B/token). At each
+  // demotion boundary the store chooses every demotable token's class (int8, int4 or int2;
+  // a token never moves up) by its attention mass so that the sequence's rows stay within
+  // the budget until the next boundary, with the least expected error
+  // (kvstore/kv_byte_budget.h) — demoting older tokens further as the sequence grows. The
+  // sinks and the window stay f16; while they alone exceed it (short sequences) the
+  // thresholds apply. 0 = off (the thresholds decide).
+  int64_t bytes_per_token = 0;
+  // What ranks tokens for the budget: their attention mass (the store's policy), or their
+  // recency alone (newer tokens more precise: the recency tiers of vllm#49198, kept as
+  // the comparison kv-eval's frontier measures at equal bytes).
+  KvBudgetRank budget_rank = KvBudgetRank::kMass;
   int mass_sample_every = 4;
   // Mixed mode demotes when a sequence's committed length reaches a multiple of this many
   // tokens (those older than the window then), and a pass never holds rows of one sequence

@@ -9,6 +9,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "kvstore/kv_row_codec.h"
 #include "model/gguf/ggml_types.h"
 
 namespace specnode {
@@ -21,6 +22,8 @@ std::string_view KvPrecisionName(KvPrecision p) {
       return "int8";
     case KvPrecision::kInt4:
       return "int4";
+    case KvPrecision::kInt2:
+      return "int2";
   }
   return "?";
 }
@@ -33,8 +36,14 @@ size_t KvRowBytes(KvPrecision p, int head_dim) {
       return 4 + static_cast<size_t>(head_dim);
     case KvPrecision::kInt4:
       return 4 + static_cast<size_t>(head_dim) / 2;
+    case KvPrecision::kInt2:
+      return 4 + (static_cast<size_t>(head_dim) + 3) / 4;
   }
   return 0;
+}
+
+size_t KvPairBytes(KvPrecision c, int head_dim) {
+  return KvRowBytes(KvRowFormat(c, false), head_dim) + KvRowBytes(KvRowFormat(c, true), head_dim);
 }
 
 namespace {
@@ -103,6 +112,9 @@ void KvEncodeRow(KvPrecision p, const float* x, int head_dim, uint8_t* row) {
       }
       return;
     }
+    case KvPrecision::kInt2:
+      kv_codec::EncodeInt2Row(x, head_dim, row);
+      return;
   }
 }
 
@@ -125,6 +137,9 @@ void KvDecodeRow(KvPrecision p, const uint8_t* row, int head_dim, float* out) {
       }
       return;
     }
+    case KvPrecision::kInt2:
+      for (int i = 0; i < head_dim; ++i) out[i] = kv_codec::DecodeAt(kv_codec::kInt2, row, i);
+      return;
   }
 }
 
@@ -138,6 +153,11 @@ double KvMaxAbsError(KvPrecision p, double lo, double hi) {
     case KvPrecision::kInt4:
       // scale and min are themselves f16-rounded; allow for both.
       return (hi - lo) / 15.0 / 2.0 * 1.01 + amax * std::ldexp(1.0, -10) + 6e-8;
+    case KvPrecision::kInt2:
+      // Every value lies in [lo, hi] and is stored as the nearest of four levels centred on
+      // the mean, spaced by at most 2 sigma <= (hi - lo): clipped or not, within the span
+      // (plus the f16 rounding of scale and min).
+      return (hi - lo) * 1.01 + amax * std::ldexp(1.0, -9) + 6e-8;
   }
   return 0.0;
 }

@@ -17,6 +17,7 @@ namespace specnode {
 KvMode KvStore::ResolvedMode(KvMode mode, const KvPoolCaps& caps) {
   if (mode != KvMode::kAuto) return mode;
   const bool all = caps.classes[0] && caps.classes[1] && caps.classes[2] && caps.slot_copies;
+  // (mixed needs INT2 pages only with a cold tier: CheckSupported asks for them then)
   return all ? KvMode::kMixed : KvMode::kFull;
 }
 
@@ -38,8 +39,12 @@ absl::Status KvStore::CheckSupported(const KvOptions& o, const KvPoolCaps& caps,
     case KvMode::kInt4:
       classes = {KvPrecision::kInt4};
       break;
+    case KvMode::kInt2:
+      classes = {KvPrecision::kInt2};
+      break;
     default:
       classes = {KvPrecision::kFull, KvPrecision::kInt8, KvPrecision::kInt4};
+      if (o.cold_threshold > 0.0f || o.bytes_per_token > 0) classes.push_back(KvPrecision::kInt2);
       break;
   }
   for (KvPrecision p : classes) {
@@ -52,6 +57,10 @@ absl::Status KvStore::CheckSupported(const KvOptions& o, const KvPoolCaps& caps,
   if (o.rotate.value_or(false) && !caps.rotated) {
     return bad(absl::StrCat("kv rotation was asked for, but the ", device.name(),
                             " page pool stores K/V unrotated"));
+  }
+  if (o.bytes_per_token > 0 && mode != KvMode::kMixed) {
+    return bad(absl::StrCat("kv.bytes_per_token needs kv mode mixed; the ", device.name(),
+                            " page pool resolves mode auto to ", std::string(KvModeName(mode))));
   }
   if (mode == KvMode::kMixed && !caps.slot_copies) {
     return bad(absl::StrCat("kv mode mixed demotes tokens between pages, which the ", device.name(),
@@ -93,11 +102,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& c,
   }
   KvStoreConfig resolved = c;
   resolved.mode = ResolvedMode(c.mode, pool->caps());
-  const KvPrecision first = resolved.mode == KvMode::kInt8   ? KvPrecision::kInt8
-                            : resolved.mode == KvMode::kInt4 ? KvPrecision::kInt4
-                                                             : KvPrecision::kFull;
   std::unique_ptr<KvStore> s(new KvStore(resolved, std::move(pool)));
-  const int64_t biggest = static_cast<int64_t>(s->PageBytes(first));
+  const int64_t biggest = static_cast<int64_t>(s->PageBytes(s->WriteClass()));
   if (c.capacity_bytes < 2 * biggest) {
     return bad(absl::StrFormat("capacity_bytes %d is below two pages (%d bytes)", c.capacity_bytes,
                                2 * biggest));
@@ -120,6 +126,8 @@ KvPrecision KvStore::WriteClass() const {
       return KvPrecision::kInt8;
     case KvMode::kInt4:
       return KvPrecision::kInt4;
+    case KvMode::kInt2:
+      return KvPrecision::kInt2;
     default:
       return KvPrecision::kFull;
   }

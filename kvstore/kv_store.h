@@ -26,7 +26,8 @@
 // they received, relative to a uniform share, averaged over the layers, heads and queries
 // that observed them from at least window_tokens / 2 positions away (a token's weight
 // while it is recent says little about whether later tokens will need it), is at least
-// `critical_threshold` — else to INT4. Demotion moves a token to a page of the lower class
+// `critical_threshold` — to INT2 if cold (that mass below `cold_threshold`, when > 0) —
+// else to INT4. Demotion moves a token to a page of the lower class
 // (never rewrites a row in place), so pages shared with other sequences stay intact.
 // Attention mass is observed by one query position in `mass_sample_every` (positions p
 // with p % mass_sample_every == 0), in prefill, decode and verification passes alike (its
@@ -39,7 +40,11 @@
 // any size, or had batch mates (greedy output is deterministic, and greedy speculation
 // equals plain decoding, in mixed mode too). Demotion and eviction run in Settle: at the
 // next Reserve, Truncate, SwapOut or Fork after a Commit.
-// Modes kFull / kInt8 / kInt4 store every token in that class from the start.
+// With a byte budget (`bytes_per_token` > 0) the classes of all demotable tokens are chosen
+// at each boundary instead (kv_byte_budget.h: by mass, or by recency with budget_rank), so
+// that the sequence's pages stay within budget x length until the next boundary; tokens
+// demoted further are packed out of their old pages (Compact). Same determinism.
+// Modes kFull / kInt8 / kInt4 / kInt2 store every token in that class from the start.
 // Optional sliding-window eviction (off by default; lossy, logged once when on) drops
 // tokens older than `evict_window` except the sinks.
 //
@@ -168,6 +173,9 @@ class KvStore : public KvCache {
   KvUsage Usage() const override;
   // Live tokens per class of one sequence.
   std::array<int64_t, kKvClasses> SequenceTokens(SeqId seq) const override;
+  // The class position `pos` of `seq` is stored in; nullopt for an unknown sequence or
+  // position, an evicted position or a swapped-out sequence.
+  std::optional<KvPrecision> PositionClass(SeqId seq, int32_t pos) const;
   const KvStoreConfig& config() const { return config_; }
   const KvPagePool& pool() const { return *pool_; }
 
@@ -190,7 +198,22 @@ class KvStore : public KvCache {
   void SetPendingBytes(Sequence& s, int64_t bytes);
   absl::StatusOr<Loc> TakeSlot(Sequence& s, KvPrecision p);
   void ReleaseLoc(Sequence& s, Loc loc);
-  void Demote(Sequence& s, int32_t pos);
+  // Moves position pos to a slot of class `target` if that is less precise than its own
+  // (never up); stays where it is if no slot can be had.
+  void Demote(Sequence& s, int32_t pos, KvPrecision target);
+  // Mean observed attention mass of a position (relative to a uniform share) over kv heads;
+  // *seen: whether any query observed it.
+  float MeanMass(const Sequence& s, int32_t pos, bool* seen) const;
+  // The thresholds' class for a token leaving the window (critical / cold / the rest).
+  KvPrecision ThresholdClass(const Sequence& s, int32_t pos) const;
+  // The byte budget at a demotion boundary: every position in [sinks, demote_to) to the
+  // class ChooseClassesForBudget picks so that the rows fit bytes_per_token until the next
+  // boundary. False (nothing changed) when they cannot, even all at int2.
+  bool DemoteToBudget(Sequence& s, int32_t demote_to);
+  // Moves s's tokens of class c below `upto` out of its private pages of that class that
+  // hold dead slots (left by tokens demoted further) into fresh pages, byte for byte, so
+  // those pages are freed; stops where no page can be had.
+  void Compact(Sequence& s, KvPrecision c, int32_t upto);
   void Evict(Sequence& s, int32_t pos);
   // Positions below this are demoted (mixed) / evicted (evict on) once a sequence has
   // `length` committed positions: the window counted back from the last multiple of

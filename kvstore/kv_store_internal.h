@@ -23,7 +23,7 @@ struct KvStore::Page {
 struct KvStore::Sequence {
   int32_t length = 0;           // committed positions
   std::vector<Loc> loc;         // block table: per position with storage (>= length after Reserve)
-  std::array<int32_t, kNumKvPrecisions> open{-1, -1, -1};  // page being filled, per class
+  std::array<int32_t, kNumKvPrecisions> open{-1, -1, -1, -1};  // page being filled, per class
   std::unordered_map<int32_t, int32_t> live;  // page -> slots of this sequence in it
   // Attention mass, per kv head and position: Σ (weight * n_ctx) and observation count,
   // of the settled observations (queries at committed positions).

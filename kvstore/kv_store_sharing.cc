@@ -190,7 +190,7 @@ absl::Status KvStore::SwapOut(SeqId seq) {
   }
   for (const Loc& loc : s.loc) ReleaseLoc(s, loc);
   s.loc.clear();
-  s.open = {-1, -1, -1};
+  s.open.fill(-1);
   SetPendingBytes(s, 0);
   s.swapped = true;
   host_bytes_ += bytes;
@@ -240,7 +240,7 @@ absl::Status KvStore::SwapIn(SeqId seq) {
       s.loc.resize(p);
       for (const Loc& taken : s.loc) ReleaseLoc(s, taken);
       s.loc.clear();
-      s.open = {-1, -1, -1};
+      s.open.fill(-1);
       return loc.status();
     }
     s.loc[p] = *loc;
@@ -250,7 +250,7 @@ absl::Status KvStore::SwapIn(SeqId seq) {
     // The host copy stays authoritative: give the slots back, still swapped out.
     for (const Loc& loc : s.loc) ReleaseLoc(s, loc);
     s.loc.clear();
-    s.open = {-1, -1, -1};
+    s.open.fill(-1);
     return st;
   }
   host_bytes_ -= static_cast<int64_t>(s.host_rows.size());
@@ -276,6 +276,17 @@ KvUsage KvStore::Usage() const {
     for (int c = 0; c < kNumKvPrecisions; ++c) u.tokens[c] += t[c];
   }
   return u;
+}
+
+std::optional<KvPrecision> KvStore::PositionClass(SeqId seq, int32_t pos) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || it->second->swapped || pos < 0 ||
+      pos >= static_cast<int32_t>(it->second->loc.size())) {
+    return std::nullopt;
+  }
+  const int32_t page = it->second->loc[pos].page;
+  if (page < 0) return std::nullopt;
+  return pages_[page]->prec;
 }
 
 std::array<int64_t, kKvClasses> KvStore::SequenceTokens(SeqId seq) const {

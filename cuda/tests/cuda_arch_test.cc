@@ -152,7 +152,8 @@ TEST_P(CudaArchTest, VerificationEqualsOneAtATimeAndHeadsEqualTheHosts) {
 INSTANTIATE_TEST_SUITE_P(Archs, CudaArchTest,
                          ::testing::Combine(::testing::ValuesIn(Cases()),
                                             ::testing::Values(KvMode::kFull, KvMode::kInt8,
-                                                              KvMode::kInt4, KvMode::kMixed)),
+                                                              KvMode::kInt4, KvMode::kInt2,
+                                                              KvMode::kMixed)),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param).name) + "_" +
                                   std::string(KvModeName(std::get<1>(info.param)));

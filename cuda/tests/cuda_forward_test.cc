@@ -543,7 +543,7 @@ TEST_P(CudaForwardKvModeTest, LogitsMatchTheCpuPassInTheSameMode) {
 
 INSTANTIATE_TEST_SUITE_P(KvModes, CudaForwardKvModeTest,
                          ::testing::Values(KvMode::kFull, KvMode::kInt8, KvMode::kInt4,
-                                           KvMode::kMixed),
+                                           KvMode::kInt2, KvMode::kMixed),
                          [](const auto& info) { return std::string(KvModeName(info.param)); });
 
 TEST(CudaBackendCreateTest, NoDeviceOrBadDeviceIsAnError) {

@@ -15,9 +15,9 @@
 #include "cuda/kv_attention_chunks.h"
 #include "cuda/kv_frame_allocator.h"
 #include "cuda/kv_pass_tables.h"
-#include "cuda/kv_row_codec.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_precision.h"
+#include "kvstore/kv_row_codec.h"
 #include "model/gguf/ggml_types.h"
 
 namespace specnode {
@@ -123,6 +123,56 @@ std::vector<std::vector<float>> Rows(int hd, uint32_t seed) {
   return rows;
 }
 
+// WarpEncodeInt2Row (cuda_kv_kernels.cu) lane by lane: each lane's partial over its
+// registers, the xor butterfly (every lane must end with lane 0's bits), the candidate loop,
+// codes packed from lanes l .. l + 3.
+std::vector<uint8_t> WarpPlanEncodeInt2(const std::vector<float>& x, int hd) {
+  constexpr int kLanes = 32, kRegs = codec::kMaxHeadDim / 32;
+  auto lane_sum = [&](auto term) {
+    float p[kLanes];
+    for (int l = 0; l < kLanes; ++l) {
+      p[l] = 0.0f;
+      for (int r = 0; r < kRegs; ++r) {
+        if (l + 32 * r < hd) p[l] = codec::AddRn(p[l], term(x[l + 32 * r]));
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      float next[kLanes];
+      for (int l = 0; l < kLanes; ++l) next[l] = codec::AddRn(p[l], p[l ^ off]);
+      std::copy(next, next + kLanes, p);
+    }
+    for (int l = 1; l < kLanes; ++l) EXPECT_EQ(codec::FloatBits(p[l]), codec::FloatBits(p[0]));
+    return p[0];
+  };
+  const float n = static_cast<float>(hd);
+  const float mean = codec::DivRn(lane_sum([](float v) { return v; }), n);
+  const float sigma = codec::SqrtRn(codec::DivRn(lane_sum([&](float v) {
+                                                   const float c = codec::SubRn(v, mean);
+                                                   return codec::MulRn(c, c);
+                                                 }),
+                                                 n));
+  int best = 0;
+  float best_err = 0.0f;
+  for (int k = 0; k < codec::kInt2Candidates; ++k) {
+    const codec::Int2Params c = codec::Int2ParamsFor(mean, sigma, k);
+    const float err = lane_sum([&](float v) { return codec::Int2Error(v, c); });
+    if (k == 0 || err < best_err) {
+      best = k;
+      best_err = err;
+    }
+  }
+  const codec::Int2Params c = codec::Int2ParamsFor(mean, sigma, best);
+  std::vector<uint8_t> row(codec::RowBytes(codec::kInt2, hd), 0xab);
+  codec::StoreU16(row.data(), c.scale_h);
+  codec::StoreU16(row.data() + 2, c.min_h);
+  for (int d = 0; d < hd; d += 4) {
+    int b = 0;
+    for (int j = 0; j < 4; ++j) b |= (d + j < hd ? codec::Int2Level(x[d + j], c) : 0) << (2 * j);
+    row[4 + d / 4] = static_cast<uint8_t>(b);
+  }
+  return row;
+}
+
 // The GPU's warp-per-row encoder (cuda_kv_kernels.cu, WarpEncodeRow) simulated lane by lane
 // on the host: value lane + 32 r on each lane, per-lane steps, xor-butterfly reductions of
 // the max |x| and of the Extremes, int4 pairs from neighbouring lanes. What it checks is the
@@ -156,6 +206,7 @@ std::vector<uint8_t> WarpPlanEncode(int cls, const std::vector<float>& x, int hd
     for (int d = 0; d < hd; ++d) row[4 + d] = codec::Int8Byte(x[d], p.inv);
     return row;
   }
+  if (cls == codec::kInt2) return WarpPlanEncodeInt2(x, hd);
   codec::Extremes e[kLanes];
   for (int l = 0; l < kLanes; ++l) {
     e[l] = codec::Extremes{INFINITY, 1 << 30, -INFINITY, 1 << 30};
@@ -186,7 +237,7 @@ class KvRowCodecShapes : public ::testing::TestWithParam<int> {};
 
 TEST_P(KvRowCodecShapes, EncodeIsTheCpuEncodingAndDecodeItsValues) {
   const int hd = GetParam();
-  for (int cls = 0; cls < 3; ++cls) {
+  for (int cls = 0; cls < codec::kNumClasses; ++cls) {
     const KvPrecision p = static_cast<KvPrecision>(cls);
     ASSERT_EQ(static_cast<size_t>(codec::RowBytes(cls, hd)), KvRowBytes(p, hd));
     for (const std::vector<float>& x : Rows(hd, 10 + hd + cls)) {
@@ -202,7 +253,7 @@ TEST_P(KvRowCodecShapes, EncodeIsTheCpuEncodingAndDecodeItsValues) {
       // f16 and int8 decode exactly; int4's min + scale * q may be contracted into one
       // fma on either side: within one rounding of the value.
       for (int d = 0; d < hd; ++d) {
-        if (cls == 2) {
+        if (cls == 2 || cls == 3) {
           ASSERT_NEAR(b[d], a[d], 1e-6f * (std::fabs(a[d]) + 1e-30f) + 1e-38f) << d;
         } else {
           ASSERT_EQ(codec::FloatBits(b[d]), codec::FloatBits(a[d])) << d;
@@ -216,13 +267,15 @@ TEST_P(KvRowCodecShapes, EncodeIsTheCpuEncodingAndDecodeItsValues) {
 INSTANTIATE_TEST_SUITE_P(HeadDims, KvRowCodecShapes, ::testing::Values(2, 6, 16, 64, 80, 128, 256));
 
 TEST(KvFrameAllocator, ClassesShareChunksAndFramesNeverOverlap) {
-  const std::array<int64_t, 3> page = {1024, 544, 288};  // f16, int8, int4 of some geometry
+  // f16, int8, int4, int2 of some geometry
+  const std::array<int64_t, KvFrameAllocator::kClasses> page = {1024, 544, 288, 160};
   KvFrameAllocator a(/*n_chunks=*/6, /*chunk_bytes=*/4096, page);
   EXPECT_EQ(a.arena_bytes(), 6 * 4096);
   EXPECT_EQ(a.frames_per_chunk(0), 4);
   EXPECT_EQ(a.frames_per_chunk(1), 7);
   EXPECT_EQ(a.frames_per_chunk(2), 14);
-  EXPECT_EQ(a.MaxFrames(2), 6 * 14);
+  EXPECT_EQ(a.frames_per_chunk(3), 25);
+  EXPECT_EQ(a.MaxFrames(3), 6 * 25);
   std::mt19937 rng(3);
   std::map<int64_t, int> live;  // offset -> class
   auto check_disjoint = [&] {
@@ -236,7 +289,7 @@ TEST(KvFrameAllocator, ClassesShareChunksAndFramesNeverOverlap) {
     }
   };
   for (int step = 0; step < 5000; ++step) {
-    const int c = static_cast<int>(rng() % 3);
+    const int c = static_cast<int>(rng() % KvFrameAllocator::kClasses);
     if (rng() % 2 == 0 || live.empty()) {
       const int64_t off = a.Allocate(c);
       if (off < 0) {
@@ -269,7 +322,8 @@ TEST(KvPassTables, OffsetsRowsAndMassReduction) {
   g.head_dim = 8;
   g.gqa_group = 2;
   g.page_tokens = 4;
-  const std::array<int64_t, 3> stride = {2 * 2 * 16, 2 * 2 * 12, 2 * 2 * 8};
+  const std::array<int64_t, kNumKvPrecisions> stride = {2 * 2 * 16, 2 * 2 * 12, 2 * 2 * 8,
+                                                        2 * 2 * 6};
   std::vector<KvPagePlace> pages = {{1000, 0}, {5000, 2}, {9000, 1}};
   // Sequence A: 6 positions, position 1 evicted, 4 and 5 in other classes; a pass of its
   // last 2 rows, position 5 observed. Sequence B: 2 positions, a pass of both, unobserved.
@@ -340,7 +394,7 @@ TEST(KvPassTables, MassCountsOnlyTheLayersWhoseWindowHoldsTheKey) {
   g.head_dim = 8;
   g.gqa_group = 2;
   g.page_tokens = 8;
-  const std::array<int64_t, 3> stride = {2 * 16, 2 * 12, 2 * 8};
+  const std::array<int64_t, kNumKvPrecisions> stride = {2 * 16, 2 * 12, 2 * 8, 2 * 6};
   std::vector<KvPagePlace> pages = {{0, 0}};
   std::vector<KvSlot> a = {{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {0, 5}};
   std::vector<float> sum(5, 0.0f), cnt(5, 0.0f);
@@ -377,7 +431,7 @@ TEST(KvPassTables, TreeRowsSeeTheContextAndTheirPathOnly) {
   g.head_dim = 8;
   g.gqa_group = 2;
   g.page_tokens = 8;
-  const std::array<int64_t, 3> stride = {2 * 16, 2 * 12, 2 * 8};
+  const std::array<int64_t, kNumKvPrecisions> stride = {2 * 16, 2 * 12, 2 * 8, 2 * 6};
   std::vector<KvPagePlace> pages = {{0, 0}};
   std::vector<KvSlot> a;
   for (int j = 0; j < 7; ++j) a.push_back({0, j});

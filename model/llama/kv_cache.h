@@ -63,8 +63,8 @@ std::vector<int32_t> TreeRowDepths(std::span<const int32_t> parents);
 absl::Status CheckKeptRows(int32_t pos0, int32_t length, std::span<const int32_t> rows);
 
 // Precision classes a managed cache accounts for, in kvstore/kv_precision.h's order: f16,
-// int8, int4.
-inline constexpr int kKvClasses = 3;
+// int8, int4, int2.
+inline constexpr int kKvClasses = 4;
 
 // What a managed cache holds (kvstore/kv_store.h), for admission and metrics.
 struct KvUsage {

@@ -77,13 +77,19 @@ absl::Status Run(const CliArgs& args) {
   RunnerOptions ro;
   ro.device = compute.device;
   ro.activations = compute.activations;
+  // The mixed policy's options (a byte budget, the cold tier) apply to mixed only; the
+  // other modes store every token in one class.
+  auto options_for = [&kv](KvMode mode) {
+    KvOptions o = kv;
+    o.mode = mode;
+    if (mode != KvMode::kMixed) o.bytes_per_token = 0;
+    return o;
+  };
   for (KvMode mode : modes) {
-    ro.kv = kv;
-    ro.kv.mode = mode;
+    ro.kv = options_for(mode);
     SPECNODE_RETURN_IF_ERROR(CheckRunnerOptions(ro));
   }
-  KvOptions reference = kv;
-  reference.mode = KvMode::kFull;
+  const KvOptions reference = options_for(KvMode::kFull);
   SPECNODE_ASSIGN_OR_RETURN(std::unique_ptr<ModelSession> session,
                             ModelSession::Open(args.Get("model", DefaultModelPath()),
                                                static_cast<int>(threads), false, reference,
@@ -115,8 +121,7 @@ absl::Status Run(const CliArgs& args) {
       stats[m].runner = &session->runner();
       continue;
     }
-    ro.kv = kv;
-    ro.kv.mode = modes[m];
+    ro.kv = options_for(modes[m]);
     SPECNODE_ASSIGN_OR_RETURN(stats[m].owned, MakeRunner(model.config(), model.weights(), ro));
     stats[m].runner = stats[m].owned.get();
   }
@@ -208,6 +213,9 @@ absl::Status Run(const CliArgs& args) {
   out["window"] = kv.window_tokens;
   out["sinks"] = kv.sink_tokens;
   out["critical_threshold"] = kv.critical_threshold;
+  out["cold_threshold"] = kv.cold_threshold;
+  out["bytes_per_token_budget"] = kv.bytes_per_token;
+  out["budget_rank"] = std::string(KvBudgetRankName(kv.budget_rank));
   const double ref_ppl = std::exp(stats[0].nll / stats[0].scored);
   std::printf("%-6s %12s %10s %9s %12s %10s %22s\n", "mode", "KV B/token", "vs full", "ppl",
               "ppl change", "mean KL", "greedy agreement");
@@ -229,7 +237,8 @@ absl::Status Run(const CliArgs& args) {
                             {"greedy_agreement", agree},
                             {"tokens_f16", s.tokens[0]},
                             {"tokens_int8", s.tokens[1]},
-                            {"tokens_int4", s.tokens[2]}});
+                            {"tokens_int4", s.tokens[2]},
+                            {"tokens_int2", s.tokens[3]}});
   }
   if (args.Has("json")) std::printf("%s\n", out.dump().c_str());
   return absl::OkStatus();

@@ -26,6 +26,13 @@ std::string KvFlagsHelp() {
       "  --kv-sinks N        leading tokens kept full precision (default %d)\n"
       "  --kv-page-tokens N  token slots per KV page (default %d)\n"
       "  --kv-critical-threshold X  relative attention mass that keeps a token INT8 (default %g)\n"
+      "  --kv-cold-threshold X  mixed mode: relative attention mass below which a token goes\n"
+      "                      to the INT2 cold tier (default 0: no cold tier)\n"
+      "  --kv-bytes-per-token N  mixed mode: a KV byte budget per token (every layer's K and\n"
+      "                      V rows); the store picks each token's class by its attention\n"
+      "                      mass to stay within it (default 0: the thresholds decide)\n"
+      "  --kv-budget-rank R  mass (default) or recency: what ranks tokens under the budget\n"
+      "                      (recency: newer tokens more precise, for comparison)\n"
       "  --kv-sample-every N observe attention mass at 1 query position in N (default %d)\n"
       "  --kv-demote-every N mixed mode demotes when a length reaches a multiple of N\n"
       "                      (default %d)\n"
@@ -87,10 +94,20 @@ std::string ActivationsName(const ComputeOptions& compute) {
 }
 
 std::set<std::string> KvValueKeys() {
-  return {
-      "kv-mode",         "kv-capacity-mb",        "kv-window",          "gpu-memory-utilization",
-      "kv-sinks",        "kv-critical-threshold", "kv-sample-every",    "kv-demote-every",
-      "kv-evict-window", "kv-page-tokens",        "kv-host-capacity-mb"};
+  return {"kv-mode",
+          "kv-capacity-mb",
+          "kv-window",
+          "gpu-memory-utilization",
+          "kv-sinks",
+          "kv-critical-threshold",
+          "kv-sample-every",
+          "kv-demote-every",
+          "kv-evict-window",
+          "kv-page-tokens",
+          "kv-host-capacity-mb",
+          "kv-cold-threshold",
+          "kv-bytes-per-token",
+          "kv-budget-rank"};
 }
 
 std::set<std::string> WithKvFlags(std::set<std::string> flags) {
@@ -136,6 +153,17 @@ absl::Status ApplyKvFlags(const CliArgs& args, KvOptions* o) {
   if (args.Has("kv-critical-threshold")) {
     SPECNODE_ASSIGN_OR_RETURN(double thr, args.GetDouble("kv-critical-threshold", 0, 0.0, 1e6));
     o->critical_threshold = static_cast<float>(thr);
+  }
+  if (args.Has("kv-bytes-per-token")) {
+    SPECNODE_ASSIGN_OR_RETURN(o->bytes_per_token,
+                              args.GetInt("kv-bytes-per-token", 0, 0, int64_t{1} << 40));
+  }
+  if (args.Has("kv-budget-rank")) {
+    SPECNODE_ASSIGN_OR_RETURN(o->budget_rank, ParseKvBudgetRank(args.Get("kv-budget-rank")));
+  }
+  if (args.Has("kv-cold-threshold")) {
+    SPECNODE_ASSIGN_OR_RETURN(double cold, args.GetDouble("kv-cold-threshold", 0, 0.0, 1e6));
+    o->cold_threshold = static_cast<float>(cold);
   }
   if (args.Has("kv-no-rotate")) o->rotate = false;
   if (args.Has("kv-evict-window")) {

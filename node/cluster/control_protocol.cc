@@ -332,7 +332,8 @@ std::string EncodeControl(const StepReplyMessage& m) {
   w.Put<int64_t>(m.kv_tokens);
   w.Put<int64_t>(m.kv_available_bytes);
   w.Put<int64_t>(m.kv_used_bytes);
-  static_assert(kNumKvPrecisions == 3, "the wire format carries 3 classes (f16, int8, int4)");
+  static_assert(kNumKvPrecisions == 4,
+                "the wire format (v7) carries 4 classes (f16, int8, int4, int2)");
   for (int64_t b : m.kv_class_bytes) w.Put<int64_t>(b);
   for (int64_t t : m.kv_class_tokens) w.Put<int64_t>(t);
   w.Put<int64_t>(m.kv_host_bytes);

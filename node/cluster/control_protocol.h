@@ -40,7 +40,7 @@
 namespace specnode {
 
 inline constexpr uint32_t kControlMagic = 0x50434E53;  // "SNCP" little-endian
-inline constexpr uint16_t kControlProtocolVersion = 6;
+inline constexpr uint16_t kControlProtocolVersion = 7;
 inline constexpr size_t kControlHeaderBytes = 16;
 
 enum class ControlKind : uint16_t {
@@ -173,9 +173,10 @@ struct StepReplyMessage {
   // (-1 = cannot tell) and bytes in use; the coordinator's admission and metrics read them.
   int64_t kv_available_bytes = -1;
   int64_t kv_used_bytes = 0;
-  std::array<int64_t, kNumKvPrecisions> kv_class_bytes{};  // bytes in pages per KvPrecision
+  // Bytes in pages per KvPrecision (v7: four classes, int2 added; three before).
+  std::array<int64_t, kNumKvPrecisions> kv_class_bytes{};
   // (v3) Live tokens per class and swap-tier bytes; -1 = the shard's cache cannot tell.
-  std::array<int64_t, kNumKvPrecisions> kv_class_tokens{-1, -1, -1};
+  std::array<int64_t, kNumKvPrecisions> kv_class_tokens{-1, -1, -1, -1};
   int64_t kv_host_bytes = -1;
   // (v5) Of kv_used_bytes, the prefix cache's pages no sequence uses; -1 = cannot tell.
   int64_t kv_cache_only_bytes = -1;

@@ -165,7 +165,7 @@ class RemoteTargetRunner final : public ModelRunner {
     int64_t available = -1;  // -1: the shard cannot tell
     int64_t used = 0;
     std::array<int64_t, kNumKvPrecisions> class_bytes{};
-    std::array<int64_t, kNumKvPrecisions> class_tokens{-1, -1, -1};  // -1: cannot tell
+    std::array<int64_t, kNumKvPrecisions> class_tokens{-1, -1, -1, -1};  // -1: cannot tell
     int64_t host_bytes = -1;
     int64_t cache_only = -1;  // -1: the shard cannot tell
   };

@@ -460,6 +460,30 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
   double thr = c.kv.critical_threshold;
   CFG_TRY(r.Double(kv, "kv", "critical_threshold", 0, 1e6, &thr));
   c.kv.critical_threshold = static_cast<float>(thr);
+  double cold = c.kv.cold_threshold;
+  CFG_TRY(r.Double(kv, "kv", "cold_threshold", 0, 1e6, &cold));
+  c.kv.cold_threshold = static_cast<float>(cold);
+  int budget = static_cast<int>(c.kv.bytes_per_token);
+  CFG_TRY(r.Int(kv, "kv", "bytes_per_token", 0, 1 << 30, &budget));
+  c.kv.bytes_per_token = budget;
+  if (budget > 0 && c.kv.mode != KvMode::kMixed && c.kv.mode != KvMode::kAuto) {
+    return r.Error(kv["bytes_per_token"], "kv.bytes_per_token",
+                   absl::StrCat("a byte budget needs kv.mode mixed (or auto), not ",
+                                std::string(KvModeName(c.kv.mode))));
+  }
+  if (kv.IsDefined() && kv.IsMap() && kv["budget_rank"].IsDefined() &&
+      !kv["budget_rank"].IsNull()) {
+    std::string rank;
+    CFG_TRY(r.String(kv, "kv", "budget_rank", &rank));
+    absl::StatusOr<KvBudgetRank> br = ParseKvBudgetRank(rank);
+    if (!br.ok())
+      return r.Error(kv["budget_rank"], "kv.budget_rank", std::string(br.status().message()));
+    c.kv.budget_rank = *br;
+  }
+  if (cold > 0 && cold > thr) {
+    return r.Error(kv["cold_threshold"], "kv.cold_threshold",
+                   "must be <= kv.critical_threshold (a token is cold or critical)");
+  }
   CFG_TRY(r.Int(kv, "kv", "mass_sample_every", 1, 1 << 20, &c.kv.mass_sample_every));
   CFG_TRY(r.Int(kv, "kv", "demote_every", 1, 1 << 20, &c.kv.demote_every));
   // Sliding-window eviction (lossy) when set: tokens older than this many, except sinks.

@@ -167,7 +167,7 @@ std::string KvLine(const ServeConfig& cfg, const LlamaConfig& mc, int32_t max_le
   if (cfg.kv.mode == KvMode::kDense) return "dense (the f32 reference cache)";
   // KV bytes per token at f16 and int4 (K and V rows of every layer's kv heads).
   const auto per_token = [&mc](KvPrecision p) {
-    return 2.0 * mc.n_layers * mc.n_kv_heads * KvRowBytes(p, mc.head_dim);
+    return static_cast<double>(mc.n_layers) * mc.n_kv_heads * KvPairBytes(p, mc.head_dim);
   };
   const KvMode mode =
       cfg.device.is_cpu() && cfg.topology.single_process()

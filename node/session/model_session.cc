@@ -93,10 +93,10 @@ std::string ModelSession::KvSummary(SeqId seq) const {
   const std::optional<ModelRunner::KvMemory> m = runner_->Memory();
   const std::optional<std::array<int64_t, kKvClasses>> t = runner_->SequenceTokens(seq);
   if (!m.has_value() || !t.has_value()) return "";  // the dense reference cache
-  const int64_t tokens = (*t)[0] + (*t)[1] + (*t)[2];
-  return absl::StrFormat("kv: %.1f KiB/token over %d tokens; f16 %d, int8 %d, int4 %d",
+  const int64_t tokens = (*t)[0] + (*t)[1] + (*t)[2] + (*t)[3];
+  return absl::StrFormat("kv: %.1f KiB/token over %d tokens; f16 %d, int8 %d, int4 %d, int2 %d",
                          tokens == 0 ? 0.0 : m->used_bytes / 1024.0 / tokens, tokens, (*t)[0],
-                         (*t)[1], (*t)[2]);
+                         (*t)[1], (*t)[2], (*t)[3]);
 }
 
 }  // namespace specnode

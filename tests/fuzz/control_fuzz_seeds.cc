@@ -69,8 +69,8 @@ int main(int argc, char** argv) {
   reply.kv_tokens = 20;
   reply.kv_available_bytes = 1 << 20;
   reply.kv_used_bytes = 4096;
-  reply.kv_class_bytes = {4096, 0, 0};
-  reply.kv_class_tokens = {20, 0, 0};
+  reply.kv_class_bytes = {4096, 0, 0, 0};
+  reply.kv_class_tokens = {20, 0, 0, 0};
   reply.kv_host_bytes = 0;
   reply.kv_cache_only_bytes = 0;
   reply.matched = {8};

@@ -29,7 +29,7 @@ struct Rows {
   std::vector<uint8_t> bytes;
   std::vector<const uint8_t*> ptr;
   std::vector<std::vector<float>> decoded;  // what the rows hold, for tolerance scales
-  std::vector<float> abs_min;               // int4: |min| of each row (0 otherwise)
+  std::vector<float> abs_min;               // int4 / int2: |min| of each row (0 otherwise)
 };
 
 Rows MakeRows(KvPrecision p, int hd, int n, std::mt19937& gen) {
@@ -50,7 +50,7 @@ Rows MakeRows(KvPrecision p, int hd, int n, std::mt19937& gen) {
     r.decoded.emplace_back(hd);
     KvDecodeRow(p, row, hd, r.decoded.back().data());
     uint16_t min_half = 0;
-    if (p == KvPrecision::kInt4) std::memcpy(&min_half, row + 2, 2);
+    if (p == KvPrecision::kInt4 || p == KvPrecision::kInt2) std::memcpy(&min_half, row + 2, 2);
     r.abs_min.push_back(std::abs(Fp16ToFp32(min_half)));
   }
   return r;
@@ -195,13 +195,13 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
          std::to_string(hd);
 }
 
-INSTANTIATE_TEST_SUITE_P(IsaClassDim, KvKernelsTest,
-                         ::testing::Combine(::testing::ValuesIn(kv_kernels::SupportedKvKernels()),
-                                            ::testing::Values(KvPrecision::kFull,
-                                                              KvPrecision::kInt8,
-                                                              KvPrecision::kInt4),
-                                            ::testing::Values(32, 64, 128)),
-                         ParamName);
+INSTANTIATE_TEST_SUITE_P(
+    IsaClassDim, KvKernelsTest,
+    ::testing::Combine(::testing::ValuesIn(kv_kernels::SupportedKvKernels()),
+                       ::testing::Values(KvPrecision::kFull, KvPrecision::kInt8, KvPrecision::kInt4,
+                                         KvPrecision::kInt2),
+                       ::testing::Values(32, 64, 128)),
+    ParamName);
 
 class KvExpSumTest : public ::testing::TestWithParam<const KvAttentionKernels*> {};
 
@@ -309,7 +309,7 @@ TEST_P(KvStoreDeterminism, BatchAndThreadsDoNotChangeOutputs) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, KvStoreDeterminism,
                          ::testing::Values(KvMode::kFull, KvMode::kInt8, KvMode::kInt4,
-                                           KvMode::kMixed),
+                                           KvMode::kInt2, KvMode::kMixed),
                          [](const auto& info) { return std::string(KvModeName(info.param)); });
 
 }  // namespace

@@ -54,19 +54,24 @@ std::vector<float> DenseQuery(const KvStoreConfig& c, const History& h, uint32_t
 void CheckAccounting(const KvStore& store, const std::map<SeqId, History>& seqs) {
   const KvUsage u = store.Usage();
   ASSERT_LE(u.used_bytes, u.capacity_bytes);
-  ASSERT_EQ(u.used_bytes, u.bytes[0] + u.bytes[1] + u.bytes[2]);
+  ASSERT_EQ(u.used_bytes, u.bytes[0] + u.bytes[1] + u.bytes[2] + u.bytes[3]);
   ASSERT_LE(u.host_bytes, store.config().host_capacity_bytes);
   for (const auto& [id, h] : seqs) {
     auto t = store.SequenceTokens(id);
-    ASSERT_EQ(t[0] + t[1] + t[2], static_cast<int64_t>(h.size())) << "seq " << id;
+    ASSERT_EQ(t[0] + t[1] + t[2] + t[3], static_cast<int64_t>(h.size())) << "seq " << id;
     ASSERT_EQ(store.Length(id), static_cast<int32_t>(h.size()));
   }
 }
 
-class PropertyTest : public ::testing::TestWithParam<KvMode> {};
+// (mode, cold threshold): mixed runs with and without the INT2 cold tier.
+class PropertyTest : public ::testing::TestWithParam<std::pair<KvMode, float>> {
+ protected:
+  KvMode mode() const { return GetParam().first; }
+};
 
 TEST_P(PropertyTest, RandomOperationsKeepInvariants) {
-  KvStoreConfig c = SmallConfig(GetParam());
+  KvStoreConfig c = SmallConfig(mode());
+  c.cold_threshold = GetParam().second;
   auto probe = MakeHostKvStore(c);
   ASSERT_TRUE(probe.ok());
   const int64_t page = (*probe)->BytesForTokens(1) / 2;
@@ -75,7 +80,7 @@ TEST_P(PropertyTest, RandomOperationsKeepInvariants) {
   auto created = MakeHostKvStore(c);
   ASSERT_TRUE(created.ok());
   KvStore& store = **created;
-  std::mt19937 gen(GetParam() == KvMode::kFull ? 1234 : 4321);
+  std::mt19937 gen(mode() == KvMode::kFull ? 1234 : 4321);
   std::map<SeqId, History> seqs;
   std::map<SeqId, std::vector<float>> swapped_witness;
   SeqId next_id = 1;
@@ -148,7 +153,7 @@ TEST_P(PropertyTest, RandomOperationsKeepInvariants) {
     } else if (!seqs.empty()) {  // attention check against the dense history
       SeqId id = pick();
       if (swapped_witness.count(id) || seqs[id].empty()) continue;
-      if (GetParam() == KvMode::kFull) {
+      if (mode() == KvMode::kFull) {
         auto got = Query(store, c, id, static_cast<uint32_t>(op));
         auto want = DenseQuery(c, seqs[id], static_cast<uint32_t>(op));
         for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-3) << op;
@@ -170,9 +175,14 @@ TEST_P(PropertyTest, RandomOperationsKeepInvariants) {
   EXPECT_EQ(store.Usage().host_bytes, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, PropertyTest,
-                         ::testing::Values(KvMode::kFull, KvMode::kMixed, KvMode::kInt4),
-                         [](const auto& info) { return std::string(KvModeName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, PropertyTest,
+    ::testing::Values(std::make_pair(KvMode::kFull, 0.0f), std::make_pair(KvMode::kMixed, 0.0f),
+                      std::make_pair(KvMode::kMixed, 1.0f), std::make_pair(KvMode::kInt4, 0.0f),
+                      std::make_pair(KvMode::kInt2, 0.0f)),
+    [](const auto& info) {
+      return std::string(KvModeName(info.param.first)) + (info.param.second > 0 ? "_cold" : "");
+    });
 
 }  // namespace
 }  // namespace specnode

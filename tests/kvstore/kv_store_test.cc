@@ -67,12 +67,12 @@ TEST_P(StoreVsDense, AttentionMatchesDenseReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, StoreVsDense,
-                         ::testing::Values(std::make_pair(KvMode::kFull, 2e-3),
-                                           std::make_pair(KvMode::kInt8, 3e-2),
-                                           std::make_pair(KvMode::kInt4, 0.35),
-                                           std::make_pair(KvMode::kMixed, 0.35)),
-                         [](const auto& info) { return std::string(KvModeName(info.param.first)); });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, StoreVsDense,
+    ::testing::Values(std::make_pair(KvMode::kFull, 2e-3), std::make_pair(KvMode::kInt8, 3e-2),
+                      std::make_pair(KvMode::kInt4, 0.35), std::make_pair(KvMode::kInt2, 1.0),
+                      std::make_pair(KvMode::kMixed, 0.35)),
+    [](const auto& info) { return std::string(KvModeName(info.param.first)); });
 
 TEST(KvStore, MixedKeepsSinksAndWindowFullAndDemotesTheRest) {
   KvStoreConfig c = SmallConfig(KvMode::kMixed);
@@ -91,7 +91,8 @@ TEST(KvStore, MixedKeepsSinksAndWindowFullAndDemotesTheRest) {
   KvUsage u = store->Usage();
   EXPECT_EQ(u.tokens, t);
   EXPECT_LE(u.used_bytes, u.capacity_bytes);
-  EXPECT_EQ(u.used_bytes, u.bytes[0] + u.bytes[1] + u.bytes[2]);
+  EXPECT_EQ(u.used_bytes, u.bytes[0] + u.bytes[1] + u.bytes[2] + u.bytes[3]);
+  EXPECT_EQ(t[3], 0) << "no cold tier unless asked for";
 }
 
 // Issue 16, item 11: in mixed mode the classes tokens end in, and what a query sees, depend
@@ -101,12 +102,21 @@ TEST(KvStore, MixedKeepsSinksAndWindowFullAndDemotesTheRest) {
 // prefill make them; and with drafts rolled back (extra rows written, attended, then
 // truncated away — their attention must not count). Every pass's attention outputs and the
 // final classes must be bit-identical, also when the passes run on threads.
-TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
+// With the cold tier on, some tokens end INT2; with a byte budget (as a fraction of an f16
+// slot per token) the last boundaries re-demote older tokens; the same holds for both.
+class MixedDemotion : public ::testing::TestWithParam<std::pair<float, double>> {};
+
+TEST_P(MixedDemotion, DependsOnlyOnCommittedTokens) {
   KvStoreConfig c = SmallConfig(KvMode::kMixed);
   c.demote_every = 8;
   c.mass_sample_every = 2;
   c.window_tokens = 12;
   c.critical_threshold = 1.2f;
+  c.cold_threshold = GetParam().first;
+  if (GetParam().second > 0) {
+    const int64_t f16_slot = int64_t{2} * c.n_layers * c.n_kv_heads * 2 * c.head_dim;
+    c.bytes_per_token = static_cast<int64_t>(GetParam().second * f16_slot);
+  }
   const int hd = c.head_dim, n_heads = c.n_kv_heads * c.gqa_group;
   const size_t row = static_cast<size_t>(c.n_kv_heads) * hd;
   const size_t qrow = static_cast<size_t>(n_heads) * hd;
@@ -171,8 +181,16 @@ TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
   };
   std::vector<std::pair<int, int>> one_by_one(kTotal, {1, 0});
   const auto want = run(one_by_one, nullptr);
-  EXPECT_GT(want.second[1], 0) << "no critical token: the test would not see a wrong mass";
+  // (Under the budget a wrong mass would move tokens between int4 and int2 instead.)
+  if (c.bytes_per_token == 0) {
+    EXPECT_GT(want.second[1], 0) << "no critical token: the test would not see a wrong mass";
+  }
   EXPECT_GT(want.second[2], 0);
+  if (c.cold_threshold > 0.0f || c.bytes_per_token > 0) {
+    EXPECT_GT(want.second[3], 0) << "no cold token: the test would not see the int2 tier";
+  } else {
+    EXPECT_EQ(want.second[3], 0);
+  }
   std::mt19937 gen(5);
   for (int trial = 0; trial < 6; ++trial) {
     std::vector<std::pair<int, int>> plan;
@@ -194,9 +212,71 @@ TEST(KvStore, MixedDemotionDependsOnlyOnCommittedTokens) {
   }
 }
 
-TEST(KvStore, CriticalTokensGoToInt8) {
-  // A key aligned with every query gets most of the attention mass: it must be kept INT8.
+INSTANTIATE_TEST_SUITE_P(Policies, MixedDemotion,
+                         ::testing::Values(std::make_pair(0.0f, 0.0), std::make_pair(0.9f, 0.0),
+                                           std::make_pair(0.0f, 0.65)),
+                         [](const auto& info) {
+                           return info.param.second > 0
+                                      ? "budget"
+                                      : (info.param.first > 0 ? "cold" : "thresholds");
+                         });
+
+// kv.bytes_per_token: once the sinks, the window and the next block fit beside the rest at
+// int2, the sequence's rows never exceed budget x length (at any length, not only at
+// boundaries), and the budget is spent: tokens by mass in every class, not all at int2.
+TEST(KvStore, ByteBudgetIsNeverExceededOnceItCanHold) {
   KvStoreConfig c = SmallConfig(KvMode::kMixed);
+  c.demote_every = 8;
+  c.window_tokens = 8;
+  std::array<int64_t, kNumKvPrecisions> slot{};  // a token's rows in each class
+  for (int k = 0; k < kNumKvPrecisions; ++k) {
+    slot[k] = int64_t{c.n_layers} * c.n_kv_heads *
+              static_cast<int64_t>(KvPairBytes(static_cast<KvPrecision>(k), c.head_dim));
+  }
+  c.bytes_per_token = slot[0] * 9 / 20;  // 2.2x below f16
+  auto store = Make(c);
+  std::mt19937 gen(21);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int hd = c.head_dim, n_heads = c.n_kv_heads * c.gqa_group;
+  const size_t row = static_cast<size_t>(c.n_kv_heads) * hd;
+  int64_t first_held = -1;
+  for (int pos = 0; pos < 400; ++pos) {
+    ASSERT_TRUE(store->Reserve(1, 1).ok());
+    const KvPassEntry e{1, pos, 1};
+    ASSERT_TRUE(store->BeginPass({&e, 1}, nullptr).ok());
+    for (int l = 0; l < c.n_layers; ++l) {
+      std::vector<float> k(row), v(row), q(static_cast<size_t>(n_heads) * hd), out(q.size());
+      for (float& x : k) x = dist(gen) * (pos % 11 == 0 ? 2.0f : 1.0f);  // some stand out
+      for (float& x : v) x = dist(gen);
+      for (float& x : q) x = dist(gen);
+      ASSERT_TRUE(store->Write(l, k.data(), v.data()).ok());
+      ASSERT_TRUE(store->Attend(l, q.data(), 0.5f, 0, out.data()).ok());
+    }
+    store->Commit(1, pos + 1);
+    SettleNow(*store, 1);
+    const auto t = store->SequenceTokens(1);
+    int64_t bytes = 0;
+    for (int k = 0; k < kNumKvPrecisions; ++k) bytes += t[k] * slot[k];
+    const int64_t length = pos + 1;
+    const int64_t pages = store->Usage().used_bytes;  // rows plus partly filled pages
+    if (first_held < 0 && pages <= c.bytes_per_token * length && t[3] > 0) first_held = length;
+    if (first_held >= 0) {
+      ASSERT_LE(bytes, c.bytes_per_token * length) << "length " << length;
+      ASSERT_LE(pages, c.bytes_per_token * length) << "length " << length;
+    }
+  }
+  // Feasible from ~190 tokens (24 f16 slots and the classes' page tails beside the rest in
+  // the cold class): held from the boundary after that on.
+  EXPECT_GT(first_held, 0);
+  EXPECT_LE(first_held, 216);
+  const auto t = store->SequenceTokens(1);
+  EXPECT_GT(t[1] + t[2], 0) << "the budget's room went unused";
+  EXPECT_GT(t[3], 0);
+}
+
+// One layer, one kv head, 40 tokens decoded one at a time, every query all ones and each
+// value row 0.5: key(pos, d) decides where the attention goes. Returns the settled store.
+std::unique_ptr<KvStore> DecodeOneHead(KvStoreConfig c, float (*key)(int pos, int d)) {
   c.n_layers = 1;
   c.n_kv_heads = 1;
   c.gqa_group = 1;
@@ -204,17 +284,81 @@ TEST(KvStore, CriticalTokensGoToInt8) {
   const int hd = c.head_dim;
   std::vector<float> k(hd), v(hd, 0.5f), q(hd, 1.0f), out(hd);
   for (int pos = 0; pos < 40; ++pos) {
-    ASSERT_TRUE(store->Reserve(1, 1).ok());
-    for (int d = 0; d < hd; ++d) k[d] = pos == 5 ? 3.0f : 0.01f * ((pos * 7 + d) % 5 - 2);
+    EXPECT_TRUE(store->Reserve(1, 1).ok());
+    for (int d = 0; d < hd; ++d) k[d] = key(pos, d);
     const KvPassEntry e{1, pos, 1};
-    ASSERT_TRUE(store->BeginPass({&e, 1}, nullptr).ok());
-    ASSERT_TRUE(store->Write(0, k.data(), v.data()).ok());
-    ASSERT_TRUE(store->Attend(0, q.data(), 0.25f, 0, out.data()).ok());
+    EXPECT_TRUE(store->BeginPass({&e, 1}, nullptr).ok());
+    EXPECT_TRUE(store->Write(0, k.data(), v.data()).ok());
+    EXPECT_TRUE(store->Attend(0, q.data(), 0.25f, 0, out.data()).ok());
     store->Commit(1, pos + 1);
   }
   SettleNow(*store, 1);
+  return store;
+}
+
+TEST(KvStore, CriticalTokensGoToInt8) {
+  // A key aligned with every query gets most of the attention mass: it must be kept INT8.
+  auto store = DecodeOneHead(SmallConfig(KvMode::kMixed), [](int pos, int d) {
+    return pos == 5 ? 3.0f : 0.01f * ((pos * 7 + d) % 5 - 2);
+  });
   auto t = store->SequenceTokens(1);
   EXPECT_EQ(t[1], 1) << "only position 5 is critical";
+}
+
+// A key every query looks away from receives almost no attention: with the cold tier on it
+// goes to INT2, the ordinary tokens to INT4, and the one every query looks at to INT8.
+TEST(KvStore, ColdTokensGoToInt2) {
+  KvStoreConfig c = SmallConfig(KvMode::kMixed);
+  c.cold_threshold = 0.5f;
+  auto store = DecodeOneHead(c, [](int pos, int d) {
+    return pos == 5 ? 0.5f : (pos == 7 ? -0.5f : 0.01f * ((pos * 7 + d) % 5 - 2));
+  });
+  auto t = store->SequenceTokens(1);
+  EXPECT_EQ(t[1], 1) << "only position 5 is critical";
+  EXPECT_EQ(t[3], 1) << "only position 7 is cold";
+  EXPECT_GT(t[2], 0);
+  KvUsage u = store->Usage();
+  EXPECT_GT(u.bytes[3], 0);
+}
+
+// kv.budget_rank recency (the recency tiers kv-eval compares against): within the demoted
+// range a newer token is never stored less precisely than an older one.
+TEST(KvStore, RecencyRankedBudgetKeepsNewerTokensMorePrecise) {
+  KvStoreConfig c = SmallConfig(KvMode::kMixed);
+  c.demote_every = 8;
+  c.window_tokens = 8;
+  c.bytes_per_token = int64_t{c.n_layers} * c.n_kv_heads * 2 * 2 * c.head_dim * 2 / 5;  // f16 / 2.5
+  c.budget_rank = KvBudgetRank::kRecency;
+  auto store = Make(c);
+  std::mt19937 gen(4);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(Feed(*store, c, 1, 8, gen).ok());
+  SettleNow(*store, 1);
+  const int32_t demoted = store->Length(1) - c.window_tokens;
+  int prev = static_cast<int>(KvPrecision::kInt2);
+  std::array<int, kNumKvPrecisions> seen{};
+  for (int32_t p = c.sink_tokens; p < demoted; ++p) {
+    const auto cls = store->PositionClass(1, p);
+    ASSERT_TRUE(cls.has_value()) << p;
+    const int k = static_cast<int>(*cls);
+    EXPECT_LE(k, prev) << "position " << p << " is less precise than an older one";
+    prev = k;
+    ++seen[k];
+  }
+  EXPECT_GT(seen[3], 0);
+  EXPECT_GT(seen[2] + seen[1], 0);
+  EXPECT_EQ(store->PositionClass(1, store->Length(1) - 1), KvPrecision::kFull);
+  EXPECT_EQ(store->PositionClass(1, store->Length(1)), std::nullopt);
+}
+
+// A cold threshold above the critical one would make a token both: refused where read.
+TEST(KvStore, ColdThresholdAboveCriticalIsRefused) {
+  KvStoreConfig c = SmallConfig(KvMode::kMixed);
+  c.critical_threshold = 2.0f;
+  c.cold_threshold = 3.0f;
+  auto s = MakeHostKvStore(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.status().message()).find("cold_threshold"), std::string::npos);
 }
 
 TEST(KvStore, ReserveFailureChangesNothing) {

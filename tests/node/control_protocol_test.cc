@@ -63,8 +63,8 @@ StepReplyMessage SampleReply() {
   m.kv_tokens = 99;
   m.kv_available_bytes = 123456;
   m.kv_used_bytes = 654321;
-  m.kv_class_bytes = {600000, 50000, 4321};
-  m.kv_class_tokens = {70, 8, 120};
+  m.kv_class_bytes = {600000, 50000, 4321, 2800};
+  m.kv_class_tokens = {70, 8, 120, 140};
   m.kv_host_bytes = 9999;
   m.kv_cache_only_bytes = 4096;
   m.matched = {16, 0};

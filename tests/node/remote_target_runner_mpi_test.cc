@@ -96,7 +96,7 @@ StepReplyMessage Reply(const StepPlanMessage& plan, int world, int64_t tokens) {
   r.kv_hash = f.hash;
   r.kv_tokens = f.tokens;
   r.kv_used_bytes = 4096 * world;
-  r.kv_class_bytes = {4096 * world, 0, 0};
+  r.kv_class_bytes = {4096 * world, 0, 0, 0};
   r.kv_available_bytes = (1 << 20) - 4096 * 10 * world;  // TP rank 1 is the tighter one
   if (world == 1) {
     int64_t rows = 0;
