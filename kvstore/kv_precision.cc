@@ -204,17 +204,7 @@ void HadamardInPlace(float* x, int n) {
 
 void HadamardInPlaceScalar(float* x, int n) {
   assert(IsPowerOfTwo(n));
-  for (int len = 1; len < n; len <<= 1) {
-    for (int i = 0; i < n; i += 2 * len) {
-      for (int j = i; j < i + len; ++j) {
-        const float a = x[j], b = x[j + len];
-        x[j] = a + b;
-        x[j + len] = a - b;
-      }
-    }
-  }
-  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
-  for (int i = 0; i < n; ++i) x[i] *= norm;
+  kv_codec::Hadamard(x, n);  // the butterflies the GPU runs too (kv_row_codec.h)
 }
 
 }  // namespace specnode

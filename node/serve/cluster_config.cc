@@ -106,6 +106,22 @@ class Reader {
     return absl::OkStatus();
   }
 
+  // A string key turned into a typed value by `parse` (a StatusOr<T> of the text): absent or
+  // null leaves *out unchanged; the parser's error is reported at the key's file and line.
+  template <class T, class ParseFn>
+  absl::Status Parsed(const YAML::Node& parent, const std::string& section, const char* name,
+                      ParseFn parse, T* out) {
+    if (!parent.IsDefined() || !parent.IsMap()) return absl::OkStatus();
+    if (!parent[name].IsDefined() || parent[name].IsNull()) return absl::OkStatus();
+    std::string text;
+    CFG_TRY_INNER(String(parent, section, name, &text));
+    absl::StatusOr<T> v = parse(text);
+    if (!v.ok())
+      return Error(parent[name], section + "." + name, std::string(v.status().message()));
+    *out = *v;
+    return absl::OkStatus();
+  }
+
   absl::Status Device(const YAML::Node& parent, const std::string& section, const char* name,
                       specnode::Device* out) {
     std::string text;
@@ -438,13 +454,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
 
   const YAML::Node kv = root["kv"];
   CFG_TRY(r.Section(kv, "kv", ConfigKeysUnder("kv")));
-  if (kv.IsDefined() && kv.IsMap() && kv["mode"].IsDefined() && !kv["mode"].IsNull()) {
-    std::string mode;
-    CFG_TRY(r.String(kv, "kv", "mode", &mode));
-    absl::StatusOr<KvMode> m = ParseKvMode(mode);
-    if (!m.ok()) return r.Error(kv["mode"], "kv.mode", std::string(m.status().message()));
-    c.kv.mode = *m;
-  }
+  CFG_TRY(r.Parsed(kv, "kv", "mode", &ParseKvMode, &c.kv.mode));
   int capacity_mb = static_cast<int>(c.kv.capacity_bytes >> 20);
   CFG_TRY(r.Int(kv, "kv", "capacity_mb", 1, 1 << 24, &capacity_mb));
   c.kv.capacity_bytes = static_cast<int64_t>(capacity_mb) << 20;
@@ -471,15 +481,7 @@ absl::StatusOr<ServeConfig> Parse(const YAML::Node& root, const std::string& sou
                    absl::StrCat("a byte budget needs kv.mode mixed (or auto), not ",
                                 std::string(KvModeName(c.kv.mode))));
   }
-  if (kv.IsDefined() && kv.IsMap() && kv["budget_rank"].IsDefined() &&
-      !kv["budget_rank"].IsNull()) {
-    std::string rank;
-    CFG_TRY(r.String(kv, "kv", "budget_rank", &rank));
-    absl::StatusOr<KvBudgetRank> br = ParseKvBudgetRank(rank);
-    if (!br.ok())
-      return r.Error(kv["budget_rank"], "kv.budget_rank", std::string(br.status().message()));
-    c.kv.budget_rank = *br;
-  }
+  CFG_TRY(r.Parsed(kv, "kv", "budget_rank", &ParseKvBudgetRank, &c.kv.budget_rank));
   if (cold > 0 && cold > thr) {
     return r.Error(kv["cold_threshold"], "kv.cold_threshold",
                    "must be <= kv.critical_threshold (a token is cold or critical)");
